@@ -1,0 +1,441 @@
+"""clusterctl: the command line of clusterd.
+
+Exit codes: 0 succeeded, 100 the job failed, 101 not finished (detached), 102 not found,
+103 cancelled, 1 any other error (with a one-line message and a hint on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from clusterctl import protocol
+from clusterctl._render import Printer, age, table
+from clusterctl._version import __version__
+from clusterctl.client import Client, ClusterdError, DaemonUnavailable
+from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+# -- argument parsing ---------------------------------------------------------------------------
+
+
+def _key_values(pairs: Sequence[str] | None, flag: str) -> dict[str, str]:
+    """--env K=V; a bare --env K takes K's value from this shell's environment."""
+    result: dict[str, str] = {}
+    for pair in pairs or ():
+        key, sep, value = pair.partition("=")
+        if not sep:
+            if key not in os.environ:
+                fail(f"{flag} {key}: no value given and {key} is not set here",
+                     f"use {flag} {key}=VALUE")
+            value = os.environ[key]
+        if not key:
+            fail(f"{flag} {pair!r}: expected KEY=VALUE")
+        result[key] = value
+    return result
+
+
+def _add_task_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-d", "--detach", action="store_true",
+                        help="submit the job and return without streaming its logs")
+    parser.add_argument("--env", action="append", metavar="K=V",
+                        help="set an environment variable for the task (repeatable)")
+    parser.add_argument("--secret", action="append", metavar="K=V",
+                        help="like --env, but never stored or shown (repeatable)")
+    parser.add_argument("--num-nodes", type=int, help="override the task's num_nodes")
+    parser.add_argument("--cpus", help="override the task's CPUs per node, e.g. 2 or 4+")
+    parser.add_argument("--name", help="override the task's name")
+    parser.add_argument("entrypoint", nargs=argparse.REMAINDER, metavar="TASK.yaml | COMMAND",
+                        help="a SkyPilot task YAML, or a shell command to run")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="clusterctl", description="Run tasks on your clusters through clusterd.",
+        epilog="Exit codes: 0 ok, 100 job failed, 101 not finished, 102 not found, "
+               "103 cancelled, 1 error.",
+    )
+    parser.add_argument("--version", action="version", version=f"clusterctl {__version__}")
+    parser.add_argument("--socket", help="clusterd's control socket (default: "
+                        "$XDG_RUNTIME_DIR/clusterd/clusterd.sock, or $CLUSTERD_SOCKET)")
+    parser.add_argument("--no-autostart", action="store_true",
+                        help="do not start clusterd when none answers "
+                             "(or set CLUSTERD_NO_AUTOSTART=1)")
+    verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
+    verbs.required = True
+
+    launch = verbs.add_parser("launch", help="create (or reuse) a cluster and run a task on it")
+    launch.add_argument("-c", "--cluster", help="cluster name (default: a generated one)")
+    launch.add_argument("--infra", help="where to run: local (default), ...")
+    launch.add_argument("-i", "--idle-minutes-to-autostop", dest="idle_minutes", type=float,
+                        metavar="MIN", help="stop the cluster after MIN idle minutes")
+    launch.add_argument("--down", action="store_true",
+                        help="tear the cluster down (not stop) when idle; alone, after 5 min")
+    _add_task_options(launch)
+
+    exec_ = verbs.add_parser("exec", help="run a task on an UP cluster (setup is skipped)")
+    exec_.add_argument("cluster")
+    _add_task_options(exec_)
+
+    status = verbs.add_parser("status", help="show clusters")
+    status.add_argument("clusters", nargs="*")
+    status.add_argument("-r", "--refresh", action="store_true",
+                        help="ask the providers and agents for the true state first")
+    status.add_argument("-v", "--verbose", action="store_true")
+    status.add_argument("--json", action="store_true")
+
+    queue = verbs.add_parser("queue", help="show a cluster's jobs")
+    queue.add_argument("cluster")
+    queue.add_argument("-s", "--skip-finished", action="store_true")
+    queue.add_argument("--json", action="store_true")
+
+    logs = verbs.add_parser("logs", help="stream a job's log (default: the latest job)")
+    logs.add_argument("cluster")
+    logs.add_argument("job_id", nargs="?", type=int)
+    logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
+    logs.add_argument("--tail", type=int, default=0, metavar="N",
+                      help="start with the last N lines (0: from the start)")
+
+    cancel = verbs.add_parser("cancel", help="cancel jobs")
+    cancel.add_argument("cluster")
+    cancel.add_argument("job_ids", nargs="*", type=int)
+    cancel.add_argument("-a", "--all", action="store_true", help="cancel every active job")
+
+    for verb, text in (("stop", "stop clusters (keep their disks)"),
+                       ("start", "start stopped clusters"),
+                       ("down", "tear clusters down")):
+        sub = verbs.add_parser(verb, help=text)
+        sub.add_argument("clusters", nargs="+")
+        if verb == "down":
+            sub.add_argument("-p", "--purge", action="store_true",
+                             help="forget the cluster even if cleanup fails")
+        if verb in ("stop", "down"):
+            sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
+
+    events = verbs.add_parser("events", help="show cluster events (status changes, reasons)")
+    events.add_argument("cluster", nargs="?")
+    events.add_argument("-n", "--limit", type=int, default=50)
+    events.add_argument("--json", action="store_true")
+
+    requests = verbs.add_parser("requests", help="show requests the daemon is working on")
+    requests.add_argument("-a", "--all", action="store_true", help="include finished ones")
+    requests.add_argument("--json", action="store_true")
+    return parser
+
+
+# -- output -------------------------------------------------------------------------------------
+
+
+def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
+    sys.stderr.write(f"clusterctl: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.exit(code)
+
+
+def fail_with(error: ClusterdError) -> NoReturn:
+    code = ExitCode.NOT_FOUND if error.code in NOT_FOUND_CODES else ExitCode.ERROR
+    fail(f"{error.message} [{error.code}]", error.hint, code)
+
+
+def print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def _task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
+    entry = [a for a in args.entrypoint if a != "--"] if args.entrypoint else []
+    if entry and entry[0] == "--":
+        entry = entry[1:]
+    source: dict[str, Any] = {}
+    if len(entry) == 1 and entry[0].endswith(YAML_SUFFIXES):
+        source["yaml_path"] = os.path.abspath(entry[0])
+    elif entry:
+        source["command"] = " ".join(entry)
+    elif cls is protocol.ExecArgs:
+        fail("exec needs a task YAML or a command", "e.g. clusterctl exec CLUSTER -- echo hi")
+    return cls(
+        cwd=os.getcwd(),
+        envs=_key_values(args.env, "--env"),
+        secrets=_key_values(args.secret, "--secret"),
+        num_nodes=args.num_nodes,
+        cpus=args.cpus,
+        detach=args.detach,
+        name=args.name,
+        **source,
+        **extra,
+    )
+
+
+def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> int:
+    printer = Printer()
+    stream = client.stream(request)
+    state: dict[str, Any] = {}
+    try:
+        for event, data in stream:
+            printer.event(event, data, state)
+    except KeyboardInterrupt:
+        stream.detach()
+        client.close()
+        cluster = state.get("cluster")
+        job_id = state.get("job_id")
+        if job_id is not None:
+            printer.note(f"Detached; job {job_id} keeps running on {cluster}.\n"
+                         f"  re-attach: clusterctl logs {cluster} {job_id}\n"
+                         f"  cancel:    clusterctl cancel {cluster} {job_id}")
+        else:
+            printer.note(f"Detached; request {state.get('request_id')} goes on in clusterd.\n"
+                         f"  watch: clusterctl status {cluster or ''}".rstrip())
+        return ExitCode.NOT_FINISHED
+    except ClusterdError as error:
+        printer.finish_logs()
+        fail_with(error)
+    printer.finish_logs()
+    result = stream.result or {}
+    job_id = result.get("job_id")
+    cluster = result.get("cluster")
+    if job_id is None:
+        printer.note(f"Cluster {cluster} is ready; the task had nothing to run.")
+        return ExitCode.SUCCEEDED
+    if detach:
+        printer.note(f"Job {job_id} submitted to {cluster}.\n"
+                     f"  logs:   clusterctl logs {cluster} {job_id}\n"
+                     f"  cancel: clusterctl cancel {cluster} {job_id}")
+        return ExitCode.SUCCEEDED
+    printer.job_result(result)
+    return int(result.get("exit_code", ExitCode.ERROR))
+
+
+def cmd_launch(client: Client, args: argparse.Namespace) -> int:
+    request = _task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
+                         idle_minutes=args.idle_minutes, down=args.down)
+    return _run_job_stream(client, request, args.detach)
+
+
+def cmd_exec(client: Client, args: argparse.Namespace) -> int:
+    request = _task_args(args, protocol.ExecArgs, cluster=args.cluster)
+    return _run_job_stream(client, request, args.detach)
+
+
+def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    result = client.call(protocol.StatusArgs(clusters=args.clusters, refresh=args.refresh))
+    clusters = result.get("clusters", [])
+    if args.json:
+        print_json(clusters)
+        return ExitCode.SUCCEEDED
+    if not clusters:
+        print("No clusters. Launch one: clusterctl launch -- echo hello")
+        return ExitCode.SUCCEEDED
+    headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED"]
+    if args.verbose:
+        headers += ["REFRESHED", "REASON", "CLOUD NAME"]
+    rows = []
+    for c in clusters:
+        cpus = c.get("cpus")
+        resources = f"{c['num_nodes']}x(cpus={cpus:g})" if cpus else f"{c['num_nodes']}x"
+        autostop = "-"
+        if c.get("autostop_minutes") is not None:
+            autostop = f"{c['autostop_minutes']:g}m" + (" (down)" if c.get("autostop_down")
+                                                         else "")
+        row = [c["name"], c["infra"], resources, c["status"], autostop,
+               age(c.get("launched_at"))]
+        if args.verbose:
+            row += [age(c.get("refreshed_at")), c.get("status_reason") or "-",
+                    c.get("cloud_name") or "-"]
+        rows.append(row)
+    sys.stdout.write(table(headers, rows))
+    return ExitCode.SUCCEEDED
+
+
+def cmd_queue(client: Client, args: argparse.Namespace) -> int:
+    result = client.call(protocol.QueueArgs(cluster=args.cluster,
+                                            skip_finished=args.skip_finished))
+    jobs = result.get("jobs", [])
+    if args.json:
+        print_json(jobs)
+        return ExitCode.SUCCEEDED
+    headers = ["ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "RESOURCES",
+               "STATUS", "LOG"]
+    rows = []
+    for job in jobs:
+        started, ended = job.get("started_at"), job.get("ended_at")
+        duration = "-"
+        if started:
+            duration = age(started, until=ended or time.time(), suffix="")
+        rows.append([str(job["job_id"]), job.get("name") or "-", job.get("user") or "-",
+                     age(job.get("submitted_at")), age(started), duration,
+                     job.get("resources") or "-", job["status"], job.get("log_dir") or "-"])
+    sys.stdout.write(f"Jobs on {args.cluster}:\n" + table(headers, rows))
+    return ExitCode.SUCCEEDED
+
+
+def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.tail < 0:
+        fail("--tail must be ≥ 0")
+    request = protocol.LogsArgs(cluster=args.cluster, job_id=args.job_id,
+                                follow=not args.no_follow, tail=args.tail)
+    printer = Printer()
+    stream = client.stream(request)
+    try:
+        for event, data in stream:
+            printer.event(event, data, {})
+    except KeyboardInterrupt:
+        stream.detach()
+        printer.finish_logs()
+        return ExitCode.NOT_FINISHED
+    except ClusterdError as error:
+        printer.finish_logs()
+        fail_with(error)
+    printer.finish_logs()
+    result = stream.result or {}
+    if args.no_follow and result.get("exit_code") == ExitCode.NOT_FINISHED:
+        printer.note(f"Job {result.get('job_id')} is {result.get('status')}.")
+    else:
+        printer.job_result(result)
+    return int(result.get("exit_code", ExitCode.ERROR))
+
+
+def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
+    if not args.job_ids and not args.all:
+        fail("name the jobs to cancel", "give job ids, or --all")
+    result = client.call(protocol.CancelArgs(cluster=args.cluster, job_ids=args.job_ids,
+                                             all=args.all))
+    cancelled = result.get("cancelled", [])
+    if cancelled:
+        print(f"Cancelled job(s) {', '.join(map(str, cancelled))} on {args.cluster}.")
+    else:
+        print(f"No active job to cancel on {args.cluster}.")
+    for job_id in result.get("already_finished", []):
+        print(f"Job {job_id} had already finished.")
+    return ExitCode.SUCCEEDED
+
+
+def _confirm(question: str, assume_yes: bool) -> None:
+    if assume_yes or not sys.stdin.isatty():
+        return
+    answer = input(f"{question} [Y/n] ").strip().lower()
+    if answer not in ("", "y", "yes"):
+        fail("aborted", code=ExitCode.ERROR)
+
+
+def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
+    verb = args.verb
+    names = list(dict.fromkeys(args.clusters))
+    if verb in ("stop", "down"):
+        word = {"stop": "Stopping", "down": "Tearing down"}[verb]
+        _confirm(f"{word} {len(names)} cluster(s): {', '.join(names)}. Proceed?",
+                 args.yes)
+    if verb == "down":
+        requests: list[protocol.OpArgs] = [
+            protocol.DownArgs(cluster=n, purge=args.purge) for n in names]
+    elif verb == "stop":
+        requests = [protocol.StopArgs(cluster=n) for n in names]
+    else:
+        requests = [protocol.StartArgs(cluster=n) for n in names]
+    printer = Printer()
+
+    def on_event(index: int, event: str, data: dict[str, Any]) -> None:
+        printer.event(event, data, {}, prefix=f"[{names[index]}] ")
+
+    results = client.call_many(requests, on_event=on_event)
+    code: int = ExitCode.SUCCEEDED
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, ClusterdError):
+            sys.stderr.write(f"clusterctl: error: {name}: {result.message} [{result.code}]\n")
+            if result.hint:
+                sys.stderr.write(f"hint: {result.hint}\n")
+            not_found = result.code in NOT_FOUND_CODES
+            if code == ExitCode.SUCCEEDED or not not_found:
+                code = ExitCode.NOT_FOUND if not_found else ExitCode.ERROR
+            continue
+        done = {"stop": "stopped", "start": "started", "down": "torn down"}[verb]
+        if verb == "stop" and not result.get("changed", True):
+            done = "already stopped"
+        print(f"Cluster {name} {done}.")
+    return code
+
+
+def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    result = client.call(protocol.EventsArgs(cluster=args.cluster, limit=args.limit))
+    events = result.get("events", [])
+    if args.json:
+        print_json(events)
+        return ExitCode.SUCCEEDED
+    rows = []
+    for e in events:
+        change = (f"{e.get('from_status') or '-'} -> {e.get('to_status') or '-'}"
+                  if e.get("kind") == "status" else e.get("kind", ""))
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
+        reason = " ".join(str(e["reason"]).split())  # one line per event in the table
+        rows.append([when, e["cluster"], change, reason, str(e.get("request_id") or "-")])
+    if not rows:
+        print("No events.")
+        return ExitCode.SUCCEEDED
+    sys.stdout.write(table(["TIME", "CLUSTER", "CHANGE", "REASON", "REQUEST"], rows))
+    return ExitCode.SUCCEEDED
+
+
+def cmd_requests(client: Client, args: argparse.Namespace) -> int:
+    result = client.call(protocol.RequestsArgs(active_only=not args.all))
+    if args.json:
+        print_json(result)
+        return ExitCode.SUCCEEDED
+    running = result.get("running", [])
+    rows = [[str(r["id"]), r["op"], r.get("cluster") or "-", f"{r['running_for']:.0f}s",
+             "RUNNING"] for r in running]
+    for r in result.get("recent", []):
+        if r["status"] != "RUNNING":
+            rows.append([str(r["id"]), r["op"], r.get("cluster") or "-", "-", r["status"]])
+    sys.stdout.write(table(["ID", "OP", "CLUSTER", "RUNNING FOR", "STATUS"], rows))
+    return ExitCode.SUCCEEDED
+
+
+COMMANDS = {
+    "launch": cmd_launch,
+    "exec": cmd_exec,
+    "status": cmd_status,
+    "queue": cmd_queue,
+    "logs": cmd_logs,
+    "cancel": cmd_cancel,
+    "stop": cmd_lifecycle,
+    "start": cmd_lifecycle,
+    "down": cmd_lifecycle,
+    "events": cmd_events,
+    "requests": cmd_requests,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    autostart = False if args.no_autostart else None
+
+    def announce(log_path: Any) -> None:
+        sys.stderr.write(f"Starting clusterd (log: {log_path})...\n")
+
+    client = Client(args.socket, autostart=autostart, on_autostart=announce)
+    try:
+        with client:
+            code = COMMANDS[args.verb](client, args)
+    except DaemonUnavailable as error:
+        fail(error.message, error.hint)
+    except ClusterdError as error:
+        fail_with(error)
+    except KeyboardInterrupt:
+        sys.exit(ExitCode.NOT_FINISHED)
+    except BrokenPipeError:
+        # stdout closed early (e.g. piped into head): not an error worth a traceback.
+        os._exit(0)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

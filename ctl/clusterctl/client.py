@@ -1,0 +1,287 @@
+"""A blocking client for the clusterd control socket (standard library + msgpack).
+
+    with Client() as client:
+        print(client.call(StatusArgs()))
+        stream = client.stream(LogsArgs(cluster="dev", job_id=3))
+        for name, data in stream:
+            ...
+        print(stream.result)
+
+Several requests may be in flight on one connection (`call_many`); frames for each are matched
+by request id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from clusterctl import paths, protocol
+from clusterctl._version import __version__
+from clusterctl.protocol import ErrorCode, OpArgs
+
+CLIENT_NAME = f"clusterctl/{__version__}"
+AUTOSTART_ENV = "CLUSTERD_NO_AUTOSTART"
+AUTOSTART_TIMEOUT_S = 30.0
+
+
+class ClusterdError(Exception):
+    """An error reply from the daemon: a stable code, a message and a hint."""
+
+    def __init__(self, code: str, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+    @classmethod
+    def from_wire(cls, error: Any) -> ClusterdError:
+        if not isinstance(error, dict):
+            return cls(ErrorCode.INTERNAL, f"malformed error from daemon: {error!r}")
+        return cls(
+            str(error.get("code", ErrorCode.INTERNAL)),
+            str(error.get("message", "")),
+            str(error.get("hint", "")),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.message} [{self.code}]"
+
+
+class DaemonUnavailable(ClusterdError):
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__("DAEMON_UNAVAILABLE", message, hint)
+
+
+class Stream:
+    """The event frames of one streaming request; `result` holds the final reply's result."""
+
+    def __init__(self, client: Client, request_id: int) -> None:
+        self._client = client
+        self.request_id = request_id
+        self.result: dict[str, Any] | None = None
+        self.error: ClusterdError | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        while True:
+            message = self._client._read_for(self.request_id)
+            if message["type"] == protocol.EVENT:
+                yield str(message.get("event")), message.get("data") or {}
+                continue
+            if message.get("ok"):
+                self.result = message.get("result") or {}
+                return
+            self.error = ClusterdError.from_wire(message.get("error"))
+            raise self.error
+
+    def detach(self) -> None:
+        """Tell the daemon we no longer want this stream (the job keeps running)."""
+        with contextlib.suppress(OSError):
+            self._client._send({"type": protocol.CANCEL, "id": self.request_id})
+
+
+class Client:
+    def __init__(
+        self,
+        socket_path: str | os.PathLike[str] | None = None,
+        *,
+        autostart: bool | None = None,
+        connect_timeout: float = 5.0,
+        on_autostart: Callable[[Path], None] | None = None,
+    ) -> None:
+        self.socket_path = Path(socket_path) if socket_path else paths.socket_path()
+        if autostart is None:
+            autostart = not os.environ.get(AUTOSTART_ENV)
+        self._autostart = autostart
+        self._connect_timeout = connect_timeout
+        self._on_autostart = on_autostart
+        self._sock: socket.socket | None = None
+        self._decoder = protocol.FrameDecoder()
+        self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._next_id = 1
+        self.server_hello: dict[str, Any] = {}
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Client:
+        self.connect()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        try:
+            sock = self._open()
+        except OSError as exc:
+            if not self._autostart or exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                raise DaemonUnavailable(
+                    f"cannot reach clusterd at {self.socket_path}: {exc.strerror}",
+                    "start it with `clusterd` or `systemctl --user start clusterd.socket`",
+                ) from None
+            sock = self._start_daemon_and_connect()
+        self._sock = sock
+        self._send(protocol.hello(CLIENT_NAME))
+        reply = self._read_frame()
+        if reply.get("type") == protocol.ERROR:
+            raise ClusterdError.from_wire(reply.get("error"))
+        if reply.get("type") != protocol.HELLO:
+            raise ClusterdError(ErrorCode.BAD_FRAME, f"expected hello, got {reply.get('type')}")
+        self.server_hello = reply
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _open(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self._connect_timeout)
+            sock.connect(str(self.socket_path))
+            sock.settimeout(None)
+        except OSError:
+            sock.close()
+            raise
+        return sock
+
+    def _start_daemon_and_connect(self) -> socket.socket:
+        log_dir = paths.state_dir()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = log_dir / "clusterd.log"
+        if self._on_autostart is not None:
+            self._on_autostart(log_path)
+        env = dict(os.environ)
+        if self.socket_path != paths.socket_path():
+            env["CLUSTERD_SOCKET"] = str(self.socket_path)
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "clusterd"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,  # outlives this client and its terminal
+                env=env,
+            )
+        deadline = time.monotonic() + AUTOSTART_TIMEOUT_S
+        delay = 0.01
+        while True:
+            try:
+                return self._open()
+            except OSError as exc:
+                exited = process.poll()
+                if exited is not None and exited != 0:
+                    raise DaemonUnavailable(
+                        f"clusterd exited with code {exited} while starting",
+                        f"see {log_path}",
+                    ) from None
+                if time.monotonic() > deadline:
+                    raise DaemonUnavailable(
+                        f"clusterd did not answer within {AUTOSTART_TIMEOUT_S:.0f} s: {exc}",
+                        f"see {log_path}",
+                    ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    # -- frames -------------------------------------------------------------------------------
+
+    def _send(self, message: dict[str, Any]) -> None:
+        if self._sock is None:
+            raise DaemonUnavailable("not connected")
+        self._sock.sendall(protocol.encode_frame(message))
+
+    def _read_frame(self) -> dict[str, Any]:
+        assert self._sock is not None
+        while (message := self._decoder.next_message()) is None:
+            chunk = self._sock.recv(256 * 1024)
+            if not chunk:
+                raise DaemonUnavailable(
+                    "clusterd closed the connection", "check `journalctl --user -u clusterd`"
+                )
+            self._decoder.feed(chunk)
+        return message
+
+    def _read_for(self, request_id: int) -> dict[str, Any]:
+        queued = self._pending.get(request_id)
+        if queued:
+            return queued.pop(0)
+        while True:
+            message = self._read_frame()
+            if message.get("type") == protocol.ERROR:
+                raise ClusterdError.from_wire(message.get("error"))
+            got = message.get("id")
+            if got == request_id:
+                return message
+            if isinstance(got, int) and got in self._pending:
+                self._pending[got].append(message)
+
+    def _submit(self, args: OpArgs) -> int:
+        if self._sock is None:
+            self.connect()
+        request_id = self._next_id
+        self._next_id += 1
+        self._pending[request_id] = []
+        self._send(protocol.request(request_id, args.op, protocol.to_wire(args)))
+        return request_id
+
+    def _finish(self, request_id: int, message: dict[str, Any]) -> dict[str, Any]:
+        self._pending.pop(request_id, None)
+        if message.get("ok"):
+            result: dict[str, Any] = message.get("result") or {}
+            return result
+        raise ClusterdError.from_wire(message.get("error"))
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def call(self, args: OpArgs) -> dict[str, Any]:
+        """Send one request and return its result, skipping any events."""
+        request_id = self._submit(args)
+        while True:
+            message = self._read_for(request_id)
+            if message.get("type") == protocol.REPLY:
+                return self._finish(request_id, message)
+
+    def stream(self, args: OpArgs) -> Stream:
+        return Stream(self, self._submit(args))
+
+    def call_many(
+        self,
+        requests: Sequence[OpArgs],
+        on_event: Callable[[int, str, dict[str, Any]], None] | None = None,
+    ) -> list[dict[str, Any] | ClusterdError]:
+        """Send all requests at once; return each one's result or error, in order."""
+        ids = [self._submit(args) for args in requests]
+        results: dict[int, dict[str, Any] | ClusterdError] = {}
+        while len(results) < len(ids):
+            message = self._read_frame()
+            if message.get("type") == protocol.ERROR:
+                raise ClusterdError.from_wire(message.get("error"))
+            request_id = message.get("id")
+            if request_id not in ids:
+                continue
+            assert isinstance(request_id, int)
+            if message["type"] == protocol.EVENT:
+                if on_event is not None:
+                    on_event(ids.index(request_id), str(message["event"]), message["data"])
+                continue
+            try:
+                results[request_id] = self._finish(request_id, message)
+            except ClusterdError as exc:
+                results[request_id] = exc
+        return [results[i] for i in ids]

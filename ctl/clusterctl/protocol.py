@@ -1,0 +1,475 @@
+"""The clusterctl ⇄ clusterd wire protocol: its one definition.
+
+Both the client and the daemon import this module; the daemon never defines a frame, an op or
+an error code of its own. Standard library and msgpack only: clusterctl must start fast.
+
+A frame is a 4-byte big-endian length followed by one msgpack map of that many bytes. The
+message kinds, in order of appearance on a connection:
+
+* ``hello`` (client → daemon, first frame): ``{"type": "hello", "protocol": 1, "client": str}``;
+  the daemon answers with its own hello (``server``, ``protocol``, ``ops``) or an ``error``
+  frame and closes.
+* ``request``: ``{"type": "request", "id": int, "op": str, "args": map}``. Ids are chosen by
+  the client, unique among its in-flight requests on that connection.
+* ``event``: ``{"type": "event", "id": int, "event": str, "data": map}``: zero or more per
+  request, for streaming ops (logs, progress).
+* ``reply``: ``{"type": "reply", "id": int, "ok": true, "result": map}`` or
+  ``{"type": "reply", "id": int, "ok": false, "error": {"code", "message", "hint"}}``; always
+  the last frame for its id.
+* ``cancel``: ``{"type": "cancel", "id": int}`` (client → daemon) stops a stream the client no
+  longer wants; like closing the connection, it detaches and never kills the job.
+* ``error``: a connection-level error not tied to one request (bad frame, wrong version);
+  the daemon closes the connection after sending it.
+
+``docs/protocol.md`` describes the same for people writing other clients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+import types
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any, ClassVar, TypeVar
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+MAX_FRAME_BYTES = 8 * 1024 * 1024
+HEADER = struct.Struct(">I")
+
+HELLO = "hello"
+REQUEST = "request"
+REPLY = "reply"
+EVENT = "event"
+CANCEL = "cancel"
+ERROR = "error"
+
+
+class ErrorCode(enum.StrEnum):
+    """Stable error codes. Clients branch on these, never on messages."""
+
+    BAD_FRAME = "BAD_FRAME"
+    FRAME_TOO_LARGE = "FRAME_TOO_LARGE"
+    UNSUPPORTED_VERSION = "UNSUPPORTED_VERSION"
+    HELLO_REQUIRED = "HELLO_REQUIRED"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    UNKNOWN_OP = "UNKNOWN_OP"
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    DUPLICATE_REQUEST_ID = "DUPLICATE_REQUEST_ID"
+    INVALID_TASK = "INVALID_TASK"
+    INVALID_NAME = "INVALID_NAME"
+    CLUSTER_NOT_FOUND = "CLUSTER_NOT_FOUND"
+    CLUSTER_NOT_UP = "CLUSTER_NOT_UP"
+    CLUSTER_MISMATCH = "CLUSTER_MISMATCH"
+    JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    RESOURCES_UNAVAILABLE = "RESOURCES_UNAVAILABLE"
+    UNSUPPORTED = "UNSUPPORTED"
+    LOCK_TIMEOUT = "LOCK_TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    PROVIDER_ERROR = "PROVIDER_ERROR"
+    AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
+    AGENT_VERSION_MISMATCH = "AGENT_VERSION_MISMATCH"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    INTERNAL = "INTERNAL"
+
+
+NOT_FOUND_CODES = frozenset({ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND})
+
+
+class JobStatus(enum.StrEnum):
+    INIT = "INIT"
+    PENDING = "PENDING"
+    SETTING_UP = "SETTING_UP"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    FAILED_DRIVER = "FAILED_DRIVER"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in _TERMINAL_JOB_STATUSES
+
+
+_TERMINAL_JOB_STATUSES = frozenset(
+    {
+        JobStatus.SUCCEEDED,
+        JobStatus.FAILED,
+        JobStatus.FAILED_SETUP,
+        JobStatus.FAILED_DRIVER,
+        JobStatus.CANCELLED,
+    }
+)
+
+
+class ClusterStatus(enum.StrEnum):
+    INIT = "INIT"
+    UP = "UP"
+    STOPPED = "STOPPED"
+    TERMINATED = "TERMINATED"  # only in events: the record has left the live table
+
+
+class ExitCode(enum.IntEnum):
+    """Exit codes of clusterctl, also carried in the final reply of job streams."""
+
+    SUCCEEDED = 0
+    ERROR = 1
+    FAILED = 100
+    NOT_FINISHED = 101
+    NOT_FOUND = 102
+    CANCELLED = 103
+
+
+def exit_code_for_job(status: JobStatus | str | None) -> ExitCode:
+    if status is None:
+        return ExitCode.NOT_FINISHED
+    status = JobStatus(status)
+    if status == JobStatus.SUCCEEDED:
+        return ExitCode.SUCCEEDED
+    if status == JobStatus.CANCELLED:
+        return ExitCode.CANCELLED
+    if status.is_terminal:
+        return ExitCode.FAILED
+    return ExitCode.NOT_FINISHED
+
+
+# --------------------------------------------------------------------------------------------
+# Framing
+
+
+class ProtocolError(Exception):
+    """A frame or message that breaks the protocol. Carries the code sent back to the peer."""
+
+    def __init__(self, code: ErrorCode, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.hint = hint
+
+    def to_wire(self) -> dict[str, str]:
+        return {"code": str(self.code), "message": self.message, "hint": self.hint}
+
+
+def encode_frame(message: Mapping[str, Any]) -> bytes:
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME_BYTES:
+        raise ProtocolError(
+            ErrorCode.FRAME_TOO_LARGE,
+            f"frame of {len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}",
+        )
+    return HEADER.pack(len(body)) + body
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get whole messages out.
+
+    Raises ProtocolError for a declared length over the limit (before buffering the body) and
+    for a body that is not one msgpack map.
+    """
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buffer = bytearray()
+        self._max = max_frame_bytes
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    def next_message(self) -> dict[str, Any] | None:
+        """The next whole message, or None until more bytes arrive."""
+        if len(self._buffer) < HEADER.size:
+            return None
+        (length,) = HEADER.unpack_from(self._buffer)
+        if length > self._max:
+            raise ProtocolError(
+                ErrorCode.FRAME_TOO_LARGE,
+                f"frame of {length} bytes exceeds the limit of {self._max}",
+                "send smaller requests; logs and listings are streamed in pieces",
+            )
+        end = HEADER.size + length
+        if len(self._buffer) < end:
+            return None
+        body = bytes(self._buffer[HEADER.size : end])
+        del self._buffer[:end]
+        return decode_body(body)
+
+    def drain(self) -> Iterator[dict[str, Any]]:
+        while (message := self.next_message()) is not None:
+            yield message
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME, f"frame must be a msgpack map, got {type(message).__name__}"
+        )
+    return message
+
+
+# --------------------------------------------------------------------------------------------
+# Messages
+
+
+def hello(client: str) -> dict[str, Any]:
+    return {"type": HELLO, "protocol": PROTOCOL_VERSION, "client": client}
+
+
+def request(request_id: int, op: str, args: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": REQUEST, "id": request_id, "op": op, "args": dict(args)}
+
+
+def reply_ok(request_id: int, result: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": REPLY, "id": request_id, "ok": True, "result": dict(result)}
+
+
+def reply_error(request_id: int, error: ProtocolError) -> dict[str, Any]:
+    return {"type": REPLY, "id": request_id, "ok": False, "error": error.to_wire()}
+
+
+def event(request_id: int, name: str, data: Mapping[str, Any]) -> dict[str, Any]:
+    return {"type": EVENT, "id": request_id, "event": name, "data": dict(data)}
+
+
+def connection_error(error: ProtocolError) -> dict[str, Any]:
+    return {"type": ERROR, "error": error.to_wire()}
+
+
+# --------------------------------------------------------------------------------------------
+# Ops and their arguments. Each op's arguments are a dataclass; the daemon validates incoming
+# maps against it with `parse_args`, the client builds maps with `dataclasses.asdict`.
+
+Args = TypeVar("Args", bound="OpArgs")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpArgs:
+    op: ClassVar[str]
+    streams: ClassVar[bool] = False
+
+
+@dataclasses.dataclass(frozen=True)
+class PingArgs(OpArgs):
+    op = "ping"
+
+
+@dataclasses.dataclass(frozen=True)
+class StatusArgs(OpArgs):
+    op = "status"
+    clusters: list[str] = dataclasses.field(default_factory=list)
+    refresh: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskArgs(OpArgs):
+    """What launch and exec share: where the task comes from and what overrides it.
+
+    Exactly one of ``yaml_path`` (absolute path, read by the daemon), ``yaml_text`` (with
+    ``source`` naming it in errors) or ``command`` is set. Relative paths inside the task
+    (workdir, file_mounts) are resolved against ``cwd``.
+    """
+
+    cluster: str | None = None
+    yaml_path: str | None = None
+    yaml_text: str | None = None
+    source: str = "<task>"
+    command: str | None = None
+    cwd: str = "/"
+    envs: dict[str, str] = dataclasses.field(default_factory=dict)
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    num_nodes: int | None = None
+    cpus: str | None = None
+    detach: bool = False
+    name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchArgs(TaskArgs):
+    op = "launch"
+    streams = True
+    infra: str | None = None
+    idle_minutes: float | None = None
+    down: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ExecArgs(TaskArgs):
+    op = "exec"
+    streams = True
+
+
+@dataclasses.dataclass(frozen=True)
+class QueueArgs(OpArgs):
+    op = "queue"
+    cluster: str
+    skip_finished: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class LogsArgs(OpArgs):
+    """Stream a job's log. ``job_id`` None means the cluster's latest job. ``tail`` 0 means
+    from the start; ``offset`` resumes at a byte offset a previous stream reported."""
+
+    op = "logs"
+    streams = True
+    cluster: str
+    job_id: int | None = None
+    follow: bool = True
+    tail: int = 0
+    offset: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelArgs(OpArgs):
+    op = "cancel"
+    cluster: str
+    job_ids: list[int] = dataclasses.field(default_factory=list)
+    all: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class StopArgs(OpArgs):
+    op = "stop"
+    streams = True
+    cluster: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StartArgs(OpArgs):
+    op = "start"
+    streams = True
+    cluster: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DownArgs(OpArgs):
+    op = "down"
+    streams = True
+    cluster: str
+    purge: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class EventsArgs(OpArgs):
+    op = "events"
+    cluster: str | None = None
+    limit: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestsArgs(OpArgs):
+    op = "requests"
+    active_only: bool = True
+
+
+OPS: dict[str, type[OpArgs]] = {
+    cls.op: cls
+    for cls in (
+        PingArgs,
+        StatusArgs,
+        LaunchArgs,
+        ExecArgs,
+        QueueArgs,
+        LogsArgs,
+        CancelArgs,
+        StopArgs,
+        StartArgs,
+        DownArgs,
+        EventsArgs,
+        RequestsArgs,
+    )
+}
+
+# Fields whose values must never be logged or stored.
+SECRET_FIELDS = frozenset({"secrets"})
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is not None:
+        inner = ", ".join(_describe(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{inner}]"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            _matches(k, key) and _matches(v, item) for k, v in value.items()
+        )
+    return isinstance(value, tp)
+
+
+_FIELD_TYPES: dict[type[OpArgs], dict[str, Any]] = {
+    cls: {
+        f.name: typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls) if f.init
+    }
+    for cls in OPS.values()
+}
+_REQUIRED: dict[type[OpArgs], tuple[str, ...]] = {
+    cls: tuple(
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    )
+    for cls in OPS.values()
+}
+
+
+def parse_args(cls: type[Args], raw: Any) -> Args:
+    """Validate a wire map against an op's argument dataclass; ProtocolError names the field."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"{cls.op}: args must be a map")
+    types_by_name = _FIELD_TYPES[cls]
+    unknown = sorted(str(k) for k in raw if k not in types_by_name)
+    if unknown:
+        raise ProtocolError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{cls.op}: unknown argument {', '.join(unknown)}",
+            f"accepted arguments: {', '.join(types_by_name)}",
+        )
+    missing = [name for name in _REQUIRED[cls] if name not in raw]
+    if missing:
+        raise ProtocolError(
+            ErrorCode.INVALID_ARGUMENT, f"{cls.op}: missing argument {', '.join(missing)}"
+        )
+    for name, value in raw.items():
+        expected = types_by_name[name]
+        if not _matches(value, expected):
+            raise ProtocolError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{cls.op}: argument {name!r} must be {_describe(expected)}, "
+                f"got {type(value).__name__}",
+            )
+    return cls(**raw)
+
+
+def to_wire(args: OpArgs) -> dict[str, Any]:
+    return dataclasses.asdict(args)

@@ -1,0 +1,3 @@
+from clusterd.main import main
+
+main()

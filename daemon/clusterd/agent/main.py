@@ -1,0 +1,133 @@
+"""`clusterd-agent`: the gRPC server on a cluster's head node.
+
+Connects to the cluster's Ray as a long-lived driver (so each job costs a placement group and a
+few task submissions, not a new driver), serves the jobs, autostop and health services on
+loopback or a Unix socket, and runs the FIFO scheduler. SIGTERM stops jobs and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import grpc
+import ray
+import structlog
+
+from clusterd import log
+from clusterd.agent.autostop import AutostopState
+from clusterd.agent.jobs_db import JobStore
+from clusterd.agent.logs import LogHub
+from clusterd.agent.scheduler import Scheduler
+from clusterd.agent.service import AutostopService, HealthService, JobsService
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+
+logger = log.get("clusterd.agent")
+RESTART_REASON = "the agent restarted while the job was in progress"
+STOP_REASON = "the cluster's runtime was stopped"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clusterd-agent", description=__doc__)
+    parser.add_argument("--listen", required=True,
+                        help="unix:/path/agent.sock or 127.0.0.1:PORT (loopback only)")
+    parser.add_argument("--state-dir", required=True, type=Path,
+                        help="job queue database and job logs")
+    parser.add_argument("--ray-address", required=True, help="HOST:PORT of the Ray head (GCS)")
+    parser.add_argument("--cluster-name", required=True)
+    parser.add_argument("--ray-connect-timeout", type=float, default=90.0)
+    parser.add_argument("--log-level", default="info", choices=log.LEVELS)
+    return parser.parse_args(argv)
+
+
+def check_listen_address(listen: str) -> None:
+    if listen.startswith("unix:"):
+        return
+    host = listen.rsplit(":", 1)[0].strip("[]")
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        raise SystemExit(f"clusterd-agent: refusing to listen on {listen}: loopback only")
+
+
+def connect_ray(address: str, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            ray.init(
+                address=address,
+                namespace="clusterd",
+                log_to_driver=False,
+                logging_level=logging.WARNING,
+                configure_logging=False,
+            )
+            return
+        except (ConnectionError, RuntimeError) as exc:
+            if time.monotonic() > deadline:
+                raise SystemExit(
+                    f"clusterd-agent: cannot reach Ray at {address} after {timeout_s:.0f} s: {exc}"
+                ) from None
+            logger.info("waiting for ray", address=address, error=str(exc)[:200])
+            time.sleep(1.0)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    state_dir: Path = args.state_dir
+    store = JobStore(state_dir / "jobs.db")
+    await store.open()
+    hub = LogHub(state_dir / "jobs")
+    scheduler = Scheduler(store, hub, args.cluster_name)
+    autostop = AutostopState(store, scheduler)
+    await autostop.load()
+    failed = await scheduler.fail_in_progress(RESTART_REASON)
+    if failed:
+        logger.warning("failed jobs left over from a previous agent", job_ids=failed)
+
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler), server)
+    pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop), server)
+    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler), server)
+    if args.listen.startswith("unix:"):
+        socket_path = Path(args.listen.removeprefix("unix:"))
+        socket_path.parent.mkdir(parents=True, exist_ok=True)
+        socket_path.unlink(missing_ok=True)
+    if server.add_insecure_port(args.listen) == 0:
+        raise SystemExit(f"clusterd-agent: cannot listen on {args.listen}")
+    await server.start()
+    if args.listen.startswith("unix:"):
+        os.chmod(socket_path, 0o600)
+    logger.info("agent serving", listen=args.listen, pid=os.getpid())
+
+    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as group:
+            await group.start(scheduler.run)
+            async for signum in signals:
+                logger.info("stopping", signal=signal.Signals(signum).name)
+                break
+            with anyio.move_on_after(20, shield=True):
+                await scheduler.cancel([], cancel_all=True, reason=STOP_REASON)
+                await scheduler.drain()
+                await server.stop(grace=1.0)
+            group.cancel_scope.cancel()
+    await store.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    check_listen_address(args.listen)
+    log.configure(args.log_level)
+    structlog.contextvars.bind_contextvars(cluster=args.cluster_name)
+    connect_ray(args.ray_address, args.ray_connect_timeout)
+    try:
+        anyio.run(serve, args)
+    finally:
+        ray.shutdown()
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,328 @@
+"""Node-side helper: start and stop a cluster's Ray and agent on one node.
+
+The daemon runs `python -m clusterd.agent.node COMMAND -` on each node, JSON on stdin (through
+a local process for the `local` provider, an SSH channel otherwise), and reads one JSON object
+back. It carries data,
+not scripts: all the logic is here, in the same package the daemon ships to its nodes.
+
+Processes are started in sessions of their own (so they outlive the command that started
+them) and recorded in pid files with their start times, so a recycled pid is never killed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+MARKER = ".clusterd-runtime"
+RAY_PORT_FLAGS = {
+    "node_manager_port": "--node-manager-port",
+    "object_manager_port": "--object-manager-port",
+    "ray_client_server_port": "--ray-client-server-port",
+    "dashboard_port": "--dashboard-port",
+    "dashboard_agent_listen_port": "--dashboard-agent-listen-port",
+    "dashboard_agent_grpc_port": "--dashboard-agent-grpc-port",
+    "metrics_export_port": "--metrics-export-port",
+    "runtime_env_agent_port": "--runtime-env-agent-port",
+    "min_worker_port": "--min-worker-port",
+    "max_worker_port": "--max-worker-port",
+}
+
+
+class HelperError(Exception):
+    pass
+
+
+# -- pid files ----------------------------------------------------------------------------------
+
+
+def _read_pidfile(path: Path) -> psutil.Process | None:
+    try:
+        record = json.loads(path.read_text())
+        process = psutil.Process(int(record["pid"]))
+        if abs(process.create_time() - float(record["create_time"])) > 1:
+            return None
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return process
+    except (OSError, ValueError, KeyError, psutil.Error):
+        return None
+
+
+def _write_pidfile(path: Path, pid: int) -> None:
+    record = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            env={**os.environ, **(env or {})},
+        )
+    return process.pid
+
+
+def _wait_ready(
+    pid_path: Path, log_path: Path, what: str, ready: Callable[[], bool], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if _read_pidfile(pid_path) is None:
+            raise HelperError(f"{what} exited while starting:\n{_tail(log_path)}")
+        if ready():
+            return
+        time.sleep(0.1)
+    raise HelperError(f"{what} did not become ready within {timeout_s:.0f} s:\n{_tail(log_path)}")
+
+
+def _connectable(address: str) -> bool:
+    try:
+        if address.startswith("unix:"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(1)
+                sock.connect(address.removeprefix("unix:"))
+        else:
+            host, port = address.rsplit(":", 1)
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+                pass
+        return True
+    except OSError:
+        return False
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+
+def ray_temp_dir(key: str) -> Path:
+    # Ray puts Unix sockets under its temp dir and their paths must stay under 107 bytes, so
+    # it gets a short path of its own, per user (several users may share a host).
+    return Path(f"/tmp/clusterd-ray-{os.getuid()}") / key
+
+
+def read_token(params: dict[str, Any]) -> dict[str, Any]:
+    return {"token": Path(params["path"]).expanduser().read_text().strip()}
+
+
+def write_token(params: dict[str, Any]) -> dict[str, Any]:
+    """Write the cluster's Ray auth token where RAY_AUTH_TOKEN_PATH will point (mode 0600)."""
+    path = Path(params["path"]).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(params["token"])
+    return {"path": str(path)}
+
+
+def start_ray(params: dict[str, Any]) -> dict[str, Any]:
+    run_dir = Path(params["dir"]).expanduser()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).touch()
+    pid_path, log_path = run_dir / "ray.pid", run_dir / "ray.log"
+    existing = _read_pidfile(pid_path)
+    if existing is not None:
+        return {"started": False, "pid": existing.pid}
+    ray_bin = str(Path(sys.executable).with_name("ray"))
+    temp_dir = ray_temp_dir(params["temp_key"])
+    temp_dir.mkdir(parents=True, exist_ok=True)
+    (temp_dir / MARKER).touch()
+    argv = [
+        ray_bin, "start", "--block", "--disable-usage-stats",
+        f"--temp-dir={temp_dir}",
+        f"--node-ip-address={params['node_ip']}",
+        f"--num-cpus={round(float(params['num_cpus']))}",
+        f"--num-gpus={round(float(params.get('num_gpus', 0)))}",
+        f"--object-store-memory={int(params['object_store_bytes'])}",
+        "--include-dashboard=false",
+        "--log-style=record",
+        "--log-color=false",
+    ]
+    if params.get("resources"):
+        argv.append(f"--resources={json.dumps(params['resources'])}")
+    for key, flag in RAY_PORT_FLAGS.items():
+        if key in params.get("ports", {}):
+            argv.append(f"{flag}={int(params['ports'][key])}")
+    if params["head"]:
+        argv += ["--head", f"--port={int(params['gcs_port'])}"]
+        address = f"{params['node_ip']}:{int(params['gcs_port'])}"
+    else:
+        argv.append(f"--address={params['head_address']}")
+        address = ""
+    pid = _spawn(argv, log_path, {"RAY_USAGE_STATS_ENABLED": "0", **params.get("env", {})})
+    _write_pidfile(pid_path, pid)
+    timeout = float(params.get("timeout", 60))
+    if address:
+        _wait_ready(pid_path, log_path, "Ray head", lambda: _connectable(address), timeout)
+    else:
+        # A worker is ready when the head sees it; the agent's health reports that.
+        _wait_ready(pid_path, log_path, "Ray worker", lambda: True, timeout)
+    return {"started": True, "pid": pid}
+
+
+def start_agent(params: dict[str, Any]) -> dict[str, Any]:
+    run_dir = Path(params["dir"]).expanduser()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / MARKER).touch()
+    pid_path, log_path = run_dir / "agent.pid", run_dir / "agent.log"
+    existing = _read_pidfile(pid_path)
+    if existing is not None:
+        return {"started": False, "pid": existing.pid}
+    argv = [
+        sys.executable, "-m", "clusterd.agent.main",
+        f"--listen={params['listen']}",
+        f"--state-dir={Path(params['state_dir']).expanduser()}",
+        f"--ray-address={params['ray_address']}",
+        f"--cluster-name={params['cluster_name']}",
+        f"--log-level={params.get('log_level', 'info')}",
+    ]
+    pid = _spawn(argv, log_path, params.get("env", {}))
+    _write_pidfile(pid_path, pid)
+    _wait_ready(pid_path, log_path, "clusterd-agent",
+                lambda: _connectable(params["listen"]), float(params.get("timeout", 90)))
+    return {"started": True, "pid": pid}
+
+
+def _terminate(pid_path: Path, grace_s: float) -> bool:
+    """SIGTERM the recorded process, then its whole session; SIGKILL what outlives grace."""
+    process = _read_pidfile(pid_path)
+    if process is None:
+        pid_path.unlink(missing_ok=True)
+        return False
+    try:
+        family = [process, *process.children(recursive=True)]
+        process.terminate()
+    except psutil.NoSuchProcess:
+        family = []
+    _, alive = psutil.wait_procs(family[:1], timeout=grace_s)
+    if alive:
+        family += [c for p in alive for c in _children(p)]
+    for proc in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.terminate()
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for proc in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    pid_path.unlink(missing_ok=True)
+    return True
+
+
+def _children(process: psutil.Process) -> list[psutil.Process]:
+    try:
+        return list(process.children(recursive=True))
+    except psutil.NoSuchProcess:
+        return []
+
+
+def stop(params: dict[str, Any]) -> dict[str, Any]:
+    run_dir = Path(params["dir"]).expanduser()
+    # The agent first: it cancels its jobs (killing their process trees) before Ray goes.
+    agent = _terminate(run_dir / "agent.pid", float(params.get("agent_grace", 25)))
+    ray = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
+    return {"agent_stopped": agent, "ray_stopped": ray}
+
+
+def status(params: dict[str, Any]) -> dict[str, Any]:
+    run_dir = Path(params["dir"]).expanduser()
+    result: dict[str, Any] = {}
+    for name in ("ray", "agent"):
+        process = _read_pidfile(run_dir / f"{name}.pid")
+        result[name] = {"alive": process is not None, "pid": process.pid if process else None}
+    return result
+
+
+def cleanup(params: dict[str, Any]) -> dict[str, Any]:
+    """Remove runtime directories, but only ones this helper created (they hold MARKER)."""
+    removed = []
+    paths = [Path(p).expanduser() for p in params.get("paths", [])]
+    paths += [ray_temp_dir(key) for key in params.get("ray_temp_keys", [])]
+    for path in paths:
+        if path.is_dir() and ((path / MARKER).exists() or params.get("force")):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
+    return {"removed": removed}
+
+
+def free_ports(params: dict[str, Any]) -> dict[str, Any]:
+    """Ports free on this node right now (all held open together, so they are distinct)."""
+    sockets = []
+    try:
+        for _ in range(int(params["count"])):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((params.get("host", ""), 0))
+            sockets.append(sock)
+        return {"ports": [s.getsockname()[1] for s in sockets]}
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def mark(params: dict[str, Any]) -> dict[str, Any]:
+    path = Path(params["dir"]).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / MARKER).touch()
+    return {"dir": str(path)}
+
+
+COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "start-ray": start_ray,
+    "start-agent": start_agent,
+    "write-token": write_token,
+    "read-token": read_token,
+    "stop": stop,
+    "status": status,
+    "cleanup": cleanup,
+    "mark": mark,
+    "free-ports": free_ports,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in COMMANDS:
+        print(json.dumps({"error": f"usage: node.py {{{','.join(COMMANDS)}}} JSON"}))
+        return 2
+    try:
+        # "-" reads the parameters from stdin: secrets (the Ray token) never show in argv.
+        params = json.loads(sys.stdin.read() if args[1] == "-" else args[1])
+        result = COMMANDS[args[0]](params)
+    except HelperError as exc:
+        print(json.dumps({"error": str(exc)}))
+        return 1
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,277 @@
+"""Runs one job across its nodes: setup on every node, then run on every node, gang-scheduled
+in the job's placement group (one bundle per node).
+
+Failure rules (as SkyPilot's): a setup failure on any node is FAILED_SETUP naming every failed
+node; a run failure on one node kills the others and the job is FAILED naming the first real
+failure (the 137s of the nodes we killed are not it); exit 139 is named a segmentation fault.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import ray
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from clusterctl.protocol import JobStatus
+from clusterd import log
+from clusterd.agent import node_tasks
+from clusterd.agent.jobs_db import Job, JobStore
+from clusterd.agent.logs import JobLog, LogHub, NodePrefixer
+
+logger = log.get("clusterd.agent.runner")
+
+CANCELLED_BY_USER = "cancelled by user"
+SIGNAL_NAMES = {130: "interrupted (SIGINT)", 134: "aborted (SIGABRT)", 137: "killed (SIGKILL)",
+                139: "a segmentation fault", 143: "terminated (SIGTERM)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeSlot:
+    """Where one rank runs: a bundle of the job's placement group on one node."""
+
+    rank: int
+    bundle_index: int
+    node_id: str
+    ip: str
+
+    @property
+    def label(self) -> str:
+        return "(head, rank=0)" if self.rank == 0 else f"(worker{self.rank}, rank={self.rank})"
+
+
+@dataclasses.dataclass
+class RankResult:
+    rank: int
+    exit_code: int | None = None
+    error: str | None = None  # the rank's task itself failed (node lost, worker crashed)
+    killed_by_us: bool = False
+    finished_at: float = 0.0
+
+
+def describe_exit(code: int) -> str:
+    if code in SIGNAL_NAMES:
+        return f"{SIGNAL_NAMES[code]} (exit code {code})"
+    return f"exit code {code}"
+
+
+def skypilot_env(
+    job: Job, slots: list[NodeSlot], rank: int, *, phase: str, gpus_per_node: float
+) -> dict[str, str]:
+    ips = "\n".join(slot.ip for slot in slots)
+    env = {
+        "SKYPILOT_NODE_IPS": ips,
+        "SKYPILOT_NUM_NODES": str(len(slots)),
+        "SKYPILOT_NUM_GPUS_PER_NODE": _count(gpus_per_node),
+        "SKYPILOT_TASK_ID": job.task_id,
+        "SKYPILOT_CLUSTER_INFO": json.dumps(
+            {"cluster_name": job.spec.get("cluster_name", ""), "num_nodes": len(slots)}
+        ),
+    }
+    if phase == "setup":
+        env["SKYPILOT_SETUP_NODE_RANK"] = str(rank)
+        env["SKYPILOT_SETUP_NODE_IPS"] = ips
+        # SkyPilot's setup also sees the run-time names; tasks written for it may read either.
+        env["SKYPILOT_NODE_RANK"] = str(rank)
+    else:
+        env["SKYPILOT_NODE_RANK"] = str(rank)
+    return env
+
+
+def _count(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+class JobRun:
+    """One job from ready placement group to final status."""
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        store: JobStore,
+        hub: LogHub,
+        slots: list[NodeSlot],
+        placement_group: Any,
+        secrets: dict[str, str],
+        on_finished: Callable[[Job], None],
+    ) -> None:
+        self.job = job
+        self._store = store
+        self._hub = hub
+        self._slots = slots
+        self._pg = placement_group
+        self._secrets = secrets
+        self._on_finished = on_finished
+        self._cancel_requested = False
+        self._cancel_reason = CANCELLED_BY_USER
+        self._running: dict[int, dict[str, Any]] = {}  # rank -> {pid, create_time}
+        self._phase_scope: anyio.CancelScope | None = None
+        self._log: JobLog | None = None
+        self._prefixers = (
+            {s.rank: NodePrefixer(s.label) for s in slots} if len(slots) > 1 else {}
+        )
+
+    async def request_cancel(self, reason: str = CANCELLED_BY_USER) -> None:
+        self._cancel_requested = True
+        self._cancel_reason = reason
+        await self._kill_all(exclude=None)
+
+    async def execute(self) -> None:
+        job = self.job
+        self._log = self._hub.open(job.job_id)
+        try:
+            status, reason, codes = await self._execute()
+        except Exception as exc:  # the driver (this agent) failed, not the user's code
+            logger.exception("job driver failed", job_id=job.job_id)
+            status, reason, codes = JobStatus.FAILED_DRIVER, f"agent error: {exc}", []
+        if self._cancel_requested and status != JobStatus.SUCCEEDED:
+            status, reason = JobStatus.CANCELLED, self._cancel_reason
+        with anyio.CancelScope(shield=True):
+            self._flush_prefixers()
+            await self._store.update(
+                job, status=status, failure_reason=reason, exit_codes=codes,
+                ended_at=time.time(), processes=[],
+            )
+            self._hub.close(job.job_id)
+            await anyio.to_thread.run_sync(ray.util.remove_placement_group, self._pg)
+        logger.info("job finished", job_id=job.job_id, status=str(status), reason=reason)
+        self._on_finished(job)
+
+    async def _execute(self) -> tuple[JobStatus, str, list[int]]:
+        spec = self.job.spec
+        if spec.get("setup"):
+            await self._set_status(JobStatus.SETTING_UP)
+            results = await self._run_phase("setup", spec["setup"], fail_fast=False)
+            if self._cancel_requested:
+                return JobStatus.CANCELLED, self._cancel_reason, []
+            failed = [r for r in results if r.error or r.exit_code != 0]
+            if failed:
+                named = "; ".join(self._describe(r) for r in failed)
+                return JobStatus.FAILED_SETUP, f"setup failed on {named}", _codes(results)
+        await self._set_status(JobStatus.RUNNING, started_at=time.time())
+        results = await self._run_phase("run", spec.get("run") or "", fail_fast=True)
+        if self._cancel_requested:
+            return JobStatus.CANCELLED, self._cancel_reason, _codes(results)
+        failed = [r for r in results if r.error or r.exit_code != 0]
+        if not failed:
+            return JobStatus.SUCCEEDED, "", _codes(results)
+        genuine = sorted((r for r in failed if not r.killed_by_us), key=lambda r: r.finished_at)
+        genuine = genuine or failed
+        return JobStatus.FAILED, self._describe(genuine[0]), _codes(results)
+
+    def _describe(self, result: RankResult) -> str:
+        slot = self._slots[result.rank]
+        where = f"rank {result.rank} ({slot.ip})"
+        if result.error:
+            return f"{where}: {result.error}"
+        assert result.exit_code is not None
+        return f"{where} exited with {describe_exit(result.exit_code)}"
+
+    async def _set_status(self, status: JobStatus, **fields: Any) -> None:
+        await self._store.update(self.job, status=status, **fields)
+        self._hub.notify(self.job.job_id)
+
+    async def _run_phase(self, phase: str, script: str, *, fail_fast: bool) -> list[RankResult]:
+        results = [RankResult(slot.rank) for slot in self._slots]
+        gpus = float(self.job.spec.get("resources", {}).get("gpus", 0) or 0)
+        envs = {**self.job.spec.get("envs", {}), **self._secrets}
+        workdir = self.job.spec.get("workdir", "")
+        async with anyio.create_task_group() as group:
+            for slot in self._slots:
+                env = {**envs, **skypilot_env(self.job, self._slots, slot.rank, phase=phase,
+                                              gpus_per_node=gpus)}
+                strategy = PlacementGroupSchedulingStrategy(
+                    self._pg, placement_group_bundle_index=slot.bundle_index
+                )
+                stream = node_tasks.run_script.options(scheduling_strategy=strategy).remote(
+                    script, env, workdir
+                )
+                group.start_soon(self._consume, slot, stream, results, fail_fast)
+        return results
+
+    async def _consume(
+        self, slot: NodeSlot, stream: Any, results: list[RankResult], fail_fast: bool
+    ) -> None:
+        result = results[slot.rank]
+        try:
+            async for ref in stream:
+                kind, value = await ref
+                if kind == "output":
+                    self._write(slot.rank, value)
+                elif kind == "started":
+                    self._running[slot.rank] = value
+                    await self._record_processes()
+                    if self._cancel_requested:
+                        await self._kill_rank(slot.rank)
+                elif kind == "exit":
+                    result.exit_code = int(value)
+        except ray.exceptions.RayError as exc:
+            result.error = _ray_failure(exc)
+        finally:
+            self._running.pop(slot.rank, None)
+            result.finished_at = time.monotonic()
+        failed = result.error is not None or result.exit_code != 0
+        if failed and fail_fast and not self._cancel_requested:
+            for other in results:
+                if other.rank != slot.rank and other.exit_code is None and other.error is None:
+                    other.killed_by_us = True
+            await self._kill_all(exclude=slot.rank)
+
+    def _write(self, rank: int, data: bytes) -> None:
+        assert self._log is not None
+        prefixer = self._prefixers.get(rank)
+        self._log.write(prefixer.feed(data) if prefixer else data)
+
+    def _flush_prefixers(self) -> None:
+        if self._log is None:
+            return
+        for prefixer in self._prefixers.values():
+            self._log.write(prefixer.flush())
+
+    async def _record_processes(self) -> None:
+        processes = [
+            {"rank": rank, "node_id": self._slots[rank].node_id, **info}
+            for rank, info in sorted(self._running.items())
+        ]
+        await self._store.update(self.job, processes=processes)
+
+    async def _kill_all(self, exclude: int | None) -> None:
+        async with anyio.create_task_group() as group:
+            for rank in list(self._running):
+                if rank != exclude:
+                    group.start_soon(self._kill_rank, rank)
+
+    async def _kill_rank(self, rank: int) -> None:
+        info = self._running.get(rank)
+        if info is None:
+            return
+        await kill_on_node(self._slots[rank].node_id, info["pid"], info.get("create_time"))
+
+
+async def kill_on_node(node_id: str, pid: int, create_time: float | None) -> None:
+    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    ref = node_tasks.kill_tree.options(scheduling_strategy=strategy).remote(pid, create_time)
+    try:
+        with anyio.fail_after(30):
+            await ref
+    except (TimeoutError, ray.exceptions.RayError) as exc:
+        logger.warning("could not kill process", node_id=node_id, pid=pid, error=str(exc))
+
+
+def _codes(results: list[RankResult]) -> list[int]:
+    return [r.exit_code if r.exit_code is not None else -1 for r in results]
+
+
+def _ray_failure(exc: Exception) -> str:
+    if isinstance(exc, ray.exceptions.NodeDiedError | ray.exceptions.WorkerCrashedError):
+        return f"its node or Ray worker died ({type(exc).__name__})"
+    return f"Ray failed to run it: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"

@@ -1,0 +1,257 @@
+"""The job queue's scheduler: first in, first out, one placement group per job.
+
+The oldest PENDING job gets a placement group (one bundle per node, STRICT_SPREAD) and waits
+for Ray to reserve it; jobs behind it wait their turn even if they would fit, so a big job is
+never starved by small ones. Once reserved, the job runs and the next one is considered.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import getpass
+import ipaddress
+import time
+from typing import Any
+
+import anyio
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+from clusterctl.protocol import JobStatus
+from clusterd import log
+from clusterd.agent.jobs_db import Job, JobStore
+from clusterd.agent.logs import LogHub
+from clusterd.agent.runner import CANCELLED_BY_USER, JobRun, NodeSlot, kill_on_node
+
+logger = log.get("clusterd.agent.scheduler")
+
+
+class Infeasible(Exception):
+    """The job can never run on this cluster as it is."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeView:
+    node_id: str
+    ip: str
+    resources: dict[str, float]
+
+
+def _bundle(resources: dict[str, Any]) -> dict[str, float]:
+    bundle = {"CPU": float(resources.get("cpus") or 0)}
+    if resources.get("gpus"):
+        bundle["GPU"] = float(resources["gpus"])
+    if resources.get("memory_gb"):
+        bundle["memory"] = float(resources["memory_gb"]) * 1024**3
+    return {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.001}
+
+
+def _ip_key(ip: str) -> tuple[int, Any]:
+    try:
+        return (0, ipaddress.ip_address(ip))
+    except ValueError:
+        return (1, ip)
+
+
+class Scheduler:
+    def __init__(self, store: JobStore, hub: LogHub, cluster_name: str) -> None:
+        self._store = store
+        self._hub = hub
+        self._cluster_name = cluster_name
+        self._secrets: dict[int, dict[str, str]] = {}
+        self._runs: dict[int, JobRun] = {}
+        self._waiting: tuple[int, anyio.CancelScope] | None = None
+        self._wake = anyio.Event()
+        self._drained = anyio.Event()
+        self._task_group: anyio.abc.TaskGroup | None = None
+        self._head_node_id: str | None = None
+        self.last_activity = time.time()
+
+    # -- cluster view -----------------------------------------------------------------------
+
+    async def nodes(self) -> list[NodeView]:
+        raw = await anyio.to_thread.run_sync(ray.nodes)
+        return [
+            NodeView(n["NodeID"], n["NodeManagerAddress"], dict(n.get("Resources") or {}))
+            for n in raw
+            if n.get("Alive")
+        ]
+
+    async def check_feasible(self, num_nodes: int, resources: dict[str, Any]) -> None:
+        nodes = await self.nodes()
+        if num_nodes > len(nodes):
+            raise Infeasible(
+                f"the task asks for {num_nodes} nodes; this cluster has {len(nodes)}"
+            )
+        demand = _bundle(resources)
+        fitting = [n for n in nodes if all(n.resources.get(k, 0) >= v for k, v in demand.items())]
+        if len(fitting) < num_nodes:
+            best = max(nodes, key=lambda n: n.resources.get("CPU", 0))
+            have = ", ".join(
+                f"{k}: {best.resources.get(k, 0):g}" for k in demand if k != "memory"
+            )
+            raise Infeasible(
+                f"the task asks per node for {_describe(demand)}; "
+                f"{len(fitting)} of {len(nodes)} nodes can ever give that (largest: {have})"
+            )
+
+    # -- queue operations --------------------------------------------------------------------
+
+    async def submit(self, spec: dict[str, Any], secrets: dict[str, str]) -> Job:
+        resources = spec.get("resources", {})
+        num_nodes = int(spec.get("num_nodes") or 1)
+        await self.check_feasible(num_nodes, resources)
+        job = await self._store.add(
+            name=spec.get("name") or "job",
+            user=spec.get("user") or getpass.getuser(),
+            spec=spec,
+            has_secrets=bool(secrets),
+            resources_display=spec.get("resources_display") or "",
+            num_nodes=num_nodes,
+        )
+        stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(job.submitted_at))
+        micros = int((job.submitted_at % 1) * 1e6)
+        task_id = f"sky-{stamp}-{micros:06d}_{self._cluster_name}_{job.job_id}"
+        if secrets:
+            self._secrets[job.job_id] = dict(secrets)
+        await self._store.update(
+            job,
+            status=JobStatus.PENDING,
+            task_id=task_id,
+            log_dir=str(self._hub.log_dir(job.job_id)),
+        )
+        self.last_activity = time.time()
+        self._poke()
+        return job
+
+    async def cancel(
+        self, job_ids: list[int], cancel_all: bool, reason: str = CANCELLED_BY_USER
+    ) -> list[int]:
+        targets = self._store.active() if cancel_all else [
+            job for job_id in job_ids if (job := self._store.get(job_id)) and job.active
+        ]
+        cancelled: list[int] = []
+        async with anyio.create_task_group() as group:
+            for job in targets:
+                cancelled.append(job.job_id)
+                run = self._runs.get(job.job_id)
+                if run is not None:
+                    group.start_soon(run.request_cancel, reason)
+                    continue
+                if self._waiting and self._waiting[0] == job.job_id:
+                    self._waiting[1].cancel()
+                await self._finish_unstarted(job, JobStatus.CANCELLED, reason)
+        return cancelled
+
+    async def fail_in_progress(self, reason: str) -> list[int]:
+        """Jobs a previous agent left running (or waiting with secrets it no longer has)
+        can't be reattached: kill what is left of them and say why."""
+        failed: list[int] = []
+        for job in self._store.active():
+            if job.job_id in self._runs:
+                continue
+            if job.status in (JobStatus.SETTING_UP, JobStatus.RUNNING):
+                for process in job.processes:
+                    await kill_on_node(process["node_id"], process["pid"],
+                                       process.get("create_time"))
+            elif not (job.has_secrets and job.job_id not in self._secrets):
+                continue  # still PENDING and runnable: it keeps its place in the queue
+            await self._finish_unstarted(job, JobStatus.FAILED_DRIVER, reason)
+            failed.append(job.job_id)
+        return failed
+
+    async def _finish_unstarted(self, job: Job, status: JobStatus, reason: str) -> None:
+        self._secrets.pop(job.job_id, None)
+        await self._store.update(job, status=status, failure_reason=reason, ended_at=time.time(),
+                                 processes=[])
+        self._hub.notify(job.job_id)
+        self.last_activity = time.time()
+
+    def active_jobs(self) -> int:
+        return len(self._store.active())
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        self._wake.set()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+                  ) -> None:
+        self._head_node_id = ray.get_runtime_context().get_node_id()
+        async with anyio.create_task_group() as group:
+            self._task_group = group
+            task_status.started()
+            while True:
+                job = self._next_pending()
+                if job is None:
+                    self._wake = anyio.Event()
+                    if self._next_pending() is None:
+                        await self._wake.wait()
+                    continue
+                await self._start(job, group)
+
+    def _next_pending(self) -> Job | None:
+        pending = [j for j in self._store.active() if j.status == JobStatus.PENDING
+                   and j.job_id not in self._runs]
+        return min(pending, key=lambda j: j.job_id) if pending else None
+
+    async def _start(self, job: Job, group: anyio.abc.TaskGroup) -> None:
+        resources = job.spec.get("resources", {})
+        bundles = [_bundle(resources) for _ in range(job.num_nodes)]
+        pg = placement_group(bundles, strategy="STRICT_SPREAD", name=f"job-{job.job_id}")
+        with anyio.CancelScope() as scope:
+            self._waiting = (job.job_id, scope)
+            await pg.ready()
+        self._waiting = None
+        if scope.cancelled_caught or not job.active:
+            await anyio.to_thread.run_sync(remove_placement_group, pg)
+            return
+        slots = await self._slots(pg)
+        run = JobRun(
+            job,
+            store=self._store,
+            hub=self._hub,
+            slots=slots,
+            placement_group=pg,
+            secrets=self._secrets.pop(job.job_id, {}),
+            on_finished=self._finished,
+        )
+        self._runs[job.job_id] = run
+        group.start_soon(run.execute, name=f"job-{job.job_id}")
+
+    def _finished(self, job: Job) -> None:
+        self._runs.pop(job.job_id, None)
+        self.last_activity = time.time()
+        self._poke()
+        if not self._runs:
+            self._drained.set()
+
+    async def drain(self) -> None:
+        """Return once no job is running (after a cancel, once their processes are gone)."""
+        while self._runs:
+            self._drained = anyio.Event()
+            await self._drained.wait()
+
+    async def _slots(self, pg: Any) -> list[NodeSlot]:
+        table = await anyio.to_thread.run_sync(ray.util.placement_group_table, pg)
+        by_bundle: dict[int, str] = {int(k): v for k, v in table["bundles_to_node_id"].items()}
+        ips = {n.node_id: n.ip for n in await self.nodes()}
+        head = self._head_node_id
+        order = sorted(
+            by_bundle.items(),
+            key=lambda item: (item[1] != head, _ip_key(ips.get(item[1], "")), item[1]),
+        )
+        return [
+            NodeSlot(rank=rank, bundle_index=index, node_id=node_id, ip=ips.get(node_id, ""))
+            for rank, (index, node_id) in enumerate(order)
+        ]
+
+
+def _describe(demand: dict[str, float]) -> str:
+    parts = []
+    for key, value in demand.items():
+        if key == "memory":
+            parts.append(f"{value / 1024**3:g} GB memory")
+        else:
+            parts.append(f"{value:g} {key}")
+    return ", ".join(parts)

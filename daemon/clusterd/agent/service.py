@@ -1,0 +1,173 @@
+"""gRPC servicers: translate between protobuf messages and the scheduler, logs and autostop.
+
+Thin on purpose: each method validates, makes one call and converts the answer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import ray
+
+from clusterctl._version import __version__
+from clusterd.agent.autostop import AutostopState
+from clusterd.agent.jobs_db import Job, JobStore
+from clusterd.agent.logs import LogHub
+from clusterd.agent.scheduler import Infeasible, Scheduler
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.agent.wire import AGENT_PROTOCOL, status_to_pb
+
+
+def job_to_pb(job: Job) -> pb.Job:
+    return pb.Job(
+        job_id=job.job_id,
+        name=job.name,
+        user=job.user,
+        status=status_to_pb(job.status),
+        submitted_at=job.submitted_at,
+        started_at=job.started_at or 0,
+        ended_at=job.ended_at or 0,
+        resources_display=job.resources_display,
+        num_nodes=job.num_nodes,
+        log_dir=job.log_dir,
+        failure_reason=job.failure_reason,
+        exit_codes=job.exit_codes,
+        task_id=job.task_id,
+    )
+
+
+def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
+    """The job as stored: everything but the secrets (those stay in memory)."""
+    return {
+        "name": spec.name,
+        "setup": spec.setup,
+        "run": spec.run,
+        "envs": dict(spec.envs),
+        "num_nodes": spec.num_nodes or 1,
+        "resources": {
+            "cpus": spec.resources.cpus,
+            "gpus": spec.resources.gpus,
+            "memory_gb": spec.resources.memory_gb,
+            "accelerator": spec.resources.accelerator,
+        },
+        "workdir": spec.workdir,
+        "user": spec.user,
+        "cluster_name": spec.cluster_name,
+        "resources_display": spec.resources_display,
+    }
+
+
+class JobsService(pb_grpc.JobsServiceServicer):
+    def __init__(self, store: JobStore, hub: LogHub, scheduler: Scheduler) -> None:
+        self._store = store
+        self._hub = hub
+        self._scheduler = scheduler
+
+    async def AddJob(self, request: pb.AddJobRequest, context: Any) -> pb.AddJobResponse:
+        spec = request.spec
+        if not spec.run.strip():
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the job has nothing to run")
+        try:
+            job = await self._scheduler.submit(spec_from_pb(spec), dict(spec.secrets))
+        except Infeasible as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        return pb.AddJobResponse(job_id=job.job_id, log_dir=job.log_dir, task_id=job.task_id)
+
+    async def GetJobQueue(
+        self, request: pb.GetJobQueueRequest, context: Any
+    ) -> pb.GetJobQueueResponse:
+        jobs = self._store.all()
+        if request.skip_finished:
+            jobs = [j for j in jobs if j.active]
+        return pb.GetJobQueueResponse(jobs=[job_to_pb(j) for j in reversed(jobs)])
+
+    async def GetJobStatus(
+        self, request: pb.GetJobStatusRequest, context: Any
+    ) -> pb.GetJobStatusResponse:
+        if request.job_ids:
+            jobs = [j for i in request.job_ids if (j := self._store.get(i)) is not None]
+        else:
+            latest = self._store.latest()
+            jobs = [latest] if latest else []
+        return pb.GetJobStatusResponse(jobs=[job_to_pb(j) for j in jobs])
+
+    async def CancelJobs(
+        self, request: pb.CancelJobsRequest, context: Any
+    ) -> pb.CancelJobsResponse:
+        cancelled = await self._scheduler.cancel(list(request.job_ids), request.all)
+        return pb.CancelJobsResponse(cancelled_job_ids=cancelled)
+
+    async def TailLogs(
+        self, request: pb.TailLogsRequest, context: Any
+    ) -> AsyncIterator[pb.TailLogsResponse]:
+        job = self._store.get(request.job_id) if request.job_id else self._store.latest()
+        if job is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"job {request.job_id} not found")
+            return
+        async for chunk, offset in self._hub.tail(
+            job.job_id,
+            follow=request.follow,
+            tail_lines=request.tail_lines,
+            start_offset=request.start_offset,
+            job_done=lambda: not job.active,
+        ):
+            yield pb.TailLogsResponse(data=chunk, offset=offset, job_id=job.job_id)
+        yield pb.TailLogsResponse(final=True, status=status_to_pb(job.status), job_id=job.job_id)
+
+    async def GetLogDirs(
+        self, request: pb.GetLogDirsRequest, context: Any
+    ) -> pb.GetLogDirsResponse:
+        jobs = [self._store.get(i) for i in request.job_ids] if request.job_ids else [
+            self._store.latest()
+        ]
+        return pb.GetLogDirsResponse(log_dirs={j.job_id: j.log_dir for j in jobs if j})
+
+    async def FailInProgressJobs(
+        self, request: pb.FailInProgressJobsRequest, context: Any
+    ) -> pb.FailInProgressJobsResponse:
+        failed = await self._scheduler.fail_in_progress(request.reason or "failed by request")
+        return pb.FailInProgressJobsResponse(failed_job_ids=failed)
+
+
+class AutostopService(pb_grpc.AutostopServiceServicer):
+    def __init__(self, state: AutostopState) -> None:
+        self._state = state
+
+    async def SetAutostop(
+        self, request: pb.SetAutostopRequest, context: Any
+    ) -> pb.SetAutostopResponse:
+        await self._state.set(request.idle_minutes, request.down, request.wait_for)
+        return pb.SetAutostopResponse()
+
+    async def IsAutostopping(
+        self, request: pb.IsAutostoppingRequest, context: Any
+    ) -> pb.IsAutostoppingResponse:
+        return pb.IsAutostoppingResponse(is_autostopping=self._state.autostopping)
+
+    async def GetIdleInfo(
+        self, request: pb.GetIdleInfoRequest, context: Any
+    ) -> pb.GetIdleInfoResponse:
+        return self._state.idle_info()
+
+
+class HealthService(pb_grpc.HealthServiceServicer):
+    def __init__(self, scheduler: Scheduler) -> None:
+        self._scheduler = scheduler
+        self._started_at = time.time()
+
+    async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
+        connected = ray.is_initialized()
+        alive = len(await self._scheduler.nodes()) if connected else 0
+        return pb.GetHealthResponse(
+            version=__version__,
+            protocol=AGENT_PROTOCOL,
+            ray_connected=connected,
+            ray_nodes_alive=alive,
+            started_at=self._started_at,
+            pid=os.getpid(),
+        )

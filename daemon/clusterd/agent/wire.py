@@ -1,0 +1,25 @@
+"""What both ends of the agent's gRPC API agree on beyond the protos: the API revision and
+the mapping of job statuses. Imports no Ray, so the daemon can use it cheaply."""
+
+from __future__ import annotations
+
+from clusterctl.protocol import JobStatus
+from clusterd.agent.v1 import agent_pb2 as pb
+
+# Bumped when the agent's API changes incompatibly; the daemon checks it at connect time.
+AGENT_PROTOCOL = 1
+
+WAIT_FOR_TO_PB = {
+    "jobs_and_ssh": pb.WAIT_FOR_JOBS_AND_SSH,
+    "jobs": pb.WAIT_FOR_JOBS,
+    "none": pb.WAIT_FOR_NONE,
+}
+
+
+def status_to_pb(status: JobStatus) -> pb.JobStatus:
+    value: pb.JobStatus = pb.JobStatus.Value(f"JOB_STATUS_{status.value}")
+    return value
+
+
+def status_from_pb(value: pb.JobStatus) -> JobStatus:
+    return JobStatus(pb.JobStatus.Name(value).removeprefix("JOB_STATUS_"))

@@ -1,0 +1,154 @@
+"""The daemon: builds the services once, then runs everything in one root task group.
+
+Background work (requests, connections) lives in that group and nothing outlives it. SIGTERM
+stops accepting connections, gives in-flight requests a bounded grace period, closes agent
+connections and the database, and returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import anyio
+import anyio.abc
+
+from clusterctl._version import __version__
+from clusterd import log
+from clusterd.config import Settings
+from clusterd.locks import ClusterLocks
+from clusterd.providers.base import NodeInfo
+from clusterd.providers.local import LocalProvider
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.requests import RequestManager
+from clusterd.runtime.agent_client import AgentConnections
+from clusterd.runtime.manager import RuntimeManager
+from clusterd.runtime.runner import CommandRunner, LocalRunner
+from clusterd.server.connection import Connection
+from clusterd.server.handlers import Handlers
+from clusterd.server.listener import open_listener, prepare_directory, remove_socket
+from clusterd.services.clusters import ClusterService
+from clusterd.services.jobs import JobService
+from clusterd.state.clusters import ClusterStore
+from clusterd.state.db import Database
+from clusterd.state.requests import RequestStore
+
+logger = log.get("clusterd")
+
+
+class AlreadyRunning(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def single_instance(lock_path: Path) -> Iterator[IO[str]]:
+    """Hold an exclusive lock for the daemon's lifetime: one clusterd per user and socket."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(lock_path, "a+")  # noqa: SIM115 - held until the context ends
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "?"
+            raise AlreadyRunning(f"another clusterd (pid {holder}) holds {lock_path}") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield handle
+    finally:
+        handle.close()
+
+
+def runner_for(node: NodeInfo) -> CommandRunner:
+    if node.ssh is None:
+        return LocalRunner(node.node_id)
+    raise NotImplementedError("SSH nodes arrive with the ssh provider")
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.db = Database(settings.db_path)
+        self.store = ClusterStore(self.db)
+        self.request_store = RequestStore(self.db)
+        self.requests = RequestManager(self.request_store)
+        self.locks = ClusterLocks(settings.lock_timeout_s, settings.blocked_notice_s)
+        self.agents = AgentConnections()
+        self.providers = ProviderRegistry([LocalProvider(settings.state_dir / "local")])
+        agent_sockets = settings.runtime_dir / "agents"
+        self.runtime = RuntimeManager(
+            runner_for,
+            agent_sockets,
+            settings.local_object_store_bytes,
+            settings.runtime_start_timeout_s,
+        )
+        self.jobs = JobService(self.store, self.locks, self.providers, self.agents, runner_for)
+        self.clusters = ClusterService(
+            self.store, self.locks, self.providers, self.runtime, self.agents, self.jobs
+        )
+        self.handlers = Handlers(
+            self.clusters, self.jobs, self.requests, self.store, self.request_store
+        )
+        self._server_name = f"clusterd/{__version__}"
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        settings = self.settings
+        prepare_directory(settings.runtime_dir)
+        (settings.runtime_dir / "agents").mkdir(mode=0o700, exist_ok=True)
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        with single_instance(settings.socket_path.with_suffix(".lock")):
+            await self.db.open()
+            try:
+                await self.store.load()
+                interrupted = await self.request_store.mark_interrupted()
+                for record in interrupted:
+                    logger.warning("request interrupted by a daemon restart",
+                                   request_id=record.id, op=record.op, cluster=record.cluster)
+                listener = await open_listener(settings.socket_path)
+                try:
+                    await self._serve(listener, task_status)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await listener.aclose()
+                        if not os.environ.get("CLUSTERD_KEEP_SOCKET"):
+                            remove_socket(settings.socket_path)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self.agents.close_all()
+                    await self.db.close()
+        logger.info("stopped")
+
+    async def _serve(
+        self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        async with anyio.create_task_group() as root:
+            self.requests.attach(root)
+            accepting = anyio.CancelScope()
+            root.start_soon(self._accept, listener, accepting)
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                logger.info("clusterd ready", pid=os.getpid(), version=__version__,
+                            socket=str(self.settings.socket_path))
+                task_status.started()
+                async for signum in signals:
+                    logger.info("shutting down", signal=signal.Signals(signum).name)
+                    break
+            accepting.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.requests.shutdown(self.settings.shutdown_grace_s)
+            root.cancel_scope.cancel()
+
+    async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
+        with scope:
+            await listener.serve(self._handle)
+
+    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+        await Connection(stream, self.handlers.dispatch, self._server_name).serve()

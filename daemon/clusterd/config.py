@@ -1,0 +1,65 @@
+"""Daemon settings: defaults, overridden by environment variables (CLUSTERD_*) and flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+from clusterctl import paths
+
+
+def _float_env(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SystemExit(f"clusterd: {name}={value!r} is not a number") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    socket_path: Path
+    runtime_dir: Path
+    state_dir: Path
+    config_dir: Path
+    log_level: str = "info"
+    # How long a request may wait for a cluster's lock before it fails with LOCK_TIMEOUT.
+    lock_timeout_s: float = 1800.0
+    # After this long waiting, a request tells its client what it is blocked by.
+    blocked_notice_s: float = 1.0
+    # Bound on in-flight request handling during shutdown before they are cancelled.
+    shutdown_grace_s: float = 5.0
+    # Object store of Ray on local clusters, in bytes (Ray's minimum is 75 MB).
+    local_object_store_bytes: int = 200 * 1024 * 1024
+    # How long to wait for a cluster's runtime (Ray + agent) to come up.
+    runtime_start_timeout_s: float = 120.0
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "state.db"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "clusterd.log"
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        socket_path = paths.socket_path()
+        values: dict[str, object] = {
+            "socket_path": socket_path,
+            "runtime_dir": socket_path.parent,
+            "state_dir": paths.state_dir(),
+            "config_dir": paths.config_dir(),
+            "log_level": os.environ.get("CLUSTERD_LOG_LEVEL", "info"),
+            "lock_timeout_s": _float_env("CLUSTERD_LOCK_TIMEOUT", 1800.0),
+            "blocked_notice_s": _float_env("CLUSTERD_BLOCKED_NOTICE", 1.0),
+            "local_object_store_bytes": int(
+                _float_env("CLUSTERD_LOCAL_OBJECT_STORE_BYTES", 200 * 1024 * 1024)
+            ),
+            "runtime_start_timeout_s": _float_env("CLUSTERD_RUNTIME_START_TIMEOUT", 120.0),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

@@ -1,0 +1,50 @@
+"""`clusterd`: the per-user daemon. Usually started by systemd or by clusterctl on demand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import anyio
+
+from clusterctl._version import __version__
+from clusterd import log
+from clusterd.app import AlreadyRunning, Daemon
+from clusterd.config import Settings
+from clusterd.server.listener import SocketInUse
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clusterd", description=__doc__)
+    parser.add_argument("--socket", type=Path, help="control socket path "
+                        "(default: $XDG_RUNTIME_DIR/clusterd/clusterd.sock)")
+    parser.add_argument("--log-level", choices=log.LEVELS, help="default: info")
+    parser.add_argument("--log-file", type=Path, help="write JSON log lines here, not stderr")
+    parser.add_argument("--version", action="version", version=f"clusterd {__version__}")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    overrides: dict[str, object] = {"log_level": args.log_level}
+    if args.socket is not None:
+        overrides["socket_path"] = args.socket
+        overrides["runtime_dir"] = args.socket.parent
+    settings = Settings.from_env(**overrides)
+    log.configure(settings.log_level, path=args.log_file)
+    try:
+        anyio.run(Daemon(settings).run)
+    except AlreadyRunning as exc:
+        # Not an error: a racing autostart found the daemon it wanted already there.
+        print(f"clusterd: {exc}", file=sys.stderr)
+        sys.exit(0)
+    except SocketInUse as exc:
+        print(f"clusterd: {exc}", file=sys.stderr)
+        sys.exit(0)
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The daemon's client of a cluster's agent (gRPC over a local Unix socket: the agent's own
+for `local` clusters, an SSH tunnel's otherwise).
+
+gRPC errors are translated here, at the boundary, into ProtocolErrors with stable codes.
+Version skew is checked once, when a connection is made.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import anyio
+import grpc
+
+from clusterctl._version import __version__
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.agent.wire import AGENT_PROTOCOL
+
+T = TypeVar("T")
+CALL_TIMEOUT_S = 30.0
+
+
+def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
+    code = error.code()
+    details = error.details() or str(code)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the agent of cluster {cluster} is not answering: {details}",
+            f"check it with `clusterctl status --refresh {cluster}`; "
+            f"`clusterctl launch -c {cluster}` repairs the runtime",
+        )
+    if code == grpc.StatusCode.NOT_FOUND:
+        return ProtocolError(ErrorCode.JOB_NOT_FOUND, f"{cluster}: {details}",
+                             f"see `clusterctl queue {cluster}`")
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE, f"{cluster}: {details}",
+                             "ask for less, or launch a bigger cluster")
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ProtocolError(ErrorCode.INVALID_TASK, f"{cluster}: {details}")
+    return ProtocolError(ErrorCode.INTERNAL, f"agent of {cluster} failed: {code.name}: {details}")
+
+
+class AgentClient:
+    def __init__(self, cluster: str, endpoint: str) -> None:
+        self.cluster = cluster
+        self.endpoint = endpoint
+        self._channel = grpc.aio.insecure_channel(
+            endpoint,
+            options=[
+                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.enable_retries", 0),
+            ],
+        )
+        self._jobs = pb_grpc.JobsServiceStub(self._channel)
+        self._autostop = pb_grpc.AutostopServiceStub(self._channel)
+        self._health = pb_grpc.HealthServiceStub(self._channel)
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._channel.close(grace=None)
+
+    async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
+                    timeout_s: float = CALL_TIMEOUT_S) -> T:
+        try:
+            return await method(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise translate(error, self.cluster) from None
+
+    async def health(self, timeout_s: float = 5.0) -> pb.GetHealthResponse:
+        return await self._call(self._health.GetHealth, pb.GetHealthRequest(), timeout_s)
+
+    async def check_version(self) -> pb.GetHealthResponse:
+        health = await self.health()
+        if health.version != __version__ or health.protocol != AGENT_PROTOCOL:
+            raise ProtocolError(
+                ErrorCode.AGENT_VERSION_MISMATCH,
+                f"the agent of cluster {self.cluster} runs clusterd {health.version} "
+                f"(protocol {health.protocol}); this daemon is {__version__} "
+                f"(protocol {AGENT_PROTOCOL})",
+                f"re-launch to upgrade it: clusterctl launch -c {self.cluster}",
+            )
+        return health
+
+    async def add_job(self, spec: pb.JobSpec) -> pb.AddJobResponse:
+        return await self._call(self._jobs.AddJob, pb.AddJobRequest(spec=spec))
+
+    async def queue(self, skip_finished: bool = False) -> list[pb.Job]:
+        reply = await self._call(
+            self._jobs.GetJobQueue, pb.GetJobQueueRequest(skip_finished=skip_finished)
+        )
+        return list(reply.jobs)
+
+    async def jobs(self, job_ids: list[int]) -> list[pb.Job]:
+        reply = await self._call(self._jobs.GetJobStatus, pb.GetJobStatusRequest(job_ids=job_ids))
+        return list(reply.jobs)
+
+    async def cancel(self, job_ids: list[int], cancel_all: bool) -> list[int]:
+        reply = await self._call(
+            self._jobs.CancelJobs, pb.CancelJobsRequest(job_ids=job_ids, all=cancel_all),
+            timeout_s=60,
+        )
+        return list(reply.cancelled_job_ids)
+
+    async def tail(
+        self, job_id: int, *, follow: bool, tail_lines: int, offset: int
+    ) -> AsyncIterator[pb.TailLogsResponse]:
+        call = self._jobs.TailLogs(
+            pb.TailLogsRequest(
+                job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
+            )
+        )
+        try:
+            async for message in call:
+                yield message
+        except grpc.aio.AioRpcError as error:
+            raise translate(error, self.cluster) from None
+        finally:
+            call.cancel()
+
+    async def set_autostop(self, idle_minutes: float, down: bool, wait_for: pb.WaitFor) -> None:
+        await self._call(
+            self._autostop.SetAutostop,
+            pb.SetAutostopRequest(idle_minutes=idle_minutes, down=down, wait_for=wait_for),
+        )
+
+    async def idle_info(self) -> pb.GetIdleInfoResponse:
+        return await self._call(self._autostop.GetIdleInfo, pb.GetIdleInfoRequest())
+
+
+class AgentConnections:
+    """One client per cluster, made (and version-checked) on first use."""
+
+    def __init__(self) -> None:
+        self._clients: dict[str, AgentClient] = {}
+        self._connecting: dict[str, anyio.Lock] = {}
+
+    async def get(self, cluster: str, endpoint: str) -> AgentClient:
+        client = self._clients.get(cluster)
+        if client is not None and client.endpoint == endpoint:
+            return client
+        lock = self._connecting.setdefault(cluster, anyio.Lock())
+        async with lock:
+            client = self._clients.get(cluster)
+            if client is not None and client.endpoint == endpoint:
+                return client
+            if client is not None:
+                await self.close(cluster)
+            client = AgentClient(cluster, endpoint)
+            try:
+                await client.check_version()
+            except BaseException:
+                await client.close()
+                raise
+            self._clients[cluster] = client
+            return client
+
+    async def close(self, cluster: str) -> None:
+        client = self._clients.pop(cluster, None)
+        if client is not None:
+            await client.close()
+
+    async def close_all(self) -> None:
+        for cluster in list(self._clients):
+            await self.close(cluster)

@@ -1,0 +1,190 @@
+"""Op → service call. Each handler checks its input, makes one service call, and shapes the
+result; long work runs as a daemon-owned request the client merely follows."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from clusterctl import protocol
+from clusterctl._version import __version__
+from clusterctl.protocol import ErrorCode, OpArgs, ProtocolError
+from clusterd.requests import RequestManager, RunningRequest
+from clusterd.services.clusters import ClusterService
+from clusterd.services.common import check_name, generated_name, require_cluster
+from clusterd.services.jobs import JobService
+from clusterd.state.clusters import ClusterStore
+from clusterd.state.requests import RequestStore
+from clusterd.tasks.loader import load_task, parse_resources
+from clusterd.tasks.spec import TaskSpec
+
+from .connection import Call
+
+Handler = Callable[[Call, Any], Awaitable[dict[str, Any]]]
+MAX_EVENTS_LIMIT = 10_000
+
+
+class Handlers:
+    def __init__(
+        self,
+        clusters: ClusterService,
+        jobs: JobService,
+        requests: RequestManager,
+        store: ClusterStore,
+        request_store: RequestStore,
+    ) -> None:
+        self._clusters = clusters
+        self._jobs = jobs
+        self._requests = requests
+        self._store = store
+        self._request_store = request_store
+        self._table: dict[str, Handler] = {
+            protocol.PingArgs.op: self.ping,
+            protocol.StatusArgs.op: self.status,
+            protocol.LaunchArgs.op: self.launch,
+            protocol.ExecArgs.op: self.exec,
+            protocol.QueueArgs.op: self.queue,
+            protocol.LogsArgs.op: self.logs,
+            protocol.CancelArgs.op: self.cancel,
+            protocol.StopArgs.op: self.stop,
+            protocol.StartArgs.op: self.start,
+            protocol.DownArgs.op: self.down,
+            protocol.EventsArgs.op: self.events,
+            protocol.RequestsArgs.op: self.list_requests,
+        }
+        missing = set(protocol.OPS) - set(self._table)
+        assert not missing, f"ops without a handler: {missing}"
+
+    async def dispatch(self, call: Call, args: OpArgs) -> dict[str, Any]:
+        return await self._table[args.op](call, args)
+
+    # -- quick ops ------------------------------------------------------------------------
+
+    async def ping(self, call: Call, args: protocol.PingArgs) -> dict[str, Any]:
+        return {"pong": True, "version": __version__, "pid": os.getpid()}
+
+    async def status(self, call: Call, args: protocol.StatusArgs) -> dict[str, Any]:
+        return await self._clusters.status(args.clusters, args.refresh)
+
+    async def queue(self, call: Call, args: protocol.QueueArgs) -> dict[str, Any]:
+        return await self._jobs.queue(args.cluster, args.skip_finished)
+
+    async def cancel(self, call: Call, args: protocol.CancelArgs) -> dict[str, Any]:
+        return await self._jobs.cancel(args.cluster, args.job_ids, args.all)
+
+    async def logs(self, call: Call, args: protocol.LogsArgs) -> dict[str, Any]:
+        return await self._jobs.stream_logs(
+            args.cluster, args.job_id, follow=args.follow, tail=args.tail, offset=args.offset,
+            emit=call.emit,
+        )
+
+    async def events(self, call: Call, args: protocol.EventsArgs) -> dict[str, Any]:
+        if args.cluster:
+            check_name(args.cluster)
+        limit = max(1, min(args.limit, MAX_EVENTS_LIMIT))
+        events = await self._store.events(args.cluster, limit)
+        return {"events": [e.to_wire() for e in events]}
+
+    async def list_requests(self, call: Call, args: protocol.RequestsArgs) -> dict[str, Any]:
+        running = [r.describe() for r in self._requests.running()]
+        result: dict[str, Any] = {"running": running}
+        if not args.active_only:
+            result["recent"] = [r.to_wire() for r in await self._request_store.recent()]
+        return result
+
+    # -- long-running ops -----------------------------------------------------------------
+
+    async def launch(self, call: Call, args: protocol.LaunchArgs) -> dict[str, Any]:
+        name = check_name(args.cluster) if args.cluster else generated_name()
+        task = _load(args)
+        request = await self._requests.start(
+            args.op, name, protocol.to_wire(args),
+            lambda r: self._clusters.launch(r, name, args, task),
+        )
+        return await self._follow_then_stream(call, request, args.detach)
+
+    async def exec(self, call: Call, args: protocol.ExecArgs) -> dict[str, Any]:
+        if not args.cluster:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "exec needs a cluster name")
+        require_cluster(self._store, args.cluster)
+        task = _load(args)
+        if not task.run:
+            raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
+                                "exec runs the task's run commands; give some")
+        name = args.cluster
+        request = await self._requests.start(
+            args.op, name, protocol.to_wire(args),
+            lambda r: self._jobs.exec(r, name, task),
+        )
+        return await self._follow_then_stream(call, request, args.detach)
+
+    async def stop(self, call: Call, args: protocol.StopArgs) -> dict[str, Any]:
+        require_cluster(self._store, args.cluster)
+        request = await self._requests.start(
+            args.op, args.cluster, protocol.to_wire(args),
+            lambda r: self._clusters.stop(r, args.cluster),
+        )
+        return await _follow(call, request)
+
+    async def start(self, call: Call, args: protocol.StartArgs) -> dict[str, Any]:
+        require_cluster(self._store, args.cluster)
+        request = await self._requests.start(
+            args.op, args.cluster, protocol.to_wire(args),
+            lambda r: self._clusters.start(r, args.cluster),
+        )
+        return await _follow(call, request)
+
+    async def down(self, call: Call, args: protocol.DownArgs) -> dict[str, Any]:
+        require_cluster(self._store, args.cluster)
+        request = await self._requests.start(
+            args.op, args.cluster, protocol.to_wire(args),
+            lambda r: self._clusters.down(r, args.cluster, args.purge),
+        )
+        return await _follow(call, request)
+
+    async def _follow_then_stream(
+        self, call: Call, request: RunningRequest, detach: bool
+    ) -> dict[str, Any]:
+        result = await _follow(call, request)
+        job_id = result.get("job_id")
+        if job_id is None or detach:
+            return {**result, "exit_code": int(protocol.ExitCode.SUCCEEDED)}
+        streamed = await self._jobs.stream_logs(
+            result["cluster"], job_id, follow=True, tail=0, offset=None, emit=call.emit
+        )
+        return {**result, **streamed}
+
+
+async def _follow(call: Call, request: RunningRequest) -> dict[str, Any]:
+    await call.emit("request", {"request_id": request.id, "op": request.op,
+                                "cluster": request.cluster})
+    async for name, data in request.follow():
+        await call.emit(name, data)
+    return {**request.outcome(), "request_id": request.id}
+
+
+def _load(args: protocol.TaskArgs) -> TaskSpec:
+    task = load_task(
+        yaml_path=args.yaml_path,
+        yaml_text=args.yaml_text,
+        command=args.command,
+        source=args.source,
+        cwd=args.cwd,
+        env_overrides=args.envs,
+        secret_overrides=args.secrets,
+    )
+    changes: dict[str, Any] = {}
+    if args.num_nodes is not None:
+        if args.num_nodes < 1:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "num_nodes must be ≥ 1")
+        changes["num_nodes"] = args.num_nodes
+    if args.name:
+        changes["name"] = args.name
+    if args.cpus is not None:
+        cpus = parse_resources({"cpus": args.cpus}, "--cpus")
+        changes["resources"] = dataclasses.replace(
+            task.resources, cpus=cpus.cpus, cpus_at_least=cpus.cpus_at_least
+        )
+    return dataclasses.replace(task, **changes) if changes else task

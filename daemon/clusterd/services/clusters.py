@@ -1,0 +1,476 @@
+"""Cluster lifecycle: launch, start, stop, down, status and refresh.
+
+Order matters for crash safety: a cluster's record (with the name the provider will know it
+by) is written before any provider call that creates something, so a daemon killed at any
+instant finds what it started. Teardown closes the agent connection first, then stops the
+runtime, then terminates, then cleans up, and only then forgets the record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import anyio
+
+from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError
+from clusterd import log
+from clusterd.agent.wire import WAIT_FOR_TO_PB
+from clusterd.locks import ClusterLocks, Holder, LockMode
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterInfo,
+    ClusterRequest,
+    NodeStatus,
+    Provider,
+    ProvisionError,
+)
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.requests import RunningRequest
+from clusterd.runtime.agent_client import AgentConnections
+from clusterd.runtime.manager import RuntimeManager
+from clusterd.services.common import cloud_name_for, require_cluster
+from clusterd.services.jobs import JobService
+from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
+
+logger = log.get("clusterd.clusters")
+
+WAIT_TIMEOUT_S = 900.0
+REFRESH_CONCURRENCY = 16
+PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
+
+
+class ClusterService:
+    def __init__(
+        self,
+        store: ClusterStore,
+        locks: ClusterLocks,
+        providers: ProviderRegistry,
+        runtime: RuntimeManager,
+        agents: AgentConnections,
+        jobs: JobService,
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self._providers = providers
+        self._runtime = runtime
+        self._agents = agents
+        self._jobs = jobs
+
+    # -- views ------------------------------------------------------------------------------
+
+    def view(self, record: ClusterRecord) -> dict[str, Any]:
+        resources = record.launched_resources or {}
+        holders = self._locks.holders(record.name)
+        return {
+            "name": record.name,
+            "provider": record.provider,
+            "infra": _infra_text(record),
+            "status": str(record.status),
+            "status_reason": record.status_reason,
+            "num_nodes": record.num_nodes,
+            "cpus": resources.get("cpus"),
+            "memory_gb": resources.get("memory_gb"),
+            "resources": record.requested_resources,
+            "launched_at": record.launched_at,
+            "status_updated_at": record.status_updated_at,
+            "refreshed_at": record.refreshed_at,
+            "autostop_minutes": record.autostop_minutes,
+            "autostop_down": record.autostop_down,
+            "busy": [h.describe() for h in holders],
+            "cloud_name": record.cloud_name,
+        }
+
+    async def status(self, names: list[str], refresh: bool) -> dict[str, Any]:
+        for name in names:
+            require_cluster(self._store, name)
+        if refresh:
+            await self.refresh(names or list(self._store.names()))
+        records = [self._store.get(n) for n in names] if names else self._store.all()
+        return {"clusters": [self.view(r) for r in records if r is not None]}
+
+    # -- launch -----------------------------------------------------------------------------
+
+    async def launch(
+        self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec
+    ) -> dict[str, Any]:
+        existing = self._store.get(name)
+        infra = Infra.parse(args.infra) if args.infra else task.resources.infra
+        if existing is not None and infra.provider is None:
+            infra = Infra(existing.provider)
+        provider = self._providers.get(infra.provider or "local")
+        task = dataclasses.replace(
+            task,
+            resources=dataclasses.replace(
+                task.resources, infra=Infra(provider.name, infra.region, infra.zone)
+            ),
+        )
+        autostop = _autostop_setting(args, task)
+        async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
+                                    on_blocked=request.blocked) as grant:
+            record = self._store.get(name)
+            if record is None:
+                record = await self._provision_new(request, name, provider, task)
+            else:
+                _check_compatible(record, provider, task)
+                record = await self._bring_existing_up(request, record, provider)
+            if autostop is not None:
+                record = await self._apply_autostop(record, autostop)
+            grant.downgrade()
+            result = await self._jobs.submit(request, record, task, run_setup=True)
+        return result
+
+    async def _provision_new(
+        self, request: RunningRequest, name: str, provider: Provider, task: TaskSpec
+    ) -> ClusterRecord:
+        cloud_name = cloud_name_for(name)
+        cluster_request = ClusterRequest(name, cloud_name, task.num_nodes, task.resources)
+        await request.progress(f"checking where {name} can run ({provider.name})", "placement")
+        placements = await provider.placements(cluster_request)
+        if not placements:
+            raise ProvisionError(f"no {provider.name} placement fits this task",
+                                 scope=BlockScope.FATAL)
+        now = time.time()
+        record = ClusterRecord(
+            name=name,
+            provider=provider.name,
+            cloud_name=cloud_name,
+            status=ClusterStatus.INIT,
+            num_nodes=task.num_nodes,
+            requested_resources=task.resources.provisioning_view(),
+            config_hash=task.config_hash(),
+            created_at=now,
+            status_updated_at=now,
+            launch_request_id=request.id,
+        )
+        # The intent is on disk before the provider is asked to create anything.
+        await self._store.insert(record, f"launch requested by request {request.id}", request.id)
+        try:
+            return await self._create_and_start(request, record, provider, cluster_request,
+                                                placements)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await self._discard_failed_launch(request, name, exc)
+            raise
+
+    async def _create_and_start(
+        self,
+        request: RunningRequest,
+        record: ClusterRecord,
+        provider: Provider,
+        cluster_request: ClusterRequest,
+        placements: list[Any],
+    ) -> ClusterRecord:
+        errors: list[str] = []
+        handle: dict[str, Any] | None = None
+        for placement in placements:
+            await request.progress(f"creating nodes on {placement.describe()}", "provision")
+            try:
+                handle = await provider.create(cluster_request, placement)
+                record = await self._store.update(
+                    record.name, handle={"provider": handle},
+                    launched_resources=placement.resources_view(),
+                )
+                with anyio.fail_after(WAIT_TIMEOUT_S):
+                    await provider.wait(record.cloud_name, handle, WAIT_TIMEOUT_S)
+                break
+            except ProvisionError as exc:
+                errors.append(f"{placement.describe()}: {exc.message}")
+                await self._store.add_event(record.name, "provision",
+                                            f"{placement.describe()} failed: {exc.message}",
+                                            request.id)
+                if handle is not None:
+                    await provider.terminate(record.cloud_name, handle)
+                    handle = None
+        if handle is None:
+            raise ProvisionError("no placement worked: " + "; ".join(errors), BlockScope.FATAL)
+        return await self._start_runtime(request, record, provider, handle, "launched")
+
+    async def _start_runtime(
+        self,
+        request: RunningRequest,
+        record: ClusterRecord,
+        provider: Provider,
+        provider_handle: dict[str, Any],
+        verb: str,
+    ) -> ClusterRecord:
+        info = await provider.cluster_info(record.cloud_name, provider_handle)
+        previous = (record.handle or {}).get("runtime")
+        runtime = await self._runtime.up(record.name, record.cloud_name, info, previous,
+                                         request.progress)
+        await self._agents.close(record.name)
+        record = await self._store.set_status(
+            record.name,
+            ClusterStatus.UP,
+            f"{verb} by request {request.id}",
+            request.id,
+            handle={"provider": provider_handle, "runtime": runtime},
+            launched_at=record.launched_at or time.time(),
+            refreshed_at=time.time(),
+        )
+        if record.autostop_minutes is not None:
+            record = await self._apply_autostop(
+                record, Autostop(record.autostop_minutes, record.autostop_down,
+                                 record.autostop_wait_for))
+        await request.progress(f"cluster {record.name} is UP", "up")
+        return record
+
+    async def _discard_failed_launch(
+        self, request: RunningRequest, name: str, error: BaseException
+    ) -> None:
+        """A launch that never got the cluster UP leaves nothing behind: no runtime, no
+        nodes, no record (its events stay, saying why)."""
+        record = self._store.get(name)
+        if record is None or record.ever_up:
+            return
+        reason = error.message if isinstance(error, ProtocolError) else repr(error)
+        try:
+            with anyio.fail_after(120):
+                await self._teardown(request, record, purge=True)
+        except Exception as exc:
+            logger.warning("cleanup after failed launch failed", error=str(exc))
+            await self._store.set_status(name, ClusterStatus.INIT,
+                                         f"launch failed and cleanup failed: {exc}", request.id)
+            return
+        await self._store.remove(name, f"launch failed: {reason}", request.id)
+
+    async def _bring_existing_up(
+        self, request: RunningRequest, record: ClusterRecord, provider: Provider
+    ) -> ClusterRecord:
+        handle = (record.handle or {}).get("provider")
+        if record.status == ClusterStatus.STOPPED:
+            await request.progress(f"starting stopped cluster {record.name}", "start")
+            handle = await provider.start(record.cloud_name, handle or {})
+            return await self._start_runtime(request, record, provider, handle, "started")
+        if handle is None:
+            # An earlier launch died before the provider answered: create is idempotent.
+            await request.progress(f"resuming the interrupted launch of {record.name}", "resume")
+            task_request = ClusterRequest(record.name, record.cloud_name, record.num_nodes,
+                                          Resources.from_view(record.requested_resources))
+            placements = await provider.placements(task_request)
+            return await self._create_and_start(request, record, provider, task_request,
+                                                placements)
+        if record.status == ClusterStatus.UP and await self._runtime_healthy(record):
+            await request.progress(f"cluster {record.name} is UP; reusing it", "up")
+            return record
+        await request.progress(f"repairing the runtime of {record.name}", "repair")
+        return await self._start_runtime(request, record, provider, handle, "repaired")
+
+    async def _runtime_healthy(self, record: ClusterRecord) -> bool:
+        try:
+            agent = await self._jobs.agent(record)
+            health = await agent.health()
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
+                return False
+            await self._agents.close(record.name)
+            return False
+        return health.ray_connected and health.ray_nodes_alive >= record.num_nodes
+
+    async def _apply_autostop(self, record: ClusterRecord, setting: Autostop) -> ClusterRecord:
+        provider = self._providers.get(record.provider)
+        if not provider.can_stop and not setting.down:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED,
+                f"{record.provider} clusters cannot be stopped, so autostop needs --down",
+                "add --down to tear the cluster down when idle",
+            )
+        record = await self._store.update(
+            record.name, autostop_minutes=setting.idle_minutes, autostop_down=setting.down,
+            autostop_wait_for=setting.wait_for,
+        )
+        if record.status == ClusterStatus.UP:
+            agent = await self._jobs.agent(record)
+            await agent.set_autostop(setting.idle_minutes, setting.down,
+                                     WAIT_FOR_TO_PB[setting.wait_for])
+        return record
+
+    # -- start / stop / down ------------------------------------------------------------------
+
+    async def start(self, request: RunningRequest, name: str) -> dict[str, Any]:
+        require_cluster(self._store, name)
+        async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "start",
+                                    on_blocked=request.blocked):
+            record = require_cluster(self._store, name)
+            provider = self._providers.get(record.provider)
+            record = await self._bring_existing_up(request, record, provider)
+        return {"cluster": name, "status": str(record.status)}
+
+    async def stop(self, request: RunningRequest, name: str) -> dict[str, Any]:
+        record = require_cluster(self._store, name)
+        provider = self._providers.get(record.provider)
+        if not provider.can_stop:
+            raise ProtocolError(
+                ErrorCode.UNSUPPORTED,
+                f"{name} runs on {record.provider} machines that clusterd does not own, so "
+                "it cannot be stopped",
+                f"tear it down instead: clusterctl down {name}",
+            )
+        self._preempt(request, name)
+        async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "stop",
+                                    on_blocked=request.blocked):
+            record = require_cluster(self._store, name)
+            if record.status == ClusterStatus.STOPPED:
+                return {"cluster": name, "status": str(record.status), "changed": False}
+            await request.progress(f"stopping {name}", "stop")
+            await self._agents.close(name)
+            handle = (record.handle or {}).get("provider") or {}
+            info = await provider.cluster_info(record.cloud_name, handle)
+            await self._runtime.stop(info)
+            await provider.stop(record.cloud_name, handle)
+            await self._store.set_status(name, ClusterStatus.STOPPED,
+                                         f"stopped by request {request.id}", request.id)
+        return {"cluster": name, "status": str(ClusterStatus.STOPPED), "changed": True}
+
+    async def down(self, request: RunningRequest, name: str, purge: bool) -> dict[str, Any]:
+        require_cluster(self._store, name)
+        self._preempt(request, name)
+        async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "down",
+                                    on_blocked=request.blocked):
+            record = require_cluster(self._store, name)
+            await request.progress(f"tearing down {name}", "down")
+            await self._teardown(request, record, purge=purge)
+            await self._store.remove(name, f"torn down by request {request.id}", request.id)
+        return {"cluster": name, "status": str(ClusterStatus.TERMINATED)}
+
+    def _preempt(self, request: RunningRequest, name: str) -> None:
+        me = Holder(request.id, request.op, LockMode.EXCLUSIVE)
+        for holder in self._locks.preempt_waiting(name, PREEMPTIBLE_BY_TEARDOWN, me):
+            logger.info("pre-empted queued request", preempted=holder.request_id)
+
+    async def _teardown(self, request: RunningRequest, record: ClusterRecord,
+                        purge: bool) -> None:
+        provider = self._providers.get(record.provider)
+        handle = (record.handle or {}).get("provider")
+        await self._agents.close(record.name)  # the connection (tunnel) first
+        if handle is None:
+            return  # nothing was ever created
+        try:
+            info = await provider.cluster_info(record.cloud_name, handle)
+        except ProvisionError as exc:
+            info = None
+            await request.progress(f"warning: cannot reach the nodes: {exc.message}", "down")
+        if info is not None:
+            try:
+                await self._runtime.stop(info)
+                await self._runtime.remove_files(record.cloud_name, info)
+            except ProtocolError as exc:
+                if not purge:
+                    raise
+                await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
+        for step in (provider.terminate, provider.cleanup_ports):
+            try:
+                await step(record.cloud_name, handle)
+            except ProtocolError as exc:
+                if not purge:
+                    raise
+                await request.progress(f"warning: {exc.message}", "down")
+
+    # -- refresh ------------------------------------------------------------------------------
+
+    async def refresh(self, names: list[str]) -> None:
+        limiter = anyio.CapacityLimiter(REFRESH_CONCURRENCY)
+
+        async def one(name: str) -> None:
+            async with limiter:
+                await self.refresh_one(name)
+
+        async with anyio.create_task_group() as group:
+            for name in names:
+                group.start_soon(one, name)
+
+    async def refresh_one(self, name: str) -> None:
+        record = self._store.get(name)
+        if record is None:
+            return
+        if any(h.mode == LockMode.EXCLUSIVE for h in self._locks.holders(name)):
+            return  # a launch/stop/down is changing it right now; it will record the outcome
+        provider = self._providers.get(record.provider)
+        handle = (record.handle or {}).get("provider")
+        if handle is None:
+            return  # an interrupted launch: the next launch resumes it
+        try:
+            nodes = await provider.query(record.cloud_name, handle)
+        except ProvisionError as exc:
+            await self._store.add_event(name, "refresh", f"provider query failed: {exc.message}")
+            return
+        status, reason = await self._reconcile(record, nodes)
+        if status is None:
+            await self._store.remove(name, reason)
+            await self._agents.close(name)
+            return
+        if status != record.status:
+            await self._store.set_status(name, status, reason, refreshed_at=time.time())
+        else:
+            await self._store.update(name, refreshed_at=time.time())
+
+    async def _reconcile(
+        self, record: ClusterRecord, nodes: list[Any]
+    ) -> tuple[ClusterStatus | None, str]:
+        if not nodes:
+            return None, "refresh found no nodes left"
+        states = {n.status for n in nodes}
+        if states == {NodeStatus.STOPPED}:
+            return ClusterStatus.STOPPED, "refresh found every node stopped"
+        if len(nodes) < record.num_nodes or states != {NodeStatus.RUNNING}:
+            running = sum(1 for n in nodes if n.status == NodeStatus.RUNNING)
+            return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
+                                        "nodes running")
+        try:
+            agent = await self._jobs.agent(record)
+            health = await agent.health()
+        except ProtocolError as exc:
+            await self._agents.close(record.name)
+            return ClusterStatus.INIT, f"agent not healthy: {exc.message}"
+        if not health.ray_connected or health.ray_nodes_alive < record.num_nodes:
+            return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
+                                        f"{record.num_nodes} nodes")
+        return ClusterStatus.UP, "refresh found every node and the agent healthy"
+
+    async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
+        return await self._jobs.cluster_info(record)
+
+
+def _infra_text(record: ClusterRecord) -> str:
+    infra = record.requested_resources.get("infra") or record.provider
+    return str(infra)
+
+
+def _check_compatible(record: ClusterRecord, provider: Provider, task: TaskSpec) -> None:
+    if record.provider != provider.name:
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"cluster {record.name} runs on {record.provider}, not {provider.name}",
+            "launch under another name, or drop --infra to use it as it is",
+        )
+    if task.num_nodes > record.num_nodes:
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"the task asks for {task.num_nodes} nodes; cluster {record.name} has "
+            f"{record.num_nodes}",
+            "launch a new cluster under another name for more nodes",
+        )
+    have = record.launched_resources or {}
+    wanted = task.resources
+    if wanted.cpus is not None and have.get("cpus") is not None and wanted.cpus > have["cpus"]:
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
+            f"{have['cpus']:g}",
+            "launch a new cluster under another name with bigger nodes",
+        )
+
+
+def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
+    if args.idle_minutes is not None:
+        if args.idle_minutes < 0:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "idle minutes must be ≥ 0")
+        return Autostop(args.idle_minutes, args.down)
+    if task.resources.autostop is not None:
+        setting = task.resources.autostop
+        return dataclasses.replace(setting, down=setting.down or args.down)
+    if args.down:
+        return Autostop(5, True)
+    return None

@@ -1,0 +1,240 @@
+"""Jobs on UP clusters: submit (exec), queue, logs, cancel, all through the cluster's agent."""
+
+from __future__ import annotations
+
+import getpass
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from clusterctl.protocol import ErrorCode, ProtocolError, exit_code_for_job
+from clusterd import log
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.wire import status_from_pb
+from clusterd.locks import ClusterLocks, LockMode
+from clusterd.providers.base import ClusterInfo
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.requests import RunningRequest
+from clusterd.runtime.agent_client import AgentClient, AgentConnections
+from clusterd.runtime.manager import RunnerFactory
+from clusterd.services.common import require_cluster, require_up
+from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.tasks.spec import GitWorkdir, TaskSpec
+
+logger = log.get("clusterd.jobs")
+
+Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
+# How long a following log stream keeps trying to get back to an agent that went away.
+RESUME_WINDOW_S = 60.0
+
+
+def job_to_wire(job: pb.Job) -> dict[str, Any]:
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "user": job.user,
+        "status": str(status_from_pb(job.status)),
+        "submitted_at": job.submitted_at,
+        "started_at": job.started_at or None,
+        "ended_at": job.ended_at or None,
+        "resources": job.resources_display,
+        "num_nodes": job.num_nodes,
+        "log_dir": job.log_dir,
+        "failure_reason": job.failure_reason,
+        "exit_codes": list(job.exit_codes),
+        "task_id": job.task_id,
+    }
+
+
+class JobService:
+    def __init__(
+        self,
+        store: ClusterStore,
+        locks: ClusterLocks,
+        providers: ProviderRegistry,
+        agents: AgentConnections,
+        runner_for: RunnerFactory,
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self._providers = providers
+        self._agents = agents
+        self._runner_for = runner_for
+
+    async def agent(self, record: ClusterRecord) -> AgentClient:
+        runtime = (record.handle or {}).get("runtime") or {}
+        endpoint = runtime.get("agent_endpoint")
+        if not endpoint:
+            raise ProtocolError(
+                ErrorCode.AGENT_UNREACHABLE, f"cluster {record.name} has no agent recorded",
+                f"re-launch it: clusterctl launch -c {record.name}",
+            )
+        return await self._agents.get(record.name, endpoint)
+
+    async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
+        provider = self._providers.get(record.provider)
+        return await provider.cluster_info(
+            record.cloud_name, (record.handle or {}).get("provider") or {}
+        )
+
+    # -- submission -----------------------------------------------------------------------
+
+    async def exec(self, request: RunningRequest, name: str, task: TaskSpec) -> dict[str, Any]:
+        record = require_up(require_cluster(self._store, name))
+        async with self._locks.hold(name, LockMode.SHARED, request.id, "exec",
+                                    on_blocked=request.blocked):
+            record = require_up(require_cluster(self._store, name))
+            return await self.submit(request, record, task, run_setup=False)
+
+    async def submit(
+        self, request: RunningRequest, record: ClusterRecord, task: TaskSpec, *, run_setup: bool
+    ) -> dict[str, Any]:
+        """Copy the task's files to the nodes and queue it. The caller holds the lock."""
+        run = task.run
+        setup = task.setup if run_setup else None
+        if not run and not setup:
+            return {"cluster": record.name, "job_id": None}
+        info = await self.cluster_info(record)
+        if task.num_nodes > len(info.nodes):
+            raise ProtocolError(
+                ErrorCode.RESOURCES_UNAVAILABLE,
+                f"the task asks for {task.num_nodes} nodes; cluster {record.name} has "
+                f"{len(info.nodes)}",
+                "launch a cluster with more nodes under another name",
+            )
+        await self._sync_files(request, info, task)
+        resources = task.resources
+        spec = pb.JobSpec(
+            name=task.name or "",
+            setup=setup or "",
+            run=run or ":",
+            envs=task.envs,
+            secrets=task.secrets,
+            num_nodes=task.num_nodes,
+            resources=pb.NodeResources(
+                cpus=resources.job_cpus,
+                gpus=resources.accelerator_count,
+                memory_gb=resources.memory_gb or 0,
+                accelerator=resources.accelerator or "",
+            ),
+            workdir=info.head.workdir,
+            user=getpass.getuser(),
+            cluster_name=record.name,
+            resources_display=resources.display(task.num_nodes),
+        )
+        agent = await self.agent(record)
+        reply = await agent.add_job(spec)
+        request.emit("job", {"job_id": reply.job_id, "cluster": record.name})
+        logger.info("job submitted", job_id=reply.job_id)
+        return {"cluster": record.name, "job_id": reply.job_id, "task_id": reply.task_id}
+
+    async def _sync_files(self, request: RunningRequest, info: ClusterInfo,
+                          task: TaskSpec) -> None:
+        if isinstance(task.workdir, GitWorkdir):
+            raise ProtocolError(ErrorCode.UNSUPPORTED,
+                                "git workdirs are not supported by this version yet",
+                                "give a local path as workdir")
+        if task.workdir is None and not task.file_mounts:
+            return
+        if task.workdir:
+            await request.progress(f"syncing workdir {task.workdir}", "sync")
+        if task.file_mounts:
+            await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
+        async with anyio.create_task_group() as group:
+            for node in info.nodes:
+                runner = self._runner_for(node)
+                if isinstance(task.workdir, str):
+                    group.start_soon(runner.sync_dir, task.workdir, node.workdir)
+                for remote, local in task.file_mounts.items():
+                    target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
+                    group.start_soon(runner.put_path, local, target)
+
+    # -- queue, logs, cancel --------------------------------------------------------------
+
+    async def queue(self, name: str, skip_finished: bool) -> dict[str, Any]:
+        record = require_up(require_cluster(self._store, name))
+        agent = await self.agent(record)
+        jobs = await agent.queue(skip_finished)
+        return {"cluster": name, "jobs": [job_to_wire(j) for j in jobs]}
+
+    async def cancel(self, name: str, job_ids: list[int], cancel_all: bool) -> dict[str, Any]:
+        if not job_ids and not cancel_all:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "name the jobs to cancel",
+                                "give job ids, or --all")
+        record = require_up(require_cluster(self._store, name))
+        agent = await self.agent(record)
+        if job_ids:
+            known = {j.job_id: j for j in await agent.jobs(job_ids)}
+            missing = [i for i in job_ids if i not in known]
+            if missing:
+                raise ProtocolError(ErrorCode.JOB_NOT_FOUND,
+                                    f"cluster {name} has no job {', '.join(map(str, missing))}",
+                                    f"see `clusterctl queue {name}`")
+        cancelled = await agent.cancel(job_ids, cancel_all)
+        already = [i for i in job_ids if i not in cancelled]
+        return {"cluster": name, "cancelled": cancelled, "already_finished": already}
+
+    async def stream_logs(
+        self,
+        name: str,
+        job_id: int | None,
+        *,
+        follow: bool,
+        tail: int,
+        offset: int | None,
+        emit: Emit,
+    ) -> dict[str, Any]:
+        """Relay a job's log as `log` events; the result carries its status and exit code.
+
+        If the agent goes away mid-stream (a restarted agent, a dropped tunnel), the stream
+        resumes from the last byte offset it relayed, so no line is lost or repeated.
+        """
+        if tail < 0:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
+        record = require_up(require_cluster(self._store, name))
+        position = offset or 0
+        lines = tail if offset is None else 0
+        current = job_id or 0
+        deadline: float | None = None
+        while True:
+            try:
+                agent = await self.agent(record)
+                async for message in agent.tail(current, follow=follow, tail_lines=lines,
+                                                offset=position):
+                    deadline = None
+                    current = message.job_id
+                    if message.final:
+                        status = status_from_pb(message.status)
+                        reason = ""
+                        if status.is_terminal:
+                            jobs = await agent.jobs([current])
+                            reason = jobs[0].failure_reason if jobs else ""
+                        return {"cluster": name, "job_id": current, "status": str(status),
+                                "failure_reason": reason, "offset": position,
+                                "exit_code": int(exit_code_for_job(status))}
+                    lines = 0  # resumption goes by offset from here on
+                    position = message.offset
+                    await emit("log", {"data": message.data, "offset": message.offset,
+                                       "job_id": current})
+                raise ProtocolError(ErrorCode.AGENT_UNREACHABLE,
+                                    "log stream ended without a final status")
+            except ProtocolError as exc:
+                if exc.code == ErrorCode.JOB_NOT_FOUND:
+                    raise ProtocolError(
+                        ErrorCode.JOB_NOT_FOUND,
+                        f"cluster {name} has no job {job_id}" if job_id
+                        else f"cluster {name} has no jobs yet",
+                        f"see `clusterctl queue {name}`",
+                    ) from None
+                if exc.code != ErrorCode.AGENT_UNREACHABLE or not follow:
+                    raise
+                now = anyio.current_time()
+                deadline = deadline or now + RESUME_WINDOW_S
+                if now > deadline:
+                    raise
+                logger.info("log stream interrupted; resuming", offset=position)
+                await self._agents.close(name)
+                await anyio.sleep(0.5)
+                record = require_up(require_cluster(self._store, name))
+

@@ -1,0 +1,152 @@
+"""The state database: aiosqlite in WAL mode, with a schema version and ordered migrations."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import anyio
+
+# Each entry migrates from version i to i + 1. Never edit a released entry; append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE clusters (
+        name TEXT PRIMARY KEY,
+        provider TEXT NOT NULL,
+        cloud_name TEXT NOT NULL,
+        status TEXT NOT NULL,
+        status_reason TEXT NOT NULL DEFAULT '',
+        num_nodes INTEGER NOT NULL,
+        requested_resources TEXT NOT NULL,
+        launched_resources TEXT,
+        handle TEXT,
+        config_hash TEXT NOT NULL,
+        autostop_minutes REAL,
+        autostop_down INTEGER NOT NULL DEFAULT 0,
+        autostop_wait_for TEXT NOT NULL DEFAULT 'jobs_and_ssh',
+        created_at REAL NOT NULL,
+        launched_at REAL,
+        status_updated_at REAL NOT NULL,
+        refreshed_at REAL,
+        ever_up INTEGER NOT NULL DEFAULT 0,
+        launch_request_id INTEGER
+    );
+    CREATE TABLE cluster_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        cluster TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        from_status TEXT,
+        to_status TEXT,
+        reason TEXT NOT NULL,
+        request_id INTEGER
+    );
+    CREATE INDEX cluster_events_by_cluster ON cluster_events (cluster, id);
+    CREATE TABLE requests (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        op TEXT NOT NULL,
+        cluster TEXT,
+        args TEXT NOT NULL,
+        status TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        finished_at REAL,
+        error_code TEXT,
+        error_message TEXT,
+        result TEXT
+    );
+    CREATE INDEX requests_by_status ON requests (status);
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNew(RuntimeError):
+    pass
+
+
+class Database:
+    """One connection, writes serialized; every write is committed before it returns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._conn: aiosqlite.Connection | None = None
+        self._write_lock = anyio.Lock()
+
+    async def open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = await aiosqlite.connect(self.path)
+        self._conn.row_factory = aiosqlite.Row
+        await self._conn.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a killed process (only power loss can drop the last
+        # commits), which is the crash model here.
+        await self._conn.execute("PRAGMA synchronous=NORMAL")
+        await self._conn.execute("PRAGMA foreign_keys=ON")
+        await self._conn.execute("PRAGMA busy_timeout=5000")
+        await self._migrate()
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+            self._conn = None
+
+    @property
+    def conn(self) -> aiosqlite.Connection:
+        if self._conn is None:
+            raise RuntimeError("database is not open")
+        return self._conn
+
+    async def _migrate(self) -> None:
+        async with self.conn.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNew(
+                f"{self.path} has schema version {version}, newer than this clusterd "
+                f"({SCHEMA_VERSION}); upgrade clusterd"
+            )
+        for target in range(version, SCHEMA_VERSION):
+            await self.conn.executescript(
+                f"BEGIN; {MIGRATIONS[target]}; PRAGMA user_version={target + 1}; COMMIT;"
+            )
+
+    async def schema_version(self) -> int:
+        async with self.conn.execute("PRAGMA user_version") as cursor:
+            row = await cursor.fetchone()
+        return int(row[0]) if row else 0
+
+    async def fetchall(self, sql: str, params: Sequence[Any] = ()) -> list[aiosqlite.Row]:
+        async with self.conn.execute(sql, params) as cursor:
+            return list(await cursor.fetchall())
+
+    async def write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> int | None:
+        """Run statements in one transaction; returns the last statement's lastrowid.
+
+        Shielded from cancellation: a request cancelled mid-write still leaves a whole record.
+        """
+        with anyio.CancelScope(shield=True), anyio.fail_after(30):
+            last = await self._write(statements)
+        return last
+
+    async def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> int | None:
+        async with self._write_lock:
+            last: int | None = None
+            try:
+                for sql, params in statements:
+                    cursor = await self.conn.execute(sql, params)
+                    last = cursor.lastrowid
+                await self.conn.commit()
+            except BaseException:
+                await self.conn.rollback()
+                raise
+            return last
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def loads(text: str | None) -> Any:
+    return json.loads(text) if text else None

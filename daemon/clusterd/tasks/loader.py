@@ -1,0 +1,392 @@
+"""Load SkyPilot task YAML (or an inline command) into a TaskSpec.
+
+Every error names the file and the field, e.g. ``train.yaml: resources.cpus: expected a number
+or a string like '4+', got a list``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.tasks.spec import (
+    WAIT_FOR_CHOICES,
+    Autostop,
+    GitWorkdir,
+    Infra,
+    Resources,
+    TaskSpec,
+)
+
+MAX_TASK_BYTES = 4 * 1024 * 1024
+TOP_LEVEL = {
+    "name", "run", "setup", "num_nodes", "resources", "workdir", "file_mounts", "envs",
+    "secrets",
+}
+# Known to SkyPilot but not offered here yet: a clear "unsupported" beats "unknown field".
+UNSUPPORTED_TOP_LEVEL = {
+    "service", "config", "experimental", "event_callback", "inputs", "outputs", "volumes",
+    "pool",
+}
+RESOURCE_FIELDS = {
+    "infra", "cloud", "region", "zone", "cpus", "memory", "accelerators", "instance_type",
+    "use_spot", "disk_size", "ports", "image_id", "labels", "autostop", "disk_tier",
+    "network_tier", "job_recovery", "accelerator_args",
+}
+UNSUPPORTED_RESOURCE_FIELDS = {"any_of", "ordered"}
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class TaskError(ProtocolError):
+    def __init__(self, source: str, field: str, message: str, hint: str = "") -> None:
+        where = f"{source}: {field}: " if field else f"{source}: "
+        super().__init__(ErrorCode.INVALID_TASK, where + message, hint)
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "a map", list: "a list", str: "a string", bool: "a boolean",
+             int: "a number", float: "a number", type(None): "nothing"}
+    return names.get(type(value), type(value).__name__)
+
+
+def load_task(
+    *,
+    yaml_path: str | None = None,
+    yaml_text: str | None = None,
+    command: str | None = None,
+    source: str = "<task>",
+    cwd: str = "/",
+    env_overrides: Mapping[str, str] | None = None,
+    secret_overrides: Mapping[str, str] | None = None,
+) -> TaskSpec:
+    given = [x for x in (yaml_path, yaml_text, command) if x is not None]
+    if len(given) != 1:
+        raise ProtocolError(
+            ErrorCode.INVALID_ARGUMENT,
+            "give exactly one of a task YAML path, YAML text or a command",
+        )
+    if command is not None:
+        if not command.strip():
+            raise TaskError(source, "", "the command is empty")
+        raw: Any = {"run": command}
+        source = "<command>"
+    else:
+        if yaml_path is not None:
+            source = yaml_path
+            yaml_text = _read(Path(os.path.join(cwd, yaml_path)), source)
+        assert yaml_text is not None
+        if len(yaml_text.encode()) > MAX_TASK_BYTES:
+            raise TaskError(source, "", f"task file is larger than {MAX_TASK_BYTES} bytes")
+        try:
+            raw = yaml.safe_load(yaml_text)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise TaskError(source, "", f"not valid YAML: {where}{problem}") from None
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise TaskError(source, "", f"a task must be a map of fields, got {_kind(raw)}")
+    return _build(raw, source, cwd, env_overrides or {}, secret_overrides or {})
+
+
+def _read(path: Path, source: str) -> str:
+    try:
+        if path.stat().st_size > MAX_TASK_BYTES:
+            raise TaskError(source, "", f"task file is larger than {MAX_TASK_BYTES} bytes")
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TaskError(source, "", "file not found") from None
+    except IsADirectoryError:
+        raise TaskError(source, "", "is a directory, not a task YAML") from None
+    except UnicodeDecodeError:
+        raise TaskError(source, "", "is not UTF-8 text") from None
+    except OSError as exc:
+        raise TaskError(source, "", f"cannot read: {exc.strerror}") from None
+
+
+def _build(
+    raw: dict[Any, Any],
+    source: str,
+    cwd: str,
+    env_overrides: Mapping[str, str],
+    secret_overrides: Mapping[str, str],
+) -> TaskSpec:
+    for key in raw:
+        if key in UNSUPPORTED_TOP_LEVEL:
+            raise TaskError(source, str(key), "is a SkyPilot field clusterd does not support yet")
+        if key not in TOP_LEVEL:
+            raise TaskError(source, str(key), "unknown field",
+                            f"known fields: {', '.join(sorted(TOP_LEVEL))}")
+    name = _optional_str(raw, "name", source)
+    if name is not None and not name.strip():
+        name = None
+    run = _script(raw, "run", source)
+    setup = _script(raw, "setup", source)
+    num_nodes = raw.get("num_nodes", 1)
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise TaskError(source, "num_nodes", f"must be a whole number ≥ 1, got {num_nodes!r}")
+    envs = _env_map(raw, "envs", source, env_overrides, "--env")
+    secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
+    return TaskSpec(
+        name=name,
+        run=run,
+        setup=setup,
+        num_nodes=num_nodes,
+        resources=parse_resources(raw.get("resources"), source),
+        workdir=_workdir(raw.get("workdir"), source, cwd),
+        file_mounts=_file_mounts(raw.get("file_mounts"), source, cwd),
+        envs=envs,
+        secrets=secrets,
+        source=source,
+    )
+
+
+def _optional_str(raw: Mapping[Any, Any], key: str, source: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise TaskError(source, key, f"expected a string, got {_kind(value)}")
+    return str(value)
+
+
+def _script(raw: Mapping[Any, Any], key: str, source: str) -> str | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TaskError(source, key, f"expected a shell script (a string), got {_kind(value)}")
+    return value if value.strip() else None
+
+
+def _env_map(
+    raw: Mapping[Any, Any],
+    key: str,
+    source: str,
+    overrides: Mapping[str, str],
+    flag: str,
+) -> dict[str, str]:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise TaskError(source, key, f"expected a map of NAME: value, got {_kind(value)}")
+    result: dict[str, str | None] = {}
+    for name, item in value.items():
+        if not isinstance(name, str) or not ENV_NAME.match(name):
+            raise TaskError(source, f"{key}.{name}", "is not a valid environment variable name")
+        if isinstance(item, dict | list):
+            raise TaskError(source, f"{key}.{name}", f"expected a string, got {_kind(item)}")
+        if isinstance(item, bool):
+            item = "true" if item else "false"
+        result[name] = None if item is None else str(item)
+    for name, item in overrides.items():
+        if not ENV_NAME.match(name):
+            raise TaskError(source, f"{flag} {name}", "is not a valid environment variable name")
+        result[name] = item
+    missing = sorted(n for n, v in result.items() if v is None)
+    if missing:
+        raise TaskError(
+            source, f"{key}.{missing[0]}", "has no value",
+            f"pass it with {flag} {missing[0]}=VALUE",
+        )
+    return {n: v for n, v in result.items() if v is not None}
+
+
+def _number(value: Any, source: str, field: str, what: str) -> tuple[float, bool]:
+    """`4`, `4.5`, `"4"`, `"4+"` → (4.0, at_least)."""
+    if isinstance(value, bool):
+        raise TaskError(source, field, f"expected {what}, got a boolean")
+    if isinstance(value, int | float):
+        amount, at_least = float(value), False
+    elif isinstance(value, str):
+        text = value.strip()
+        at_least = text.endswith("+")
+        text = text.rstrip("+").strip()
+        if what == "a size in GB":
+            text = re.sub(r"(?i)\s*gb?$", "", text)
+        try:
+            amount = float(text)
+        except ValueError:
+            raise TaskError(source, field, f"expected {what} or a string like '4+', "
+                                           f"got {value!r}") from None
+    else:
+        raise TaskError(source, field, f"expected {what} or a string like '4+', "
+                                       f"got {_kind(value)}")
+    if amount <= 0:
+        raise TaskError(source, field, f"must be positive, got {value!r}")
+    return amount, at_least
+
+
+def _accelerators(value: Any, source: str) -> tuple[str | None, float]:
+    field = "resources.accelerators"
+    if value is None:
+        return None, 0
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise TaskError(source, field, "choosing among several accelerators is not "
+                                           "supported yet; name one")
+        value = value[0]
+    if isinstance(value, dict):
+        if len(value) != 1:
+            raise TaskError(source, field, "name exactly one accelerator, like {A100: 1}")
+        ((name, count),) = value.items()
+        count = 1 if count is None else count
+    elif isinstance(value, str):
+        name, _, count_text = value.partition(":")
+        count = count_text or 1
+    else:
+        raise TaskError(source, field, f"expected a string like 'A100:1', got {_kind(value)}")
+    try:
+        amount = float(count)
+    except (TypeError, ValueError):
+        raise TaskError(source, field, f"count must be a number, got {count!r}") from None
+    if amount <= 0 or not str(name).strip():
+        raise TaskError(source, field, f"expected a name and a positive count, got {value!r}")
+    return str(name).strip(), amount
+
+
+def parse_autostop(value: Any, source: str, field: str = "resources.autostop") -> Autostop | None:
+    """SkyPilot's forms: `true`, `false`, minutes, or `{idle_minutes, down, wait_for}`."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return Autostop(idle_minutes=5)
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        minutes, _ = _number(value, source, field, "minutes")
+        return Autostop(idle_minutes=minutes)
+    if isinstance(value, dict):
+        unknown = set(value) - {"idle_minutes", "down", "wait_for"}
+        if unknown:
+            raise TaskError(source, f"{field}.{sorted(unknown)[0]}", "unknown field")
+        minutes = value.get("idle_minutes", 5)
+        minutes_value, _ = _number(minutes, source, f"{field}.idle_minutes", "minutes")
+        down = value.get("down", False)
+        if not isinstance(down, bool):
+            raise TaskError(source, f"{field}.down", f"expected true or false, got {down!r}")
+        wait_for = value.get("wait_for", "jobs_and_ssh")
+        if wait_for not in WAIT_FOR_CHOICES:
+            raise TaskError(source, f"{field}.wait_for",
+                            f"must be one of {', '.join(WAIT_FOR_CHOICES)}, got {wait_for!r}")
+        return Autostop(minutes_value, down, wait_for)
+    raise TaskError(source, field, f"expected true, minutes or a map, got {_kind(value)}")
+
+
+def parse_resources(value: Any, source: str) -> Resources:
+    if value is None:
+        return Resources()
+    if not isinstance(value, dict):
+        raise TaskError(source, "resources", f"expected a map, got {_kind(value)}")
+    for key in value:
+        if key in UNSUPPORTED_RESOURCE_FIELDS:
+            raise TaskError(source, f"resources.{key}", "choosing among several resource "
+                                                        "options is not supported yet")
+        if key not in RESOURCE_FIELDS:
+            raise TaskError(source, f"resources.{key}", "unknown field",
+                            f"known fields: {', '.join(sorted(RESOURCE_FIELDS))}")
+    infra_text = value.get("infra")
+    if infra_text is not None and not isinstance(infra_text, str):
+        raise TaskError(source, "resources.infra", f"expected a string like 'aws/us-east-1', "
+                                                   f"got {_kind(infra_text)}")
+    legacy = [value.get(k) for k in ("cloud", "region", "zone")]
+    if infra_text and any(legacy):
+        raise TaskError(source, "resources.infra", "give either infra or cloud/region/zone")
+    if any(legacy):
+        cloud, region, zone = (str(v) if v else None for v in legacy)
+        infra = Infra(cloud.lower() if cloud else None, region, zone)
+    else:
+        infra = Infra.parse(infra_text)
+    cpus = memory = None
+    cpus_plus = memory_plus = False
+    if value.get("cpus") is not None:
+        cpus, cpus_plus = _number(value["cpus"], source, "resources.cpus", "a number")
+    if value.get("memory") is not None:
+        memory, memory_plus = _number(value["memory"], source, "resources.memory", "a size in GB")
+    accelerator, count = _accelerators(value.get("accelerators"), source)
+    ports = value.get("ports") or []
+    if isinstance(ports, int | str):
+        ports = [ports]
+    if not isinstance(ports, list):
+        raise TaskError(source, "resources.ports", f"expected a port, range or list, "
+                                                   f"got {_kind(ports)}")
+    disk = value.get("disk_size")
+    if disk is not None and (not isinstance(disk, int) or isinstance(disk, bool) or disk <= 0):
+        raise TaskError(source, "resources.disk_size", f"expected GB as a whole number, "
+                                                       f"got {disk!r}")
+    use_spot = value.get("use_spot", False)
+    if not isinstance(use_spot, bool):
+        raise TaskError(source, "resources.use_spot", f"expected true or false, got {use_spot!r}")
+    labels = value.get("labels") or {}
+    if not isinstance(labels, dict):
+        raise TaskError(source, "resources.labels", f"expected a map, got {_kind(labels)}")
+    return Resources(
+        infra=infra,
+        cpus=cpus,
+        cpus_at_least=cpus_plus,
+        memory_gb=memory,
+        memory_at_least=memory_plus,
+        accelerator=accelerator,
+        accelerator_count=count,
+        instance_type=_optional_str(value, "instance_type", source),
+        use_spot=use_spot,
+        disk_size_gb=disk,
+        ports=tuple(str(p) for p in ports),
+        image_id=_optional_str(value, "image_id", source),
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        autostop=parse_autostop(value.get("autostop"), source),
+    )
+
+
+def _local_path(value: str, cwd: str) -> str:
+    return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
+
+
+def _workdir(value: Any, source: str, cwd: str) -> str | GitWorkdir | None:
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        unknown = set(value) - {"url", "ref"}
+        if unknown:
+            raise TaskError(source, f"workdir.{sorted(unknown)[0]}", "unknown field")
+        url = value.get("url")
+        if not isinstance(url, str) or not url:
+            raise TaskError(source, "workdir.url", "a git workdir needs a url")
+        ref = value.get("ref")
+        return GitWorkdir(url, None if ref is None else str(ref))
+    if not isinstance(value, str):
+        raise TaskError(source, "workdir", f"expected a path or {{url, ref}}, got {_kind(value)}")
+    path = _local_path(value, cwd)
+    if not os.path.isdir(path):
+        raise TaskError(source, "workdir", f"{path} is not a directory")
+    return path
+
+
+def _file_mounts(value: Any, source: str, cwd: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TaskError(source, "file_mounts", f"expected a map of remote: local, "
+                                               f"got {_kind(value)}")
+    mounts: dict[str, str] = {}
+    for remote, local in value.items():
+        field = f"file_mounts.{remote}"
+        if not isinstance(remote, str) or not remote.strip():
+            raise TaskError(source, "file_mounts", f"{remote!r} is not a path")
+        if isinstance(local, dict):
+            raise TaskError(source, field, "storage mounts (buckets) are not supported yet; "
+                                           "give a local path")
+        if not isinstance(local, str):
+            raise TaskError(source, field, f"expected a local path, got {_kind(local)}")
+        if "://" in local:
+            raise TaskError(source, field, f"{local}: only local paths are supported yet")
+        path = _local_path(local, cwd)
+        if not os.path.exists(path):
+            raise TaskError(source, field, f"{path} does not exist")
+        mounts[remote] = path
+    return mounts

@@ -1,0 +1,134 @@
+"""Tasks as typed data: what a SkyPilot task YAML (or an inline command) asks for."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from typing import Any
+
+# A job that names no CPUs takes half a CPU per node, as SkyPilot's jobs do, so a few small
+# jobs share a node while a job that asks for whole CPUs waits for them.
+DEFAULT_JOB_CPUS = 0.5
+
+WAIT_FOR_CHOICES = ("jobs_and_ssh", "jobs", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class Infra:
+    """Where to run: `provider[/region[/zone]]`; for ssh the region is the pool name and for
+    kubernetes the context."""
+
+    provider: str | None = None
+    region: str | None = None
+    zone: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Infra:
+        if not text or text == "*":
+            return cls()
+        parts = [p if p not in ("", "*") else None for p in text.strip().split("/")]
+        provider = parts[0].lower() if parts[0] else None
+        if provider == "k8s":
+            provider = "kubernetes"
+        # Kubernetes contexts may contain '/', so keep the rest whole.
+        if provider == "kubernetes" and len(parts) > 1:
+            return cls(provider, "/".join(p or "" for p in parts[1:]) or None, None)
+        region = parts[1] if len(parts) > 1 else None
+        zone = "/".join(p or "" for p in parts[2:]) or None if len(parts) > 2 else None
+        return cls(provider, region, zone)
+
+    def __str__(self) -> str:
+        parts = [p for p in (self.provider, self.region, self.zone) if p]
+        return "/".join(parts) if parts else "*"
+
+
+@dataclasses.dataclass(frozen=True)
+class Autostop:
+    idle_minutes: float
+    down: bool = False
+    wait_for: str = "jobs_and_ssh"
+
+
+@dataclasses.dataclass(frozen=True)
+class Resources:
+    """Per-node resources. `cpus`/`memory_gb` with `*_at_least` mean "N+" in SkyPilot terms."""
+
+    infra: Infra = dataclasses.field(default_factory=Infra)
+    cpus: float | None = None
+    cpus_at_least: bool = False
+    memory_gb: float | None = None
+    memory_at_least: bool = False
+    accelerator: str | None = None
+    accelerator_count: float = 0
+    instance_type: str | None = None
+    use_spot: bool = False
+    disk_size_gb: int | None = None
+    ports: tuple[str, ...] = ()
+    image_id: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    autostop: Autostop | None = None
+
+    @property
+    def job_cpus(self) -> float:
+        return self.cpus if self.cpus is not None else DEFAULT_JOB_CPUS
+
+    def display(self, num_nodes: int) -> str:
+        parts = [f"CPU:{_num(self.job_cpus)}"]
+        if self.memory_gb:
+            parts.append(f"mem:{_num(self.memory_gb)}GB")
+        if self.accelerator:
+            parts.append(f"{self.accelerator}:{_num(self.accelerator_count)}")
+        return f"{num_nodes}x[{', '.join(parts)}]"
+
+    def provisioning_view(self) -> dict[str, Any]:
+        """The fields that decide which nodes a cluster gets (not how a job uses them)."""
+        view = dataclasses.asdict(self)
+        view.pop("autostop")
+        view["infra"] = str(self.infra)
+        return view
+
+    @classmethod
+    def from_view(cls, view: dict[str, Any]) -> Resources:
+        """The inverse of `provisioning_view` (as stored in a cluster record)."""
+        values = dict(view)
+        values["infra"] = Infra.parse(values.get("infra"))
+        values["ports"] = tuple(values.get("ports") or ())
+        values["labels"] = tuple(tuple(pair) for pair in values.get("labels") or ())
+        return cls(**values)
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class GitWorkdir:
+    url: str
+    ref: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    name: str | None = None
+    run: str | None = None
+    setup: str | None = None
+    num_nodes: int = 1
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    workdir: str | GitWorkdir | None = None  # local paths are absolute once loaded
+    file_mounts: dict[str, str] = dataclasses.field(default_factory=dict)  # remote -> local
+    envs: dict[str, str] = dataclasses.field(default_factory=dict)
+    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    source: str = "<task>"
+
+    def config_hash(self) -> str:
+        """Identifies the cluster this task needs: same hash, same nodes, nothing to provision."""
+        view = {"num_nodes": self.num_nodes, "resources": self.resources.provisioning_view()}
+        return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
+
+    def public_view(self) -> dict[str, Any]:
+        """For records and status: everything but secret values."""
+        view = dataclasses.asdict(self)
+        view["secrets"] = sorted(self.secrets)
+        view["resources"]["infra"] = str(self.resources.infra)
+        return view
