@@ -27,7 +27,7 @@ def age(ts: float | None, until: float | None = None, suffix: str = " ago") -> s
         return "-"
     seconds = max(0.0, (until or time.time()) - ts)
     if seconds < 60:
-        text = f"{seconds:.0f}s"
+        text = f"{int(seconds)}s"
     elif seconds < 3600:
         text = f"{seconds // 60:.0f}m"
     elif seconds < 86400:

@@ -113,13 +113,13 @@ class Daemon:
                 for record in interrupted:
                     logger.warning("request interrupted by a daemon restart",
                                    request_id=record.id, op=record.op, cluster=record.cluster)
-                listener = await open_listener(settings.socket_path)
+                listener, systemd_owned = await open_listener(settings.socket_path)
                 try:
                     await self._serve(listener, task_status)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await listener.aclose()
-                        if not os.environ.get("CLUSTERD_KEEP_SOCKET"):
+                        if not systemd_owned:
                             remove_socket(settings.socket_path)
             finally:
                 with anyio.CancelScope(shield=True):

@@ -139,16 +139,11 @@ class RequestManager:
     async def _run(self, request: RunningRequest, work: Work) -> None:
         structlog.contextvars.bind_contextvars(request_id=request.id, cluster=request.cluster)
         logger.info("request started", op=request.op)
-        status = RequestState.SUCCEEDED
+        status = RequestState.CANCELLED  # unless the work ends below, it was cancelled
         try:
             with request.cancel_scope:
                 request.result = await work(request)
-            if request.cancel_scope.cancelled_caught:
-                status = RequestState.CANCELLED
-                request.error = ProtocolError(
-                    ErrorCode.SHUTTING_DOWN, f"request {request.id} was cancelled",
-                    "clusterd is shutting down; run the command again",
-                )
+                status = RequestState.SUCCEEDED
         except ProtocolError as exc:
             status = RequestState.FAILED
             request.error = exc
@@ -160,6 +155,11 @@ class RequestManager:
                 "this is a bug in clusterd; the daemon log has the traceback",
             )
         finally:
+            if status == RequestState.CANCELLED and request.error is None:
+                request.error = ProtocolError(
+                    ErrorCode.SHUTTING_DOWN, f"request {request.id} was cancelled",
+                    "clusterd is shutting down; run the command again",
+                )
             with anyio.CancelScope(shield=True):
                 error = request.error
                 await self._store.finish(

@@ -42,6 +42,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ray-address", required=True, help="HOST:PORT of the Ray head (GCS)")
     parser.add_argument("--cluster-name", required=True)
     parser.add_argument("--ray-connect-timeout", type=float, default=90.0)
+    parser.add_argument("--ready-file", type=Path,
+                        help="written with this process's pid once it serves")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
@@ -101,6 +103,8 @@ async def serve(args: argparse.Namespace) -> None:
     if args.listen.startswith("unix:"):
         os.chmod(socket_path, 0o600)
     logger.info("agent serving", listen=args.listen, pid=os.getpid())
+    if args.ready_file is not None:
+        args.ready_file.write_text(str(os.getpid()))
 
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as group:

@@ -161,7 +161,6 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         f"--num-cpus={round(float(params['num_cpus']))}",
         f"--num-gpus={round(float(params.get('num_gpus', 0)))}",
         f"--object-store-memory={int(params['object_store_bytes'])}",
-        "--include-dashboard=false",
         "--log-style=record",
         "--log-color=false",
     ]
@@ -171,19 +170,25 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         if key in params.get("ports", {}):
             argv.append(f"{flag}={int(params['ports'][key])}")
     if params["head"]:
-        argv += ["--head", f"--port={int(params['gcs_port'])}"]
+        argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false"]
         address = f"{params['node_ip']}:{int(params['gcs_port'])}"
     else:
         argv.append(f"--address={params['head_address']}")
         address = ""
+    offset = log_path.stat().st_size if log_path.exists() else 0
     pid = _spawn(argv, log_path, {"RAY_USAGE_STATS_ENABLED": "0", **params.get("env", {})})
     _write_pidfile(pid_path, pid)
+
+    def started() -> bool:
+        # `ray start` says so once its processes are up (and the node registered).
+        with open(log_path, "rb") as log:
+            log.seek(offset)
+            return b"Ray runtime started" in log.read()
+
+    what = "Ray head" if address else "Ray worker"
     timeout = float(params.get("timeout", 60))
-    if address:
-        _wait_ready(pid_path, log_path, "Ray head", lambda: _connectable(address), timeout)
-    else:
-        # A worker is ready when the head sees it; the agent's health reports that.
-        _wait_ready(pid_path, log_path, "Ray worker", lambda: True, timeout)
+    _wait_ready(pid_path, log_path, what,
+                lambda: started() and (not address or _connectable(address)), timeout)
     return {"started": True, "pid": pid}
 
 
@@ -192,9 +197,13 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "agent.pid", run_dir / "agent.log"
+    ready_path = run_dir / "agent.ready"
     existing = _read_pidfile(pid_path)
     if existing is not None:
         return {"started": False, "pid": existing.pid}
+    # A killed agent's socket can accept connections for a moment after its death, so only
+    # the new agent's own word (its pid in the ready file) says it is serving.
+    ready_path.unlink(missing_ok=True)
     argv = [
         sys.executable, "-m", "clusterd.agent.main",
         f"--listen={params['listen']}",
@@ -202,11 +211,18 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--ray-address={params['ray_address']}",
         f"--cluster-name={params['cluster_name']}",
         f"--log-level={params.get('log_level', 'info')}",
+        f"--ready-file={ready_path}",
     ]
     pid = _spawn(argv, log_path, params.get("env", {}))
     _write_pidfile(pid_path, pid)
-    _wait_ready(pid_path, log_path, "clusterd-agent",
-                lambda: _connectable(params["listen"]), float(params.get("timeout", 90)))
+
+    def serving() -> bool:
+        try:
+            return ready_path.read_text().strip() == str(pid)
+        except FileNotFoundError:
+            return False
+
+    _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(params.get("timeout", 90)))
     return {"started": True, "pid": pid}
 
 

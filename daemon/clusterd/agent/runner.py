@@ -113,6 +113,8 @@ class JobRun:
         self._on_finished = on_finished
         self._cancel_requested = False
         self._cancel_reason = CANCELLED_BY_USER
+        # Set once one rank failed in a fail-fast phase: ranks that start later die at once.
+        self._aborting = False
         self._running: dict[int, dict[str, Any]] = {}  # rank -> {pid, create_time}
         self._phase_scope: anyio.CancelScope | None = None
         self._log: JobLog | None = None
@@ -181,6 +183,7 @@ class JobRun:
         self._hub.notify(self.job.job_id)
 
     async def _run_phase(self, phase: str, script: str, *, fail_fast: bool) -> list[RankResult]:
+        self._aborting = False
         results = [RankResult(slot.rank) for slot in self._slots]
         gpus = float(self.job.spec.get("resources", {}).get("gpus", 0) or 0)
         envs = {**self.job.spec.get("envs", {}), **self._secrets}
@@ -210,7 +213,7 @@ class JobRun:
                 elif kind == "started":
                     self._running[slot.rank] = value
                     await self._record_processes()
-                    if self._cancel_requested:
+                    if self._cancel_requested or self._aborting:
                         await self._kill_rank(slot.rank)
                 elif kind == "exit":
                     result.exit_code = int(value)
@@ -221,6 +224,7 @@ class JobRun:
             result.finished_at = time.monotonic()
         failed = result.error is not None or result.exit_code != 0
         if failed and fail_fast and not self._cancel_requested:
+            self._aborting = True
             for other in results:
                 if other.rank != slot.rank and other.exit_code is None and other.error is None:
                     other.killed_by_us = True

@@ -61,12 +61,13 @@ def _answers(path: Path) -> bool:
     return True
 
 
-async def open_listener(socket_path: Path) -> anyio.abc.SocketListener:
+async def open_listener(socket_path: Path) -> tuple[anyio.abc.SocketListener, bool]:
+    """The listener, and whether systemd owns its socket file (then we must not remove it)."""
     activated = systemd_sockets()
     if activated:
         logger.info("using the socket systemd passed", fd=activated[0].fileno())
         activated[0].setblocking(False)
-        return await anyio.abc.SocketListener.from_socket(activated[0])
+        return await anyio.abc.SocketListener.from_socket(activated[0]), True
     prepare_directory(socket_path.parent)
     if socket_path.exists() or socket_path.is_symlink():
         if _answers(socket_path):
@@ -74,7 +75,7 @@ async def open_listener(socket_path: Path) -> anyio.abc.SocketListener:
         socket_path.unlink()  # left by a daemon that died
     listener = await anyio.create_unix_listener(socket_path, mode=0o600)
     logger.info("listening", socket=str(socket_path))
-    return listener
+    return listener, False
 
 
 def remove_socket(socket_path: Path) -> None:

@@ -15,7 +15,7 @@ MAX_NAME_LENGTH = 63
 
 
 def check_name(name: str) -> str:
-    if not name or len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.match(name):
+    if not name or len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
         shown = name if len(name) <= 80 else name[:77] + "..."
         raise ProtocolError(
             ErrorCode.INVALID_NAME,

@@ -85,7 +85,11 @@ class Database:
         await self._conn.execute("PRAGMA synchronous=NORMAL")
         await self._conn.execute("PRAGMA foreign_keys=ON")
         await self._conn.execute("PRAGMA busy_timeout=5000")
-        await self._migrate()
+        try:
+            await self._migrate()
+        except BaseException:
+            await self.close()  # aiosqlite's thread would otherwise keep the process alive
+            raise
 
     async def close(self) -> None:
         if self._conn is not None:

@@ -179,7 +179,7 @@ def _env_map(
         raise TaskError(source, key, f"expected a map of NAME: value, got {_kind(value)}")
     result: dict[str, str | None] = {}
     for name, item in value.items():
-        if not isinstance(name, str) or not ENV_NAME.match(name):
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
             raise TaskError(source, f"{key}.{name}", "is not a valid environment variable name")
         if isinstance(item, dict | list):
             raise TaskError(source, f"{key}.{name}", f"expected a string, got {_kind(item)}")
@@ -187,7 +187,7 @@ def _env_map(
             item = "true" if item else "false"
         result[name] = None if item is None else str(item)
     for name, item in overrides.items():
-        if not ENV_NAME.match(name):
+        if not ENV_NAME.fullmatch(name):
             raise TaskError(source, f"{flag} {name}", "is not a valid environment variable name")
         result[name] = item
     missing = sorted(n for n, v in result.items() if v is None)

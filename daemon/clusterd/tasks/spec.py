@@ -39,8 +39,10 @@ class Infra:
         return cls(provider, region, zone)
 
     def __str__(self) -> str:
-        parts = [p for p in (self.provider, self.region, self.zone) if p]
-        return "/".join(parts) if parts else "*"
+        parts = [self.provider or "*", self.region or "*", self.zone or "*"]
+        while len(parts) > 1 and parts[-1] == "*":  # "aws/*/us-east-1a" keeps its "*"
+            parts.pop()
+        return "/".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,283 @@
+"""The agent against a real two-node Ray cluster (two raylets, on 127.0.0.2 and 127.0.0.3),
+driven over gRPC exactly as the daemon drives it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import secrets
+import shutil
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from clusterctl.protocol import JobStatus
+from clusterd.agent import node
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.wire import status_from_pb
+from clusterd.runtime.agent_client import AgentClient
+from tests.support import pid_alive, short_tempdir, wait_for
+
+pytestmark = [pytest.mark.ray, pytest.mark.anyio]
+
+
+@dataclasses.dataclass
+class AgentCluster:
+    root: Path
+    endpoint: str
+    head_run: Path
+    agent_params: dict[str, object]
+
+    def path(self, name: str) -> Path:
+        return self.root / "work" / name
+
+
+@pytest.fixture(scope="module")
+def agent_cluster() -> Iterator[AgentCluster]:
+    root = short_tempdir("cda-")
+    token = root / "token"
+    node.write_token({"path": str(token), "token": secrets.token_hex(16)})
+    env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    gcs, client_port, dash_port, metric1, metric2 = node.free_ports({"count": 5})["ports"]
+    env.update(AUTOSCALER_METRIC_PORT=str(metric1), DASHBOARD_METRIC_PORT=str(metric2))
+    key = root.name
+    common = {"num_cpus": 2, "object_store_bytes": 80 * 1024 * 1024, "env": env,
+              "ports": {"min_worker_port": 0, "max_worker_port": 0}, "timeout": 60}
+    head_run, worker_run = root / "head" / "run", root / "worker" / "run"
+    try:
+        node.start_ray({**common, "dir": str(head_run), "temp_key": f"{key}h", "head": True,
+                        "node_ip": "127.0.0.2", "gcs_port": gcs,
+                        "ports": {**common["ports"], "ray_client_server_port": client_port,
+                                  "dashboard_port": dash_port}})
+        node.start_ray({**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
+                        "node_ip": "127.0.0.3", "head_address": f"127.0.0.2:{gcs}"})
+        agent_params = {"dir": str(head_run), "listen": f"unix:{root}/agent.sock",
+                        "state_dir": str(root / "head" / "agent"),
+                        "ray_address": f"127.0.0.2:{gcs}", "cluster_name": "two",
+                        "env": env, "timeout": 90}
+        node.start_agent(agent_params)
+        (root / "work").mkdir()
+        cluster = AgentCluster(root, f"unix:{root}/agent.sock", head_run, agent_params)
+
+        async def two_nodes() -> bool:
+            client = AgentClient("two", cluster.endpoint)
+            try:
+                return (await client.health()).ray_nodes_alive == 2
+            finally:
+                await client.close()
+
+        wait_for(lambda: anyio.run(two_nodes), 60, "both Ray nodes to join", interval=0.5)
+        yield cluster
+    finally:
+        node.stop({"dir": str(head_run)})
+        node.stop({"dir": str(worker_run)})
+        if not os.environ.get("CLUSTERD_TEST_KEEP"):  # keep everything to debug a failure
+            node.cleanup({"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def agent(agent_cluster: AgentCluster) -> AsyncIterator[AgentClient]:
+    client = AgentClient("two", agent_cluster.endpoint)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def spec(run: str, *, nodes: int = 2, cpus: float = 0.5, setup: str = "",
+         envs: dict[str, str] | None = None, secrets_: dict[str, str] | None = None,
+         workdir: str = "") -> pb.JobSpec:
+    return pb.JobSpec(name="t", run=run, setup=setup, num_nodes=nodes,
+                      resources=pb.NodeResources(cpus=cpus), envs=envs or {},
+                      secrets=secrets_ or {}, workdir=workdir, cluster_name="two")
+
+
+async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes]:
+    reply = await agent.add_job(job)
+    log = b""
+    with anyio.fail_after(120):
+        async for message in agent.tail(reply.job_id, follow=True, tail_lines=0, offset=0):
+            log += message.data
+    (final,) = await agent.jobs([reply.job_id])
+    return final, log
+
+
+async def wait_status(agent: AgentClient, job_id: int, wanted: set[JobStatus],
+                      timeout: float = 60) -> pb.Job:
+    with anyio.fail_after(timeout):
+        while True:
+            (job,) = await agent.jobs([job_id])
+            if status_from_pb(job.status) in wanted:
+                return job
+            await anyio.sleep(0.05)
+
+
+async def wait_file(path: Path, timeout: float = 60) -> str:
+    with anyio.fail_after(timeout):
+        while not path.exists() or not path.read_text().strip():
+            await anyio.sleep(0.05)
+    return path.read_text().strip()
+
+
+async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> None:
+    job, log = await run_to_end(agent, spec(
+        setup="echo setup rank=$SKYPILOT_SETUP_NODE_RANK ips=$(echo $SKYPILOT_SETUP_NODE_IPS)",
+        run="echo run rank=$SKYPILOT_NODE_RANK n=$SKYPILOT_NUM_NODES "
+            "ips=$(echo $SKYPILOT_NODE_IPS) gpus=$SKYPILOT_NUM_GPUS_PER_NODE "
+            "task=$SKYPILOT_TASK_ID greet=$GREETING secret=$TOKEN",
+        envs={"GREETING": "hi"}, secrets_={"TOKEN": "s3cr3t"},
+    ))
+    assert status_from_pb(job.status) == JobStatus.SUCCEEDED, job.failure_reason
+    text = log.decode()
+    assert "(head, rank=0) setup rank=0 ips=127.0.0.2 127.0.0.3" in text
+    assert "(worker1, rank=1) setup rank=1 ips=127.0.0.2 127.0.0.3" in text
+    for rank in (0, 1):
+        label = "(head, rank=0)" if rank == 0 else "(worker1, rank=1)"
+        assert (f"{label} run rank={rank} n=2 ips=127.0.0.2 127.0.0.3 gpus=0 "
+                f"task={job.task_id} greet=hi secret=s3cr3t") in text
+    assert job.task_id.endswith(f"_two_{job.job_id}") and job.task_id.startswith("sky-")
+    assert list(job.exit_codes) == [0, 0]
+    # Secrets reach the job but are never written to the agent's database.
+    db = Path(job.log_dir).parents[1] / "jobs.db"
+    assert b"s3cr3t" not in db.read_bytes()
+
+
+async def test_one_node_failing_kills_the_other(agent: AgentClient,
+                                                agent_cluster: AgentCluster) -> None:
+    marker = agent_cluster.path("fail-fast")
+    job, _ = await run_to_end(agent, spec(
+        f"if [ $SKYPILOT_NODE_RANK = 1 ]; then exit 3; fi; "
+        f"sleep 300 & echo $! > {marker}; wait"
+    ))
+    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert "rank 1 (127.0.0.3) exited with exit code 3" in job.failure_reason
+    assert job.exit_codes[1] == 3
+    if marker.exists():  # rank 0 got as far as starting its child: that child must be dead
+        assert not pid_alive(int(marker.read_text()))
+
+
+async def test_segmentation_fault_is_named(agent: AgentClient) -> None:
+    job, _ = await run_to_end(agent, spec(
+        "if [ $SKYPILOT_NODE_RANK = 0 ]; then kill -SEGV $$; fi; sleep 300"
+    ))
+    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert "rank 0" in job.failure_reason
+    assert "segmentation fault (exit code 139)" in job.failure_reason
+    assert job.ended_at - job.started_at < 60  # the sleeping rank was killed, not waited for
+
+
+async def test_setup_failure_names_every_failed_node(agent: AgentClient) -> None:
+    job, log = await run_to_end(agent, spec(setup="echo setting; exit 7", run="echo never"))
+    assert status_from_pb(job.status) == JobStatus.FAILED_SETUP
+    assert "rank 0 (127.0.0.2) exited with exit code 7" in job.failure_reason
+    assert "rank 1 (127.0.0.3) exited with exit code 7" in job.failure_reason
+    assert b"never" not in log
+
+
+async def test_cancel_kills_the_process_tree_on_every_node(
+    agent: AgentClient, agent_cluster: AgentCluster
+) -> None:
+    base = agent_cluster.path("cancel")
+    reply = await agent.add_job(spec(
+        f"sleep 300 & echo $! > {base}-child-$SKYPILOT_NODE_RANK; "
+        f"echo $$ > {base}-shell-$SKYPILOT_NODE_RANK; wait"
+    ))
+    pids = [int(await wait_file(Path(f"{base}-{kind}-{rank}")))
+            for kind in ("child", "shell") for rank in (0, 1)]
+    assert all(pid_alive(p) for p in pids)
+    assert await agent.cancel([reply.job_id], False) == [reply.job_id]
+    job = await wait_status(agent, reply.job_id, {JobStatus.CANCELLED}, timeout=30)
+    assert job.failure_reason == "cancelled by user"
+    with anyio.fail_after(10):
+        while any(pid_alive(p) for p in pids):
+            await anyio.sleep(0.05)
+
+
+async def test_job_waits_pending_while_cpus_are_taken_then_runs_fifo(
+    agent: AgentClient, agent_cluster: AgentCluster
+) -> None:
+    gate = agent_cluster.path("gate")
+    big = await agent.add_job(spec(f"while [ ! -e {gate} ]; do sleep 0.05; done", cpus=2))
+    await wait_status(agent, big.job_id, {JobStatus.RUNNING})
+    first = await agent.add_job(spec("echo first", nodes=1, cpus=1))
+    second = await agent.add_job(spec("echo second", nodes=1, cpus=1))
+    for job_id in (first.job_id, second.job_id):
+        (job,) = await agent.jobs([job_id])
+        assert status_from_pb(job.status) == JobStatus.PENDING
+    gate.touch()
+    done_first = await wait_status(agent, first.job_id, {JobStatus.SUCCEEDED})
+    done_second = await wait_status(agent, second.job_id, {JobStatus.SUCCEEDED})
+    (done_big,) = await agent.jobs([big.job_id])
+    assert status_from_pb(done_big.status) == JobStatus.SUCCEEDED
+    assert done_first.started_at >= done_big.ended_at
+    assert done_first.started_at <= done_second.started_at
+
+
+async def test_infeasible_jobs_are_refused_with_the_reason(agent: AgentClient) -> None:
+    from clusterctl.protocol import ErrorCode, ProtocolError
+
+    with pytest.raises(ProtocolError) as too_many_nodes:
+        await agent.add_job(spec("true", nodes=3))
+    assert too_many_nodes.value.code == ErrorCode.RESOURCES_UNAVAILABLE
+    assert "3 nodes; this cluster has 2" in too_many_nodes.value.message
+    with pytest.raises(ProtocolError) as too_big:
+        await agent.add_job(spec("true", nodes=1, cpus=4))
+    assert "4 CPU" in too_big.value.message
+
+
+async def test_tail_last_lines_and_resume_by_offset(agent: AgentClient) -> None:
+    job, log = await run_to_end(agent, spec("for i in $(seq 1 100); do echo line $i; done",
+                                            nodes=1))
+    assert log.decode().splitlines() == [f"line {i}" for i in range(1, 101)]
+    tail = b""
+    async for message in agent.tail(job.job_id, follow=False, tail_lines=10, offset=0):
+        tail += message.data
+        if message.final:
+            assert status_from_pb(message.status) == JobStatus.SUCCEEDED
+    assert tail.decode().splitlines() == [f"line {i}" for i in range(91, 101)]
+    middle = log.index(b"line 50\n")
+    rest = b""
+    async for message in agent.tail(job.job_id, follow=True, tail_lines=0, offset=middle):
+        rest += message.data
+    assert log[:middle] + rest == log
+
+
+async def test_workdir_is_where_scripts_run(agent: AgentClient,
+                                            agent_cluster: AgentCluster) -> None:
+    workdir = agent_cluster.path("wd")
+    job, log = await run_to_end(agent, spec("pwd", nodes=1, workdir=str(workdir)))
+    assert status_from_pb(job.status) == JobStatus.SUCCEEDED
+    assert log.decode().strip() == str(workdir)
+
+
+async def test_restarted_agent_fails_running_jobs_and_kills_them(
+    agent_cluster: AgentCluster,
+) -> None:
+    child = agent_cluster.path("orphan")
+    client = AgentClient("two", agent_cluster.endpoint)
+    try:
+        reply = await client.add_job(spec(f"sleep 300 & echo $! > {child}; wait", nodes=1))
+        pid = int(await wait_file(child))
+    finally:
+        await client.close()
+    agent_pid = json.loads((agent_cluster.head_run / "agent.pid").read_text())["pid"]
+    os.kill(agent_pid, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
+    node.start_agent(agent_cluster.agent_params)
+    client = AgentClient("two", agent_cluster.endpoint)
+    try:
+        job = await wait_status(client, reply.job_id, {JobStatus.FAILED_DRIVER}, timeout=30)
+        assert "agent restarted" in job.failure_reason
+        with anyio.fail_after(15):
+            while pid_alive(pid):
+                await anyio.sleep(0.05)
+        # The restarted agent still runs new jobs.
+        job, log = await run_to_end(client, spec("echo alive", nodes=1))
+        assert status_from_pb(job.status) == JobStatus.SUCCEEDED and log == b"alive\n"
+    finally:
+        await client.close()

@@ -1,0 +1,186 @@
+"""Helpers for the integration and end-to-end tests: real daemons, real Ray, real processes,
+each in directories of its own, each stopped by its pid afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+VENV_BIN = Path(sys.executable).parent
+CLUSTERCTL = str(VENV_BIN / "clusterctl")
+
+
+def short_tempdir(prefix: str) -> Path:
+    # Unix socket paths are limited to 107 bytes: keep test dirs near the root.
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
+
+def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(interval)
+
+
+def connectable(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@dataclasses.dataclass
+class Daemon:
+    root: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> Path:
+        return Path(self.env["XDG_RUNTIME_DIR"]) / "clusterd" / "clusterd.sock"
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.env["XDG_STATE_HOME"]) / "clusterd"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "daemon-test.log"
+
+    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "clusterd"],
+            env={**self.env, **(extra_env or {})},
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        log.close()
+        wait_for(lambda: connectable(self.socket) or self.process.poll() is not None, 30,
+                 "clusterd to listen")
+        assert self.process.poll() is None, f"clusterd died:\n{self.log()}"
+        return self
+
+    def stop(self, timeout: float = 15) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"clusterd ignored SIGTERM for {timeout} s") from None
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait()
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def ctl(self, *args: str, timeout: float = 180, input: str | None = None,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [CLUSTERCTL, *args], env={**self.env, **(env or {})}, capture_output=True,
+            text=True, timeout=timeout, input=input, cwd=self.root,
+        )
+
+    def popen_ctl(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [CLUSTERCTL, *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, cwd=self.root, start_new_session=True,
+        )
+
+    def status(self) -> list[dict[str, Any]]:
+        result = self.ctl("status", "--json")
+        assert result.returncode == 0, result.stderr
+        clusters: list[dict[str, Any]] = json.loads(result.stdout)
+        return clusters
+
+    def cluster(self, name: str) -> dict[str, Any] | None:
+        return next((c for c in self.status() if c["name"] == name), None)
+
+    def down_all(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        for cluster in self.status():
+            self.ctl("down", "-y", "--purge", cluster["name"])
+
+
+def make_env(root: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CLUSTERD_", "XDG_"))}
+    runtime = root / "rt"
+    runtime.mkdir(mode=0o700, exist_ok=True)
+    env.update(
+        XDG_RUNTIME_DIR=str(runtime),
+        XDG_STATE_HOME=str(root / "state"),
+        XDG_CONFIG_HOME=str(root / "config"),
+        CLUSTERD_NO_AUTOSTART="1",
+        CLUSTERD_LOG_LEVEL="debug",
+        CLUSTERD_LOCAL_OBJECT_STORE_BYTES=str(80 * 1024 * 1024),
+        PATH=f"{VENV_BIN}:{env.get('PATH', '/usr/bin:/bin')}",
+    )
+    return env
+
+
+@contextlib.contextmanager
+def running_daemon(prefix: str = "cd-") -> Iterator[Daemon]:
+    root = short_tempdir(prefix)
+    daemon = Daemon(root, make_env(root)).start()
+    try:
+        yield daemon
+    finally:
+        try:
+            daemon.down_all()
+        finally:
+            daemon.stop()
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def ray_processes_of(runtime_dir: Path) -> list[int]:
+    """Pids recorded by the node helper for a cluster's runtime that are still alive."""
+    alive = []
+    for name in ("ray.pid", "agent.pid"):
+        path = runtime_dir / "run" / name
+        if path.exists():
+            pid = json.loads(path.read_text())["pid"]
+            if pid_alive(pid):
+                alive.append(pid)
+    return alive

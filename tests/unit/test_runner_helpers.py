@@ -1,0 +1,92 @@
+"""Pure helpers of the job runner (clusterd.agent.runner); Ray is imported, never started."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from clusterctl.protocol import JobStatus
+from clusterd.agent.jobs_db import Job
+from clusterd.agent.runner import NodeSlot, describe_exit, skypilot_env
+
+
+def make_job(**fields: object) -> Job:
+    values: dict[str, object] = {
+        "job_id": 4,
+        "name": "train",
+        "user": "alice",
+        "status": JobStatus.RUNNING,
+        "submitted_at": 1000.0,
+        "spec": {"cluster_name": "dev"},
+        "has_secrets": False,
+        "resources_display": "2x[CPU:1]",
+        "num_nodes": 2,
+        "task_id": "sky-2024-01-01-00-00-00-000000_dev_4",
+    }
+    values.update(fields)
+    return Job(**values)  # type: ignore[arg-type]
+
+
+SLOTS = [
+    NodeSlot(rank=0, bundle_index=0, node_id="n0", ip="10.0.0.1"),
+    NodeSlot(rank=1, bundle_index=1, node_id="n1", ip="10.0.0.2"),
+    NodeSlot(rank=2, bundle_index=2, node_id="n2", ip="10.0.0.3"),
+]
+
+
+@pytest.mark.parametrize(
+    ("code", "text"),
+    [
+        (139, "a segmentation fault (exit code 139)"),
+        (137, "killed (SIGKILL) (exit code 137)"),
+        (143, "terminated (SIGTERM) (exit code 143)"),
+        (130, "interrupted (SIGINT) (exit code 130)"),
+        (134, "aborted (SIGABRT) (exit code 134)"),
+        (3, "exit code 3"),
+        (1, "exit code 1"),
+    ],
+)
+def test_describe_exit(code: int, text: str) -> None:
+    assert describe_exit(code) == text
+
+
+def test_describe_exit_segfault_mentions_segmentation_fault() -> None:
+    assert "segmentation fault" in describe_exit(139)
+    assert "segmentation fault" not in describe_exit(3)
+
+
+def test_node_slot_labels() -> None:
+    assert SLOTS[0].label == "(head, rank=0)"
+    assert SLOTS[2].label == "(worker2, rank=2)"
+
+
+def test_skypilot_env_for_run() -> None:
+    job = make_job(num_nodes=3)
+    env = skypilot_env(job, SLOTS, 1, phase="run", gpus_per_node=2.0)
+    assert env["SKYPILOT_NODE_RANK"] == "1"
+    assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1\n10.0.0.2\n10.0.0.3"
+    assert env["SKYPILOT_NUM_NODES"] == "3"
+    assert env["SKYPILOT_NUM_GPUS_PER_NODE"] == "2"
+    assert env["SKYPILOT_TASK_ID"] == "sky-2024-01-01-00-00-00-000000_dev_4"
+    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {"cluster_name": "dev", "num_nodes": 3}
+    assert "SKYPILOT_SETUP_NODE_RANK" not in env
+    assert "SKYPILOT_SETUP_NODE_IPS" not in env
+
+
+def test_skypilot_env_for_setup_sets_setup_names_too() -> None:
+    env = skypilot_env(make_job(), SLOTS[:2], 0, phase="setup", gpus_per_node=0)
+    assert env["SKYPILOT_SETUP_NODE_RANK"] == "0"
+    assert env["SKYPILOT_SETUP_NODE_IPS"] == "10.0.0.1\n10.0.0.2"
+    assert env["SKYPILOT_NODE_RANK"] == "0"
+    assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1\n10.0.0.2"
+    assert env["SKYPILOT_NUM_NODES"] == "2"
+    assert env["SKYPILOT_NUM_GPUS_PER_NODE"] == "0"
+
+
+def test_skypilot_env_fractional_gpus_and_single_node() -> None:
+    env = skypilot_env(make_job(spec={}), SLOTS[:1], 0, phase="run", gpus_per_node=0.5)
+    assert env["SKYPILOT_NUM_GPUS_PER_NODE"] == "0.5"
+    assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1"
+    assert env["SKYPILOT_NUM_NODES"] == "1"
+    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {"cluster_name": "", "num_nodes": 1}
