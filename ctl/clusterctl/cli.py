@@ -52,8 +52,9 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-nodes", type=int, help="override the task's num_nodes")
     parser.add_argument("--cpus", help="override the task's CPUs per node, e.g. 2 or 4+")
     parser.add_argument("--name", help="override the task's name")
-    parser.add_argument("entrypoint", nargs=argparse.REMAINDER, metavar="TASK.yaml | COMMAND",
-                        help="a SkyPilot task YAML, or a shell command to run")
+    parser.add_argument("entrypoint", nargs="*", metavar="TASK.yaml | COMMAND",
+                        help="a SkyPilot task YAML, or a shell command to run (put it after "
+                             "-- if it has options of its own)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,9 +154,7 @@ def print_json(value: Any) -> None:
 
 
 def _task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
-    entry = [a for a in args.entrypoint if a != "--"] if args.entrypoint else []
-    if entry and entry[0] == "--":
-        entry = entry[1:]
+    entry = list(args.entrypoint or [])
     source: dict[str, Any] = {}
     if len(entry) == 1 and entry[0].endswith(YAML_SUFFIXES):
         source["yaml_path"] = os.path.abspath(entry[0])
@@ -414,8 +413,28 @@ COMMANDS = {
 }
 
 
+def parse(argv: Sequence[str]) -> argparse.Namespace:
+    """Options may come anywhere before the command; everything after `--` is the command."""
+    parser = build_parser()
+    words = list(argv)
+    command: list[str] = []
+    if "--" in words:
+        split = words.index("--")
+        words, command = words[:split], words[split + 1:]
+    args, extra = parser.parse_known_args(words)
+    if hasattr(args, "entrypoint"):
+        unknown = [word for word in extra if word.startswith("-")]
+        if unknown:
+            parser.error(f"unrecognized arguments: {' '.join(unknown)} "
+                         "(put a command's own options after --)")
+        args.entrypoint = [*args.entrypoint, *extra, *command]
+    elif extra or command:
+        parser.error(f"unrecognized arguments: {' '.join([*extra, *command])}")
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    args = parse(sys.argv[1:] if argv is None else argv)
     autostart = False if args.no_autostart else None
 
     def announce(log_path: Any) -> None:

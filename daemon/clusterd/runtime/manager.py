@@ -17,6 +17,7 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.concurrency import first_error
 from clusterd.providers.base import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_client import AgentClient
@@ -173,10 +174,11 @@ class RuntimeManager:
                 {"path": NodeLayout(info.head.runtime_dir).token_path},
             ))["token"]
         await self._start_ray_node(cloud_name, info.head, ports, token, address, head=True)
-        async with anyio.create_task_group() as group:
-            for node in info.nodes[1:]:
-                group.start_soon(self._start_ray_node, cloud_name, node, ports, token, address,
-                                 False)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in info.nodes[1:]:
+                    group.start_soon(self._start_ray_node, cloud_name, node, ports, token, address,
+                                     False)
 
     async def _start_ray_node(
         self,
@@ -246,9 +248,10 @@ class RuntimeManager:
 
     async def stop(self, info: ClusterInfo) -> None:
         """Stop the agent (which cancels its jobs) and Ray on every node."""
-        async with anyio.create_task_group() as group:
-            for node in info.nodes:
-                group.start_soon(self._stop_node, node)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    group.start_soon(self._stop_node, node)
 
     async def _stop_node(self, node: NodeInfo) -> None:
         await node_helper.call(
@@ -265,17 +268,19 @@ class RuntimeManager:
                 timeout_s=30,
             )
 
-        async with anyio.create_task_group() as group:
-            for index, node in enumerate(info.nodes):
-                group.start_soon(one, index, node)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for index, node in enumerate(info.nodes):
+                    group.start_soon(one, index, node)
         return states
 
     async def remove_files(self, cloud_name: str, info: ClusterInfo) -> None:
-        async with anyio.create_task_group() as group:
-            for node in info.nodes:
-                group.start_soon(
-                    node_helper.call,
-                    self._runner_for(node),
-                    "cleanup",
-                    {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]},
-                )
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    group.start_soon(
+                        node_helper.call,
+                        self._runner_for(node),
+                        "cleanup",
+                        {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]},
+                    )

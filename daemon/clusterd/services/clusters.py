@@ -17,6 +17,7 @@ import anyio
 from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError
 from clusterd import log
 from clusterd.agent.wire import WAIT_FOR_TO_PB
+from clusterd.concurrency import first_error
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.providers.base import (
     BlockScope,
@@ -377,9 +378,10 @@ class ClusterService:
             async with limiter:
                 await self.refresh_one(name)
 
-        async with anyio.create_task_group() as group:
-            for name in names:
-                group.start_soon(one, name)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for name in names:
+                    group.start_soon(one, name)
 
     async def refresh_one(self, name: str) -> None:
         record = self._store.get(name)

@@ -12,6 +12,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError, exit_code_for_job
 from clusterd import log
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_from_pb
+from clusterd.concurrency import first_error
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.providers.base import ClusterInfo
 from clusterd.providers.registry import ProviderRegistry
@@ -141,14 +142,15 @@ class JobService:
             await request.progress(f"syncing workdir {task.workdir}", "sync")
         if task.file_mounts:
             await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
-        async with anyio.create_task_group() as group:
-            for node in info.nodes:
-                runner = self._runner_for(node)
-                if isinstance(task.workdir, str):
-                    group.start_soon(runner.sync_dir, task.workdir, node.workdir)
-                for remote, local in task.file_mounts.items():
-                    target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
-                    group.start_soon(runner.put_path, local, target)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    runner = self._runner_for(node)
+                    if isinstance(task.workdir, str):
+                        group.start_soon(runner.sync_dir, task.workdir, node.workdir)
+                    for remote, local in task.file_mounts.items():
+                        target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
+                        group.start_soon(runner.put_path, local, target)
 
     # -- queue, logs, cancel --------------------------------------------------------------
 

@@ -1,0 +1,301 @@
+"""Drive a real clusterd with raw frames: every kind of bad input gets a clean error or a
+close, and the daemon goes on serving the next client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import struct
+import subprocess
+from collections.abc import Iterator
+from typing import Any
+
+import msgpack
+import pytest
+
+from clusterctl import protocol
+from tests.support import Daemon, running_daemon
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("cdc-") as d:
+        yield d
+
+
+class Raw:
+    def __init__(self, path: os.PathLike[str] | str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(str(path))
+        self.decoder = protocol.FrameDecoder()
+
+    def send_raw(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def send(self, message: Any) -> None:
+        body = msgpack.packb(message, use_bin_type=True)
+        self.sock.sendall(struct.pack(">I", len(body)) + body)
+
+    def recv(self) -> dict[str, Any] | None:
+        """The next message, or None if the daemon closed the connection."""
+        while (message := self.decoder.next_message()) is None:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                return None
+            self.decoder.feed(chunk)
+        return message
+
+    def hello(self) -> dict[str, Any]:
+        self.send(protocol.hello("conformance-test"))
+        reply = self.recv()
+        assert reply is not None and reply["type"] == "hello", reply
+        return reply
+
+    def call(self, request_id: int, op: str, args: Any) -> dict[str, Any]:
+        self.send({"type": "request", "id": request_id, "op": op, "args": args})
+        reply = self.recv()
+        assert reply is not None
+        return reply
+
+    def closed(self) -> bool:
+        return self.recv() is None
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def still_serving(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(1, "ping", {})
+    assert reply["ok"] and reply["result"]["pong"] is True
+    client.close()
+    assert daemon.process is not None and daemon.process.poll() is None
+
+
+def error_of(message: dict[str, Any] | None) -> str:
+    assert message is not None, "expected an error, the daemon closed the connection"
+    return str(message["error"]["code"])
+
+
+def test_hello_then_ping(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    hello = client.hello()
+    assert hello["protocol"] == protocol.PROTOCOL_VERSION
+    assert hello["server"].startswith("clusterd/")
+    assert set(protocol.OPS) <= set(hello["ops"])
+    reply = client.call(7, "ping", {})
+    assert reply == {"type": "reply", "id": 7, "ok": True,
+                     "result": reply["result"]} and reply["result"]["pong"]
+
+
+def test_request_before_hello_is_refused(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.send({"type": "request", "id": 1, "op": "ping", "args": {}})
+    reply = client.recv()
+    assert reply is not None and reply["type"] == "error"
+    assert error_of(reply) == "HELLO_REQUIRED"
+    assert client.closed()
+    still_serving(daemon)
+
+
+def test_wrong_protocol_version(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.send({"type": "hello", "protocol": 999, "client": "future"})
+    reply = client.recv()
+    assert error_of(reply) == "UNSUPPORTED_VERSION"
+    assert "999" in reply["error"]["message"]
+    assert client.closed()
+    still_serving(daemon)
+
+
+def test_malformed_msgpack(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    body = b"\xc1\xc1\xc1"  # 0xc1 is never valid msgpack
+    client.send_raw(struct.pack(">I", len(body)) + body)
+    reply = client.recv()
+    assert error_of(reply) == "BAD_FRAME"
+    assert client.closed()
+    still_serving(daemon)
+
+
+def test_frame_that_is_not_a_map(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    client.send([1, 2, 3])
+    assert error_of(client.recv()) == "BAD_FRAME"
+    still_serving(daemon)
+
+
+def test_frame_over_the_limit_is_refused_from_its_header(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    # Only the header: the daemon must not wait for (or buffer) 100 MB to say no.
+    client.send_raw(struct.pack(">I", 100 * 1024 * 1024))
+    reply = client.recv()
+    assert error_of(reply) == "FRAME_TOO_LARGE"
+    assert client.closed()
+    still_serving(daemon)
+
+
+def test_http_garbage_is_a_too_large_frame(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.send_raw(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert error_of(client.recv()) == "FRAME_TOO_LARGE"
+    still_serving(daemon)
+
+
+def test_truncated_frame_then_vanish(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    client.send_raw(struct.pack(">I", 1000) + b"\x81\xa4type")  # 1000 promised, 6 sent
+    client.close()
+    still_serving(daemon)
+
+
+def test_unknown_op_keeps_the_connection(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(3, "teleport", {})
+    assert reply["id"] == 3 and reply["ok"] is False
+    assert error_of(reply) == "UNKNOWN_OP"
+    assert "status" in reply["error"]["hint"]
+    assert client.call(4, "ping", {})["ok"]
+
+
+@pytest.mark.parametrize(
+    ("op", "args", "field"),
+    [
+        ("queue", {}, "cluster"),
+        ("status", {"clusters": "dev"}, "clusters"),
+        ("logs", {"cluster": "dev", "job_id": "7"}, "job_id"),
+        ("cancel", {"cluster": "dev", "job_ids": [1, "two"]}, "job_ids"),
+        ("launch", {"envs": {"A": 1}}, "envs"),
+        ("status", {"refresh": 1}, "refresh"),
+        ("ping", {"surprise": True}, "surprise"),
+        ("status", [1, 2], "args"),
+    ],
+)
+def test_missing_or_mistyped_fields(daemon: Daemon, op: str, args: Any, field: str) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(5, op, args)
+    assert error_of(reply) == "INVALID_ARGUMENT"
+    assert field in reply["error"]["message"]
+    assert client.call(6, "ping", {})["ok"]
+
+
+def test_request_without_an_integer_id(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    client.send({"type": "request", "id": "one", "op": "ping", "args": {}})
+    reply = client.recv()
+    assert reply is not None and reply["type"] == "error"
+    assert error_of(reply) == "INVALID_ARGUMENT"
+    assert client.call(2, "ping", {})["ok"]
+
+
+def test_unknown_message_type(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    client.send({"type": "gossip", "id": 9})
+    reply = client.recv()
+    assert reply is not None and reply["id"] == 9 and error_of(reply) == "BAD_FRAME"
+    assert client.call(10, "ping", {})["ok"]
+
+
+def test_bad_cluster_names_and_unknown_clusters(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    assert error_of(client.call(1, "queue", {"cluster": "no such"})) == "INVALID_NAME"
+    assert error_of(client.call(2, "queue", {"cluster": "x" * 5000})) == "INVALID_NAME"
+    reply = client.call(3, "exec", {"cluster": "ghost", "command": "true"})
+    assert error_of(reply) == "CLUSTER_NOT_FOUND"
+    assert "clusterctl status" in reply["error"]["hint"]
+
+
+def test_bad_task_yaml_names_the_field(daemon: Daemon, tmp_path: Any) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(1, "launch", {"yaml_text": "resources:\n  cpus: [1]\nrun: x\n",
+                                      "source": "bad.yaml"})
+    assert error_of(reply) == "INVALID_TASK"
+    assert reply["error"]["message"].startswith("bad.yaml: resources.cpus:")
+    reply = client.call(2, "launch", {"yaml_text": "run: [unclosed\n", "source": "b.yaml"})
+    assert error_of(reply) == "INVALID_TASK" and "line" in reply["error"]["message"]
+
+
+def test_many_requests_in_flight_on_one_connection(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    for request_id in range(1, 101):
+        client.send({"type": "request", "id": request_id, "op": "ping", "args": {}})
+    seen = set()
+    for _ in range(100):
+        reply = client.recv()
+        assert reply is not None and reply["ok"]
+        seen.add(reply["id"])
+    assert seen == set(range(1, 101))
+
+
+def test_huge_valid_request_is_refused_and_daemon_survives(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    big = "x" * (protocol.MAX_FRAME_BYTES + 10)
+    # The daemon may say no and hang up before all 8 MB are sent.
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        client.send({"type": "request", "id": 1, "op": "launch", "args": {"command": big}})
+    try:
+        reply = client.recv()
+    except ConnectionResetError:
+        reply = None
+    if reply is not None:
+        assert error_of(reply) == "FRAME_TOO_LARGE"
+    still_serving(daemon)
+
+
+def test_client_of_another_uid_is_refused(daemon: Daemon) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as another user")
+    # Loosen the modes as a careless admin might; the peer uid check must still refuse.
+    daemon.socket.parent.chmod(0o755)
+    daemon.socket.chmod(0o666)
+    os.chmod(daemon.root, 0o755)
+    os.chmod(daemon.socket.parent.parent, 0o755)
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that another user can run")
+    hello = protocol.encode_frame(protocol.hello("intruder")).hex()
+    # The intruder is plain Python (it cannot read root's venv): it sends our hello bytes and
+    # prints the raw reply for us to decode.
+    code = (
+        "import socket, struct, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"s.connect({str(daemon.socket)!r})\n"
+        f"s.sendall(bytes.fromhex({hello!r}))\n"
+        "n = struct.unpack('>I', s.recv(4))[0]\n"
+        "body = b''\n"
+        "while len(body) < n:\n"
+        "    body += s.recv(n - len(body))\n"
+        "print(body.hex())\n"
+    )
+    try:
+        result = subprocess.run([python, "-c", code], user=65534, capture_output=True,
+                                text=True, timeout=30)
+        assert result.returncode == 0, result.stderr
+        reply = msgpack.unpackb(bytes.fromhex(result.stdout.strip()))
+        assert reply["type"] == "error"
+        assert reply["error"]["code"] == "PERMISSION_DENIED"
+    finally:
+        daemon.socket.parent.chmod(0o700)
+        daemon.socket.chmod(0o600)
+    still_serving(daemon)
+
+
+def test_socket_and_directory_modes(daemon: Daemon) -> None:
+    assert daemon.socket.parent.stat().st_mode & 0o777 == 0o700
+    assert daemon.socket.stat().st_mode & 0o777 == 0o600

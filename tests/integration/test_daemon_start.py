@@ -1,0 +1,175 @@
+"""How clusterd comes to life: socket activation with a real passed fd, autostart by
+clusterctl (once, even when raced), and a clean SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from clusterctl import Client, ClusterdError, PingArgs
+from tests.support import CLUSTERCTL, Daemon, make_env, pid_alive, short_tempdir, wait_for
+
+
+@pytest.fixture
+def env() -> Iterator[dict[str, str]]:
+    root = short_tempdir("cdd-")
+    environment = make_env(root)
+    environment["CLUSTERD_TEST_ROOT"] = str(root)
+    try:
+        yield environment
+    finally:
+        for process in daemons_of(environment):
+            process.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def socket_path(env: dict[str, str]) -> Path:
+    return Path(env["XDG_RUNTIME_DIR"]) / "clusterd" / "clusterd.sock"
+
+
+def daemons_of(env: dict[str, str]) -> list[psutil.Process]:
+    """clusterd processes serving this test's runtime dir."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if cmdline[1:3] != ["-m", "clusterd"]:
+            continue
+        try:
+            if process.environ().get("XDG_RUNTIME_DIR") == env["XDG_RUNTIME_DIR"]:
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def ping(env: dict[str, str]) -> dict[str, object]:
+    with Client(socket_path(env), autostart=False) as client:
+        return client.call(PingArgs())
+
+
+def test_socket_activation_uses_the_passed_fd(env: dict[str, str]) -> None:
+    path = socket_path(env)
+    path.parent.mkdir(mode=0o700, parents=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    os.chmod(path, 0o600)
+    listener.listen(16)
+    # A client that connects before the daemon exists waits in the backlog, as with systemd.
+    early = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    early.connect(str(path))
+    launcher = (
+        "import os, sys\n"
+        f"os.dup2({listener.fileno()}, 3)\n"
+        "os.environ['LISTEN_FDS'] = '1'\n"
+        "os.environ['LISTEN_PID'] = str(os.getpid())\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'clusterd'])\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", launcher], env=env,
+                               pass_fds=(listener.fileno(),), stderr=subprocess.PIPE)
+    listener.close()
+    try:
+        early.settimeout(30)
+        from clusterctl import protocol
+
+        early.sendall(protocol.encode_frame(protocol.hello("early")))
+        decoder = protocol.FrameDecoder()
+        while (reply := decoder.next_message()) is None:
+            decoder.feed(early.recv(4096))
+        assert reply["type"] == "hello"
+        assert ping(env)["pid"] == process.pid  # exec kept the launcher's pid
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(15) == 0
+        # systemd owns the socket file: the daemon must leave it for the next activation.
+        assert path.exists()
+    finally:
+        early.close()
+        if process.poll() is None:
+            process.kill()
+
+
+def test_systemd_socket_activate_tool(env: dict[str, str]) -> None:
+    tool = shutil.which("systemd-socket-activate")
+    if tool is None:
+        pytest.skip("systemd-socket-activate is not installed")
+    path = socket_path(env)
+    path.parent.mkdir(mode=0o700, parents=True)
+    process = subprocess.Popen([tool, "-l", str(path), sys.executable, "-m", "clusterd"],
+                               env=env, stderr=subprocess.PIPE)
+    try:
+        wait_for(path.exists, 10, "the activation socket")
+        assert ping(env)["pid"] == process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(15)
+
+
+def test_clusterctl_starts_the_daemon_once_even_when_raced(env: dict[str, str]) -> None:
+    env = {k: v for k, v in env.items() if k != "CLUSTERD_NO_AUTOSTART"}
+    racers = [subprocess.Popen([CLUSTERCTL, "status", "--json"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+              for _ in range(4)]
+    outputs = [r.communicate(timeout=60) for r in racers]
+    for racer, (out, err) in zip(racers, outputs, strict=True):
+        assert racer.returncode == 0, err
+        assert out.strip() == "[]"
+    assert any("Starting clusterd" in err for _, err in outputs)
+    wait_for(lambda: len(daemons_of(env)) == 1, 10, "the losing daemons to exit")
+    first = ping(env)["pid"]
+    again = subprocess.run([CLUSTERCTL, "status"], env=env, capture_output=True, text=True,
+                           timeout=30)
+    assert again.returncode == 0 and "Starting clusterd" not in again.stderr
+    assert ping(env)["pid"] == first
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_autostart_can_be_turned_off(env: dict[str, str], how: str) -> None:
+    args = [CLUSTERCTL, "--no-autostart", "status"] if how == "flag" else [CLUSTERCTL, "status"]
+    run_env = dict(env)
+    if how == "flag":
+        run_env.pop("CLUSTERD_NO_AUTOSTART")
+    result = subprocess.run(args, env=run_env, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "cannot reach clusterd" in result.stderr
+    assert "hint:" in result.stderr
+    assert daemons_of(env) == []
+
+
+def test_sigterm_stops_quickly_and_removes_the_socket(env: dict[str, str]) -> None:
+    root = Path(env["CLUSTERD_TEST_ROOT"])
+    daemon = Daemon(root, env).start()
+    assert daemon.process is not None
+    started = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - started < 10
+    assert not daemon.socket.exists()
+    assert not pid_alive(daemon.process.pid)
+
+
+def test_second_daemon_on_the_same_socket_steps_aside(env: dict[str, str]) -> None:
+    root = Path(env["CLUSTERD_TEST_ROOT"])
+    first = Daemon(root, env).start()
+    try:
+        second = subprocess.run([sys.executable, "-m", "clusterd"], env=env, capture_output=True,
+                                text=True, timeout=30)
+        assert second.returncode == 0
+        assert "another clusterd" in second.stderr
+        assert first.process is not None
+        assert ping(env)["pid"] == first.process.pid
+    finally:
+        first.stop()
+
+
+def test_client_reports_a_daemon_that_is_gone(env: dict[str, str]) -> None:
+    with pytest.raises(ClusterdError) as error:
+        ping(env)
+    assert error.value.code == "DAEMON_UNAVAILABLE"
