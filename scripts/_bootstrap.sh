@@ -20,7 +20,9 @@ apt_install() {
 }
 
 make_venv() {
-  # .venv with this project installed (editable), plus the extras named in $1 (e.g. "dev").
+  # .venv with this project installed. With extras (e.g. "dev") it is an editable install for
+  # working on the code; without, a plain install as a user gets (no import hook on every
+  # start of clusterctl: an editable install adds ~9 ms to each).
   local extras=${1:-}
   local python=${PYTHON:-python3}
   if [ ! -x .venv/bin/python ]; then
@@ -34,6 +36,6 @@ make_venv() {
   if [ -n "$extras" ]; then
     .venv/bin/python -m pip install -q -e ".[$extras]"
   else
-    .venv/bin/python -m pip install -q -e .
+    .venv/bin/python -m pip install -q .
   fi
 }

@@ -7,7 +7,6 @@ Exit codes: 0 succeeded, 100 the job failed, 101 not finished (detached), 102 no
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -147,6 +146,8 @@ def fail_with(error: ClusterdError) -> NoReturn:
 
 
 def print_json(value: Any) -> None:
+    import json  # only for --json: most runs never need it
+
     sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
 
 

@@ -17,11 +17,9 @@ import contextlib
 import errno
 import os
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -96,9 +94,9 @@ class Client:
         *,
         autostart: bool | None = None,
         connect_timeout: float = 5.0,
-        on_autostart: Callable[[Path], None] | None = None,
+        on_autostart: Callable[[str], None] | None = None,
     ) -> None:
-        self.socket_path = Path(socket_path) if socket_path else paths.socket_path()
+        self.socket_path = os.fspath(socket_path) if socket_path else paths.socket_path()
         if autostart is None:
             autostart = not os.environ.get(AUTOSTART_ENV)
         self._autostart = autostart
@@ -154,7 +152,7 @@ class Client:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout)
-            sock.connect(str(self.socket_path))
+            sock.connect(self.socket_path)
             sock.settimeout(None)
         except OSError:
             sock.close()
@@ -162,9 +160,11 @@ class Client:
         return sock
 
     def _start_daemon_and_connect(self) -> socket.socket:
+        import subprocess  # only here: every other run of clusterctl is spared the import
+
         log_dir = paths.state_dir()
-        log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = log_dir / "clusterd.log"
+        os.makedirs(log_dir, exist_ok=True)
+        log_path = os.path.join(log_dir, "clusterd.log")
         if self._on_autostart is not None:
             self._on_autostart(log_path)
         env = dict(os.environ)

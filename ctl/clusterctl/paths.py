@@ -1,38 +1,39 @@
 """Where clusterd keeps its socket, state and configuration (XDG base directories).
 
-Shared by the client and the daemon so both always agree on the socket path.
+Shared by the client and the daemon so both always agree on the socket path. Plain strings
+(os.path), not pathlib: this runs on every start of clusterctl.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 SOCKET_NAME = "clusterd.sock"
 
 
-def _xdg(var: str, fallback: Path) -> Path:
+def _xdg(var: str, *fallback: str) -> str:
     value = os.environ.get(var)
     # The XDG spec says relative paths are invalid and must be ignored.
-    return Path(value) if value and os.path.isabs(value) else fallback
+    if value and os.path.isabs(value):
+        return value
+    return os.path.join(os.path.expanduser("~"), *fallback)
 
 
-def runtime_dir() -> Path:
+def runtime_dir() -> str:
     """Socket and tunnel directory: ``$XDG_RUNTIME_DIR/clusterd``, else ``/tmp/clusterd-UID``."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     if base and os.path.isabs(base):
-        return Path(base) / "clusterd"
-    return Path(f"/tmp/clusterd-{os.getuid()}")
+        return os.path.join(base, "clusterd")
+    return f"/tmp/clusterd-{os.getuid()}"
 
 
-def socket_path() -> Path:
-    override = os.environ.get("CLUSTERD_SOCKET")
-    return Path(override) if override else runtime_dir() / SOCKET_NAME
+def socket_path() -> str:
+    return os.environ.get("CLUSTERD_SOCKET") or os.path.join(runtime_dir(), SOCKET_NAME)
 
 
-def state_dir() -> Path:
-    return _xdg("XDG_STATE_HOME", Path.home() / ".local" / "state") / "clusterd"
+def state_dir() -> str:
+    return os.path.join(_xdg("XDG_STATE_HOME", ".local", "state"), "clusterd")
 
 
-def config_dir() -> Path:
-    return _xdg("XDG_CONFIG_HOME", Path.home() / ".config") / "clusterd"
+def config_dir() -> str:
+    return os.path.join(_xdg("XDG_CONFIG_HOME", ".config"), "clusterd")

@@ -26,7 +26,6 @@ message kinds, in order of appearance on a connection:
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import struct
 import types
@@ -246,31 +245,66 @@ def connection_error(error: ProtocolError) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Ops and their arguments. Each op's arguments are a dataclass; the daemon validates incoming
-# maps against it with `parse_args`, the client builds maps with `dataclasses.asdict`.
+# Ops and their arguments. Each op's arguments are a class of annotated fields with defaults;
+# the daemon validates incoming maps against it with `parse_args`, the client builds maps with
+# `to_wire`. They behave as keyword-only dataclasses (and type-check as such), but are built by
+# OpArgs itself: generating a dozen real dataclasses (and importing `dataclasses`) was a fifth
+# of clusterctl's start-up time.
 
 Args = TypeVar("Args", bound="OpArgs")
+_NO_DEFAULT: Any = object()
 
 
-@dataclasses.dataclass(frozen=True)
+@typing.dataclass_transform(kw_only_default=True)
 class OpArgs:
     op: ClassVar[str]
     streams: ClassVar[bool] = False
+    # (name, default) in declaration order, base classes first; defaults copied per instance.
+    _fields: ClassVar[tuple[tuple[str, Any], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = dict(cls._fields)
+        # inspect.get_annotations would cost clusterctl the import of inspect (4 ms).
+        own = cls.__dict__.get("__annotations__", {})  # noqa: RUF063
+        for name, annotation in own.items():
+            if name.startswith("_") or str(annotation).startswith(("ClassVar", "typing.ClassVar")):
+                continue
+            fields[name] = cls.__dict__.get(name, _NO_DEFAULT)
+        cls._fields = tuple(fields.items())
+
+    def __init__(self, **values: Any) -> None:
+        for name, default in self._fields:
+            if name in values:
+                value = values.pop(name)
+            elif default is _NO_DEFAULT:
+                raise TypeError(f"{type(self).__name__}: missing argument {name!r}")
+            else:
+                value = default.copy() if isinstance(default, list | dict) else default
+            object.__setattr__(self, name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__}: unexpected {', '.join(sorted(values))}")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields)
+        return f"{type(self).__name__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and to_wire(self) == to_wire(other)
+
+    __hash__ = None  # type: ignore[assignment]
 
 
-@dataclasses.dataclass(frozen=True)
 class PingArgs(OpArgs):
     op = "ping"
 
 
-@dataclasses.dataclass(frozen=True)
 class StatusArgs(OpArgs):
     op = "status"
-    clusters: list[str] = dataclasses.field(default_factory=list)
+    clusters: list[str] = []  # copied per instance by OpArgs
     refresh: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
 class TaskArgs(OpArgs):
     """What launch and exec share: where the task comes from and what overrides it.
 
@@ -285,15 +319,14 @@ class TaskArgs(OpArgs):
     source: str = "<task>"
     command: str | None = None
     cwd: str = "/"
-    envs: dict[str, str] = dataclasses.field(default_factory=dict)
-    secrets: dict[str, str] = dataclasses.field(default_factory=dict)
+    envs: dict[str, str] = {}  # copied per instance by OpArgs
+    secrets: dict[str, str] = {}
     num_nodes: int | None = None
     cpus: str | None = None
     detach: bool = False
     name: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
 class LaunchArgs(TaskArgs):
     op = "launch"
     streams = True
@@ -302,20 +335,17 @@ class LaunchArgs(TaskArgs):
     down: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
 class ExecArgs(TaskArgs):
     op = "exec"
     streams = True
 
 
-@dataclasses.dataclass(frozen=True)
 class QueueArgs(OpArgs):
     op = "queue"
     cluster: str
     skip_finished: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
 class LogsArgs(OpArgs):
     """Stream a job's log. ``job_id`` None means the cluster's latest job. ``tail`` 0 means
     from the start; ``offset`` resumes at a byte offset a previous stream reported."""
@@ -329,29 +359,25 @@ class LogsArgs(OpArgs):
     offset: int | None = None
 
 
-@dataclasses.dataclass(frozen=True)
 class CancelArgs(OpArgs):
     op = "cancel"
     cluster: str
-    job_ids: list[int] = dataclasses.field(default_factory=list)
+    job_ids: list[int] = []
     all: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
 class StopArgs(OpArgs):
     op = "stop"
     streams = True
     cluster: str
 
 
-@dataclasses.dataclass(frozen=True)
 class StartArgs(OpArgs):
     op = "start"
     streams = True
     cluster: str
 
 
-@dataclasses.dataclass(frozen=True)
 class DownArgs(OpArgs):
     op = "down"
     streams = True
@@ -359,14 +385,12 @@ class DownArgs(OpArgs):
     purge: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
 class EventsArgs(OpArgs):
     op = "events"
     cluster: str | None = None
     limit: int = 100
 
 
-@dataclasses.dataclass(frozen=True)
 class RequestsArgs(OpArgs):
     op = "requests"
     active_only: bool = True
@@ -425,20 +449,19 @@ def _matches(value: Any, tp: Any) -> bool:
     return isinstance(value, tp)
 
 
-_FIELD_TYPES: dict[type[OpArgs], dict[str, Any]] = {
-    cls: {
-        f.name: typing.get_type_hints(cls)[f.name] for f in dataclasses.fields(cls) if f.init
-    }
-    for cls in OPS.values()
-}
-_REQUIRED: dict[type[OpArgs], tuple[str, ...]] = {
-    cls: tuple(
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    )
-    for cls in OPS.values()
-}
+_SCHEMAS: dict[type[OpArgs], tuple[dict[str, Any], tuple[str, ...]]] = {}
+
+
+def _schema(cls: type[OpArgs]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Field types and required fields of an op's arguments (resolved once, on first use:
+    the client never validates, so it never pays for resolving annotations)."""
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        hints = typing.get_type_hints(cls)
+        types_by_name = {name: hints[name] for name, _ in cls._fields}
+        required = tuple(name for name, default in cls._fields if default is _NO_DEFAULT)
+        schema = _SCHEMAS[cls] = (types_by_name, required)
+    return schema
 
 
 def parse_args(cls: type[Args], raw: Any) -> Args:
@@ -447,7 +470,7 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
         raw = {}
     if not isinstance(raw, dict):
         raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"{cls.op}: args must be a map")
-    types_by_name = _FIELD_TYPES[cls]
+    types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
         raise ProtocolError(
@@ -455,7 +478,7 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
             f"{cls.op}: unknown argument {', '.join(unknown)}",
             f"accepted arguments: {', '.join(types_by_name)}",
         )
-    missing = [name for name in _REQUIRED[cls] if name not in raw]
+    missing = [name for name in required if name not in raw]
     if missing:
         raise ProtocolError(
             ErrorCode.INVALID_ARGUMENT, f"{cls.op}: missing argument {', '.join(missing)}"
@@ -472,4 +495,4 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
 
 
 def to_wire(args: OpArgs) -> dict[str, Any]:
-    return dataclasses.asdict(args)
+    return {name: getattr(args, name) for name, _ in args._fields}

@@ -47,12 +47,12 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        socket_path = paths.socket_path()
+        socket_path = Path(paths.socket_path())
         values: dict[str, object] = {
             "socket_path": socket_path,
             "runtime_dir": socket_path.parent,
-            "state_dir": paths.state_dir(),
-            "config_dir": paths.config_dir(),
+            "state_dir": Path(paths.state_dir()),
+            "config_dir": Path(paths.config_dir()),
             "log_level": os.environ.get("CLUSTERD_LOG_LEVEL", "info"),
             "lock_timeout_s": _float_env("CLUSTERD_LOCK_TIMEOUT", 1800.0),
             "blocked_notice_s": _float_env("CLUSTERD_BLOCKED_NOTICE", 1.0),

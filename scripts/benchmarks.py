@@ -1,0 +1,328 @@
+"""clusterd's benchmarks, measured side by side in one run (this machine is shared and noisy, so
+every number comes with a baseline taken in the same run, and the ratio is what to compare).
+
+Run through `scripts/bench` (which uses the project's .venv). It starts a daemon of its own in
+a temporary directory, launches a local cluster `bench`, measures, and tears everything down.
+
+    scripts/bench                 # all, as a table
+    scripts/bench --json          # machine-readable
+    scripts/bench --only status,exec
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+VENV_BIN = Path(sys.executable).parent
+CLUSTERCTL = str(VENV_BIN / "clusterctl")
+CLUSTER = "bench"
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+class Bench:
+    def __init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="cdb-", dir="/tmp"))
+        runtime = self.root / "rt"
+        runtime.mkdir(mode=0o700)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith(("CLUSTERD_", "XDG_"))}
+        self.env.update(XDG_RUNTIME_DIR=str(runtime), XDG_STATE_HOME=str(self.root / "state"),
+                        XDG_CONFIG_HOME=str(self.root / "config"), CLUSTERD_NO_AUTOSTART="1",
+                        CLUSTERD_LOG_LEVEL="warning")
+        self.socket = runtime / "clusterd" / "clusterd.sock"
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.rows: list[dict[str, Any]] = []
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        log = open(self.root / "daemon.log", "ab")  # noqa: SIM115
+        self.daemon = subprocess.Popen([sys.executable, "-m", "clusterd"], env=self.env,
+                                       stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 30
+        while not self._connectable():
+            if time.monotonic() > deadline or self.daemon.poll() is not None:
+                raise SystemExit("clusterd did not start; see " + str(self.root / "daemon.log"))
+            time.sleep(0.05)
+        result = self.ctl("launch", "-c", CLUSTER, "--", "true")
+        if result.returncode != 0:
+            raise SystemExit(f"launch failed: {result.stderr}")
+
+    def stop(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.ctl("down", "-y", "--purge", CLUSTER)
+            self.daemon.send_signal(signal.SIGTERM)
+            try:
+                self.daemon.wait(20)
+            except subprocess.TimeoutExpired:
+                self.daemon.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def _connectable(self) -> bool:
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(str(self.socket))
+                return True
+            except OSError:
+                return False
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([CLUSTERCTL, *args], env=self.env, capture_output=True, text=True,
+                              timeout=600)
+
+    def record(self, name: str, value: float, unit: str, *, baseline: float | None = None,
+               baseline_name: str = "", target: str = "", ok: bool | None = None,
+               **extra: Any) -> None:
+        row = {"name": name, "value": round(value, 3), "unit": unit, "target": target,
+               "baseline": None if baseline is None else round(baseline, 3),
+               "baseline_name": baseline_name,
+               "ratio": None if not baseline else round(value / baseline, 2),
+               "ok": ok, **extra}
+        self.rows.append(row)
+        line = f"  {name}: {value:.1f} {unit}"
+        if baseline:
+            line += f" (baseline {baseline:.1f} {unit}, ratio {value / baseline:.2f})"
+        if target:
+            line += f" target {target}: {'ok' if ok else 'MISSED'}"
+        print(line, file=sys.stderr)
+
+    # -- (a) status wall time ---------------------------------------------------------------
+
+    def bench_status(self, runs: int = 30) -> None:
+        print("(a) clusterctl status vs python -c pass", file=sys.stderr)
+        ours, base = [], []
+        for _ in range(runs):  # interleaved, so both see the same machine
+            base.append(_wall([sys.executable, "-c", "pass"], self.env))
+            ours.append(_wall([CLUSTERCTL, "status"], self.env))
+        p50, b50 = statistics.median(ours) * 1000, statistics.median(base) * 1000
+        self.record("status_wall_p50", p50, "ms", baseline=b50, baseline_name="python -c pass",
+                    target="≤ 60 ms", ok=p50 <= 60,
+                    p90=round(percentile(ours, 90) * 1000, 1))
+
+    # -- (b) exec latency -------------------------------------------------------------------
+
+    def bench_exec(self, runs: int = 20) -> None:
+        print("(b) exec echo hi on the warm cluster vs a fresh Ray driver", file=sys.stderr)
+        driver_env, driver_code = self._ray_driver()
+        ours_first, ours_exit, ray_first, ray_exit = [], [], [], []
+        for _ in range(3):  # warm both paths
+            _first_line([CLUSTERCTL, "exec", CLUSTER, "--", "echo hi"], self.env)
+            _first_line([sys.executable, "-c", driver_code], driver_env)
+        for _ in range(runs):
+            first, total = _first_line([CLUSTERCTL, "exec", CLUSTER, "--", "echo hi"], self.env)
+            ours_first.append(first)
+            ours_exit.append(total)
+            first, total = _first_line([sys.executable, "-c", driver_code], driver_env)
+            ray_first.append(first)
+            ray_exit.append(total)
+        ms = 1000
+        self.record("exec_first_line_p50", statistics.median(ours_first) * ms, "ms",
+                    baseline=statistics.median(ray_first) * ms,
+                    baseline_name="python Ray driver: init + placement group + task",
+                    target="≤ 150 ms", ok=statistics.median(ours_first) * ms <= 150,
+                    p90=round(percentile(ours_first, 90) * ms, 1),
+                    baseline_p90=round(percentile(ray_first, 90) * ms, 1))
+        self.record("exec_exit_p50", statistics.median(ours_exit) * ms, "ms",
+                    baseline=statistics.median(ray_exit) * ms,
+                    baseline_name="python Ray driver: init + placement group + task",
+                    p90=round(percentile(ours_exit, 90) * ms, 1),
+                    baseline_p90=round(percentile(ray_exit, 90) * ms, 1))
+
+    def _ray_driver(self) -> tuple[dict[str, str], str]:
+        """Environment and code of a plain Ray driver on the same cluster."""
+        db = sqlite3.connect(self.root / "state" / "clusterd" / "state.db")
+        try:
+            (handle,) = db.execute("SELECT handle FROM clusters WHERE name = ?",
+                                   [CLUSTER]).fetchone()
+        finally:
+            db.close()
+        runtime = json.loads(handle)["runtime"]
+        run_dir = Path(json.loads(handle)["provider"]["dir"])
+        env = dict(self.env)
+        env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(run_dir / "ray_token"),
+                   RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+        code = (
+            "import ray, subprocess, logging\n"
+            "from ray.util.placement_group import placement_group\n"
+            "from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy\n"
+            f"ray.init(address={runtime['ray_address']!r}, logging_level=logging.ERROR,"
+            " log_to_driver=False)\n"
+            "pg = placement_group([{'CPU': 0.5}], strategy='STRICT_SPREAD')\n"
+            "ray.get(pg.ready())\n"
+            "@ray.remote(num_cpus=0)\n"
+            "def run(cmd):\n"
+            "    return subprocess.run(['bash', '-c', cmd], capture_output=True).stdout\n"
+            "s = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)\n"
+            "print(ray.get(run.options(scheduling_strategy=s).remote('echo hi')).decode(),"
+            " end='', flush=True)\n"
+        )
+        return env, code
+
+    # -- (c) control-socket throughput --------------------------------------------------------
+
+    def bench_socket(self, seconds: float = 3.0) -> None:
+        print("(c) status requests over the control socket", file=sys.stderr)
+        for clients in (1, 8, 64):
+            processes = min(clients, max(2, os.cpu_count() or 2))
+            per_process = [clients // processes + (1 if i < clients % processes else 0)
+                           for i in range(processes)]
+            with ProcessPoolExecutor(processes) as pool:
+                start_at = time.time() + 0.5
+                futures = [pool.submit(_hammer, str(self.socket), n, start_at, seconds)
+                           for n in per_process if n]
+                latencies = [lat for f in futures for lat in f.result()]
+            rate = len(latencies) / seconds
+            p99 = percentile(latencies, 99) * 1000
+            target = "≥ 5,000/s, p99 ≤ 5 ms" if clients == 8 else ""
+            self.record(f"status_rps_{clients}_clients", rate, "req/s", target=target,
+                        ok=(rate >= 5000 and p99 <= 5) if clients == 8 else None,
+                        p50_ms=round(percentile(latencies, 50) * 1000, 3),
+                        p99_ms=round(p99, 3))
+
+    # -- (d) queue with 200 jobs --------------------------------------------------------------
+
+    def bench_queue(self, jobs: int = 200, runs: int = 20) -> None:
+        print(f"(d) clusterctl queue with {jobs} jobs", file=sys.stderr)
+        from clusterctl import Client, ExecArgs
+
+        existing = json.loads(self.ctl("queue", CLUSTER, "--json").stdout)
+        with Client(self.socket, autostart=False) as client:
+            missing = max(0, jobs - len(existing))
+            for start in range(0, missing, 50):
+                batch = [ExecArgs(cluster=CLUSTER, command="true", detach=True)
+                         for _ in range(min(50, missing - start))]
+                for result in client.call_many(batch):
+                    if isinstance(result, Exception):
+                        raise SystemExit(f"submitting jobs failed: {result}")
+        count = len(json.loads(self.ctl("queue", CLUSTER, "--json").stdout))
+        ours, base = [], []
+        for _ in range(runs):
+            base.append(_wall([sys.executable, "-c", "pass"], self.env))
+            ours.append(_wall([CLUSTERCTL, "queue", CLUSTER], self.env))
+        p50 = statistics.median(ours) * 1000
+        self.record("queue_200_jobs_p50", p50, "ms", baseline=statistics.median(base) * 1000,
+                    baseline_name="python -c pass", target="≤ 50 ms", ok=p50 <= 50,
+                    jobs_listed=count, p90=round(percentile(ours, 90) * 1000, 1))
+
+
+def _wall(argv: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   check=True)
+    return time.perf_counter() - started
+
+
+def _first_line(argv: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """Seconds to the first line on stdout, and to exit."""
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL)
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    first = time.perf_counter() - started
+    process.stdout.read()
+    if process.wait() != 0 or line.strip() != b"hi":
+        raise SystemExit(f"{argv[0]} failed: {line!r}")
+    return first, time.perf_counter() - started
+
+
+def _hammer(socket_path: str, clients: int, start_at: float, seconds: float) -> list[float]:
+    """`clients` connections in threads, each sending status requests back to back."""
+    from clusterctl import protocol
+
+    latencies: list[list[float]] = [[] for _ in range(clients)]
+
+    def one(index: int) -> None:
+        sock = socket.socket(socket.AF_UNIX)
+        sock.connect(socket_path)
+        decoder = protocol.FrameDecoder()
+
+        def exchange(message: dict[str, Any]) -> dict[str, Any]:
+            sock.sendall(protocol.encode_frame(message))
+            while (reply := decoder.next_message()) is None:
+                decoder.feed(sock.recv(65536))
+            return reply
+
+        exchange(protocol.hello("bench"))
+        frame = protocol.request(1, "status", {})
+        mine = latencies[index]
+        while time.time() < start_at:
+            time.sleep(0.001)
+        end = start_at + seconds
+        while True:
+            t0 = time.perf_counter()
+            exchange(frame)
+            mine.append(time.perf_counter() - t0)
+            if time.time() >= end:
+                break
+        sock.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [lat for per in latencies for lat in per]
+
+
+BENCHES: dict[str, Callable[[Bench], None]] = {
+    "status": Bench.bench_status,
+    "exec": Bench.bench_exec,
+    "socket": Bench.bench_socket,
+    "queue": Bench.bench_queue,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="scripts/bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print results as JSON")
+    parser.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHES)}")
+    args = parser.parse_args()
+    chosen = args.only.split(",") if args.only else list(BENCHES)
+    unknown = set(chosen) - set(BENCHES)
+    if unknown:
+        parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
+    bench = Bench()
+    try:
+        bench.start()
+        for name in chosen:
+            BENCHES[name](bench)
+    finally:
+        bench.stop()
+    meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if args.json:
+        print(json.dumps({"meta": meta, "results": bench.rows}, indent=2))
+        return
+    print(f"\n{'benchmark':<26} {'value':>12} {'baseline':>12} {'ratio':>7}  target")
+    for row in bench.rows:
+        base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
+        ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
+        verdict = "" if row["ok"] is None else (" ok" if row["ok"] else " MISSED")
+        print(f"{row['name']:<26} {row['value']:>9.1f} {row['unit']:<5} {base:>9} "
+              f"{ratio:>7}  {row['target']}{verdict}")
+
+
+if __name__ == "__main__":
+    main()
