@@ -73,8 +73,9 @@ def agent_cluster() -> Iterator[AgentCluster]:
         wait_for(lambda: anyio.run(two_nodes), 60, "both Ray nodes to join", interval=0.5)
         yield cluster
     finally:
+        node.stop({"dir": str(head_run), "parts": ["agent"]})
+        node.stop({"dir": str(worker_run)})  # workers before the head, as the daemon does
         node.stop({"dir": str(head_run)})
-        node.stop({"dir": str(worker_run)})
         if not os.environ.get("CLUSTERD_TEST_KEEP"):  # keep everything to debug a failure
             node.cleanup({"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
             shutil.rmtree(root, ignore_errors=True)

@@ -11,11 +11,9 @@ them) and recorded in pid files with their start times, so a recycled pid is nev
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from clusterd.agent.processes import find, terminate_tree
 
 MARKER = ".clusterd-runtime"
 RAY_PORT_FLAGS = {
@@ -51,13 +51,8 @@ class HelperError(Exception):
 def _read_pidfile(path: Path) -> psutil.Process | None:
     try:
         record = json.loads(path.read_text())
-        process = psutil.Process(int(record["pid"]))
-        if abs(process.create_time() - float(record["create_time"])) > 1:
-            return None
-        if process.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return process
-    except (OSError, ValueError, KeyError, psutil.Error):
+        return find(int(record["pid"]), float(record["create_time"]))
+    except (OSError, ValueError, KeyError):
         return None
 
 
@@ -227,46 +222,26 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
-    """SIGTERM the recorded process, then its whole session; SIGKILL what outlives grace."""
-    process = _read_pidfile(pid_path)
-    if process is None:
-        pid_path.unlink(missing_ok=True)
-        return False
-    try:
-        family = [process, *process.children(recursive=True)]
-        process.terminate()
-    except psutil.NoSuchProcess:
-        family = []
-    _, alive = psutil.wait_procs(family[:1], timeout=grace_s)
-    if alive:
-        family += [c for p in alive for c in _children(p)]
-    for proc in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(family, timeout=grace_s)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)
+    """Stop the recorded process (alone first: it stops its own children) and its tree."""
+    record = _read_pidfile(pid_path)
+    stopped = record is not None and terminate_tree(
+        record.pid, record.create_time(), grace_s=grace_s, leader_first=True) > 0
     pid_path.unlink(missing_ok=True)
-    return True
-
-
-def _children(process: psutil.Process) -> list[psutil.Process]:
-    try:
-        return list(process.children(recursive=True))
-    except psutil.NoSuchProcess:
-        return []
+    return stopped
 
 
 def stop(params: dict[str, Any]) -> dict[str, Any]:
+    """Stop the agent, then Ray (or only the `parts` named). The agent goes first: it cancels
+    its jobs, killing their process trees, while Ray still runs to carry the kills."""
     run_dir = Path(params["dir"]).expanduser()
-    # The agent first: it cancels its jobs (killing their process trees) before Ray goes.
-    agent = _terminate(run_dir / "agent.pid", float(params.get("agent_grace", 25)))
-    ray = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
-    return {"agent_stopped": agent, "ray_stopped": ray}
+    parts = params.get("parts", ["agent", "ray"])
+    result = {}
+    if "agent" in parts:
+        result["agent_stopped"] = _terminate(run_dir / "agent.pid",
+                                             float(params.get("agent_grace", 25)))
+    if "ray" in parts:
+        result["ray_stopped"] = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
+    return result
 
 
 def status(params: dict[str, Any]) -> dict[str, Any]:

@@ -6,9 +6,7 @@ what crosses to them is data (script text, environment), never generated code.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -16,6 +14,8 @@ from typing import Any
 
 import psutil
 import ray
+
+from clusterd.agent.processes import terminate_tree
 
 READ_BYTES = 64 * 1024
 KILL_GRACE_S = 3.0
@@ -64,28 +64,8 @@ run_script = ray.remote(num_cpus=0, max_retries=0)(_run_script)
 
 
 def kill_process_tree(pid: int, create_time: float | None = None) -> int:
-    """SIGTERM a process, its group and all its descendants; SIGKILL what is left after a grace
-    period. Returns how many processes were signalled. A recycled pid is left alone."""
-    try:
-        root = psutil.Process(pid)
-        if create_time is not None and abs(root.create_time() - create_time) > 1:
-            return 0
-        victims = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGTERM)
-    for proc in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.terminate()
-    _, alive = psutil.wait_procs(victims, timeout=KILL_GRACE_S)
-    for proc in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc.kill()
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    psutil.wait_procs(alive, timeout=KILL_GRACE_S)
-    return len(victims)
+    """Stop a job's process on this node with everything it started (see terminate_tree)."""
+    return terminate_tree(pid, create_time, grace_s=KILL_GRACE_S)
 
 
 kill_tree = ray.remote(num_cpus=0, max_retries=0)(kill_process_tree)

@@ -247,15 +247,19 @@ class RuntimeManager:
             await client.close()
 
     async def stop(self, info: ClusterInfo) -> None:
-        """Stop the agent (which cancels its jobs) and Ray on every node."""
+        """Stop the agent (which cancels its jobs), then Ray on the workers, then on the head:
+        a worker whose head is already gone hangs in its own shutdown."""
+        await self._stop_node(info.head, ["agent"])
         with first_error():
             async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    group.start_soon(self._stop_node, node)
+                for node in info.nodes[1:]:
+                    group.start_soon(self._stop_node, node, ["ray"])
+        await self._stop_node(info.head, ["ray"])
 
-    async def _stop_node(self, node: NodeInfo) -> None:
+    async def _stop_node(self, node: NodeInfo, parts: list[str]) -> None:
         await node_helper.call(
-            self._runner_for(node), "stop", {"dir": NodeLayout(node.runtime_dir).run_dir},
+            self._runner_for(node), "stop",
+            {"dir": NodeLayout(node.runtime_dir).run_dir, "parts": parts},
             timeout_s=90,
         )
 
