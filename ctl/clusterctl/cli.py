@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument("-i", "--idle-minutes-to-autostop", dest="idle_minutes", type=float,
                         metavar="MIN", help="stop the cluster after MIN idle minutes")
     launch.add_argument("--down", action="store_true",
-                        help="tear the cluster down (not stop) when idle; alone, after 5 min")
+                        help="tear the cluster down (not stop) when idle; alone: as soon as idle")
     _add_task_options(launch)
 
     exec_ = verbs.add_parser("exec", help="run a task on an UP cluster (setup is skipped)")

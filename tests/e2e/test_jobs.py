@@ -267,3 +267,23 @@ def test_requests_are_recorded(shared_daemon: Daemon, local_cluster: str) -> Non
 def test_exec_needs_an_entrypoint(shared_daemon: Daemon, local_cluster: str) -> None:
     result = shared_daemon.ctl("exec", local_cluster)
     assert result.returncode == 1 and "needs a task YAML or a command" in result.stderr
+
+
+def test_log_lines_carry_the_request_and_the_cluster(shared_daemon: Daemon,
+                                                     local_cluster: str) -> None:
+    result = shared_daemon.ctl("exec", local_cluster, "--", "echo traced")
+    assert result.returncode == 0
+    job_id = submitted_id(result.stderr)
+    daemon_lines = [json.loads(line) for line in shared_daemon.log().splitlines()
+                    if line.startswith("{")]
+    submitted = [e for e in daemon_lines if e.get("event") == "job submitted"
+                 and e.get("job_id") == job_id]
+    assert submitted and submitted[0]["cluster"] == local_cluster
+    request_id = submitted[0]["request_id"]
+    agent_log = next((shared_daemon.state_dir / "local").glob("*/run/agent.log"))
+    agent_lines = [json.loads(line) for line in agent_log.read_text().splitlines()
+                   if line.startswith("{")]
+    finished = [e for e in agent_lines if e.get("event") == "job finished"
+                and e.get("job_id") == job_id]
+    assert finished and finished[0]["request_id"] == str(request_id)
+    assert finished[0]["cluster"] == local_cluster

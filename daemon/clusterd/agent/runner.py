@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import ray
+import structlog
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
@@ -129,6 +130,8 @@ class JobRun:
 
     async def execute(self) -> None:
         job = self.job
+        structlog.contextvars.bind_contextvars(job_id=job.job_id,
+                                               request_id=job.spec.get("request_id"))
         self._log = self._hub.open(job.job_id)
         try:
             status, reason, codes = await self._execute()

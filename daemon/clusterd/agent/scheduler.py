@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import ray
+import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from clusterctl.protocol import JobStatus
@@ -101,6 +102,8 @@ class Scheduler:
         resources = spec.get("resources", {})
         num_nodes = int(spec.get("num_nodes") or 1)
         await self.check_feasible(num_nodes, resources)
+        # The daemon request that submitted it, so the job's log lines can name it.
+        spec = {**spec, "request_id": structlog.contextvars.get_contextvars().get("request_id")}
         job = await self._store.add(
             name=spec.get("name") or "job",
             user=spec.get("user") or getpass.getuser(),

@@ -5,13 +5,16 @@ Thin on purpose: each method validates, makes one call and converts the answer.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import ray
+import structlog
 
 from clusterctl._version import __version__
 from clusterd.agent.autostop import AutostopState
@@ -20,7 +23,7 @@ from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL, status_to_pb
+from clusterd.agent.wire import AGENT_PROTOCOL, REQUEST_ID_METADATA, status_to_pb
 
 
 def job_to_pb(job: Job) -> pb.Job:
@@ -62,12 +65,36 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
     }
 
 
+def _bind_request(context: Any) -> None:
+    for key, value in context.invocation_metadata() or ():
+        if key == REQUEST_ID_METADATA:
+            structlog.contextvars.bind_contextvars(request_id=value)
+
+
+def traced(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Log lines written while serving an RPC carry the daemon's request id."""
+    if inspect.isasyncgenfunction(method):
+        @functools.wraps(method)
+        async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
+            _bind_request(context)
+            async for item in method(self, request, context):
+                yield item
+        return stream
+
+    @functools.wraps(method)
+    async def unary(self: Any, request: Any, context: Any) -> Any:
+        _bind_request(context)
+        return await method(self, request, context)
+    return unary
+
+
 class JobsService(pb_grpc.JobsServiceServicer):
     def __init__(self, store: JobStore, hub: LogHub, scheduler: Scheduler) -> None:
         self._store = store
         self._hub = hub
         self._scheduler = scheduler
 
+    @traced
     async def AddJob(self, request: pb.AddJobRequest, context: Any) -> pb.AddJobResponse:
         spec = request.spec
         if not spec.run.strip():
@@ -78,6 +105,7 @@ class JobsService(pb_grpc.JobsServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.AddJobResponse(job_id=job.job_id, log_dir=job.log_dir, task_id=job.task_id)
 
+    @traced
     async def GetJobQueue(
         self, request: pb.GetJobQueueRequest, context: Any
     ) -> pb.GetJobQueueResponse:
@@ -86,6 +114,7 @@ class JobsService(pb_grpc.JobsServiceServicer):
             jobs = [j for j in jobs if j.active]
         return pb.GetJobQueueResponse(jobs=[job_to_pb(j) for j in reversed(jobs)])
 
+    @traced
     async def GetJobStatus(
         self, request: pb.GetJobStatusRequest, context: Any
     ) -> pb.GetJobStatusResponse:
@@ -96,12 +125,14 @@ class JobsService(pb_grpc.JobsServiceServicer):
             jobs = [latest] if latest else []
         return pb.GetJobStatusResponse(jobs=[job_to_pb(j) for j in jobs])
 
+    @traced
     async def CancelJobs(
         self, request: pb.CancelJobsRequest, context: Any
     ) -> pb.CancelJobsResponse:
         cancelled = await self._scheduler.cancel(list(request.job_ids), request.all)
         return pb.CancelJobsResponse(cancelled_job_ids=cancelled)
 
+    @traced
     async def TailLogs(
         self, request: pb.TailLogsRequest, context: Any
     ) -> AsyncIterator[pb.TailLogsResponse]:
@@ -119,6 +150,7 @@ class JobsService(pb_grpc.JobsServiceServicer):
             yield pb.TailLogsResponse(data=chunk, offset=offset, job_id=job.job_id)
         yield pb.TailLogsResponse(final=True, status=status_to_pb(job.status), job_id=job.job_id)
 
+    @traced
     async def GetLogDirs(
         self, request: pb.GetLogDirsRequest, context: Any
     ) -> pb.GetLogDirsResponse:
@@ -127,6 +159,7 @@ class JobsService(pb_grpc.JobsServiceServicer):
         ]
         return pb.GetLogDirsResponse(log_dirs={j.job_id: j.log_dir for j in jobs if j})
 
+    @traced
     async def FailInProgressJobs(
         self, request: pb.FailInProgressJobsRequest, context: Any
     ) -> pb.FailInProgressJobsResponse:
@@ -138,17 +171,20 @@ class AutostopService(pb_grpc.AutostopServiceServicer):
     def __init__(self, state: AutostopState) -> None:
         self._state = state
 
+    @traced
     async def SetAutostop(
         self, request: pb.SetAutostopRequest, context: Any
     ) -> pb.SetAutostopResponse:
         await self._state.set(request.idle_minutes, request.down, request.wait_for)
         return pb.SetAutostopResponse()
 
+    @traced
     async def IsAutostopping(
         self, request: pb.IsAutostoppingRequest, context: Any
     ) -> pb.IsAutostoppingResponse:
         return pb.IsAutostoppingResponse(is_autostopping=self._state.autostopping)
 
+    @traced
     async def GetIdleInfo(
         self, request: pb.GetIdleInfoRequest, context: Any
     ) -> pb.GetIdleInfoResponse:
@@ -160,6 +196,7 @@ class HealthService(pb_grpc.HealthServiceServicer):
         self._scheduler = scheduler
         self._started_at = time.time()
 
+    @traced
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
         connected = ray.is_initialized()
         alive = len(await self._scheduler.nodes()) if connected else 0

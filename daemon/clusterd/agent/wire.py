@@ -8,6 +8,8 @@ from clusterd.agent.v1 import agent_pb2 as pb
 
 # Bumped when the agent's API changes incompatibly; the daemon checks it at connect time.
 AGENT_PROTOCOL = 1
+# gRPC metadata key carrying the daemon's request id into the agent's log lines.
+REQUEST_ID_METADATA = "x-clusterd-request-id"
 
 WAIT_FOR_TO_PB = {
     "jobs_and_ssh": pb.WAIT_FOR_JOBS_AND_SSH,

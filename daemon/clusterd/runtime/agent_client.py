@@ -13,15 +13,22 @@ from typing import Any, TypeVar
 
 import anyio
 import grpc
+import structlog
 
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL
+from clusterd.agent.wire import AGENT_PROTOCOL, REQUEST_ID_METADATA
 
 T = TypeVar("T")
 CALL_TIMEOUT_S = 30.0
+
+
+def request_metadata() -> tuple[tuple[str, str], ...]:
+    """The daemon request being served, so the agent's log lines carry its id too."""
+    request_id = structlog.contextvars.get_contextvars().get("request_id")
+    return ((REQUEST_ID_METADATA, str(request_id)),) if request_id is not None else ()
 
 
 def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
@@ -67,7 +74,7 @@ class AgentClient:
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
                     timeout_s: float = CALL_TIMEOUT_S) -> T:
         try:
-            return await method(request, timeout=timeout_s)
+            return await method(request, timeout=timeout_s, metadata=request_metadata())
         except grpc.aio.AioRpcError as error:
             raise translate(error, self.cluster) from None
 
@@ -112,7 +119,8 @@ class AgentClient:
         call = self._jobs.TailLogs(
             pb.TailLogsRequest(
                 job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
-            )
+            ),
+            metadata=request_metadata(),
         )
         try:
             async for message in call:

@@ -474,5 +474,5 @@ def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
         setting = task.resources.autostop
         return dataclasses.replace(setting, down=setting.down or args.down)
     if args.down:
-        return Autostop(5, True)
+        return Autostop(0, True)  # SkyPilot's --down alone: tear down once idle
     return None
