@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from clusterctl import protocol
@@ -56,7 +56,89 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
                              "-- if it has options of its own)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _launch_options(launch: argparse.ArgumentParser) -> None:
+    launch.add_argument("-c", "--cluster", help="cluster name (default: a generated one)")
+    launch.add_argument("--infra", help="where to run: local (default), ...")
+    launch.add_argument("-i", "--idle-minutes-to-autostop", dest="idle_minutes", type=float,
+                        metavar="MIN", help="stop the cluster after MIN idle minutes")
+    launch.add_argument("--down", action="store_true",
+                        help="tear the cluster down (not stop) when idle; alone: as soon as idle")
+    _add_task_options(launch)
+
+
+def _exec_options(exec_: argparse.ArgumentParser) -> None:
+    exec_.add_argument("cluster")
+    _add_task_options(exec_)
+
+
+def _status_options(status: argparse.ArgumentParser) -> None:
+    status.add_argument("clusters", nargs="*")
+    status.add_argument("-r", "--refresh", action="store_true",
+                        help="ask the providers and agents for the true state first")
+    status.add_argument("-v", "--verbose", action="store_true")
+    status.add_argument("--json", action="store_true")
+
+
+def _queue_options(queue: argparse.ArgumentParser) -> None:
+    queue.add_argument("cluster")
+    queue.add_argument("-s", "--skip-finished", action="store_true")
+    queue.add_argument("--json", action="store_true")
+
+
+def _logs_options(logs: argparse.ArgumentParser) -> None:
+    logs.add_argument("cluster")
+    logs.add_argument("job_id", nargs="?", type=int)
+    logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
+    logs.add_argument("--tail", type=int, default=0, metavar="N",
+                      help="start with the last N lines (0: from the start)")
+
+
+def _cancel_options(cancel: argparse.ArgumentParser) -> None:
+    cancel.add_argument("cluster")
+    cancel.add_argument("job_ids", nargs="*", type=int)
+    cancel.add_argument("-a", "--all", action="store_true", help="cancel every active job")
+
+
+def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
+    def add(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("clusters", nargs="+")
+        if verb == "down":
+            sub.add_argument("-p", "--purge", action="store_true",
+                             help="forget the cluster even if cleanup fails")
+        if verb in ("stop", "down"):
+            sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
+    return add
+
+
+def _events_options(events: argparse.ArgumentParser) -> None:
+    events.add_argument("cluster", nargs="?")
+    events.add_argument("-n", "--limit", type=int, default=50)
+    events.add_argument("--json", action="store_true")
+
+
+def _requests_options(requests: argparse.ArgumentParser) -> None:
+    requests.add_argument("-a", "--all", action="store_true", help="include finished ones")
+    requests.add_argument("--json", action="store_true")
+
+
+VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
+    "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
+    "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
+    "status": ("show clusters", _status_options),
+    "queue": ("show a cluster's jobs", _queue_options),
+    "logs": ("stream a job's log (default: the latest job)", _logs_options),
+    "cancel": ("cancel jobs", _cancel_options),
+    "stop": ("stop clusters (keep their disks)", _lifecycle_options("stop")),
+    "start": ("start stopped clusters", _lifecycle_options("start")),
+    "down": ("tear clusters down", _lifecycle_options("down")),
+    "events": ("show cluster events (status changes, reasons)", _events_options),
+    "requests": ("show requests the daemon is working on", _requests_options),
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with `only`, the other verbs get no arguments (they are listed in --help
+    all the same): building every verb's arguments costs a few ms of each run."""
     parser = argparse.ArgumentParser(
         prog="clusterctl", description="Run tasks on your clusters through clusterd.",
         epilog="Exit codes: 0 ok, 100 job failed, 101 not finished, 102 not found, "
@@ -70,63 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(or set CLUSTERD_NO_AUTOSTART=1)")
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
     verbs.required = True
-
-    launch = verbs.add_parser("launch", help="create (or reuse) a cluster and run a task on it")
-    launch.add_argument("-c", "--cluster", help="cluster name (default: a generated one)")
-    launch.add_argument("--infra", help="where to run: local (default), ...")
-    launch.add_argument("-i", "--idle-minutes-to-autostop", dest="idle_minutes", type=float,
-                        metavar="MIN", help="stop the cluster after MIN idle minutes")
-    launch.add_argument("--down", action="store_true",
-                        help="tear the cluster down (not stop) when idle; alone: as soon as idle")
-    _add_task_options(launch)
-
-    exec_ = verbs.add_parser("exec", help="run a task on an UP cluster (setup is skipped)")
-    exec_.add_argument("cluster")
-    _add_task_options(exec_)
-
-    status = verbs.add_parser("status", help="show clusters")
-    status.add_argument("clusters", nargs="*")
-    status.add_argument("-r", "--refresh", action="store_true",
-                        help="ask the providers and agents for the true state first")
-    status.add_argument("-v", "--verbose", action="store_true")
-    status.add_argument("--json", action="store_true")
-
-    queue = verbs.add_parser("queue", help="show a cluster's jobs")
-    queue.add_argument("cluster")
-    queue.add_argument("-s", "--skip-finished", action="store_true")
-    queue.add_argument("--json", action="store_true")
-
-    logs = verbs.add_parser("logs", help="stream a job's log (default: the latest job)")
-    logs.add_argument("cluster")
-    logs.add_argument("job_id", nargs="?", type=int)
-    logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
-    logs.add_argument("--tail", type=int, default=0, metavar="N",
-                      help="start with the last N lines (0: from the start)")
-
-    cancel = verbs.add_parser("cancel", help="cancel jobs")
-    cancel.add_argument("cluster")
-    cancel.add_argument("job_ids", nargs="*", type=int)
-    cancel.add_argument("-a", "--all", action="store_true", help="cancel every active job")
-
-    for verb, text in (("stop", "stop clusters (keep their disks)"),
-                       ("start", "start stopped clusters"),
-                       ("down", "tear clusters down")):
+    for verb, (text, add_options) in VERBS.items():
         sub = verbs.add_parser(verb, help=text)
-        sub.add_argument("clusters", nargs="+")
-        if verb == "down":
-            sub.add_argument("-p", "--purge", action="store_true",
-                             help="forget the cluster even if cleanup fails")
-        if verb in ("stop", "down"):
-            sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
-
-    events = verbs.add_parser("events", help="show cluster events (status changes, reasons)")
-    events.add_argument("cluster", nargs="?")
-    events.add_argument("-n", "--limit", type=int, default=50)
-    events.add_argument("--json", action="store_true")
-
-    requests = verbs.add_parser("requests", help="show requests the daemon is working on")
-    requests.add_argument("-a", "--all", action="store_true", help="include finished ones")
-    requests.add_argument("--json", action="store_true")
+        if only is None or only == verb:
+            add_options(sub)
     return parser
 
 
@@ -416,8 +445,8 @@ COMMANDS = {
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     """Options may come anywhere before the command; everything after `--` is the command."""
-    parser = build_parser()
     words = list(argv)
+    parser = build_parser(next((w for w in words if w in VERBS), None))
     command: list[str] = []
     if "--" in words:
         split = words.index("--")

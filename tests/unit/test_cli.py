@@ -1,0 +1,67 @@
+"""clusterctl's argument handling: options anywhere before the command, `--` ends options."""
+
+from __future__ import annotations
+
+import pytest
+
+from clusterctl import protocol
+from clusterctl.cli import _task_args, parse
+
+
+def test_options_after_the_cluster_name() -> None:
+    args = parse(["exec", "dev", "--env", "A=1", "echo", "hi"])
+    assert args.cluster == "dev" and args.env == ["A=1"]
+    assert args.entrypoint == ["echo", "hi"]
+
+
+def test_everything_after_double_dash_is_the_command() -> None:
+    args = parse(["launch", "-c", "x", "--", "python", "train.py", "--lr", "1", "-d"])
+    assert args.cluster == "x" and args.detach is False
+    assert args.entrypoint == ["python", "train.py", "--lr", "1", "-d"]
+
+
+def test_unknown_option_before_the_command_is_an_error(capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse(["exec", "dev", "--bogus", "echo"])
+    assert exit_.value.code == 2
+    assert "put a command's own options after --" in capsys.readouterr().err
+
+
+def test_extra_words_for_a_verb_without_a_command(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(["queue", "dev", "--", "extra"])
+    assert "unrecognized arguments: extra" in capsys.readouterr().err
+
+
+def test_a_yaml_path_becomes_an_absolute_yaml_path(tmp_path: object) -> None:
+    args = parse(["exec", "dev", "task.yaml"])
+    request = _task_args(args, protocol.ExecArgs, cluster="dev")
+    assert request.yaml_path is not None and request.yaml_path.endswith("/task.yaml")
+    assert request.yaml_path.startswith("/") and request.command is None
+
+
+def test_several_words_become_one_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FROM_SHELL", "yes")
+    args = parse(["exec", "dev", "--env", "FROM_SHELL", "--secret", "K=v", "echo", "a", "b"])
+    request = _task_args(args, protocol.ExecArgs, cluster="dev")
+    assert request.command == "echo a b"
+    assert request.envs == {"FROM_SHELL": "yes"} and request.secrets == {"K": "v"}
+
+
+def test_bare_env_that_is_not_set_fails(monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    args = parse(["exec", "dev", "--env", "NOT_SET_ANYWHERE", "true"])
+    with pytest.raises(SystemExit) as exit_:
+        _task_args(args, protocol.ExecArgs, cluster="dev")
+    assert exit_.value.code == 1
+    assert "NOT_SET_ANYWHERE is not set here" in capsys.readouterr().err
+
+
+def test_every_verb_parses_its_own_options() -> None:
+    assert parse(["logs", "dev", "3", "--no-follow", "--tail", "5"]).tail == 5
+    assert parse(["cancel", "dev", "--all"]).all is True
+    assert parse(["down", "a", "b", "-y", "--purge"]).clusters == ["a", "b"]
+    assert parse(["status", "--json", "-r"]).refresh is True
+    assert parse(["events", "dev", "-n", "7"]).limit == 7
