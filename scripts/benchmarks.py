@@ -315,13 +315,16 @@ def main() -> None:
     if args.json:
         print(json.dumps({"meta": meta, "results": bench.rows}, indent=2))
         return
-    print(f"\n{'benchmark':<26} {'value':>12} {'baseline':>12} {'ratio':>7}  target")
+    print(f"\n{'benchmark':<26} {'value':>12} {'baseline':>12} {'ratio':>7}  "
+          f"{'target':<24} details")
+    shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
         verdict = "" if row["ok"] is None else (" ok" if row["ok"] else " MISSED")
+        details = " ".join(f"{key}={row[key]}" for key in shown if key in row)
         print(f"{row['name']:<26} {row['value']:>9.1f} {row['unit']:<5} {base:>9} "
-              f"{ratio:>7}  {row['target']}{verdict}")
+              f"{ratio:>7}  {row['target'] + verdict:<24} {details}")
 
 
 if __name__ == "__main__":
