@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 from clusterctl import protocol
 from clusterctl._render import Printer, age, table
 from clusterctl._version import __version__
-from clusterctl.client import Client, ClusterdError, DaemonUnavailable
+from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
 
 YAML_SUFFIXES = (".yaml", ".yml")
@@ -205,15 +205,27 @@ def _task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
     )
 
 
-def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> int:
-    printer = Printer()
-    stream = client.stream(request)
-    state: dict[str, Any] = {}
+def _drain(stream: Stream, printer: Printer, state: dict[str, Any]) -> dict[str, Any] | None:
+    """Print a stream's events until its final reply; None if Ctrl-C detached from it."""
     try:
         for event, data in stream:
             printer.event(event, data, state)
     except KeyboardInterrupt:
         stream.detach()
+        printer.finish_logs()
+        return None
+    except ClusterdError as error:
+        printer.finish_logs()
+        fail_with(error)
+    printer.finish_logs()
+    return stream.result or {}
+
+
+def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> int:
+    printer = Printer()
+    state: dict[str, Any] = {}
+    result = _drain(client.stream(request), printer, state)
+    if result is None:
         client.close()
         cluster = state.get("cluster")
         job_id = state.get("job_id")
@@ -225,11 +237,6 @@ def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> i
             printer.note(f"Detached; request {state.get('request_id')} goes on in clusterd.\n"
                          f"  watch: clusterctl status {cluster or ''}".rstrip())
         return ExitCode.NOT_FINISHED
-    except ClusterdError as error:
-        printer.finish_logs()
-        fail_with(error)
-    printer.finish_logs()
-    result = stream.result or {}
     job_id = result.get("job_id")
     cluster = result.get("cluster")
     if job_id is None:
@@ -313,19 +320,9 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     request = protocol.LogsArgs(cluster=args.cluster, job_id=args.job_id,
                                 follow=not args.no_follow, tail=args.tail)
     printer = Printer()
-    stream = client.stream(request)
-    try:
-        for event, data in stream:
-            printer.event(event, data, {})
-    except KeyboardInterrupt:
-        stream.detach()
-        printer.finish_logs()
+    result = _drain(client.stream(request), printer, {})
+    if result is None:
         return ExitCode.NOT_FINISHED
-    except ClusterdError as error:
-        printer.finish_logs()
-        fail_with(error)
-    printer.finish_logs()
-    result = stream.result or {}
     if args.no_follow and result.get("exit_code") == ExitCode.NOT_FINISHED:
         printer.note(f"Job {result.get('job_id')} is {result.get('status')}.")
     else:

@@ -139,7 +139,11 @@ def test_blocked_request_says_by_what_and_down_preempts_a_queued_launch(daemon: 
     _, first_err = first.communicate(timeout=240)
     _, down_err = down.communicate(timeout=240)
     assert down.returncode == 0, down_err
-    assert first.returncode in (0, 103), first_err  # its job may be cut short by the down
+    # The down may cut the first launch's job short (103), or tear the cluster down before its
+    # log could be followed (102, saying so); or the job was quick enough to finish (0).
+    assert first.returncode in (0, 102, 103), first_err
+    if first.returncode == 102:
+        assert "was torn down while its job 1 was followed" in first_err
     assert daemon.cluster("busy") is None
 
 

@@ -13,6 +13,7 @@ import aiosqlite
 import anyio
 
 from clusterctl.protocol import JobStatus
+from clusterd import sqlite
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -83,11 +84,7 @@ class JobStore:
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = await aiosqlite.connect(self.path)
-        self._conn.row_factory = aiosqlite.Row
-        await self._conn.execute("PRAGMA journal_mode=WAL")
-        await self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn = await sqlite.connect(self.path)
         await self._conn.executescript(SCHEMA)
         await self._conn.commit()
         async with self._conn.execute("SELECT * FROM jobs ORDER BY job_id") as cursor:

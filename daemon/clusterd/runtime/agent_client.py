@@ -34,7 +34,9 @@ def request_metadata() -> tuple[tuple[str, str], ...]:
 def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
     code = error.code()
     details = error.details() or str(code)
-    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+    # CANCELLED here means our side closed the channel under a call (a stop or down).
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                grpc.StatusCode.CANCELLED):
         return ProtocolError(
             ErrorCode.AGENT_UNREACHABLE,
             f"the agent of cluster {cluster} is not answering: {details}",
@@ -67,9 +69,11 @@ class AgentClient:
         self._autostop = pb_grpc.AutostopServiceStub(self._channel)
         self._health = pb_grpc.HealthServiceStub(self._channel)
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float | None = None) -> None:
+        """Close the channel; with a grace period, calls in flight may first read what has
+        already arrived (a log stream its final status)."""
         with contextlib.suppress(Exception):
-            await self._channel.close(grace=None)
+            await self._channel.close(grace=grace_s)
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
                     timeout_s: float = CALL_TIMEOUT_S) -> T:
@@ -167,10 +171,10 @@ class AgentConnections:
             self._clients[cluster] = client
             return client
 
-    async def close(self, cluster: str) -> None:
+    async def close(self, cluster: str, grace_s: float | None = None) -> None:
         client = self._clients.pop(cluster, None)
         if client is not None:
-            await client.close()
+            await client.close(grace_s)
 
     async def close_all(self) -> None:
         for cluster in list(self._clients):

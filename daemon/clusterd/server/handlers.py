@@ -121,27 +121,22 @@ class Handlers:
         return await self._follow_then_stream(call, request, args.detach)
 
     async def stop(self, call: Call, args: protocol.StopArgs) -> dict[str, Any]:
-        require_cluster(self._store, args.cluster)
-        request = await self._requests.start(
-            args.op, args.cluster, protocol.to_wire(args),
-            lambda r: self._clusters.stop(r, args.cluster),
-        )
-        return await _follow(call, request)
+        return await self._lifecycle(call, args, lambda r: self._clusters.stop(r, args.cluster))
 
     async def start(self, call: Call, args: protocol.StartArgs) -> dict[str, Any]:
-        require_cluster(self._store, args.cluster)
-        request = await self._requests.start(
-            args.op, args.cluster, protocol.to_wire(args),
-            lambda r: self._clusters.start(r, args.cluster),
-        )
-        return await _follow(call, request)
+        return await self._lifecycle(call, args, lambda r: self._clusters.start(r, args.cluster))
 
     async def down(self, call: Call, args: protocol.DownArgs) -> dict[str, Any]:
-        require_cluster(self._store, args.cluster)
-        request = await self._requests.start(
-            args.op, args.cluster, protocol.to_wire(args),
-            lambda r: self._clusters.down(r, args.cluster, args.purge),
+        return await self._lifecycle(
+            call, args, lambda r: self._clusters.down(r, args.cluster, args.purge)
         )
+
+    async def _lifecycle(
+        self, call: Call, args: protocol.StopArgs | protocol.StartArgs | protocol.DownArgs,
+        work: Callable[[RunningRequest], Awaitable[dict[str, Any]]],
+    ) -> dict[str, Any]:
+        require_cluster(self._store, args.cluster)
+        request = await self._requests.start(args.op, args.cluster, protocol.to_wire(args), work)
         return await _follow(call, request)
 
     async def _follow_then_stream(

@@ -2,8 +2,9 @@
 
 Order matters for crash safety: a cluster's record (with the name the provider will know it
 by) is written before any provider call that creates something, so a daemon killed at any
-instant finds what it started. Teardown closes the agent connection first, then stops the
-runtime, then terminates, then cleans up, and only then forgets the record.
+instant finds what it started. Teardown stops the runtime first (the agent cancels its jobs,
+so clients following their logs learn how they ended), then closes the agent connection (and
+its tunnel), then terminates and cleans up, and only then forgets the record.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ logger = log.get("clusterd.clusters")
 WAIT_TIMEOUT_S = 900.0
 REFRESH_CONCURRENCY = 16
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
+# After a stop or down has stopped the agent, how long clients following a job's log get to
+# read its final status before the connection closes under them.
+FOLLOWER_GRACE_S = 2.0
 
 
 class ClusterService:
@@ -316,10 +320,10 @@ class ClusterService:
             if record.status == ClusterStatus.STOPPED:
                 return {"cluster": name, "status": str(record.status), "changed": False}
             await request.progress(f"stopping {name}", "stop")
-            await self._agents.close(name)
             handle = (record.handle or {}).get("provider") or {}
             info = await provider.cluster_info(record.cloud_name, handle)
             await self._runtime.stop(info)
+            await self._agents.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
             await self._store.set_status(name, ClusterStatus.STOPPED,
                                          f"stopped by request {request.id}", request.id)
@@ -345,8 +349,8 @@ class ClusterService:
                         purge: bool) -> None:
         provider = self._providers.get(record.provider)
         handle = (record.handle or {}).get("provider")
-        await self._agents.close(record.name)  # the connection (tunnel) first
         if handle is None:
+            await self._agents.close(record.name)
             return  # nothing was ever created
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -361,6 +365,7 @@ class ClusterService:
                 if not purge:
                     raise
                 await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
+        await self._agents.close(record.name, grace_s=FOLLOWER_GRACE_S)
         for step in (provider.terminate, provider.cleanup_ports):
             try:
                 await step(record.cloud_name, handle)

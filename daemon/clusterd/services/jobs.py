@@ -177,6 +177,16 @@ class JobService:
         already = [i for i in job_ids if i not in cancelled]
         return {"cluster": name, "cancelled": cancelled, "already_finished": already}
 
+    def _still_up(self, name: str, job_id: int) -> ClusterRecord:
+        record = self._store.get(name)
+        if record is None:
+            raise ProtocolError(
+                ErrorCode.CLUSTER_NOT_FOUND,
+                f"cluster {name} was torn down while its job {job_id} was followed",
+                f"see `clusterctl events {name}`",
+            )
+        return require_up(record)
+
     async def stream_logs(
         self,
         name: str,
@@ -238,5 +248,5 @@ class JobService:
                 logger.info("log stream interrupted; resuming", offset=position)
                 await self._agents.close(name)
                 await anyio.sleep(0.5)
-                record = require_up(require_cluster(self._store, name))
+                record = self._still_up(name, current)
 

@@ -10,6 +10,8 @@ from typing import Any
 import aiosqlite
 import anyio
 
+from clusterd import sqlite
+
 # Each entry migrates from version i to i + 1. Never edit a released entry; append a new one.
 MIGRATIONS: tuple[str, ...] = (
     """
@@ -76,16 +78,9 @@ class Database:
         self._write_lock = anyio.Lock()
 
     async def open(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = await aiosqlite.connect(self.path)
-        self._conn.row_factory = aiosqlite.Row
-        await self._conn.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode survives a killed process (only power loss can drop the last
-        # commits), which is the crash model here.
-        await self._conn.execute("PRAGMA synchronous=NORMAL")
-        await self._conn.execute("PRAGMA foreign_keys=ON")
-        await self._conn.execute("PRAGMA busy_timeout=5000")
+        self._conn = await sqlite.connect(self.path)
         try:
+            await self._conn.execute("PRAGMA foreign_keys=ON")
             await self._migrate()
         except BaseException:
             await self.close()  # aiosqlite's thread would otherwise keep the process alive
