@@ -82,6 +82,7 @@ def test_launch_stop_start_down(daemon: Daemon, tmp_path: Path) -> None:
     assert down.returncode == 0 and "Cluster life torn down." in down.stdout
     assert daemon.cluster("life") is None
     assert not run_dir.exists()
+    assert not list((daemon.socket.parent / "agents").iterdir())  # the agent's socket too
     assert not any(pid_alive(p) for p in pids)
     assert status_events(daemon, "life") == [
         (None, "INIT"), ("INIT", "UP"), ("UP", "STOPPED"), ("STOPPED", "UP"),

@@ -118,6 +118,8 @@ async def serve(args: argparse.Namespace) -> None:
                 await server.stop(grace=1.0)
             group.cancel_scope.cancel()
     await store.close()
+    if args.listen.startswith("unix:"):
+        socket_path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
