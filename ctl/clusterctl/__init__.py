@@ -8,6 +8,7 @@ from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import (
     PROTOCOL_VERSION,
     CancelArgs,
+    CheckArgs,
     ClusterStatus,
     DownArgs,
     ErrorCode,
@@ -28,6 +29,7 @@ from clusterctl.protocol import (
 __all__ = [
     "PROTOCOL_VERSION",
     "CancelArgs",
+    "CheckArgs",
     "Client",
     "ClusterStatus",
     "ClusterdError",

@@ -121,6 +121,10 @@ def _requests_options(requests: argparse.ArgumentParser) -> None:
     requests.add_argument("--json", action="store_true")
 
 
+def _check_options(check: argparse.ArgumentParser) -> None:
+    check.add_argument("--json", action="store_true")
+
+
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
@@ -133,6 +137,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "down": ("tear clusters down", _lifecycle_options("down")),
     "events": ("show cluster events (status changes, reasons)", _events_options),
     "requests": ("show requests the daemon is working on", _requests_options),
+    "check": ("show usable infra: ssh node pools and whether each host answers",
+              _check_options),
 }
 
 
@@ -273,7 +279,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         return ExitCode.SUCCEEDED
     headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED"]
     if args.verbose:
-        headers += ["REFRESHED", "REASON", "CLOUD NAME"]
+        headers += ["REFRESHED", "REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
     rows = []
     for c in clusters:
         cpus = c.get("cpus")
@@ -285,8 +291,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         row = [c["name"], c["infra"], resources, c["status"], autostop,
                age(c.get("launched_at"))]
         if args.verbose:
+            tunnel = c.get("tunnel")
             row += [age(c.get("refreshed_at")), c.get("status_reason") or "-",
-                    c.get("cloud_name") or "-"]
+                    c.get("cloud_name") or "-", ",".join(c.get("hosts") or []) or "-",
+                    f"{tunnel['socket']} -> {tunnel['remote']}" if tunnel else "-"]
         rows.append(row)
     sys.stdout.write(table(headers, rows))
     return ExitCode.SUCCEEDED
@@ -425,6 +433,24 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
     return ExitCode.SUCCEEDED
 
 
+def cmd_check(client: Client, args: argparse.Namespace) -> int:
+    result = client.call(protocol.CheckArgs())
+    if args.json:
+        print_json(result)
+        return ExitCode.SUCCEEDED
+    print("local: available (this machine)")
+    hosts = result.get("hosts", [])
+    if not hosts:
+        print(f"ssh: no node pools in {result.get('pools_file')}")
+        return ExitCode.SUCCEEDED
+    print(f"ssh: node pools from {result.get('pools_file')}")
+    rows = [[h["pool"], f"{h['user']}@{h['host']}:{h['port']}",
+             "ok" if h["ok"] else f"UNREACHABLE: {h['error']}", h.get("cluster") or "free"]
+            for h in hosts]
+    sys.stdout.write(table(["POOL", "HOST", "SSH", "IN USE BY"], rows))
+    return ExitCode.SUCCEEDED if all(h["ok"] for h in hosts) else ExitCode.ERROR
+
+
 COMMANDS = {
     "launch": cmd_launch,
     "exec": cmd_exec,
@@ -437,6 +463,7 @@ COMMANDS = {
     "down": cmd_lifecycle,
     "events": cmd_events,
     "requests": cmd_requests,
+    "check": cmd_check,
 }
 
 

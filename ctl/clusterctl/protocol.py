@@ -71,6 +71,8 @@ class ErrorCode(enum.StrEnum):
     PROVIDER_ERROR = "PROVIDER_ERROR"
     AGENT_UNREACHABLE = "AGENT_UNREACHABLE"
     AGENT_VERSION_MISMATCH = "AGENT_VERSION_MISMATCH"
+    NODE_UNREACHABLE = "NODE_UNREACHABLE"
+    HOST_KEY_MISMATCH = "HOST_KEY_MISMATCH"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     INTERNAL = "INTERNAL"
 
@@ -391,6 +393,12 @@ class EventsArgs(OpArgs):
     limit: int = 100
 
 
+class CheckArgs(OpArgs):
+    """Which providers and ssh node pools are usable, and whether each host answers."""
+
+    op = "check"
+
+
 class RequestsArgs(OpArgs):
     op = "requests"
     active_only: bool = True
@@ -411,6 +419,7 @@ OPS: dict[str, type[OpArgs]] = {
         DownArgs,
         EventsArgs,
         RequestsArgs,
+        CheckArgs,
     )
 }
 

@@ -13,7 +13,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 import anyio.abc
@@ -22,11 +22,14 @@ from clusterctl._version import __version__
 from clusterd import log
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
-from clusterd.providers.base import NodeInfo
+from clusterd.providers.base import NodeInfo, SSHTarget
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.providers.ssh import SSHProvider
 from clusterd.requests import RequestManager
+from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentConnections
+from clusterd.runtime.install import CURRENT_PYTHON, WheelhouseBuilder
 from clusterd.runtime.manager import RuntimeManager
 from clusterd.runtime.runner import CommandRunner, LocalRunner
 from clusterd.server.connection import Connection
@@ -34,6 +37,11 @@ from clusterd.server.handlers import Handlers
 from clusterd.server.listener import open_listener, prepare_directory, remove_socket
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
+from clusterd.ssh.config_files import SSHConfigWriter
+from clusterd.ssh.connections import SSHConnections
+from clusterd.ssh.host_keys import HostKeyStore
+from clusterd.ssh.runner import SSHRunner
+from clusterd.ssh.tunnels import TunnelManager
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
@@ -66,12 +74,6 @@ def single_instance(lock_path: Path) -> Iterator[IO[str]]:
         handle.close()
 
 
-def runner_for(node: NodeInfo) -> CommandRunner:
-    if node.ssh is None:
-        return LocalRunner(node.node_id)
-    raise NotImplementedError("SSH nodes arrive with the ssh provider")
-
-
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -80,23 +82,62 @@ class Daemon:
         self.request_store = RequestStore(self.db)
         self.requests = RequestManager(self.request_store)
         self.locks = ClusterLocks(settings.lock_timeout_s, settings.blocked_notice_s)
-        self.agents = AgentConnections()
-        self.providers = ProviderRegistry([LocalProvider(settings.state_dir / "local")])
-        agent_sockets = settings.runtime_dir / "agents"
+        self.host_keys = HostKeyStore(settings.state_dir / "known_hosts")
+        self.ssh = SSHConnections(self.host_keys)
+        self.access = AgentAccess(
+            AgentConnections(), TunnelManager(self.ssh, settings.runtime_dir / "tunnels"),
+            on_tunnel=self._record_tunnel,
+        )
+        self.ssh_provider = SSHProvider(settings.config_dir / "ssh_node_pools.yaml", self.ssh,
+                                        self._ssh_hosts_in_use)
+        self.providers = ProviderRegistry(
+            [LocalProvider(settings.state_dir / "local"), self.ssh_provider]
+        )
         self.runtime = RuntimeManager(
-            runner_for,
-            agent_sockets,
+            self.runner_for,
+            self.access,
+            WheelhouseBuilder(settings.state_dir / "wheelhouse"),
+            settings.runtime_dir / "agents",
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,
         )
-        self.jobs = JobService(self.store, self.locks, self.providers, self.agents, runner_for)
+        self.jobs = JobService(self.store, self.locks, self.providers, self.access,
+                               self.runner_for)
         self.clusters = ClusterService(
-            self.store, self.locks, self.providers, self.runtime, self.agents, self.jobs
+            self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
+            SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path),
         )
         self.handlers = Handlers(
-            self.clusters, self.jobs, self.requests, self.store, self.request_store
+            self.clusters, self.jobs, self.requests, self.store, self.request_store,
+            self.ssh_provider,
         )
         self._server_name = f"clusterd/{__version__}"
+
+    def runner_for(self, node: NodeInfo) -> CommandRunner:
+        if node.ssh is None:
+            return LocalRunner(node.node_id)
+        return SSHRunner(self.ssh, node.ssh, node.node_id, CURRENT_PYTHON,
+                         self.settings.runtime_dir / "relay")
+
+    def _ssh_hosts_in_use(self) -> dict[SSHTarget, str]:
+        taken: dict[SSHTarget, str] = {}
+        for record in self.store.all():
+            if record.provider != SSHProvider.name:
+                continue
+            for host in ((record.handle or {}).get("provider") or {}).get("hosts", []):
+                target = SSHTarget(host["host"], int(host["port"]), host["user"],
+                                   host.get("identity_file"))
+                taken[target] = record.name
+        return taken
+
+    async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
+        """Tunnels are daemon state like any other: written down, shown by `status -v`."""
+        record = self.store.get(cluster)
+        if record is None:
+            return
+        handle = dict(record.handle or {})
+        handle["tunnel"] = state
+        await self.store.update(cluster, handle=handle)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -122,8 +163,9 @@ class Daemon:
                         if not systemd_owned:
                             remove_socket(settings.socket_path)
             finally:
-                with anyio.CancelScope(shield=True):
-                    await self.agents.close_all()
+                with anyio.CancelScope(shield=True), anyio.move_on_after(10):
+                    await self.access.close_all()
+                    await self.ssh.close_all()
                     await self.db.close()
         logger.info("stopped")
 

@@ -11,6 +11,7 @@ them) and recorded in pid files with their start times, so a recycled pid is nev
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -265,6 +266,37 @@ def cleanup(params: dict[str, Any]) -> dict[str, Any]:
     return {"removed": removed}
 
 
+def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
+    """Make `dest` a checkout of `url` at `ref` (a branch, tag or commit; default HEAD).
+    A token for HTTPS arrives on stdin and reaches git through its environment, never argv."""
+    dest = Path(params["dest"]).expanduser()
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if params.get("token"):
+        basic = base64.b64encode(f"x-access-token:{params['token']}".encode()).decode()
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", "-C", str(dest), *args], env=env, capture_output=True,
+                              text=True, timeout=float(params.get("timeout", 600)))
+        if done.returncode != 0:
+            raise HelperError(f"git {args[0]} failed: {done.stderr.strip()[-500:]}")
+        return done.stdout.strip()
+
+    if not (dest / ".git").is_dir():
+        if dest.exists():
+            shutil.rmtree(dest)
+        dest.mkdir(parents=True)
+        git("init", "-q")
+        git("remote", "add", "origin", params["url"])
+    else:
+        git("remote", "set-url", "origin", params["url"])
+    git("fetch", "-q", "--depth", "1", "origin", params.get("ref") or "HEAD")
+    git("checkout", "-q", "--force", "FETCH_HEAD")
+    git("clean", "-q", "-ffdx")
+    return {"commit": git("rev-parse", "HEAD")}
+
+
 def free_ports(params: dict[str, Any]) -> dict[str, Any]:
     """Ports free on this node right now (all held open together, so they are distinct)."""
     sockets = []
@@ -296,6 +328,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "cleanup": cleanup,
     "mark": mark,
     "free-ports": free_ports,
+    "git-checkout": git_checkout,
 }
 
 

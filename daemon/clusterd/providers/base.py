@@ -21,6 +21,7 @@ class NodeStatus(enum.StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
+    UNREACHABLE = "unreachable"  # exists, as far as we know, but does not answer
 
 
 class BlockScope(enum.StrEnum):

@@ -8,7 +8,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.providers.base import Provider
 
 # Named in the docs and in SkyPilot task files, but not offered by this version yet.
-PLANNED = ("ssh", "aws", "kubernetes")
+PLANNED = ("aws", "kubernetes")
 
 
 class ProviderRegistry:

@@ -2,6 +2,7 @@
 
 `up` is idempotent and doubles as repair: what is already running is kept, what died is
 started again, and the cluster is ready only once the agent answers and sees every node.
+On remote nodes it first installs the runtime (once per version, in parallel).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +22,9 @@ from clusterd import log
 from clusterd.concurrency import first_error
 from clusterd.providers.base import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
+from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient
+from clusterd.runtime.install import WheelhouseBuilder, install_runtime
 from clusterd.runtime.runner import CommandRunner
 
 logger = log.get("clusterd.runtime")
@@ -28,8 +32,9 @@ logger = log.get("clusterd.runtime")
 Progress = Callable[[str, str], Awaitable[None]]
 RunnerFactory = Callable[[NodeInfo], CommandRunner]
 
-# Ray's ports that clash between clusters on one host unless each cluster gets its own.
-RAY_PORT_NAMES = (
+# Ports that clash between Ray instances sharing a host unless each gets its own. The head
+# needs them all; a worker only the ones its raylet and dashboard agent open.
+HEAD_PORTS = (
     "gcs_port",
     "node_manager_port",
     "object_manager_port",
@@ -43,10 +48,16 @@ RAY_PORT_NAMES = (
     "dashboard_metric_port",
     "agent_port",
 )
-WORKER_PORT_NAMES = tuple(n for n in RAY_PORT_NAMES if n not in (
-    "gcs_port", "ray_client_server_port", "dashboard_port", "autoscaler_metric_port",
-    "dashboard_metric_port", "agent_port",
-))
+WORKER_PORTS = (
+    "node_manager_port",
+    "object_manager_port",
+    "dashboard_agent_listen_port",
+    "dashboard_agent_grpc_port",
+    "metrics_export_port",
+    "runtime_env_agent_port",
+)
+# Passed to Ray as environment, not flags; and ours.
+NOT_RAY_FLAGS = ("gcs_port", "agent_port", "autoscaler_metric_port", "dashboard_metric_port")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,25 +84,26 @@ def ray_temp_key(cloud_name: str) -> str:
     return hashlib.sha256(cloud_name.encode()).hexdigest()[:10]
 
 
+def _node_key(node: NodeInfo) -> str:
+    return node.node_id
+
+
 class RuntimeManager:
     def __init__(
         self,
         runner_for: RunnerFactory,
+        access: AgentAccess,
+        wheelhouse: WheelhouseBuilder,
         agent_socket_dir: Path,
         object_store_bytes: int,
         start_timeout_s: float,
     ) -> None:
         self._runner_for = runner_for
+        self._access = access
+        self._wheelhouse = wheelhouse
         self._agent_socket_dir = agent_socket_dir
         self._object_store_bytes = object_store_bytes
         self._start_timeout_s = start_timeout_s
-
-    def agent_endpoint(self, cloud_name: str, info: ClusterInfo, handle: dict[str, Any]) -> str:
-        """Where the daemon reaches the agent. A local head listens on a Unix socket of the
-        daemon's; a remote head's loopback port is reached through an SSH tunnel."""
-        if info.head.ssh is None:
-            return f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}"
-        raise ProtocolError(ErrorCode.UNSUPPORTED, "clusters over SSH are not supported yet")
 
     async def up(
         self,
@@ -100,27 +112,41 @@ class RuntimeManager:
         info: ClusterInfo,
         previous: dict[str, Any] | None,
         progress: Progress,
+        *,
+        fresh: bool = False,
     ) -> dict[str, Any]:
-        """Bring Ray and the agent up on every node; returns the runtime handle to store."""
+        """Bring Ray and the agent up on every node; returns the runtime handle to store.
+        With `fresh`, whatever runs is stopped first (a runtime of another version)."""
+        remote = [node for node in info.nodes if node.ssh is not None]
+        if remote:
+            await self._install(remote, progress)
+        if fresh:
+            await progress("stopping the old runtime", "ray")
+            await self._access.close(cluster)
+            await self.stop(info)
         head = info.head
         head_runner = self._runner_for(head)
         head_layout = NodeLayout(head.runtime_dir)
         state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
-        head_alive = bool(state["ray"]["alive"])
-        if head_alive and previous and previous.get("ports"):
+        head_alive = bool(state["ray"]["alive"]) and bool(previous and previous.get("ports"))
+        if head_alive:
+            assert previous is not None
             ports: dict[str, int] = dict(previous["ports"])
+            worker_ports: dict[str, dict[str, int]] = dict(previous.get("worker_ports") or {})
             token = None  # nodes keep the token file Ray was started with
         else:
-            found = await node_helper.call(
-                head_runner, "free-ports", {"count": len(RAY_PORT_NAMES)}
-            )
-            ports = dict(zip(RAY_PORT_NAMES, found["ports"], strict=True))
+            ports = await self._free_ports(head, HEAD_PORTS)
+            worker_ports = {}
             token = secrets.token_hex(32)
+        for node in info.nodes[1:]:
+            if _node_key(node) not in worker_ports:
+                worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
         address = f"{head.internal_ip}:{ports['gcs_port']}"
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        await self._start_ray(cloud_name, info, ports, token, address, head_alive)
+        await self._start_ray(cloud_name, info, ports, worker_ports, token, address)
         await progress("starting the agent on the head node", "agent")
-        listen = self._agent_listen(cloud_name, head, ports)
+        listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
+                  else f"127.0.0.1:{ports['agent_port']}")
         await node_helper.call(
             head_runner,
             "start-agent",
@@ -135,23 +161,44 @@ class RuntimeManager:
             },
             timeout_s=self._start_timeout_s + 30,
         )
-        handle = {"ports": ports, "ray_address": address, "agent_listen": listen}
-        endpoint = self.agent_endpoint(cloud_name, info, handle)
-        await self._wait_for_nodes(cluster, endpoint, len(info.nodes))
-        return {**handle, "agent_endpoint": endpoint}
-
-    def _agent_listen(self, cloud_name: str, head: NodeInfo, ports: dict[str, int]) -> str:
+        handle: dict[str, Any] = {
+            "ports": ports,
+            "worker_ports": worker_ports,
+            "ray_address": address,
+            "agent_listen": listen,
+            "agent_port": ports["agent_port"],
+        }
         if head.ssh is None:
-            return f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}"
-        return f"127.0.0.1:{ports['agent_port']}"
+            handle["agent_endpoint"] = listen
+        else:
+            handle["head_ssh"] = dataclasses.asdict(head.ssh)
+        await self._access.reset(cluster)
+        endpoint = await self._access.endpoint(cluster, cloud_name, handle)
+        await self._wait_for_nodes(cluster, endpoint, len(info.nodes))
+        return handle
+
+    async def _install(self, nodes: list[NodeInfo], progress: Progress) -> None:
+        started = time.monotonic()
+        await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
+        wheelhouse = await self._wheelhouse.ensure()
+        await progress(f"installing the runtime {wheelhouse.key} where missing", "install")
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in nodes:
+                    group.start_soon(install_runtime, self._runner_for(node), wheelhouse)
+        logger.info("runtime ready on nodes", nodes=len(nodes),
+                    seconds=round(time.monotonic() - started, 1))
+
+    async def _free_ports(self, node: NodeInfo, names: tuple[str, ...]) -> dict[str, int]:
+        found = await node_helper.call(self._runner_for(node), "free-ports",
+                                       {"count": len(names)})
+        return dict(zip(names, found["ports"], strict=True))
 
     def _ray_env(self, layout: NodeLayout, ports: dict[str, int], node: NodeInfo) -> dict[str, str]:
-        env = {
-            "RAY_AUTH_MODE": "token",
-            "RAY_AUTH_TOKEN_PATH": layout.token_path,
-            "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metric_port"]),
-            "DASHBOARD_METRIC_PORT": str(ports["dashboard_metric_port"]),
-        }
+        env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": layout.token_path}
+        if "autoscaler_metric_port" in ports:
+            env["AUTOSCALER_METRIC_PORT"] = str(ports["autoscaler_metric_port"])
+            env["DASHBOARD_METRIC_PORT"] = str(ports["dashboard_metric_port"])
         if node.internal_ip == "127.0.0.1":
             # Otherwise Ray swaps 127.0.0.1 for this machine's outward address, and a local
             # cluster would talk to itself through a non-loopback interface.
@@ -163,9 +210,9 @@ class RuntimeManager:
         cloud_name: str,
         info: ClusterInfo,
         ports: dict[str, int],
+        worker_ports: dict[str, dict[str, int]],
         token: str | None,
         address: str,
-        head_alive: bool,
     ) -> None:
         if token is None:
             # Ray is up on the head: any worker that needs a start must get its token.
@@ -177,8 +224,8 @@ class RuntimeManager:
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes[1:]:
-                    group.start_soon(self._start_ray_node, cloud_name, node, ports, token, address,
-                                     False)
+                    group.start_soon(self._start_ray_node, cloud_name, node,
+                                     worker_ports[_node_key(node)], token, address, False)
 
     async def _start_ray_node(
         self,
@@ -195,7 +242,6 @@ class RuntimeManager:
         if status["ray"]["alive"]:
             return
         await node_helper.call(runner, "write-token", {"path": layout.token_path, "token": token})
-        names = RAY_PORT_NAMES if head else WORKER_PORT_NAMES
         params: dict[str, Any] = {
             "dir": layout.run_dir,
             "temp_key": ray_temp_key(cloud_name),
@@ -205,9 +251,7 @@ class RuntimeManager:
             "num_gpus": node.gpus,
             "object_store_bytes": self._object_store_bytes,
             "ports": {
-                **{k: ports[k] for k in names if k not in ("gcs_port", "agent_port",
-                                                          "autoscaler_metric_port",
-                                                          "dashboard_metric_port")},
+                **{k: v for k, v in ports.items() if k not in NOT_RAY_FLAGS},
                 # Workers take any free ports: clusters sharing a host then never collide.
                 "min_worker_port": 0,
                 "max_worker_port": 0,
@@ -262,21 +306,6 @@ class RuntimeManager:
             {"dir": NodeLayout(node.runtime_dir).run_dir, "parts": parts},
             timeout_s=90,
         )
-
-    async def node_states(self, info: ClusterInfo) -> list[dict[str, Any]]:
-        states: list[dict[str, Any]] = [{} for _ in info.nodes]
-
-        async def one(index: int, node: NodeInfo) -> None:
-            states[index] = await node_helper.call(
-                self._runner_for(node), "status", {"dir": NodeLayout(node.runtime_dir).run_dir},
-                timeout_s=30,
-            )
-
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for index, node in enumerate(info.nodes):
-                    group.start_soon(one, index, node)
-        return states
 
     async def remove_files(self, cloud_name: str, info: ClusterInfo) -> None:
         with first_error():

@@ -11,6 +11,7 @@ from typing import Any
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, OpArgs, ProtocolError
+from clusterd.providers.ssh import SSHProvider
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.clusters import ClusterService
 from clusterd.services.common import check_name, generated_name, require_cluster
@@ -34,7 +35,9 @@ class Handlers:
         requests: RequestManager,
         store: ClusterStore,
         request_store: RequestStore,
+        ssh_provider: SSHProvider,
     ) -> None:
+        self._ssh = ssh_provider
         self._clusters = clusters
         self._jobs = jobs
         self._requests = requests
@@ -53,6 +56,7 @@ class Handlers:
             protocol.DownArgs.op: self.down,
             protocol.EventsArgs.op: self.events,
             protocol.RequestsArgs.op: self.list_requests,
+            protocol.CheckArgs.op: self.check,
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -86,6 +90,13 @@ class Handlers:
         limit = max(1, min(args.limit, MAX_EVENTS_LIMIT))
         events = await self._store.events(args.cluster, limit)
         return {"events": [e.to_wire() for e in events]}
+
+    async def check(self, call: Call, args: protocol.CheckArgs) -> dict[str, Any]:
+        return {
+            "providers": {"local": {"ok": True, "detail": "this machine"}},
+            "pools_file": str(self._ssh.pools_path),
+            "hosts": await self._ssh.check(),
+        }
 
     async def list_requests(self, call: Call, args: protocol.RequestsArgs) -> dict[str, Any]:
         running = [r.describe() for r in self._requests.running()]

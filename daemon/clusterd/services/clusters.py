@@ -30,10 +30,11 @@ from clusterd.providers.base import (
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
-from clusterd.runtime.agent_client import AgentConnections
+from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
 from clusterd.services.common import cloud_name_for, require_cluster
 from clusterd.services.jobs import JobService
+from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
 
@@ -54,14 +55,16 @@ class ClusterService:
         locks: ClusterLocks,
         providers: ProviderRegistry,
         runtime: RuntimeManager,
-        agents: AgentConnections,
+        access: AgentAccess,
         jobs: JobService,
+        ssh_config: SSHConfigWriter,
     ) -> None:
+        self._ssh_config = ssh_config
         self._store = store
         self._locks = locks
         self._providers = providers
         self._runtime = runtime
-        self._agents = agents
+        self._access = access
         self._jobs = jobs
 
     # -- views ------------------------------------------------------------------------------
@@ -86,6 +89,9 @@ class ClusterService:
             "autostop_down": record.autostop_down,
             "busy": [h.describe() for h in holders],
             "cloud_name": record.cloud_name,
+            "hosts": [f"{h['user']}@{h['host']}:{h['port']}" for h in
+                      ((record.handle or {}).get("provider") or {}).get("hosts", [])],
+            "tunnel": (record.handle or {}).get("tunnel"),
         }
 
     async def status(self, names: list[str], refresh: bool) -> dict[str, Any]:
@@ -200,12 +206,14 @@ class ClusterService:
         provider: Provider,
         provider_handle: dict[str, Any],
         verb: str,
+        *,
+        fresh: bool = False,
     ) -> ClusterRecord:
         info = await provider.cluster_info(record.cloud_name, provider_handle)
         previous = (record.handle or {}).get("runtime")
         runtime = await self._runtime.up(record.name, record.cloud_name, info, previous,
-                                         request.progress)
-        await self._agents.close(record.name)
+                                         request.progress, fresh=fresh)
+        self._ssh_config.write(record.name, list(info.nodes))
         record = await self._store.set_status(
             record.name,
             ClusterStatus.UP,
@@ -239,6 +247,7 @@ class ClusterService:
             await self._store.set_status(name, ClusterStatus.INIT,
                                          f"launch failed and cleanup failed: {exc}", request.id)
             return
+        self._ssh_config.remove(name)
         await self._store.remove(name, f"launch failed: {reason}", request.id)
 
     async def _bring_existing_up(
@@ -257,22 +266,30 @@ class ClusterService:
             placements = await provider.placements(task_request)
             return await self._create_and_start(request, record, provider, task_request,
                                                 placements)
-        if record.status == ClusterStatus.UP and await self._runtime_healthy(record):
+        health = await self._runtime_health(record)
+        if record.status == ClusterStatus.UP and health == "healthy":
             await request.progress(f"cluster {record.name} is UP; reusing it", "up")
             return record
-        await request.progress(f"repairing the runtime of {record.name}", "repair")
-        return await self._start_runtime(request, record, provider, handle, "repaired")
+        if health == "other version":
+            await request.progress(f"upgrading the runtime of {record.name} to this version",
+                                   "repair")
+        else:
+            await request.progress(f"repairing the runtime of {record.name}", "repair")
+        return await self._start_runtime(request, record, provider, handle, "repaired",
+                                         fresh=health == "other version")
 
-    async def _runtime_healthy(self, record: ClusterRecord) -> bool:
+    async def _runtime_health(self, record: ClusterRecord) -> str:
+        """"healthy", "other version" (an agent of another clusterd) or "unhealthy"."""
         try:
             agent = await self._jobs.agent(record)
             health = await agent.health()
         except ProtocolError as exc:
-            if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
-                return False
-            await self._agents.close(record.name)
-            return False
-        return health.ray_connected and health.ray_nodes_alive >= record.num_nodes
+            await self._access.reset(record.name)
+            return "other version" if exc.code == ErrorCode.AGENT_VERSION_MISMATCH else (
+                "unhealthy")
+        if health.ray_connected and health.ray_nodes_alive >= record.num_nodes:
+            return "healthy"
+        return "unhealthy"
 
     async def _apply_autostop(self, record: ClusterRecord, setting: Autostop) -> ClusterRecord:
         provider = self._providers.get(record.provider)
@@ -323,7 +340,7 @@ class ClusterService:
             handle = (record.handle or {}).get("provider") or {}
             info = await provider.cluster_info(record.cloud_name, handle)
             await self._runtime.stop(info)
-            await self._agents.close(name, grace_s=FOLLOWER_GRACE_S)
+            await self._access.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
             await self._store.set_status(name, ClusterStatus.STOPPED,
                                          f"stopped by request {request.id}", request.id)
@@ -337,6 +354,7 @@ class ClusterService:
             record = require_cluster(self._store, name)
             await request.progress(f"tearing down {name}", "down")
             await self._teardown(request, record, purge=purge)
+            self._ssh_config.remove(name)
             await self._store.remove(name, f"torn down by request {request.id}", request.id)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED)}
 
@@ -350,7 +368,7 @@ class ClusterService:
         provider = self._providers.get(record.provider)
         handle = (record.handle or {}).get("provider")
         if handle is None:
-            await self._agents.close(record.name)
+            await self._access.close(record.name)
             return  # nothing was ever created
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -365,7 +383,7 @@ class ClusterService:
                 if not purge:
                     raise
                 await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
-        await self._agents.close(record.name, grace_s=FOLLOWER_GRACE_S)
+        await self._access.close(record.name, grace_s=FOLLOWER_GRACE_S)
         for step in (provider.terminate, provider.cleanup_ports):
             try:
                 await step(record.cloud_name, handle)
@@ -406,7 +424,7 @@ class ClusterService:
         status, reason = await self._reconcile(record, nodes)
         if status is None:
             await self._store.remove(name, reason)
-            await self._agents.close(name)
+            await self._access.close(name)
             return
         if status != record.status:
             await self._store.set_status(name, status, reason, refreshed_at=time.time())
@@ -429,7 +447,7 @@ class ClusterService:
             agent = await self._jobs.agent(record)
             health = await agent.health()
         except ProtocolError as exc:
-            await self._agents.close(record.name)
+            await self._access.reset(record.name)
             return ClusterStatus.INIT, f"agent not healthy: {exc.message}"
         if not health.ray_connected or health.ray_nodes_alive < record.num_nodes:
             return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "

@@ -17,7 +17,9 @@ from clusterd.locks import ClusterLocks, LockMode
 from clusterd.providers.base import ClusterInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
-from clusterd.runtime.agent_client import AgentClient, AgentConnections
+from clusterd.runtime import node_helper
+from clusterd.runtime.agent_access import AgentAccess
+from clusterd.runtime.agent_client import AgentClient
 from clusterd.runtime.manager import RunnerFactory
 from clusterd.services.common import require_cluster, require_up
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -54,24 +56,17 @@ class JobService:
         store: ClusterStore,
         locks: ClusterLocks,
         providers: ProviderRegistry,
-        agents: AgentConnections,
+        access: AgentAccess,
         runner_for: RunnerFactory,
     ) -> None:
         self._store = store
         self._locks = locks
         self._providers = providers
-        self._agents = agents
+        self._access = access
         self._runner_for = runner_for
 
     async def agent(self, record: ClusterRecord) -> AgentClient:
-        runtime = (record.handle or {}).get("runtime") or {}
-        endpoint = runtime.get("agent_endpoint")
-        if not endpoint:
-            raise ProtocolError(
-                ErrorCode.AGENT_UNREACHABLE, f"cluster {record.name} has no agent recorded",
-                f"re-launch it: clusterctl launch -c {record.name}",
-            )
-        return await self._agents.get(record.name, endpoint)
+        return await self._access.client(record)
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
@@ -132,21 +127,26 @@ class JobService:
 
     async def _sync_files(self, request: RunningRequest, info: ClusterInfo,
                           task: TaskSpec) -> None:
-        if isinstance(task.workdir, GitWorkdir):
-            raise ProtocolError(ErrorCode.UNSUPPORTED,
-                                "git workdirs are not supported by this version yet",
-                                "give a local path as workdir")
         if task.workdir is None and not task.file_mounts:
             return
-        if task.workdir:
+        if isinstance(task.workdir, GitWorkdir):
+            ref = f" at {task.workdir.ref}" if task.workdir.ref else ""
+            await request.progress(f"checking out {task.workdir.url}{ref}", "sync")
+        elif task.workdir:
             await request.progress(f"syncing workdir {task.workdir}", "sync")
         if task.file_mounts:
             await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
+        token = task.secrets.get("GIT_TOKEN") or task.envs.get("GIT_TOKEN")
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
                     runner = self._runner_for(node)
-                    if isinstance(task.workdir, str):
+                    if isinstance(task.workdir, GitWorkdir):
+                        group.start_soon(node_helper.call, runner, "git-checkout", {
+                            "url": task.workdir.url, "ref": task.workdir.ref,
+                            "dest": node.workdir, "token": token,
+                        })
+                    elif task.workdir:
                         group.start_soon(runner.sync_dir, task.workdir, node.workdir)
                     for remote, local in task.file_mounts.items():
                         target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
@@ -246,7 +246,7 @@ class JobService:
                 if now > deadline:
                     raise
                 logger.info("log stream interrupted; resuming", offset=position)
-                await self._agents.close(name)
+                await self._access.reset(name)
                 await anyio.sleep(0.5)
                 record = self._still_up(name, current)
 

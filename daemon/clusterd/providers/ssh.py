@@ -1,0 +1,234 @@
+"""The `ssh` provider: clusters on hosts you already have, from `ssh_node_pools.yaml`.
+
+A launch takes free hosts from its pool; a host in use by one cluster is not given to another
+until that cluster is torn down. These machines are not ours: they cannot be stopped, and
+"terminate" only hands them back to the pool (the runtime layer removes what we put there).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.concurrency import first_error
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterInfo,
+    ClusterRequest,
+    NodeInfo,
+    NodeStatus,
+    Placement,
+    ProvisionError,
+    SSHTarget,
+)
+from clusterd.providers.ssh_pools import Pool, load_pools
+from clusterd.ssh.connections import SSHConnections
+
+# Every host of every ssh cluster the daemon knows, by the cluster that holds it.
+HostsInUse = Callable[[], dict[SSHTarget, str]]
+PROBE = "nproc; awk '/MemTotal/ {print $2}' /proc/meminfo"
+REACH_TIMEOUT_S = 10.0
+
+
+def _target(host: dict[str, Any]) -> SSHTarget:
+    return SSHTarget(host=host["host"], port=int(host["port"]), user=host["user"],
+                     identity_file=host.get("identity_file"))
+
+
+class SSHProvider:
+    name: ClassVar[str] = "ssh"
+    can_stop: ClassVar[bool] = False
+
+    def __init__(self, pools_path: Path, connections: SSHConnections,
+                 hosts_in_use: HostsInUse) -> None:
+        self.pools_path = pools_path
+        self._connections = connections
+        self._hosts_in_use = hosts_in_use
+        # Hosts handed to a launch whose record does not hold them yet.
+        self._reserved: dict[SSHTarget, str] = {}
+        self._choosing = anyio.Lock()
+
+    def pools(self) -> dict[str, Pool]:
+        return load_pools(self.pools_path)
+
+    def _pool(self, name: str | None) -> Pool:
+        pools = self.pools()
+        if not pools:
+            raise ProvisionError(f"no ssh node pools are defined in {self.pools_path}",
+                                 BlockScope.PROVIDER, "write one (see README), then retry")
+        if name is None:
+            if len(pools) == 1:
+                return next(iter(pools.values()))
+            raise ProvisionError(f"name a pool: --infra ssh/POOL (pools: {', '.join(pools)})",
+                                 BlockScope.FATAL)
+        if name not in pools:
+            raise ProvisionError(f"there is no ssh node pool {name!r} in {self.pools_path}",
+                                 BlockScope.FATAL, f"pools: {', '.join(pools) or 'none'}")
+        return pools[name]
+
+    def _taken(self) -> dict[SSHTarget, str]:
+        return {**self._hosts_in_use(), **self._reserved}
+
+    async def placements(self, request: ClusterRequest) -> list[Placement]:
+        pool = self._pool(request.resources.infra.region)
+        taken = self._taken()
+        free = [h for h in pool.hosts if h not in taken]
+        if len(free) < request.num_nodes:
+            holders = sorted({taken[h] for h in pool.hosts if h in taken})
+            raise ProvisionError(
+                f"pool {pool.name} has {len(free)} free host(s) of {len(pool.hosts)}; the task "
+                f"needs {request.num_nodes}",
+                BlockScope.FATAL,
+                f"in use by: {', '.join(holders)}" if holders else "add hosts to the pool",
+            )
+        return [Placement("ssh", pool.name, None, None, cpus=0, memory_gb=0)]
+
+    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+        async with self._choosing:
+            pool = self._pool(placement.region)
+            taken = self._taken()
+            chosen = [h for h in pool.hosts if taken.get(h) in (None, request.cloud_name)]
+            chosen = chosen[: request.num_nodes]
+            if len(chosen) < request.num_nodes:
+                raise ProvisionError(f"pool {pool.name} no longer has {request.num_nodes} free "
+                                     "hosts", BlockScope.FATAL)
+            for host in chosen:
+                self._reserved[host] = request.cloud_name
+        try:
+            facts = await self._probe_all(chosen)
+        except BaseException:
+            self._release(request.cloud_name)
+            raise
+        wanted = request.resources
+        for host, (cpus, memory_gb) in zip(chosen, facts, strict=True):
+            if wanted.cpus is not None and cpus < wanted.cpus:
+                self._release(request.cloud_name)
+                raise ProvisionError(
+                    f"{host.host} has {cpus:g} CPUs; the task asks for {wanted.cpus:g}",
+                    BlockScope.FATAL)
+            if wanted.memory_gb is not None and memory_gb < wanted.memory_gb:
+                self._release(request.cloud_name)
+                raise ProvisionError(
+                    f"{host.host} has {memory_gb:.1f} GB of memory; the task asks for "
+                    f"{wanted.memory_gb:g}", BlockScope.FATAL)
+        return {
+            "pool": pool.name,
+            "hosts": [
+                {**dataclasses.asdict(h), "cpus": cpus, "memory_gb": round(mem, 1)}
+                for h, (cpus, mem) in zip(chosen, facts, strict=True)
+            ],
+        }
+
+    async def _probe_all(self, hosts: list[SSHTarget]) -> list[tuple[float, float]]:
+        facts: list[tuple[float, float]] = [(0.0, 0.0)] * len(hosts)
+
+        async def probe(index: int, host: SSHTarget) -> None:
+            node = await self._connections.get(host)
+            async with node.channel() as conn:
+                with anyio.fail_after(REACH_TIMEOUT_S * 3):
+                    done = await conn.run(PROBE, check=False)
+            lines = str(done.stdout or "").split()
+            if done.exit_status != 0 or len(lines) < 2:
+                raise ProvisionError(f"{host.host}: cannot read its CPUs and memory",
+                                     BlockScope.FATAL)
+            facts[index] = (float(lines[0]), int(lines[1]) / 1024**2)
+
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for index, host in enumerate(hosts):
+                    group.start_soon(probe, index, host)
+        return facts
+
+    def _release(self, cloud_name: str) -> None:
+        for host in [h for h, owner in self._reserved.items() if owner == cloud_name]:
+            del self._reserved[host]
+
+    async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:
+        return None  # the hosts were running before we came
+
+    def _nodes(self, cloud_name: str, handle: dict[str, Any],
+               statuses: list[NodeStatus]) -> list[NodeInfo]:
+        return [
+            NodeInfo(
+                node_id=f"{host['host']}:{host['port']}",
+                internal_ip=host["host"],
+                status=status,
+                ssh=_target(host),
+                runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
+                workdir="~/sky_workdir",
+                cpus=float(host.get("cpus") or 1),
+            )
+            for host, status in zip(handle.get("hosts", []), statuses, strict=True)
+        ]
+
+    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+        hosts = handle.get("hosts", [])
+        statuses = [NodeStatus.RUNNING] * len(hosts)
+
+        async def reach(index: int, host: dict[str, Any]) -> None:
+            try:
+                with anyio.fail_after(REACH_TIMEOUT_S * 3):
+                    await self._connections.get(_target(host))
+            except (ProtocolError, TimeoutError):
+                statuses[index] = NodeStatus.UNREACHABLE
+
+        async with anyio.create_task_group() as group:
+            for index, host in enumerate(hosts):
+                group.start_soon(reach, index, host)
+        return self._nodes(cloud_name, handle, statuses)
+
+    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+        hosts = handle.get("hosts", [])
+        if not hosts:
+            raise ProvisionError(f"{cloud_name} holds no hosts", BlockScope.FATAL)
+        return ClusterInfo(tuple(self._nodes(cloud_name, handle,
+                                             [NodeStatus.RUNNING] * len(hosts))))
+
+    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        raise ProtocolError(ErrorCode.UNSUPPORTED, "ssh hosts cannot be stopped by clusterd")
+
+    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+        return handle
+
+    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        self._release(cloud_name)  # the hosts go back to the pool with the record
+
+    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+                         ports: tuple[str, ...]) -> None:
+        return None  # no firewall of ours to open on hosts we do not own
+
+    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        return None
+
+    def classify(self, error: BaseException) -> ProvisionError:
+        return ProvisionError(f"ssh provider: {error}", BlockScope.FATAL)
+
+    async def check(self) -> list[dict[str, Any]]:
+        """Every pool's hosts, in file order: whether each answers, and which cluster holds it."""
+        taken = self._taken()
+        hosts = [(pool.name, host) for pool in self.pools().values() for host in pool.hosts]
+        rows: list[dict[str, Any]] = [
+            {"pool": pool, "host": host.host, "port": host.port, "user": host.user,
+             "cluster": taken.get(host), "ok": False, "error": ""}
+            for pool, host in hosts
+        ]
+
+        async def one(row: dict[str, Any], host: SSHTarget) -> None:
+            try:
+                node = await self._connections.get(host)
+                async with node.channel() as conn:
+                    with anyio.fail_after(REACH_TIMEOUT_S):
+                        done = await conn.run("true", check=False)
+                row["ok"] = done.exit_status == 0
+            except (ProtocolError, TimeoutError) as exc:
+                row["error"] = getattr(exc, "message", "") or "timed out"
+
+        async with anyio.create_task_group() as group:
+            for row, (_, host) in zip(rows, hosts, strict=True):
+                group.start_soon(one, row, host)
+        return rows

@@ -1,0 +1,190 @@
+"""The runtime on remote nodes: a venv with exactly this daemon's package and a pinned Ray.
+
+The daemon builds a wheelhouse once per version (its own package as a wheel, plus the wheels
+the agent needs), ships it to every node, and installs from it without an index: nodes run
+exactly the daemon's code, and need no internet. A node whose Python differs from the
+daemon's gets the package from the wheelhouse and the rest from the index. A node that already
+has this version is left alone (a marker in its venv says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import anyio
+
+from clusterctl._version import __version__
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.runtime.runner import CommandRunner
+
+logger = log.get("clusterd.install")
+
+# What the agent needs on a node, by distribution name; versions come from this package's
+# own metadata (pyproject.toml), so they are written down in one place only.
+AGENT_DISTRIBUTIONS = ("ray", "grpcio", "protobuf", "aiosqlite", "anyio", "structlog",
+                       "psutil", "msgpack", "pyyaml")
+READY_MARKER = ".clusterd-ready"
+PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def agent_requirements() -> list[str]:
+    requirements = importlib.metadata.requires("clusterd") or []
+    wanted = []
+    for requirement in requirements:
+        if ";" in requirement:
+            continue  # extras (dev tools) are not for nodes
+        name = re.split(r"[<>=!~\[ ]", requirement, maxsplit=1)[0].lower()
+        if name in AGENT_DISTRIBUTIONS:
+            wanted.append(requirement)
+    return wanted
+
+
+@dataclasses.dataclass(frozen=True)
+class Wheelhouse:
+    path: Path
+    key: str  # identifies this exact runtime: version plus a digest of the wheels
+    package_wheel: str
+
+
+def _source_root() -> Path | None:
+    """The project checkout this package runs from, if any (an editable install)."""
+    root = Path(__file__).resolve().parents[3]
+    return root if (root / "pyproject.toml").exists() and (root / "daemon").is_dir() else None
+
+
+def _wheel_from_installed(out_dir: Path) -> Path:
+    """This package as a wheel, zipped from its installed files (a regular install has no
+    source tree to build from)."""
+    dist = importlib.metadata.distribution("clusterd")
+    name = f"clusterd-{__version__}-py3-none-any.whl"
+    target = out_dir / name
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as wheel:
+        for file in dist.files or []:
+            parts = file.parts
+            if "__pycache__" in parts or parts[0].startswith("..") or file.suffix == ".pyc":
+                continue
+            if parts[0].endswith(".dist-info") and file.name in ("RECORD", "INSTALLER",
+                                                                 "direct_url.json"):
+                continue
+            source = Path(str(file.locate()))
+            if source.is_file():
+                wheel.write(source, str(file))
+        info = next(p for p in (dist.files or []) if p.parts[0].endswith(".dist-info"))
+        wheel.writestr(f"{info.parts[0]}/RECORD", "")
+    return target
+
+
+class WheelhouseBuilder:
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._lock = anyio.Lock()
+        self._built: Wheelhouse | None = None
+
+    async def ensure(self) -> Wheelhouse:
+        async with self._lock:
+            if self._built is None or not self._built.path.is_dir():
+                self._built = await anyio.to_thread.run_sync(self._build)
+            return self._built
+
+    def _build(self) -> Wheelhouse:
+        self._root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=self._root) as scratch:
+            staging = Path(scratch)
+            source = _source_root()
+            if source is not None:
+                _pip("wheel", "--no-deps", "--wheel-dir", str(staging), str(source))
+            else:
+                _wheel_from_installed(staging)
+            package_wheel = next(staging.glob("clusterd-*.whl"))
+            digest = hashlib.sha256(package_wheel.read_bytes()).hexdigest()[:12]
+            requirements = agent_requirements()
+            key = f"{__version__}-py{PYTHON_TAG}-{digest}"
+            final = self._root / key
+            if (final / READY_MARKER).exists():
+                return Wheelhouse(final, key, package_wheel.name)
+            _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements)
+            (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
+            (staging / READY_MARKER).write_text(key + "\n")
+            shutil.rmtree(final, ignore_errors=True)
+            staging.rename(final)
+            Path(scratch).mkdir()  # TemporaryDirectory wants something to remove
+        logger.info("wheelhouse built", key=key, path=str(final))
+        return Wheelhouse(final, key, package_wheel.name)
+
+
+def _pip(*args: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check",
+                             *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ProtocolError(
+            ErrorCode.PROVIDER_ERROR,
+            f"building the runtime's wheelhouse failed (pip {args[0]}): "
+            f"{result.stderr.strip()[-800:]}",
+            "the daemon needs the package index once per version to fetch the agent's wheels",
+        )
+
+
+# The runtime the daemon's commands use on a node: a link to the installed version's venv,
+# relative to the login directory (where commands over SSH start).
+CURRENT_PYTHON = ".clusterd/current/bin/python"
+
+
+async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
+    """Make sure the node has this runtime and `.clusterd/current` points at it."""
+    venv = f".clusterd/venvs/{wheelhouse.key}"
+    check = await runner.run(["test", "-e", f"{venv}/{READY_MARKER}"], timeout_s=60)
+    if check.exit_code != 0:
+        await _install(runner, wheelhouse, venv)
+    linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", ".clusterd/current"],
+                              timeout_s=60)
+    if linked.exit_code != 0:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{runner.node_name}: {linked.error_tail(3)}")
+
+
+async def _install(runner: CommandRunner, wheelhouse: Wheelhouse, venv: str) -> None:
+    remote_house = f".clusterd/wheelhouse/{wheelhouse.key}"
+    await runner.sync_dir(str(wheelhouse.path), f"~/{remote_house}", timeout_s=900)
+    version = await runner.run(
+        ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=60
+    )
+    if version.exit_code != 0:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{runner.node_name} has no python3: {version.error_tail(3)}",
+                            "install Python 3.11 or newer on the node")
+    node_python = version.text.strip()
+    made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
+    if made.exit_code != 0:
+        raise ProtocolError(
+            ErrorCode.PROVIDER_ERROR,
+            f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
+            "install the venv module on the node (Debian: apt-get install python3-venv)",
+        )
+    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
+           "--find-links", remote_house]
+    offline = node_python == PYTHON_TAG
+    index = ["--no-index"] if offline else []
+    # The agent's dependencies, then the package itself without its own (the daemon-only
+    # ones, such as the cloud SDKs, have no business on a node).
+    for args in ([*pip, *index, "-r", f"{remote_house}/requirements.txt"],
+                 [*pip, "--no-index", "--no-deps", f"{remote_house}/{wheelhouse.package_wheel}"]):
+        installed = await runner.run(args, timeout_s=1800)
+        if installed.exit_code != 0:
+            raise ProtocolError(
+                ErrorCode.PROVIDER_ERROR,
+                f"installing the runtime on {runner.node_name} failed: "
+                f"{installed.error_tail(8)}",
+            )
+    await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
+    logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
+                offline=offline)

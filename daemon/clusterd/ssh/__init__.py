@@ -1,0 +1,1 @@
+"""SSH, owned by the daemon: one connection per node for every command, copy and tunnel."""

@@ -1,0 +1,138 @@
+"""One asyncssh connection per node, shared by every command, file copy and tunnel to it.
+
+Connections are made on first use, kept alive with keepalives, and remade (with backoff)
+when they die. Each carries a bound on concurrent channels below OpenSSH's MaxSessions
+(default 10), so fifty concurrent commands queue for a slot instead of being refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+
+import anyio
+import asyncssh
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.providers.base import SSHTarget
+from clusterd.ssh.host_keys import HostKeyStore
+
+logger = log.get("clusterd.ssh")
+
+CHANNELS_PER_CONNECTION = 8
+CONNECT_TIMEOUT_S = 15.0
+CONNECT_ATTEMPTS = 4
+KEEPALIVE_INTERVAL_S = 15.0
+
+
+@dataclasses.dataclass
+class NodeConnection:
+    target: SSHTarget
+    conn: asyncssh.SSHClientConnection
+    slots: anyio.Semaphore
+
+    @property
+    def alive(self) -> bool:
+        return not self.conn.is_closed()
+
+    @contextlib.asynccontextmanager
+    async def channel(self) -> AsyncIterator[asyncssh.SSHClientConnection]:
+        """Hold one of the connection's channel slots while using the connection."""
+        async with self.slots:
+            yield self.conn
+
+
+def _describe(target: SSHTarget) -> str:
+    return f"{target.user}@{target.host}:{target.port}"
+
+
+class SSHConnections:
+    def __init__(self, host_keys: HostKeyStore) -> None:
+        self._host_keys = host_keys
+        self._connections: dict[SSHTarget, NodeConnection] = {}
+        self._connecting: dict[SSHTarget, anyio.Lock] = {}
+
+    async def get(self, target: SSHTarget) -> NodeConnection:
+        existing = self._connections.get(target)
+        if existing is not None and existing.alive:
+            return existing
+        lock = self._connecting.setdefault(target, anyio.Lock())
+        async with lock:
+            existing = self._connections.get(target)
+            if existing is not None and existing.alive:
+                return existing
+            node = NodeConnection(target, await self._connect(target),
+                                  anyio.Semaphore(CHANNELS_PER_CONNECTION))
+            self._connections[target] = node
+            return node
+
+    async def _connect(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
+        delay = 0.5
+        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+            try:
+                return await self._connect_once(target)
+            except ProtocolError as exc:
+                if exc.code == ErrorCode.HOST_KEY_MISMATCH or attempt == CONNECT_ATTEMPTS:
+                    raise
+                logger.info("ssh connect failed; retrying", node=_describe(target),
+                            attempt=attempt, error=exc.message)
+            await anyio.sleep(delay)
+            delay *= 2
+        raise AssertionError("unreachable")
+
+    async def _connect_once(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
+        pinned = self._host_keys.pinned(target.host, target.port)
+        options = {
+            "port": target.port,
+            "username": target.user,
+            "client_keys": [target.identity_file] if target.identity_file else (),
+            "known_hosts": (pinned, [], []) if pinned else None,
+            "keepalive_interval": KEEPALIVE_INTERVAL_S,
+            "keepalive_count_max": 3,
+            "agent_path": None,
+            "config": None,
+            "connect_timeout": CONNECT_TIMEOUT_S,
+        }
+        try:
+            with anyio.fail_after(CONNECT_TIMEOUT_S + 5):
+                conn = await asyncssh.connect(target.host, **options)
+        except asyncssh.HostKeyNotVerifiable:
+            raise ProtocolError(
+                ErrorCode.HOST_KEY_MISMATCH,
+                f"the host key of {target.host}:{target.port} is not the one pinned on first "
+                "contact; refusing to connect (someone may be impersonating the host)",
+                f"if the host was rebuilt, delete its line from {self._host_keys.path}",
+            ) from None
+        except asyncssh.PermissionDenied as exc:
+            raise ProtocolError(
+                ErrorCode.NODE_UNREACHABLE,
+                f"{_describe(target)} refused our key: {exc.reason}",
+                "check user and identity_file in ssh_node_pools.yaml",
+            ) from None
+        except (OSError, asyncssh.Error, TimeoutError) as exc:
+            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+            raise ProtocolError(
+                ErrorCode.NODE_UNREACHABLE,
+                f"cannot reach {_describe(target)}: {reason}",
+                "check that the host is up and its sshd listens on that port",
+            ) from None
+        if not pinned:
+            key = conn.get_server_host_key()
+            if key is not None:
+                self._host_keys.pin(target.host, target.port, key)
+                logger.info("pinned host key", node=_describe(target))
+        logger.info("ssh connected", node=_describe(target))
+        return conn
+
+    async def drop(self, target: SSHTarget) -> None:
+        node = self._connections.pop(target, None)
+        if node is not None:
+            node.conn.close()
+            with anyio.move_on_after(5, shield=True):
+                await node.conn.wait_closed()
+
+    async def close_all(self) -> None:
+        for target in list(self._connections):
+            await self.drop(target)

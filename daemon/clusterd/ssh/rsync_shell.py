@@ -1,0 +1,51 @@
+"""rsync's "remote shell" when clusterd copies files to a node (`rsync -e`).
+
+rsync runs `python -m clusterd.ssh.rsync_shell SOCKET HOST rsync --server ...`; this relays
+the remote command and then the bytes, both ways, to the daemon over SOCKET, and the daemon
+runs the command on the node through its own SSH connection. So copies reuse the daemon's
+connection (and its pinned host key) instead of opening one of their own.
+
+Standard library only: it is started once per copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+
+
+def _upstream(sock: socket.socket) -> None:
+    try:
+        while data := os.read(0, 65536):
+            sock.sendall(data)
+    finally:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_WR)
+
+
+def main() -> int:
+    if len(sys.argv) < 4:
+        print("usage: rsync_shell SOCKET HOST COMMAND...", file=sys.stderr)
+        return 255
+    path, _host, *command = sys.argv[1:]
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        print(f"rsync_shell: cannot reach clusterd at {path}: {exc}", file=sys.stderr)
+        return 255
+    sock.sendall(json.dumps(command).encode() + b"\n")
+    threading.Thread(target=_upstream, args=(sock,), daemon=True).start()
+    while data := sock.recv(65536):
+        view = memoryview(data)
+        while view:
+            view = view[os.write(1, view):]
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

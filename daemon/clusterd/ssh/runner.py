@@ -1,0 +1,211 @@
+"""CommandRunner over the daemon's SSH connection to a node.
+
+Commands run on the node's shell through the shared connection. A command line too long for
+the remote side goes through an uploaded script instead: straight away above a size
+threshold, and after the fact when the node (or a proxy in front of it) answers with a
+"too long" failure, as SkyPilot does. File copies are rsync, with this daemon's connection as
+rsync's transport (see rsync_shell).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import asyncssh
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.providers.base import SSHTarget
+from clusterd.runtime.runner import CommandResult, ignore_filters, rsync_binary
+from clusterd.ssh.connections import NodeConnection, SSHConnections
+
+logger = log.get("clusterd.ssh.runner")
+
+# Above this, a command goes through a file at once (Linux caps one argument at 128 KiB).
+INLINE_LIMIT_BYTES = 100 * 1024
+REMOTE_TMP = ".clusterd/tmp"
+PROXY_TOO_LONG = ("request-uri too large", "request header fields too large", "400 bad request")
+
+
+def is_message_too_long(exit_code: int, output: str) -> bool:
+    """The node (exit 255, "too long") or a proxy in front of it (exit 1) refused the
+    command for its length, not for what it does."""
+    text = output.lower()
+    if exit_code == 255 and "too long" in text:
+        return True
+    return exit_code == 1 and any(marker in text for marker in PROXY_TOO_LONG)
+
+
+def _node_error(target: SSHTarget, exc: BaseException) -> ProtocolError:
+    reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+    return ProtocolError(
+        ErrorCode.NODE_UNREACHABLE,
+        f"lost the connection to {target.user}@{target.host}:{target.port}: {reason}",
+        "it is retried on the next request; check the host if it keeps happening",
+    )
+
+
+class SSHRunner:
+    def __init__(
+        self,
+        connections: SSHConnections,
+        target: SSHTarget,
+        node_name: str,
+        python: str,
+        relay_dir: Path,
+    ) -> None:
+        self._connections = connections
+        self.target = target
+        self.node_name = node_name
+        self.python = python
+        self._relay_dir = relay_dir
+
+    async def _node(self) -> NodeConnection:
+        return await self._connections.get(self.target)
+
+    async def run(
+        self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float = 120
+    ) -> CommandResult:
+        command = shlex.join(argv)
+        if len(command.encode()) > INLINE_LIMIT_BYTES:
+            return await self._run_via_file(command, input, timeout_s)
+        result = await self.run_shell(command, input=input, timeout_s=timeout_s)
+        output = (result.stderr + result.stdout).decode(errors="replace")
+        if is_message_too_long(result.exit_code, output):
+            logger.info("command too long for the node; retrying through a file",
+                        node=self.node_name, bytes=len(command))
+            return await self._run_via_file(command, input, timeout_s)
+        return result
+
+    async def run_shell(
+        self, command: str, *, input: bytes | None = None, timeout_s: float = 120
+    ) -> CommandResult:
+        """Run a shell command line as it is (the caller quoted it)."""
+        node = await self._node()
+        try:
+            async with node.channel() as conn:
+                with anyio.fail_after(timeout_s):
+                    done = await conn.run(command, input=input, encoding=None, check=False)
+        except TimeoutError:
+            raise ProtocolError(
+                ErrorCode.PROVIDER_ERROR,
+                f"{self.node_name}: command did not finish within {timeout_s:.0f} s",
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
+            await self._connections.drop(self.target)
+            raise _node_error(self.target, exc) from None
+        # No exit status means the remote side died by a signal or dropped the channel.
+        code = done.exit_status if done.exit_status is not None else 255
+        stdout = done.stdout if isinstance(done.stdout, bytes) else b""
+        stderr = done.stderr if isinstance(done.stderr, bytes) else b""
+        return CommandResult(code, stdout, stderr)
+
+    async def _run_via_file(
+        self, command: str, input: bytes | None, timeout_s: float
+    ) -> CommandResult:
+        path = f"{REMOTE_TMP}/cmd-{secrets.token_hex(8)}.sh"
+        node = await self._node()
+        try:
+            async with node.channel() as conn, conn.start_sftp_client() as sftp:
+                await sftp.makedirs(REMOTE_TMP, exist_ok=True)
+                async with sftp.open(path, "w") as script:
+                    await script.write(command + "\n")
+        except (OSError, asyncssh.Error) as exc:
+            await self._connections.drop(self.target)
+            raise _node_error(self.target, exc) from None
+        return await self.run_shell(
+            f"bash {shlex.quote(path)}; status=$?; rm -f {shlex.quote(path)}; exit $status",
+            input=input, timeout_s=timeout_s,
+        )
+
+    # -- files ------------------------------------------------------------------------------
+
+    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+        await self.run(["mkdir", "-p", destination.replace("~/", "", 1)], timeout_s=60)
+        await self._rsync(
+            ["-a", "--delete", *ignore_filters(source), source.rstrip("/") + "/",
+             f"node:{_remote_path(destination)}/"],
+            source, timeout_s,
+        )
+
+    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+        parent = destination.rstrip("/").rsplit("/", 1)[0] if "/" in destination else "."
+        await self.run(["mkdir", "-p", parent.replace("~/", "", 1) or "/"], timeout_s=60)
+        remote = f"node:{_remote_path(destination)}"
+        if Path(source).is_dir():
+            await self._rsync(["-a", source.rstrip("/") + "/", remote + "/"], source, timeout_s)
+        else:
+            await self._rsync(["-a", source, remote], source, timeout_s)
+
+    async def _rsync(self, args: list[str], what: str, timeout_s: float) -> None:
+        self._relay_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        socket_path = self._relay_dir / f"rsync-{secrets.token_hex(6)}.sock"
+        shell = f"{shlex.quote(sys.executable)} -m clusterd.ssh.rsync_shell {socket_path}"
+        listener = await anyio.create_unix_listener(socket_path, mode=0o600)
+        try:
+            async with anyio.create_task_group() as group:
+                group.start_soon(self._relay_one, listener)
+                with anyio.fail_after(timeout_s):
+                    result = await anyio.run_process(
+                        [rsync_binary(), "-e", shell, *args], check=False
+                    )
+                group.cancel_scope.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                await listener.aclose()
+            socket_path.unlink(missing_ok=True)
+        if result.returncode != 0:
+            raise ProtocolError(
+                ErrorCode.PROVIDER_ERROR,
+                f"copying {what} to {self.node_name} failed (rsync exit {result.returncode}): "
+                + result.stderr.decode(errors="replace").strip()[-500:],
+            )
+
+    async def _relay_one(self, listener: anyio.abc.SocketListener) -> None:
+        """Serve the one connection rsync's shell makes: run its command on the node and
+        pump bytes both ways until the remote side is done."""
+        stream = await listener.accept()
+        async with stream:
+            header = b""
+            while not header.endswith(b"\n"):
+                chunk = await stream.receive(1)
+                header += chunk
+            command = shlex.join(json.loads(header))
+            node = await self._node()
+            async with node.channel() as conn:
+                process = await conn.create_process(command, encoding=None)
+                async with anyio.create_task_group() as pumps:
+                    pumps.start_soon(_pump_in, stream, process)
+                    while data := await process.stdout.read(65536):
+                        await stream.send(data)
+                    pumps.cancel_scope.cancel()
+                errors = await process.stderr.read()
+                await process.wait()
+                if process.exit_status:
+                    logger.warning("remote rsync failed", node=self.node_name,
+                                   status=process.exit_status,
+                                   stderr=errors.decode(errors="replace")[-300:])
+
+
+async def _pump_in(stream: anyio.abc.SocketStream, process: asyncssh.SSHClientProcess[bytes]
+                   ) -> None:
+    try:
+        while True:
+            data = await stream.receive(65536)
+            process.stdin.write(data)
+            await process.stdin.drain()
+    except (anyio.EndOfStream, anyio.BrokenResourceError):
+        process.stdin.write_eof()
+
+
+def _remote_path(path: str) -> str:
+    # rsync's remote side resolves paths from the login directory: "~/" is implied.
+    return path[2:] if path.startswith("~/") else path

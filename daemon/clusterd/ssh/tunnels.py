@@ -1,0 +1,128 @@
+"""Tunnels to agents: per cluster, a local Unix socket forwarded to the agent's loopback port
+on the head node, over the daemon's SSH connection to the head.
+
+A Unix socket in a 0700 directory, itself 0600: no TCP port on this machine that another local
+user could reach. One tunnel per cluster, however many requests ask at once; reopened when its
+connection has died; closed on stop, down and daemon shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncssh
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.providers.base import SSHTarget
+from clusterd.ssh.connections import NodeConnection, SSHConnections
+
+logger = log.get("clusterd.tunnels")
+
+
+@dataclasses.dataclass
+class Tunnel:
+    cluster: str
+    path: Path
+    target: SSHTarget
+    remote_port: int
+    node: NodeConnection
+    listener: asyncssh.SSHListener
+    opened_at: float
+    reopened: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.node.alive and self.path.exists()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "socket": str(self.path),
+            "head": f"{self.target.user}@{self.target.host}:{self.target.port}",
+            "remote": f"127.0.0.1:{self.remote_port}",
+            "alive": self.alive,
+            "opened_at": self.opened_at,
+            "reopened": self.reopened,
+        }
+
+
+class TunnelManager:
+    def __init__(self, connections: SSHConnections, socket_dir: Path) -> None:
+        self._connections = connections
+        self._socket_dir = socket_dir
+        self._tunnels: dict[str, Tunnel] = {}
+        self._locks: dict[str, anyio.Lock] = {}
+        self._reopens: dict[str, int] = {}
+
+    def path_for(self, cloud_name: str) -> Path:
+        return self._socket_dir / f"{cloud_name}.sock"
+
+    def describe(self, cluster: str) -> dict[str, Any] | None:
+        tunnel = self._tunnels.get(cluster)
+        return tunnel.describe() if tunnel else None
+
+    async def ensure(self, cluster: str, cloud_name: str, target: SSHTarget,
+                     remote_port: int) -> str:
+        """A live tunnel's endpoint (`unix:PATH`), opening or reopening it as needed."""
+        tunnel = self._tunnels.get(cluster)
+        if tunnel is not None and tunnel.alive and tunnel.remote_port == remote_port:
+            return f"unix:{tunnel.path}"
+        lock = self._locks.setdefault(cluster, anyio.Lock())
+        async with lock:
+            tunnel = self._tunnels.get(cluster)
+            if tunnel is not None and tunnel.alive and tunnel.remote_port == remote_port:
+                return f"unix:{tunnel.path}"
+            if tunnel is not None:
+                await self.close(cluster)
+                self._reopens[cluster] = self._reopens.get(cluster, 0) + 1
+            tunnel = await self._open(cluster, cloud_name, target, remote_port)
+            self._tunnels[cluster] = tunnel
+            return f"unix:{tunnel.path}"
+
+    async def _open(self, cluster: str, cloud_name: str, target: SSHTarget,
+                    remote_port: int) -> Tunnel:
+        self._socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self._socket_dir, 0o700)
+        path = self.path_for(cloud_name)
+        path.unlink(missing_ok=True)
+        node = await self._connections.get(target)
+        try:
+            listener = await node.conn.forward_local_path_to_port(
+                str(path), "127.0.0.1", remote_port
+            )
+        except (OSError, asyncssh.Error) as exc:
+            await self._connections.drop(target)
+            raise ProtocolError(
+                ErrorCode.AGENT_UNREACHABLE,
+                f"cannot open a tunnel to the agent of {cluster}: {exc}",
+                f"`clusterctl launch -c {cluster}` repairs the runtime",
+            ) from None
+        os.chmod(path, 0o600)
+        logger.info("tunnel opened", cluster=cluster, socket=str(path), port=remote_port)
+        return Tunnel(cluster, path, target, remote_port, node, listener, time.time(),
+                      self._reopens.get(cluster, 0))
+
+    async def close(self, cluster: str) -> None:
+        """Close the cluster's tunnel; a failure to close is only worth a warning."""
+        tunnel = self._tunnels.pop(cluster, None)
+        if tunnel is None:
+            return
+        try:
+            tunnel.listener.close()
+            with anyio.move_on_after(5, shield=True):
+                await tunnel.listener.wait_closed()
+        except Exception as exc:
+            logger.warning("closing a tunnel failed", cluster=cluster, error=str(exc))
+        with contextlib.suppress(OSError):
+            tunnel.path.unlink(missing_ok=True)
+        logger.info("tunnel closed", cluster=cluster)
+
+    async def close_all(self) -> None:
+        for cluster in list(self._tunnels):
+            await self.close(cluster)
