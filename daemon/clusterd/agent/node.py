@@ -72,6 +72,13 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
+def _env(params: dict[str, Any]) -> dict[str, str]:
+    """The environment asked for, with `~` expanded: the daemon names paths in the node's home
+    without knowing where that is."""
+    return {key: os.path.expanduser(value) if value.startswith("~") else value
+            for key, value in params.get("env", {}).items()}
+
+
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
@@ -172,7 +179,7 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         argv.append(f"--address={params['head_address']}")
         address = ""
     offset = log_path.stat().st_size if log_path.exists() else 0
-    pid = _spawn(argv, log_path, {"RAY_USAGE_STATS_ENABLED": "0", **params.get("env", {})})
+    pid = _spawn(argv, log_path, {"RAY_USAGE_STATS_ENABLED": "0", **_env(params)})
     _write_pidfile(pid_path, pid)
 
     def started() -> bool:
@@ -209,7 +216,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--log-level={params.get('log_level', 'info')}",
         f"--ready-file={ready_path}",
     ]
-    pid = _spawn(argv, log_path, params.get("env", {}))
+    pid = _spawn(argv, log_path, _env(params))
     _write_pidfile(pid_path, pid)
 
     def serving() -> bool:

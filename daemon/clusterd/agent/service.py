@@ -23,7 +23,13 @@ from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL, REQUEST_ID_METADATA, status_to_pb
+from clusterd.agent.wire import (
+    AGENT_PROTOCOL,
+    REQUEST_ID_METADATA,
+    VERSION_METADATA,
+    VERSION_MISMATCH_PREFIX,
+    status_to_pb,
+)
 
 
 def job_to_pb(job: Job) -> pb.Job:
@@ -65,25 +71,33 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
     }
 
 
-def _bind_request(context: Any) -> None:
-    for key, value in context.invocation_metadata() or ():
-        if key == REQUEST_ID_METADATA:
-            structlog.contextvars.bind_contextvars(request_id=value)
+async def _admit(context: Any) -> None:
+    """Bind the daemon's request id for log lines, and refuse a daemon of another version."""
+    metadata = dict(context.invocation_metadata() or ())
+    if REQUEST_ID_METADATA in metadata:
+        structlog.contextvars.bind_contextvars(request_id=metadata[REQUEST_ID_METADATA])
+    caller = metadata.get(VERSION_METADATA)
+    if caller is not None and caller != __version__:
+        await context.abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{VERSION_MISMATCH_PREFIX} this agent runs clusterd {__version__}, the daemon "
+            f"{caller}",
+        )
 
 
 def traced(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Log lines written while serving an RPC carry the daemon's request id."""
+    """Admit the call (see _admit), then serve it with its request id bound."""
     if inspect.isasyncgenfunction(method):
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-            _bind_request(context)
+            await _admit(context)
             async for item in method(self, request, context):
                 yield item
         return stream
 
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: Any) -> Any:
-        _bind_request(context)
+        await _admit(context)
         return await method(self, request, context)
     return unary
 
@@ -196,7 +210,6 @@ class HealthService(pb_grpc.HealthServiceServicer):
         self._scheduler = scheduler
         self._started_at = time.time()
 
-    @traced
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
         connected = ray.is_initialized()
         alive = len(await self._scheduler.nodes()) if connected else 0

@@ -10,6 +10,10 @@ from clusterd.agent.v1 import agent_pb2 as pb
 AGENT_PROTOCOL = 1
 # gRPC metadata key carrying the daemon's request id into the agent's log lines.
 REQUEST_ID_METADATA = "x-clusterd-request-id"
+# The caller's version: an agent of another version refuses every call but GetHealth, so a
+# restarted (or replaced) agent can never serve a daemon it does not match.
+VERSION_METADATA = "x-clusterd-version"
+VERSION_MISMATCH_PREFIX = "AGENT_VERSION_MISMATCH:"
 
 WAIT_FOR_TO_PB = {
     "jobs_and_ssh": pb.WAIT_FOR_JOBS_AND_SSH,

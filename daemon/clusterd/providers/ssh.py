@@ -49,8 +49,8 @@ class SSHProvider:
         self.pools_path = pools_path
         self._connections = connections
         self._hosts_in_use = hosts_in_use
-        # Hosts handed to a launch whose record does not hold them yet.
-        self._reserved: dict[SSHTarget, str] = {}
+        # Hosts handed to a launch whose record may not hold them yet: (name, cloud name).
+        self._reserved: dict[SSHTarget, tuple[str, str]] = {}
         self._choosing = anyio.Lock()
 
     def pools(self) -> dict[str, Pool]:
@@ -72,7 +72,7 @@ class SSHProvider:
         return pools[name]
 
     def _taken(self) -> dict[SSHTarget, str]:
-        return {**self._hosts_in_use(), **self._reserved}
+        return {**self._hosts_in_use(), **{h: name for h, (name, _) in self._reserved.items()}}
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         pool = self._pool(request.resources.infra.region)
@@ -92,13 +92,13 @@ class SSHProvider:
         async with self._choosing:
             pool = self._pool(placement.region)
             taken = self._taken()
-            chosen = [h for h in pool.hosts if taken.get(h) in (None, request.cloud_name)]
+            chosen = [h for h in pool.hosts if taken.get(h) in (None, request.name)]
             chosen = chosen[: request.num_nodes]
             if len(chosen) < request.num_nodes:
                 raise ProvisionError(f"pool {pool.name} no longer has {request.num_nodes} free "
                                      "hosts", BlockScope.FATAL)
             for host in chosen:
-                self._reserved[host] = request.cloud_name
+                self._reserved[host] = (request.name, request.cloud_name)
         try:
             facts = await self._probe_all(chosen)
         except BaseException:
@@ -145,7 +145,7 @@ class SSHProvider:
         return facts
 
     def _release(self, cloud_name: str) -> None:
-        for host in [h for h, owner in self._reserved.items() if owner == cloud_name]:
+        for host in [h for h, (_, owner) in self._reserved.items() if owner == cloud_name]:
             del self._reserved[host]
 
     async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:

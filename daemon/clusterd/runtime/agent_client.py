@@ -19,16 +19,25 @@ from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL, REQUEST_ID_METADATA
+from clusterd.agent.wire import (
+    AGENT_PROTOCOL,
+    REQUEST_ID_METADATA,
+    VERSION_METADATA,
+    VERSION_MISMATCH_PREFIX,
+)
 
 T = TypeVar("T")
 CALL_TIMEOUT_S = 30.0
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
-    """The daemon request being served, so the agent's log lines carry its id too."""
+    """Our version (the agent refuses a daemon it does not match) and the daemon request
+    being served (the agent's log lines carry its id too)."""
     request_id = structlog.contextvars.get_contextvars().get("request_id")
-    return ((REQUEST_ID_METADATA, str(request_id)),) if request_id is not None else ()
+    metadata = [(VERSION_METADATA, __version__)]
+    if request_id is not None:
+        metadata.append((REQUEST_ID_METADATA, str(request_id)))
+    return tuple(metadata)
 
 
 def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
@@ -46,6 +55,14 @@ def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
     if code == grpc.StatusCode.NOT_FOUND:
         return ProtocolError(ErrorCode.JOB_NOT_FOUND, f"{cluster}: {details}",
                              f"see `clusterctl queue {cluster}`")
+    if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
+            VERSION_MISMATCH_PREFIX):
+        return ProtocolError(
+            ErrorCode.AGENT_VERSION_MISMATCH,
+            f"the agent of cluster {cluster} is of another version: "
+            f"{details.removeprefix(VERSION_MISMATCH_PREFIX).strip()}",
+            f"re-launch to upgrade it: clusterctl launch -c {cluster}",
+        )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE, f"{cluster}: {details}",
                              "ask for less, or launch a bigger cluster")

@@ -139,11 +139,14 @@ def _pip(*args: str) -> None:
 CURRENT_PYTHON = ".clusterd/current/bin/python"
 
 
-async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    """Make sure the node has this runtime and `.clusterd/current` points at it."""
+async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
+                          force: bool = False) -> None:
+    """Make sure the node has this runtime and `.clusterd/current` points at it; with
+    `force`, install it again even if it claims to be there (it answered with another
+    version)."""
     venv = f".clusterd/venvs/{wheelhouse.key}"
     check = await runner.run(["test", "-e", f"{venv}/{READY_MARKER}"], timeout_s=60)
-    if check.exit_code != 0:
+    if force or check.exit_code != 0:
         await _install(runner, wheelhouse, venv)
     linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", ".clusterd/current"],
                               timeout_s=60)

@@ -117,13 +117,13 @@ class RuntimeManager:
     ) -> dict[str, Any]:
         """Bring Ray and the agent up on every node; returns the runtime handle to store.
         With `fresh`, whatever runs is stopped first (a runtime of another version)."""
-        remote = [node for node in info.nodes if node.ssh is not None]
-        if remote:
-            await self._install(remote, progress)
         if fresh:
             await progress("stopping the old runtime", "ray")
             await self._access.close(cluster)
             await self.stop(info)
+        remote = [node for node in info.nodes if node.ssh is not None]
+        if remote:
+            await self._install(remote, progress, force=fresh)
         head = info.head
         head_runner = self._runner_for(head)
         head_layout = NodeLayout(head.runtime_dir)
@@ -177,7 +177,7 @@ class RuntimeManager:
         await self._wait_for_nodes(cluster, endpoint, len(info.nodes))
         return handle
 
-    async def _install(self, nodes: list[NodeInfo], progress: Progress) -> None:
+    async def _install(self, nodes: list[NodeInfo], progress: Progress, force: bool) -> None:
         started = time.monotonic()
         await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
         wheelhouse = await self._wheelhouse.ensure()
@@ -185,7 +185,7 @@ class RuntimeManager:
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in nodes:
-                    group.start_soon(install_runtime, self._runner_for(node), wheelhouse)
+                    group.start_soon(install_runtime, self._runner_for(node), wheelhouse, force)
         logger.info("runtime ready on nodes", nodes=len(nodes),
                     seconds=round(time.monotonic() - started, 1))
 
@@ -241,6 +241,8 @@ class RuntimeManager:
         status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
         if status["ray"]["alive"]:
             return
+        # Marked as ours, so `down` may remove the whole directory.
+        await node_helper.call(runner, "mark", {"dir": layout.base})
         await node_helper.call(runner, "write-token", {"path": layout.token_path, "token": token})
         params: dict[str, Any] = {
             "dir": layout.run_dir,

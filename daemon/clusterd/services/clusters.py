@@ -219,7 +219,8 @@ class ClusterService:
             ClusterStatus.UP,
             f"{verb} by request {request.id}",
             request.id,
-            handle={"provider": provider_handle, "runtime": runtime},
+            handle={"provider": provider_handle, "runtime": runtime,
+                    "tunnel": self._access.tunnels.describe(record.name)},
             launched_at=record.launched_at or time.time(),
             refreshed_at=time.time(),
         )
@@ -238,7 +239,7 @@ class ClusterService:
         record = self._store.get(name)
         if record is None or record.ever_up:
             return
-        reason = error.message if isinstance(error, ProtocolError) else repr(error)
+        reason = brief(error.message if isinstance(error, ProtocolError) else repr(error))
         try:
             with anyio.fail_after(120):
                 await self._teardown(request, record, purge=True)
@@ -282,7 +283,7 @@ class ClusterService:
         """"healthy", "other version" (an agent of another clusterd) or "unhealthy"."""
         try:
             agent = await self._jobs.agent(record)
-            health = await agent.health()
+            health = await agent.check_version()
         except ProtocolError as exc:
             await self._access.reset(record.name)
             return "other version" if exc.code == ErrorCode.AGENT_VERSION_MISMATCH else (
@@ -456,6 +457,15 @@ class ClusterService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)
+
+
+def brief(message: str, limit: int = 300) -> str:
+    """An error fit for an event: its first line and, when a log tail follows, its last."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _infra_text(record: ClusterRecord) -> str:

@@ -36,10 +36,13 @@ PROXY_TOO_LONG = ("request-uri too large", "request header fields too large", "4
 
 
 def is_message_too_long(exit_code: int, output: str) -> bool:
-    """The node (exit 255, "too long") or a proxy in front of it (exit 1) refused the
-    command for its length, not for what it does."""
+    """The node refused the command for its length, not for what it does: ssh itself (255,
+    "too long"), the remote shell's exec (1, "Argument list too long": E2BIG), or a proxy in
+    front of the node (1, an HTTP-ish refusal)."""
     text = output.lower()
     if exit_code == 255 and "too long" in text:
+        return True
+    if exit_code == 1 and "argument list too long" in text:
         return True
     return exit_code == 1 and any(marker in text for marker in PROXY_TOO_LONG)
 

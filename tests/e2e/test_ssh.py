@@ -1,0 +1,416 @@
+"""SSH node pools end to end, on the test bed: three real sshd hosts on 127.0.0.2-4, one Linux
+user each, a real two-node Ray cluster across two of them, driven through clusterctl."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import Daemon, make_env, pid_alive, short_tempdir, wait_for
+
+pytestmark = pytest.mark.ray
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = ROOT / "scripts" / "testbed"
+PREFIX, PORT = "cdt", 2322
+
+
+@dataclasses.dataclass
+class Bed:
+    dir: Path
+    hosts: list[dict[str, Any]]
+    daemon: Daemon
+
+    @property
+    def key(self) -> str:
+        return str(self.dir / "id_ed25519")
+
+    def ssh(self, index: int, command: str) -> subprocess.CompletedProcess[str]:
+        """Run a command on host `index` (0-based) as its user, with plain OpenSSH."""
+        host = self.hosts[index]
+        return subprocess.run(
+            ["ssh", "-i", self.key, "-p", str(host["port"]), "-o", "BatchMode=yes",
+             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
+             "-o", "LogLevel=ERROR", f"{host['user']}@{host['ip']}", command],
+            capture_output=True, text=True, timeout=60,
+        )
+
+    def user_pids(self, index: int) -> set[int]:
+        out = subprocess.run(["ps", "-o", "pid=,comm=", "-u", self.hosts[index]["user"]],
+                             capture_output=True, text=True).stdout
+        return {int(line.split()[0]) for line in out.splitlines()
+                if line.split() and "sshd" not in line}
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Bed]:
+    if os.getuid() != 0 or not Path("/usr/sbin/sshd").exists():
+        pytest.skip("the test bed needs root and openssh-server")
+    root = short_tempdir("cdssh-")
+    env = make_env(root)
+    home = root / "home"
+    home.mkdir()
+    env["HOME"] = str(home)  # ssh config includes go to a home of the test's own
+    daemon = Daemon(root, env)
+    pools = Path(env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
+    bed_dir = root / "bed"
+    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed_dir),
+                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    try:
+        daemon.start()
+        yield Bed(bed_dir, json.loads((bed_dir / "hosts.json").read_text()), daemon)
+    finally:
+        try:
+            daemon.down_all()
+            daemon.stop()
+        finally:
+            subprocess.run([sys.executable, str(TESTBED), "down", "--dir", str(bed_dir),
+                            "--pools-file", str(pools)], timeout=120)
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def duo(bed: Bed) -> str:
+    result = bed.daemon.ctl("launch", "-c", "duo", "--infra", "ssh/testbed", "--num-nodes", "2",
+                            "--", "echo launched on $SKYPILOT_NODE_RANK", timeout=900)
+    assert result.returncode == 0, result.stderr + bed.daemon.log()[-5000:]
+    for phase in ("preparing the runtime", "installing the runtime", "starting Ray on 2",
+                  "starting the agent", "cluster duo is UP"):
+        assert phase in result.stderr, phase
+    assert sorted(result.stdout.splitlines()) == ["(head, rank=0) launched on 0",
+                                                  "(worker1, rank=1) launched on 1"]
+    return "duo"
+
+
+def ctl(bed: Bed, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return bed.daemon.ctl(*args, timeout=timeout)
+
+
+def submitted(stderr: str) -> int:
+    line = next(line for line in stderr.splitlines() if "submitted" in line)
+    return int(line.split()[1])
+
+
+def test_check_lists_the_pool(bed: Bed) -> None:
+    result = ctl(bed, "check", "--json")
+    assert result.returncode == 0, result.stderr
+    hosts = json.loads(result.stdout)["hosts"]
+    assert [(h["host"], h["user"], h["ok"]) for h in hosts] == [
+        (h["ip"], h["user"], True) for h in bed.hosts]
+    table = ctl(bed, "check")
+    assert "testbed" in table.stdout and "free" in table.stdout
+
+
+def test_jobs_run_on_both_nodes_as_their_users(bed: Bed, duo: str) -> None:
+    result = ctl(bed, "exec", duo, "--num-nodes", "2", "--",
+                 "echo rank=$SKYPILOT_NODE_RANK user=$(whoami) "
+                 "n=$SKYPILOT_NUM_NODES ips=$(echo $SKYPILOT_NODE_IPS) pwd=$(pwd)")
+    assert result.returncode == 0, result.stderr
+    ips = " ".join(h["ip"] for h in bed.hosts[:2])
+    assert sorted(result.stdout.splitlines()) == [
+        f"(head, rank=0) rank=0 user={PREFIX}1 n=2 ips={ips} pwd=/home/{PREFIX}1/sky_workdir",
+        f"(worker1, rank=1) rank=1 user={PREFIX}2 n=2 ips={ips} pwd=/home/{PREFIX}2/sky_workdir",
+    ]
+
+
+def test_hosts_are_not_shared_between_clusters(bed: Bed, duo: str) -> None:
+    result = ctl(bed, "launch", "-c", "greedy", "--infra", "ssh/testbed", "--num-nodes", "2",
+                 "--", "true")
+    assert result.returncode == 1
+    assert "pool testbed has 1 free host(s) of 3; the task needs 2" in result.stderr
+    assert "in use by: duo" in result.stderr
+    assert bed.daemon.cluster("greedy") is None
+    check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
+    assert [h["cluster"] for h in check] == ["duo", "duo", None]
+
+
+def test_stop_is_refused_on_hosts_we_do_not_own(bed: Bed, duo: str) -> None:
+    result = ctl(bed, "stop", "-y", duo)
+    assert result.returncode == 1
+    assert "cannot be stopped" in result.stderr and f"clusterctl down {duo}" in result.stderr
+    result = ctl(bed, "launch", "-c", duo, "-i", "5", "--", "true")
+    assert result.returncode == 1 and "autostop needs --down" in result.stderr
+
+
+def test_failure_on_one_node_kills_the_other(bed: Bed, duo: str) -> None:
+    marker = f"/tmp/{PREFIX}-fail-$SKYPILOT_NODE_RANK"
+    result = ctl(bed, "exec", duo, "--num-nodes", "2", "--",
+                 f"if [ $SKYPILOT_NODE_RANK = 1 ]; then exit 3; fi; "
+                 f"sleep 300 & echo $! > {marker}; wait")
+    assert result.returncode == 100
+    assert f"rank 1 ({bed.hosts[1]['ip']}) exited with exit code 3" in result.stderr
+    child = Path(f"/tmp/{PREFIX}-fail-0")
+    if child.exists():
+        assert not pid_alive(int(child.read_text()))
+
+
+def test_setup_failure_names_the_failed_nodes(bed: Bed, duo: str, tmp_path: Path) -> None:
+    task = tmp_path / "setup.yaml"
+    task.write_text("num_nodes: 2\nsetup: |\n  if [ $SKYPILOT_SETUP_NODE_RANK = 1 ]; then "
+                    "exit 4; fi\nrun: echo never\n")
+    result = ctl(bed, "launch", "-c", duo, str(task))
+    assert result.returncode == 100
+    assert "FAILED_SETUP" in result.stderr
+    assert f"setup failed on rank 1 ({bed.hosts[1]['ip']}) exited with exit code 4" in \
+        result.stderr
+
+
+def test_cancel_kills_processes_on_both_nodes(bed: Bed, duo: str) -> None:
+    result = ctl(bed, "exec", duo, "-d", "--num-nodes", "2", "--",
+                 f"sleep 300 & echo $! > /tmp/{PREFIX}-cancel-$SKYPILOT_NODE_RANK; wait")
+    job = submitted(result.stderr)
+    files = [Path(f"/tmp/{PREFIX}-cancel-{rank}") for rank in (0, 1)]
+    wait_for(lambda: all(f.exists() and f.read_text().strip() for f in files), 60,
+             "both ranks to start")
+    pids = [int(f.read_text()) for f in files]
+    assert all(pid_alive(p) for p in pids)
+    assert ctl(bed, "cancel", duo, str(job)).returncode == 0
+    wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "the sleeps to die")
+    assert "CANCELLED" in ctl(bed, "logs", duo, str(job), "--no-follow").stderr
+    for f in files:
+        f.unlink()
+
+
+def test_workdir_file_mounts_and_ignore_files(bed: Bed, duo: str, tmp_path: Path) -> None:
+    work = tmp_path / "proj"
+    (work / "keep").mkdir(parents=True)
+    (work / "keep" / "a.txt").write_text("kept\n")
+    (work / "big.bin").write_text("x" * 1000)
+    (work / ".gitignore").write_text("*.txt\n")  # overridden by .skyignore below
+    (work / ".skyignore").write_text("*.bin\n")
+    mount = tmp_path / "mount.txt"
+    mount.write_text("mounted\n")
+    task = tmp_path / "files.yaml"
+    task.write_text(
+        f"num_nodes: 2\nworkdir: {work}\nfile_mounts:\n  ~/data/m.txt: {mount}\n"
+        "run: |\n  cat keep/a.txt; ls; cat ~/data/m.txt\n"
+    )
+    result = ctl(bed, "exec", duo, str(task))
+    assert result.returncode == 0, result.stderr
+    for label in ("(head, rank=0)", "(worker1, rank=1)"):
+        lines = [line.removeprefix(label + " ") for line in result.stdout.splitlines()
+                 if line.startswith(label)]
+        assert lines[0] == "kept"
+        assert "big.bin" not in lines and "keep" in lines
+        assert lines[-1] == "mounted"
+
+
+def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path) -> None:
+    repo = tmp_path / "served" / "app.git"
+    work = tmp_path / "work"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
+    git = ["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t"]
+    (work / "hello.sh").write_text("echo hello from git\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    (work / "hello.sh").write_text("echo second version\n")
+    subprocess.run([*git, "commit", "-q", "-am", "two"], check=True)
+    subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True)
+    # A real git server on loopback, as the nodes would reach a remote one.
+    port = _free_port()
+    server = subprocess.Popen(["git", "daemon", "--export-all", "--reuseaddr",
+                               f"--base-path={repo.parent}", "--listen=127.0.0.1",
+                               f"--port={port}", str(repo.parent)],
+                              stderr=subprocess.DEVNULL)
+    task = tmp_path / "git.yaml"
+    task.write_text(f"num_nodes: 2\nworkdir:\n  url: git://127.0.0.1:{port}/app.git\n"
+                    "  ref: v1\nrun: bash hello.sh\n")
+    try:
+        wait_for(lambda: _port_open(port), 10, "git daemon")
+        result = ctl(bed, "exec", duo, str(task))
+        assert result.returncode == 0, result.stderr
+        assert sorted(result.stdout.splitlines()) == ["(head, rank=0) hello from git",
+                                                      "(worker1, rank=1) hello from git"]
+        # The default ref is the repository's HEAD.
+        task.write_text(f"num_nodes: 2\nworkdir:\n  url: git://127.0.0.1:{port}/app.git\n"
+                        "run: bash hello.sh\n")
+        result = ctl(bed, "exec", duo, str(task))
+        assert result.returncode == 0, result.stderr
+        assert set(result.stdout.split(") ")[1:]) <= {"second version\n(worker1, rank=1",
+                                                      "second version\n"}
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_fifty_concurrent_execs_all_succeed(bed: Bed, duo: str) -> None:
+    processes = [bed.daemon.popen_ctl("exec", duo, "--num-nodes", "1", "--", f"echo n{i}")
+                 for i in range(50)]
+    for i, process in enumerate(processes):
+        out, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err
+        assert out == f"n{i}\n"
+
+
+def test_log_stream_survives_a_killed_ssh_connection(bed: Bed, duo: str) -> None:
+    result = ctl(bed, "exec", duo, "-d", "--num-nodes", "1", "--",
+                 "for i in $(seq 1 40); do echo line $i; sleep 0.1; done")
+    job = submitted(result.stderr)
+    follower = bed.daemon.popen_ctl("logs", duo, str(job))
+    assert follower.stdout is not None
+    assert follower.stdout.readline() == "line 1\n"
+    # Kill the sshd process serving the daemon's connection to the head.
+    sessions = subprocess.run(["pgrep", "-f", f"^sshd: {PREFIX}1 \\[priv\\]"],
+                              capture_output=True, text=True).stdout.split()
+    assert sessions, "no sshd session for the head's connection"
+    for pid in sessions:
+        os.kill(int(pid), signal.SIGTERM)
+    rest, err = follower.communicate(timeout=120)
+    assert follower.returncode == 0, err
+    assert ("line 1\n" + rest).splitlines() == [f"line {i}" for i in range(1, 41)]
+
+
+def test_tunnel_is_a_private_unix_socket(bed: Bed, duo: str) -> None:
+    cluster = bed.daemon.cluster(duo)
+    assert cluster is not None and cluster["tunnel"] is not None
+    socket_path = Path(cluster["tunnel"]["socket"])
+    assert socket_path.stat().st_mode & 0o777 == 0o600
+    assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+    verbose = ctl(bed, "status", "-v")
+    assert str(socket_path) in verbose.stdout
+    # No TCP listener of the daemon's on this machine.
+    assert bed.daemon.process is not None
+    listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
+    assert f"pid={bed.daemon.process.pid}," not in listening
+
+
+def test_ssh_cluster_by_name(bed: Bed, duo: str) -> None:
+    config = Path(bed.daemon.env["HOME"]) / ".ssh" / "config"
+    for alias, user in ((duo, f"{PREFIX}1"), (f"{duo}-worker1", f"{PREFIX}2")):
+        result = subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", alias,
+                                 "whoami"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == user
+
+
+def test_relaunch_skips_the_installed_runtime(bed: Bed, duo: str) -> None:
+    def installs() -> int:
+        return bed.daemon.log().count('"event": "runtime installed"')
+
+    before = installs()
+    result = ctl(bed, "launch", "-c", "solo", "--infra", "ssh/testbed", "--", "echo solo")
+    assert result.returncode == 0, result.stderr
+    assert installs() == before + 1  # the third host was new
+    down = ctl(bed, "down", "-y", "solo")
+    assert down.returncode == 0
+    again = ctl(bed, "launch", "-c", "solo", "--infra", "ssh/testbed", "--", "echo again")
+    assert again.returncode == 0 and again.stdout == "again\n"
+    assert installs() == before + 1  # same version: nothing installed again
+    assert ctl(bed, "down", "-y", "solo").returncode == 0
+
+
+def test_agent_of_another_version_is_detected_and_upgraded(bed: Bed, duo: str) -> None:
+    version_file = subprocess.run(
+        ["bash", "-c", f"ls /home/{PREFIX}1/.clusterd/current/lib/python3*/site-packages/"
+                       "clusterctl/_version.py"], capture_output=True, text=True,
+    ).stdout.strip()
+    Path(version_file).write_text('__version__ = "0.0.1"\n')
+    _restart_agent(bed, duo)
+    refused = ctl(bed, "exec", duo, "--", "true")
+    assert refused.returncode == 1
+    assert "AGENT_VERSION_MISMATCH" in refused.stderr
+    assert f"clusterctl launch -c {duo}" in refused.stderr
+    relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
+    assert relaunch.returncode == 0, relaunch.stderr
+    assert "upgrading the runtime" in relaunch.stderr
+    assert "0.0.1" not in Path(version_file).read_text()
+    assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
+
+
+def _restart_agent(bed: Bed, cluster: str) -> None:
+    """Restart the head's agent as its node user would (so it loads the code on disk)."""
+    db = sqlite3.connect(bed.daemon.state_dir / "state.db")
+    try:
+        cloud_name, handle = db.execute(
+            "SELECT cloud_name, handle FROM clusters WHERE name = ?", [cluster]).fetchone()
+    finally:
+        db.close()
+    runtime = json.loads(handle)["runtime"]
+    base = f"/home/{PREFIX}1/.clusterd/clusters/{cloud_name}"
+    ports = runtime["ports"]
+    params = {
+        "dir": f"{base}/run", "listen": runtime["agent_listen"], "state_dir": f"{base}/agent",
+        "ray_address": runtime["ray_address"], "cluster_name": cluster,
+        "env": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{base}/ray_token",
+                "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metric_port"]),
+                "DASHBOARD_METRIC_PORT": str(ports["dashboard_metric_port"])},
+    }
+    helper = ".clusterd/current/bin/python -m clusterd.agent.node"
+    stop = bed.ssh(0, f"{helper} stop - <<'EOF'\n" +
+                   json.dumps({"dir": params["dir"], "parts": ["agent"]}) + "\nEOF")
+    assert stop.returncode == 0, stop.stderr
+    start = bed.ssh(0, f"{helper} start-agent - <<'EOF'\n{json.dumps(params)}\nEOF")
+    assert start.returncode == 0 and "error" not in start.stdout, start.stdout + start.stderr
+
+
+def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
+    cluster = bed.daemon.cluster(duo)
+    assert cluster is not None
+    tunnel = Path(cluster["tunnel"]["socket"])
+    result = ctl(bed, "down", "-y", duo)
+    assert result.returncode == 0, result.stderr
+    assert bed.daemon.cluster(duo) is None
+    assert not tunnel.exists()
+    for index in (0, 1):
+        listing = bed.ssh(index, "ls ~/.clusterd/clusters/ 2>/dev/null | wc -l")
+        assert listing.stdout.strip() == "0"
+        wait_for(lambda i=index: not bed.user_pids(i), 30, "the node's processes to go")
+    assert not (Path(bed.daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh" / duo).exists()
+    check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
+    assert [h["cluster"] for h in check] == [None, None, None]
+
+
+def test_changed_host_key_is_refused(bed: Bed) -> None:
+    result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo first")
+    assert result.returncode == 0, result.stderr
+    assert ctl(bed, "down", "-y", "pinned").returncode == 0
+    # Host 1 gets a new host key, as if someone else answered at its address.
+    host_dir = bed.dir / "host1"
+    pid = int((host_dir / "sshd.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    wait_for(lambda: not pid_alive(pid), 10, "sshd to stop")
+    for key in host_dir.glob("ssh_host_ed25519_key*"):
+        key.unlink()
+    pools = Path(bed.daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
+    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed.dir),
+                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    bed.daemon.stop()  # forget the live connection; the pin is on disk
+    bed.daemon.start()
+    result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo again")
+    assert result.returncode == 1
+    assert "HOST_KEY_MISMATCH" in result.stderr
+    assert "known_hosts" in result.stderr
+    assert bed.daemon.cluster("pinned") is None
+    check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
+    assert not check[0]["ok"] and "pinned" in check[0]["error"]
