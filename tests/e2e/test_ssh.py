@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from clusterd.providers.base import SSHTarget
 from tests.support import Daemon, make_env, pid_alive, short_tempdir, wait_for
 
 pytestmark = pytest.mark.ray
@@ -414,3 +415,40 @@ def test_changed_host_key_is_refused(bed: Bed) -> None:
     assert bed.daemon.cluster("pinned") is None
     check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
     assert not check[0]["ok"] and "pinned" in check[0]["error"]
+
+
+@pytest.mark.anyio
+async def test_commands_too_long_for_a_command_line_go_through_a_file(
+    bed: Bed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from clusterd.ssh import runner as runner_module
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.ssh.host_keys import HostKeyStore
+
+    host = bed.hosts[2]
+    target = SSHTarget(host["ip"], host["port"], host["user"], bed.key)
+    connections = SSHConnections(HostKeyStore(tmp_path / "known_hosts"))
+    runner = runner_module.SSHRunner(connections, target, "host3", "python3", tmp_path)
+    via_file = []
+    original = runner_module.SSHRunner._run_via_file
+
+    async def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        via_file.append(1)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(runner_module.SSHRunner, "_run_via_file", counting)
+    big = "x" * 200_000
+    try:
+        # Above the threshold: straight through a file.
+        result = await runner.run_shell(f"echo {big} | wc -c")
+        assert result.exit_code == 0 and result.stdout == b"200001\n"
+        assert len(via_file) == 1
+        # Pretend there is no threshold: the node's "Argument list too long" sends it on.
+        monkeypatch.setattr(runner_module, "INLINE_LIMIT_BYTES", 10**9)
+        result = await runner.run_shell(f"echo {big} | wc -c")
+        assert result.exit_code == 0 and result.stdout == b"200001\n"
+        assert len(via_file) == 2
+        leftovers = await runner.run(["bash", "-c", "ls .clusterd/tmp | wc -l"])
+        assert leftovers.stdout == b"0\n"
+    finally:
+        await connections.close_all()

@@ -77,10 +77,16 @@ class SSHRunner:
     async def run(
         self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float = 120
     ) -> CommandResult:
-        command = shlex.join(argv)
+        return await self.run_shell(shlex.join(argv), input=input, timeout_s=timeout_s)
+
+    async def run_shell(
+        self, command: str, *, input: bytes | None = None, timeout_s: float = 120
+    ) -> CommandResult:
+        """Run a shell command line (a script, even) as it is: the node's shell gets it as one
+        argument, so one too long for that goes through an uploaded file instead."""
         if len(command.encode()) > INLINE_LIMIT_BYTES:
             return await self._run_via_file(command, input, timeout_s)
-        result = await self.run_shell(command, input=input, timeout_s=timeout_s)
+        result = await self._exec(command, input, timeout_s)
         output = (result.stderr + result.stdout).decode(errors="replace")
         if is_message_too_long(result.exit_code, output):
             logger.info("command too long for the node; retrying through a file",
@@ -88,10 +94,8 @@ class SSHRunner:
             return await self._run_via_file(command, input, timeout_s)
         return result
 
-    async def run_shell(
-        self, command: str, *, input: bytes | None = None, timeout_s: float = 120
-    ) -> CommandResult:
-        """Run a shell command line as it is (the caller quoted it)."""
+    async def _exec(self, command: str, input: bytes | None, timeout_s: float
+                    ) -> CommandResult:
         node = await self._node()
         try:
             async with node.channel() as conn:
@@ -124,9 +128,9 @@ class SSHRunner:
         except (OSError, asyncssh.Error) as exc:
             await self._connections.drop(self.target)
             raise _node_error(self.target, exc) from None
-        return await self.run_shell(
+        return await self._exec(
             f"bash {shlex.quote(path)}; status=$?; rm -f {shlex.quote(path)}; exit $status",
-            input=input, timeout_s=timeout_s,
+            input, timeout_s,
         )
 
     # -- files ------------------------------------------------------------------------------

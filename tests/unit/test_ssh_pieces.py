@@ -1,0 +1,143 @@
+"""SSH pieces that need no host: the pools file, "too long" detection, host key pins, ssh
+config files, and git checkouts (with a local repository)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import asyncssh
+import pytest
+
+from clusterctl.protocol import ProtocolError
+from clusterd.agent import node
+from clusterd.providers.base import NodeInfo, NodeStatus, SSHTarget
+from clusterd.providers.ssh_pools import load_pools
+from clusterd.ssh.config_files import SSHConfigWriter
+from clusterd.ssh.host_keys import HostKeyStore
+from clusterd.ssh.runner import is_message_too_long
+
+
+def test_pools_file_with_defaults_and_overrides(tmp_path: Path) -> None:
+    key = tmp_path / "id"
+    key.write_text("k")
+    path = tmp_path / "pools.yaml"
+    path.write_text(f"gpu:\n  user: ubuntu\n  identity_file: {key}\n  hosts:\n"
+                    "    - 10.0.0.1\n    - ip: 10.0.0.2\n      user: alice\n      port: 2200\n")
+    pools = load_pools(path)
+    assert pools["gpu"].hosts == (
+        SSHTarget("10.0.0.1", 22, "ubuntu", str(key)),
+        SSHTarget("10.0.0.2", 2200, "alice", str(key)),
+    )
+
+
+@pytest.mark.parametrize(("text", "field"), [
+    ("p:\n  hosts: []\n", "p.hosts"),
+    ("p:\n  hosts:\n    - ip: 1.2.3.4\n      port: 0\n", "p.hosts[0].port"),
+    ("p:\n  hosts:\n    - ip: 1.2.3.4\n      colour: red\n", "p.hosts[0].colour"),
+    ("p:\n  password: x\n  hosts: [1.2.3.4]\n", "p.password"),
+    ("p:\n  hosts: [1.2.3.4, 1.2.3.4]\n", "p.hosts"),
+    ("p:\n  identity_file: /nope\n  hosts: [1.2.3.4]\n", "p.hosts[0].identity_file"),
+    ("[1, 2]\n", "(file)"),
+])
+def test_pools_file_errors_name_the_field(tmp_path: Path, text: str, field: str) -> None:
+    path = tmp_path / "pools.yaml"
+    path.write_text(text)
+    with pytest.raises(ProtocolError) as error:
+        load_pools(path)
+    assert error.value.message.startswith(f"{path}: {field}:")
+
+
+def test_missing_pools_file_means_no_pools(tmp_path: Path) -> None:
+    assert load_pools(tmp_path / "absent.yaml") == {}
+
+
+@pytest.mark.parametrize(("code", "output", "expected"), [
+    (255, "ssh: command line too long", True),
+    (1, "/bin/bash: Argument list too long", True),
+    (1, "<html>414 Request-URI Too Large</html>", True),
+    (1, "HTTP/1.1 400 Bad Request", True),
+    (1, "No such file or directory", False),
+    (255, "Connection refused", False),
+    (0, "too long", False),
+])
+def test_message_too_long(code: int, output: str, expected: bool) -> None:
+    assert is_message_too_long(code, output) is expected
+
+
+def test_host_keys_pin_and_forget(tmp_path: Path) -> None:
+    store = HostKeyStore(tmp_path / "known_hosts")
+    key = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+    other = asyncssh.generate_private_key("ssh-ed25519").convert_to_public()
+    assert store.pinned("10.0.0.1", 2222) == []
+    store.pin("10.0.0.1", 2222, key)
+    store.pin("10.0.0.1", 22, other)
+    assert [k.export_public_key() for k in store.pinned("10.0.0.1", 2222)] == [
+        key.export_public_key()]
+    assert (tmp_path / "known_hosts").read_text().startswith("[10.0.0.1]:2222 ssh-ed25519 ")
+    assert (tmp_path / "known_hosts").stat().st_mode & 0o777 == 0o600
+    store.forget("10.0.0.1", 2222)
+    assert store.pinned("10.0.0.1", 2222) == [] and len(store.pinned("10.0.0.1", 22)) == 1
+
+
+def test_ssh_config_file_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / ".ssh").mkdir(parents=True)
+    (tmp_path / "home" / ".ssh" / "config").write_text("Host mine\n  User me\n")
+    writer = SSHConfigWriter(tmp_path / "cfg", tmp_path / "known_hosts")
+    nodes = [NodeInfo(f"n{i}", f"10.0.0.{i}", NodeStatus.RUNNING,
+                      SSHTarget(f"10.0.0.{i}", 2200 + i, f"u{i}", "/k")) for i in (1, 2)]
+    writer.write("dev", nodes)
+    writer.write("dev", nodes)  # idempotent: one Include line
+    config = (tmp_path / "home" / ".ssh" / "config").read_text()
+    assert config.count(writer.include_line) == 1
+    assert config.index(writer.include_line) < config.index("Host mine")
+    text = (tmp_path / "cfg" / "dev").read_text()
+    assert "Host dev\n  HostName 10.0.0.1\n  Port 2201\n  User u1" in text
+    assert "Host dev-worker1\n  HostName 10.0.0.2" in text
+    assert f"UserKnownHostsFile {tmp_path / 'known_hosts'}" in text
+    writer.remove("dev")
+    assert not (tmp_path / "cfg" / "dev").exists()
+
+
+def _repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    (repo / "f.txt").write_text("one\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "1"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    (repo / "f.txt").write_text("two\n")
+    subprocess.run([*git, "commit", "-q", "-am", "2"], check=True)
+    return repo
+
+
+def test_git_checkout_of_a_ref_then_head(tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    dest = tmp_path / "work"
+    node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(dest)})
+    assert (dest / "f.txt").read_text() == "one\n"
+    (dest / "junk").write_text("left over")
+    node.git_checkout({"url": f"file://{repo}", "ref": None, "dest": str(dest)})
+    assert (dest / "f.txt").read_text() == "two\n" and not (dest / "junk").exists()
+
+
+def test_git_token_travels_in_the_environment_not_argv(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = _repo(tmp_path)
+    seen: list[tuple[list[str], dict[str, str]]] = []
+    real_run = subprocess.run
+
+    def spy(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        seen.append((list(argv), dict(kwargs.get("env") or {})))  # type: ignore[arg-type]
+        return real_run(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(node.subprocess, "run", spy)
+    node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "w"),
+                       "token": "s3cret-token"})
+    assert seen and all("s3cret-token" not in " ".join(argv) for argv, _ in seen)
+    env = seen[0][1]
+    assert env["GIT_CONFIG_KEY_0"] == "http.extraHeader"
+    assert env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
