@@ -14,7 +14,7 @@ from typing import BinaryIO
 
 import anyio
 
-CHUNK_BYTES = 256 * 1024
+CHUNK_BYTES = 1024 * 1024
 LOG_NAME = "run.log"
 # A follower re-checks the file this often even without a wake-up (belt and braces).
 RECHECK_S = 1.0

@@ -6,7 +6,10 @@ what crosses to them is data (script text, environment), never generated code.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import select
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -18,7 +21,13 @@ import ray
 from clusterd.agent.processes import terminate_tree
 
 READ_BYTES = 64 * 1024
+# While output keeps coming, chunks grow up to this: each chunk crosses Ray as an object, so
+# a flood in big chunks costs far less than in pipe-sized ones, and a trickle still goes out
+# line by line at once.
+MAX_CHUNK_BYTES = 4 * 1024 * 1024
+PIPE_BYTES = 1024 * 1024
 KILL_GRACE_S = 3.0
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 
 
 def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[str, Any]]:
@@ -48,11 +57,9 @@ def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[st
         started = psutil.Process(process.pid).create_time()
         yield "started", {"pid": process.pid, "create_time": started}
         fd = process.stdout.fileno()
-        while True:
-            # os.read returns whatever is there: small writes go out at once, floods in 64 KiB.
-            chunk = os.read(fd, READ_BYTES)
-            if not chunk:
-                break
+        with contextlib.suppress(OSError):  # a bigger pipe lets a fast writer run ahead
+            fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+        while chunk := _read_available(fd):
             yield "output", chunk
         code = process.wait()
         yield "exit", 128 - code if code < 0 else code
@@ -61,6 +68,21 @@ def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[st
 
 
 run_script = ray.remote(num_cpus=0, max_retries=0)(_run_script)
+
+
+def _read_available(fd: int) -> bytes:
+    """Block for some output, then take whatever else is already there (up to a bound)."""
+    chunk = os.read(fd, READ_BYTES)
+    if not chunk:
+        return b""
+    parts, size = [chunk], len(chunk)
+    while size < MAX_CHUNK_BYTES and select.select([fd], [], [], 0)[0]:
+        more = os.read(fd, READ_BYTES)
+        if not more:
+            break  # EOF: the next call returns b"" too
+        parts.append(more)
+        size += len(more)
+    return b"".join(parts)
 
 
 def kill_process_tree(pid: int, create_time: float | None = None) -> int:

@@ -25,6 +25,8 @@ CHANNELS_PER_CONNECTION = 8
 CONNECT_TIMEOUT_S = 15.0
 CONNECT_ATTEMPTS = 4
 KEEPALIVE_INTERVAL_S = 15.0
+WINDOW_BYTES = 8 * 1024 * 1024
+MAX_PACKET_BYTES = 256 * 1024
 
 
 @dataclasses.dataclass
@@ -94,6 +96,10 @@ class SSHConnections:
             "agent_path": None,
             "config": None,
             "connect_timeout": CONNECT_TIMEOUT_S,
+            # Bigger packets and window: a log flood through the tunnel costs Python per
+            # packet, so fewer, larger ones keep up with OpenSSH.
+            "window": WINDOW_BYTES,
+            "max_pktsize": MAX_PACKET_BYTES,
         }
         try:
             with anyio.fail_after(CONNECT_TIMEOUT_S + 5):
