@@ -61,7 +61,7 @@ class Bench:
     def start(self) -> None:
         log = open(self.root / "daemon.log", "ab")  # noqa: SIM115
         self.daemon = subprocess.Popen([sys.executable, "-m", "clusterd"], env=self.env,
-                                       stdout=log, stderr=log, start_new_session=True)
+                                       stdout=log, stderr=log, start_new_session=True, cwd="/")
         deadline = time.monotonic() + 30
         while not self._connectable():
             if time.monotonic() > deadline or self.daemon.poll() is not None:
@@ -101,7 +101,10 @@ class Bench:
         if self.bed is not None:
             subprocess.run([sys.executable, str(TESTBED), "down", "--dir", str(self.bed)],
                            capture_output=True)
-        shutil.rmtree(self.root, ignore_errors=True)
+        if os.environ.get("CLUSTERD_BENCH_KEEP"):
+            print(f"kept {self.root}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.root, ignore_errors=True)
 
     def _connectable(self) -> bool:
         with socket.socket(socket.AF_UNIX) as sock:

@@ -177,6 +177,9 @@ class Client:
                 stdout=log,
                 stderr=log,
                 start_new_session=True,  # outlives this client and its terminal
+                # Not the user's directory: `-m` puts it first on sys.path, where whatever
+                # lies there (a checkout, an egg-info) would shadow the installed package.
+                cwd="/",
                 env=env,
             )
         deadline = time.monotonic() + AUTOSTART_TIMEOUT_S

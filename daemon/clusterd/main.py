@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides["socket_path"] = args.socket
         overrides["runtime_dir"] = args.socket.parent
     settings = Settings.from_env(**overrides)
+    # A daemon holds no directory of the user's open; paths it gets are absolute.
+    os.chdir("/")
     log.configure(settings.log_level, path=args.log_file)
     try:
         anyio.run(Daemon(settings).run)

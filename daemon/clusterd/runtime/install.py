@@ -65,7 +65,12 @@ def _source_root() -> Path | None:
 def _wheel_from_installed(out_dir: Path) -> Path:
     """This package as a wheel, zipped from its installed files (a regular install has no
     source tree to build from)."""
-    dist = importlib.metadata.distribution("clusterd")
+    # The distribution installed beside this very package: looking it up by name alone could
+    # find another (say, a checkout's egg-info that happens to be on sys.path).
+    here = str(Path(__file__).resolve().parents[2])
+    found = [d for d in importlib.metadata.distributions(path=[here])
+             if (d.metadata["Name"] or "").lower() == "clusterd"]
+    dist = found[0] if found else importlib.metadata.distribution("clusterd")
     name = f"clusterd-{__version__}-py3-none-any.whl"
     target = out_dir / name
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as wheel:
@@ -79,8 +84,15 @@ def _wheel_from_installed(out_dir: Path) -> Path:
             source = Path(str(file.locate()))
             if source.is_file():
                 wheel.write(source, str(file))
-        info = next(p for p in (dist.files or []) if p.parts[0].endswith(".dist-info"))
-        wheel.writestr(f"{info.parts[0]}/RECORD", "")
+        info = [p for p in (dist.files or []) if p.parts[0].endswith(".dist-info")]
+        if not info:
+            raise ProtocolError(
+                ErrorCode.PROVIDER_ERROR,
+                f"cannot build the runtime's wheel: the clusterd found at {dist.locate_file('')} "
+                "is not an installed wheel",
+                "run clusterd from a regular or editable pip install",
+            )
+        wheel.writestr(f"{info[0].parts[0]}/RECORD", "")
     return target
 
 
