@@ -184,3 +184,16 @@ def ray_processes_of(runtime_dir: Path) -> list[int]:
             if pid_alive(pid):
                 alive.append(pid)
     return alive
+
+
+def make_git_repo(path: Path, first: str, second: str, name: str = "f.txt") -> Path:
+    """A repository whose file `name` reads `first` at tag v1 and `second` at HEAD."""
+    subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)
+    git = ["git", "-C", str(path), "-c", "user.email=t@t", "-c", "user.name=t"]
+    (path / name).write_text(first)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "1"], check=True)
+    subprocess.run([*git, "tag", "v1"], check=True)
+    (path / name).write_text(second)
+    subprocess.run([*git, "commit", "-q", "-am", "2"], check=True)
+    return path

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from clusterd.providers.base import SSHTarget
-from tests.support import Daemon, make_env, pid_alive, short_tempdir, wait_for
+from tests.support import Daemon, make_env, make_git_repo, pid_alive, short_tempdir, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -211,15 +211,8 @@ def test_workdir_file_mounts_and_ignore_files(bed: Bed, duo: str, tmp_path: Path
 
 def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path) -> None:
     repo = tmp_path / "served" / "app.git"
-    work = tmp_path / "work"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(work)], check=True)
-    git = ["git", "-C", str(work), "-c", "user.email=t@t", "-c", "user.name=t"]
-    (work / "hello.sh").write_text("echo hello from git\n")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "one"], check=True)
-    subprocess.run([*git, "tag", "v1"], check=True)
-    (work / "hello.sh").write_text("echo second version\n")
-    subprocess.run([*git, "commit", "-q", "-am", "two"], check=True)
+    work = make_git_repo(tmp_path / "work", "echo hello from git\n", "echo second version\n",
+                         name="hello.sh")
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True)
     # A real git server on loopback, as the nodes would reach a remote one.
     port = _free_port()

@@ -16,6 +16,7 @@ from clusterd.providers.ssh_pools import load_pools
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.runner import is_message_too_long
+from tests.support import make_git_repo
 
 
 def test_pools_file_with_defaults_and_overrides(tmp_path: Path) -> None:
@@ -101,16 +102,7 @@ def test_ssh_config_file_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
 
 def _repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
-    (repo / "f.txt").write_text("one\n")
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-q", "-m", "1"], check=True)
-    subprocess.run([*git, "tag", "v1"], check=True)
-    (repo / "f.txt").write_text("two\n")
-    subprocess.run([*git, "commit", "-q", "-am", "2"], check=True)
-    return repo
+    return make_git_repo(tmp_path / "repo", "one\n", "two\n")
 
 
 def test_git_checkout_of_a_ref_then_head(tmp_path: Path) -> None:

@@ -58,15 +58,19 @@ def load_pools(path: Path) -> dict[str, Pool]:
     return {str(name): _pool(path, str(name), value) for name, value in raw.items()}
 
 
+def _check_fields(path: Path, where: str, value: dict[str, Any], known: set[str]) -> None:
+    unknown = set(value) - known
+    if unknown:
+        raise PoolFileError(path, f"{where}.{sorted(unknown)[0]}", "unknown field")
+    if "password" in value:
+        raise PoolFileError(path, f"{where}.password",
+                            "password login is not supported; use identity_file")
+
+
 def _pool(path: Path, name: str, value: Any) -> Pool:
     if not isinstance(value, dict):
         raise PoolFileError(path, name, "expected a map with hosts")
-    unknown = set(value) - POOL_FIELDS
-    if unknown:
-        raise PoolFileError(path, f"{name}.{sorted(unknown)[0]}", "unknown field")
-    if "password" in value:
-        raise PoolFileError(path, f"{name}.password",
-                            "password login is not supported; use identity_file")
+    _check_fields(path, name, value, POOL_FIELDS)
     hosts = value.get("hosts")
     if not isinstance(hosts, list) or not hosts:
         raise PoolFileError(path, f"{name}.hosts", "expected a non-empty list of hosts")
@@ -77,12 +81,7 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
         entry = {"ip": host} if isinstance(host, str) else host
         if not isinstance(entry, dict) or not isinstance(entry.get("ip"), str):
             raise PoolFileError(path, field, "expected an address, or a map with ip")
-        unknown = set(entry) - HOST_FIELDS
-        if unknown:
-            raise PoolFileError(path, f"{field}.{sorted(unknown)[0]}", "unknown field")
-        if "password" in entry:
-            raise PoolFileError(path, f"{field}.password",
-                                "password login is not supported; use identity_file")
+        _check_fields(path, field, entry, HOST_FIELDS)
         merged = {**{k: v for k, v in defaults.items() if v is not None},
                   **{k: v for k, v in entry.items() if v is not None}}
         user = merged.get("user") or os.environ.get("USER") or "root"
