@@ -7,6 +7,7 @@ from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import (
     PROTOCOL_VERSION,
+    AutostopArgs,
     CancelArgs,
     CheckArgs,
     ClusterStatus,
@@ -28,6 +29,7 @@ from clusterctl.protocol import (
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "AutostopArgs",
     "CancelArgs",
     "CheckArgs",
     "Client",

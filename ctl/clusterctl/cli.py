@@ -113,7 +113,22 @@ def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
 def _events_options(events: argparse.ArgumentParser) -> None:
     events.add_argument("cluster", nargs="?")
     events.add_argument("-n", "--limit", type=int, default=50)
-    events.add_argument("--json", action="store_true")
+    events.add_argument("-f", "--follow", action="store_true",
+                        help="then print new events as they happen (Ctrl-C to stop)")
+    events.add_argument("--json", action="store_true",
+                        help="JSON (with --follow: one JSON object per line)")
+
+
+def _autostop_options(autostop: argparse.ArgumentParser) -> None:
+    autostop.add_argument("cluster")
+    autostop.add_argument("-i", "--idle-minutes", type=float, metavar="MIN",
+                          help="stop after MIN idle minutes (fractions allowed)")
+    autostop.add_argument("--down", action="store_true", help="tear down instead of stopping")
+    autostop.add_argument("--wait-for", choices=("jobs_and_ssh", "jobs", "none"),
+                          default="jobs_and_ssh",
+                          help="what counts as busy: jobs and SSH sessions (default), jobs "
+                               "only, or nothing (a hard deadline from now)")
+    autostop.add_argument("--cancel", action="store_true", help="remove autostop")
 
 
 def _requests_options(requests: argparse.ArgumentParser) -> None:
@@ -139,6 +154,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "requests": ("show requests the daemon is working on", _requests_options),
     "check": ("show usable infra: ssh node pools and whether each host answers",
               _check_options),
+    "autostop": ("stop (or tear down) a cluster after it has been idle a while",
+                 _autostop_options),
 }
 
 
@@ -277,22 +294,28 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if not clusters:
         print("No clusters. Launch one: clusterctl launch -- echo hello")
         return ExitCode.SUCCEEDED
-    headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED"]
+    headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "REFRESHED"]
     if args.verbose:
-        headers += ["REFRESHED", "REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
+        headers += ["REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
     rows = []
     for c in clusters:
         cpus = c.get("cpus")
         resources = f"{c['num_nodes']}x(cpus={cpus:g})" if cpus else f"{c['num_nodes']}x"
         autostop = "-"
-        if c.get("autostop_minutes") is not None:
+        if c.get("autostopping"):
+            autostop = "autostopping"
+        elif c.get("autostop_minutes") is not None:
             autostop = f"{c['autostop_minutes']:g}m" + (" (down)" if c.get("autostop_down")
                                                          else "")
+            deadline = c.get("autostop_deadline")
+            if deadline and c["status"] == "UP":
+                autostop += f", in {age(time.time(), until=deadline, suffix='')}" \
+                    if deadline > time.time() else ", due"
         row = [c["name"], c["infra"], resources, c["status"], autostop,
-               age(c.get("launched_at"))]
+               age(c.get("launched_at")), age(c.get("refreshed_at"))]
         if args.verbose:
             tunnel = c.get("tunnel")
-            row += [age(c.get("refreshed_at")), c.get("status_reason") or "-",
+            row += [c.get("status_reason") or "-",
                     c.get("cloud_name") or "-", ",".join(c.get("hosts") or []) or "-",
                     f"{tunnel['socket']} -> {tunnel['remote']}" if tunnel else "-"]
         rows.append(row)
@@ -398,23 +421,61 @@ def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
     return code
 
 
+def _event_row(e: dict[str, Any]) -> list[str]:
+    change = (f"{e.get('from_status') or '-'} -> {e.get('to_status') or '-'}"
+              if e.get("kind") == "status" else e.get("kind", ""))
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
+    reason = " ".join(str(e["reason"]).split())  # one line per event in the table
+    return [when, e["cluster"], change, reason, str(e.get("request_id") or "-")]
+
+
 def cmd_events(client: Client, args: argparse.Namespace) -> int:
+    if args.follow:
+        return _follow_events(client, args)
     result = client.call(protocol.EventsArgs(cluster=args.cluster, limit=args.limit))
     events = result.get("events", [])
     if args.json:
         print_json(events)
         return ExitCode.SUCCEEDED
-    rows = []
-    for e in events:
-        change = (f"{e.get('from_status') or '-'} -> {e.get('to_status') or '-'}"
-                  if e.get("kind") == "status" else e.get("kind", ""))
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e["ts"]))
-        reason = " ".join(str(e["reason"]).split())  # one line per event in the table
-        rows.append([when, e["cluster"], change, reason, str(e.get("request_id") or "-")])
-    if not rows:
+    if not events:
         print("No events.")
         return ExitCode.SUCCEEDED
-    sys.stdout.write(table(["TIME", "CLUSTER", "CHANGE", "REASON", "REQUEST"], rows))
+    sys.stdout.write(table(["TIME", "CLUSTER", "CHANGE", "REASON", "REQUEST"],
+                           [_event_row(e) for e in events]))
+    return ExitCode.SUCCEEDED
+
+
+def _follow_events(client: Client, args: argparse.Namespace) -> int:
+    import json  # only here and for --json
+
+    stream = client.stream(protocol.EventsArgs(cluster=args.cluster, limit=args.limit,
+                                               follow=True))
+    try:
+        for name, data in stream:
+            if name != "cluster_event":
+                continue
+            line = json.dumps(data, sort_keys=True) if args.json else "  ".join(_event_row(data))
+            print(line, flush=True)
+    except KeyboardInterrupt:
+        stream.detach()
+    except BrokenPipeError:
+        os._exit(0)
+    return ExitCode.SUCCEEDED
+
+
+def cmd_autostop(client: Client, args: argparse.Namespace) -> int:
+    if not args.cancel and args.idle_minutes is None:
+        fail("give -i MIN, or --cancel", "e.g. clusterctl autostop dev -i 10")
+    result = client.call(protocol.AutostopArgs(
+        cluster=args.cluster, idle_minutes=args.idle_minutes, down=args.down,
+        wait_for=args.wait_for, cancel=args.cancel))
+    setting = result.get("autostop")
+    if setting is None:
+        print(f"Autostop of {args.cluster} cancelled.")
+    else:
+        action = "tear it down" if setting["down"] else "stop it"
+        print(f"{args.cluster}: will {action} after {setting['idle_minutes']:g} idle minutes "
+              f"(busy means: {setting['wait_for'].replace('_', ' ')}).")
     return ExitCode.SUCCEEDED
 
 
@@ -464,6 +525,7 @@ COMMANDS = {
     "events": cmd_events,
     "requests": cmd_requests,
     "check": cmd_check,
+    "autostop": cmd_autostop,
 }
 
 

@@ -388,9 +388,26 @@ class DownArgs(OpArgs):
 
 
 class EventsArgs(OpArgs):
+    """The newest `limit` events; with `follow`, then every new one as an `event` frame
+    named "cluster_event", until the client cancels or disconnects."""
+
     op = "events"
+    streams = True  # with follow
     cluster: str | None = None
     limit: int = 100
+    follow: bool = False
+
+
+class AutostopArgs(OpArgs):
+    """Set a cluster's autostop (`idle_minutes`, `down`, `wait_for`: jobs_and_ssh, jobs or
+    none), or with `cancel`, remove it."""
+
+    op = "autostop"
+    cluster: str
+    idle_minutes: float | None = None
+    down: bool = False
+    wait_for: str = "jobs_and_ssh"
+    cancel: bool = False
 
 
 class CheckArgs(OpArgs):
@@ -420,6 +437,7 @@ OPS: dict[str, type[OpArgs]] = {
         EventsArgs,
         RequestsArgs,
         CheckArgs,
+        AutostopArgs,
     )
 }
 

@@ -35,8 +35,10 @@ from clusterd.runtime.runner import CommandRunner, LocalRunner
 from clusterd.server.connection import Connection
 from clusterd.server.handlers import Handlers
 from clusterd.server.listener import open_listener, prepare_directory, remove_socket
+from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
+from clusterd.services.refresh import RefreshService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
@@ -100,6 +102,7 @@ class Daemon:
             settings.runtime_dir / "agents",
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,
+            settings.agent_autostop_grace_s,
         )
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for)
@@ -107,9 +110,18 @@ class Daemon:
             self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path),
         )
+        self.refresh = RefreshService(
+            self.store, self.locks, self.providers, self.runtime, self.access, self.clusters,
+            self.requests, settings.refresh_interval_s,
+        )
+        self.autostop = AutostopService(
+            self.store, self.locks, self.providers, self.access, self.clusters, self.requests,
+            settings.autostop_check_s,
+        )
+        self.clusters.autostopping = self.autostop.firing
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
-            self.ssh_provider,
+            self.ssh_provider, self.refresh, self.autostop,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -176,6 +188,12 @@ class Daemon:
             self.requests.attach(root)
             accepting = anyio.CancelScope()
             root.start_soon(self._accept, listener, accepting)
+            # The background loops, all in this one place (their periods are in Settings):
+            # status refresh (at once on start, then every refresh_interval_s, jittered),
+            # autostop timers (every autostop_check_s), event retention (hourly).
+            await root.start(self.refresh.run)
+            await root.start(self.autostop.run)
+            root.start_soon(self._prune_events)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))
@@ -187,6 +205,11 @@ class Daemon:
             with anyio.CancelScope(shield=True):
                 await self.requests.shutdown(self.settings.shutdown_grace_s)
             root.cancel_scope.cancel()
+
+    async def _prune_events(self) -> None:
+        while True:
+            await anyio.sleep(3600)
+            await self.store.prune_events()
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
         with scope:

@@ -31,11 +31,18 @@ class Settings:
     # After this long waiting, a request tells its client what it is blocked by.
     blocked_notice_s: float = 1.0
     # Bound on in-flight request handling during shutdown before they are cancelled.
-    shutdown_grace_s: float = 5.0
+    shutdown_grace_s: float = 3.0
     # Object store of Ray on local clusters, in bytes (Ray's minimum is 75 MB).
     local_object_store_bytes: int = 200 * 1024 * 1024
     # How long to wait for a cluster's runtime (Ray + agent) to come up.
     runtime_start_timeout_s: float = 120.0
+    # The refresh loop's period (each cycle waits this ± 10 %).
+    refresh_interval_s: float = 30.0
+    # How often autostop deadlines are checked: a timer fires at most this late.
+    autostop_check_s: float = 5.0
+    # How long past an autostop deadline, with no daemon in reach, an agent waits before it
+    # stops its cluster on its own.
+    agent_autostop_grace_s: float = 300.0
 
     @property
     def db_path(self) -> Path:
@@ -60,6 +67,9 @@ class Settings:
                 _float_env("CLUSTERD_LOCAL_OBJECT_STORE_BYTES", 200 * 1024 * 1024)
             ),
             "runtime_start_timeout_s": _float_env("CLUSTERD_RUNTIME_START_TIMEOUT", 120.0),
+            "refresh_interval_s": _float_env("CLUSTERD_REFRESH_INTERVAL", 30.0),
+            "autostop_check_s": _float_env("CLUSTERD_AUTOSTOP_CHECK", 5.0),
+            "agent_autostop_grace_s": _float_env("CLUSTERD_AGENT_AUTOSTOP_GRACE", 300.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -270,10 +270,11 @@ async def test_subscribe_receives_events_published_after_subscribing(db: Databas
     received: list[ClusterEvent] = []
 
     async def listen() -> None:
-        async for event in store.subscribe():
-            received.append(event)
-            if len(received) == 3:
-                break
+        with store.subscribe() as live:
+            async for event in live:
+                received.append(event)
+                if len(received) == 3:
+                    break
 
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:

@@ -19,9 +19,12 @@ import anyio
 import grpc
 import ray
 import structlog
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterd import log
-from clusterd.agent.autostop import AutostopState
+from clusterd.agent import node, node_tasks
+from clusterd.agent.autostop import AutostopState, ContactClock
+from clusterd.agent.autostop_marker import write_marker
 from clusterd.agent.jobs_db import JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Scheduler
@@ -44,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ray-connect-timeout", type=float, default=90.0)
     parser.add_argument("--ready-file", type=Path,
                         help="written with this process's pid once it serves")
+    parser.add_argument("--node-run-dir", default="",
+                        help="each node's run dir (pid files), '~' for the node user's home; "
+                             "lets the agent stop the cluster's Ray itself")
+    parser.add_argument("--autostop-grace", type=float, default=300.0,
+                        help="seconds past an autostop deadline without any daemon before "
+                             "the agent stops the cluster on its own")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
@@ -83,16 +92,38 @@ async def serve(args: argparse.Namespace) -> None:
     await store.open()
     hub = LogHub(state_dir / "jobs")
     scheduler = Scheduler(store, hub, args.cluster_name)
-    autostop = AutostopState(store, scheduler)
+    contact = ContactClock()
+
+    async def count_ssh_sessions() -> int:
+        return sum(n or 0 for n in await scheduler.on_every_node(node_tasks.ssh_sessions))
+
+    autostop = AutostopState(store, scheduler, contact, count_ssh_sessions)
     await autostop.load()
+    stopped_on_our_own = anyio.Event()
+
+    async def stop_runtime(reason: str, down: bool) -> None:
+        write_marker(state_dir, reason, down)
+        await scheduler.cancel([], cancel_all=True, reason=reason)
+        with anyio.move_on_after(30):
+            await scheduler.drain()
+        if args.node_run_dir:
+            head = ray.get_runtime_context().get_node_id()
+            workers = [n for n in await scheduler.nodes() if n.node_id != head]
+            for worker in workers:  # their raylets die under the tasks: no answer to wait for
+                node_tasks.stop_node_ray.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                    node_id=worker.node_id, soft=False)).remote(args.node_run_dir)
+            await anyio.sleep(5 if workers else 0)
+            await anyio.to_thread.run_sync(
+                node.stop, {"dir": os.path.expanduser(args.node_run_dir), "parts": ["ray"]})
+        stopped_on_our_own.set()
     failed = await scheduler.fail_in_progress(RESTART_REASON)
     if failed:
         logger.warning("failed jobs left over from a previous agent", job_ids=failed)
 
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
-    pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler), server)
-    pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop), server)
-    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler), server)
+    pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
+    pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
+    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler, contact), server)
     if args.listen.startswith("unix:"):
         socket_path = Path(args.listen.removeprefix("unix:"))
         socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,9 +140,18 @@ async def serve(args: argparse.Namespace) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with anyio.create_task_group() as group:
             await group.start(scheduler.run)
-            async for signum in signals:
-                logger.info("stopping", signal=signal.Signals(signum).name)
-                break
+            group.start_soon(autostop.sample_ssh_sessions)
+            group.start_soon(autostop.enforce, args.autostop_grace,
+                             min(10.0, max(1.0, args.autostop_grace / 4)), stop_runtime)
+
+            async def on_signal() -> None:
+                async for signum in signals:
+                    logger.info("stopping", signal=signal.Signals(signum).name)
+                    stopped_on_our_own.set()
+                    return
+
+            group.start_soon(on_signal)
+            await stopped_on_our_own.wait()
             with anyio.move_on_after(20, shield=True):
                 await scheduler.cancel([], cancel_all=True, reason=STOP_REASON)
                 await scheduler.drain()
@@ -131,8 +171,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         anyio.run(serve, args)
     finally:
-        ray.shutdown()
-    sys.exit(0)
+        logger.info("agent exiting")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not ray.shutdown(): with the Ray head already gone (a stop, an autostop) it waits
+        # on a GCS that will never answer. The job queue is closed; the GCS notices we left.
+        os._exit(0)
 
 
 if __name__ == "__main__":

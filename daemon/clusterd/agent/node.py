@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.processes import find, terminate_tree
 
 MARKER = ".clusterd-runtime"
@@ -207,6 +208,8 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
     # A killed agent's socket can accept connections for a moment after its death, so only
     # the new agent's own word (its pid in the ready file) says it is serving.
     ready_path.unlink(missing_ok=True)
+    # A runtime starting again is no longer one its agent stopped on its own.
+    clear_marker(Path(params["state_dir"]).expanduser())
     argv = [
         sys.executable, "-m", "clusterd.agent.main",
         f"--listen={params['listen']}",
@@ -215,6 +218,8 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--cluster-name={params['cluster_name']}",
         f"--log-level={params.get('log_level', 'info')}",
         f"--ready-file={ready_path}",
+        f"--node-run-dir={params.get('node_run_dir', '')}",
+        f"--autostop-grace={float(params.get('autostop_grace', 300))}",
     ]
     pid = _spawn(argv, log_path, _env(params))
     _write_pidfile(pid_path, pid)
@@ -258,6 +263,8 @@ def status(params: dict[str, Any]) -> dict[str, Any]:
     for name in ("ray", "agent"):
         process = _read_pidfile(run_dir / f"{name}.pid")
         result[name] = {"alive": process is not None, "pid": process.pid if process else None}
+    # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
+    result["autostopped"] = read_marker(run_dir.parent / "agent")
     return result
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import os
 import select
 import subprocess
@@ -91,5 +92,25 @@ def kill_process_tree(pid: int, create_time: float | None = None) -> int:
 
 
 kill_tree = ray.remote(num_cpus=0, max_retries=0)(kill_process_tree)
+
+
+def _ssh_sessions() -> int:
+    """Interactive logins of this node's user from another host (utmp). The daemon runs its
+    commands without a terminal, so its own connections never show up here."""
+    me = getpass.getuser()
+    return sum(1 for user in psutil.users() if user.host and user.name == me)
+
+
+ssh_sessions = ray.remote(num_cpus=0, max_retries=0)(_ssh_sessions)
+
+
+def _stop_node_ray(run_dir: str) -> dict[str, Any]:
+    """Stop this node's Ray (from inside it: the caller should not wait for an answer)."""
+    from clusterd.agent import node
+
+    return node.stop({"dir": run_dir, "parts": ["ray"]})
+
+
+stop_node_ray = ray.remote(num_cpus=0, max_retries=0)(_stop_node_ray)
 
 

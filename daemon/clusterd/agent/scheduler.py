@@ -7,6 +7,7 @@ never starved by small ones. Once reserved, the job runs and the next one is con
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import getpass
 import ipaddress
@@ -17,6 +18,7 @@ import anyio
 import ray
 import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterctl.protocol import JobStatus
 from clusterd import log
@@ -71,12 +73,31 @@ class Scheduler:
     # -- cluster view -----------------------------------------------------------------------
 
     async def nodes(self) -> list[NodeView]:
-        raw = await anyio.to_thread.run_sync(ray.nodes)
+        # Abandoned on cancel: with the GCS gone, ray.nodes() retries for a long time, and a
+        # stopping agent must not wait for it.
+        raw = await anyio.to_thread.run_sync(ray.nodes, abandon_on_cancel=True)
         return [
             NodeView(n["NodeID"], n["NodeManagerAddress"], dict(n.get("Resources") or {}))
             for n in raw
             if n.get("Alive")
         ]
+
+    async def on_every_node(self, task: Any, *args: Any, timeout_s: float = 20) -> list[Any]:
+        """Run a Ray task once on each live node; results in node order (errors as None)."""
+        nodes = await self.nodes()
+        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=n.node_id, soft=False)).remote(*args) for n in nodes]
+        results: list[Any] = [None] * len(refs)
+
+        async def wait(index: int) -> None:
+            with contextlib.suppress(ray.exceptions.RayError, TimeoutError), \
+                    anyio.fail_after(timeout_s):
+                results[index] = await refs[index]
+
+        async with anyio.create_task_group() as group:
+            for index in range(len(refs)):
+                group.start_soon(wait, index)
+        return results
 
     async def check_feasible(self, num_nodes: int, resources: dict[str, Any]) -> None:
         nodes = await self.nodes()
@@ -236,7 +257,8 @@ class Scheduler:
             await self._drained.wait()
 
     async def _slots(self, pg: Any) -> list[NodeSlot]:
-        table = await anyio.to_thread.run_sync(ray.util.placement_group_table, pg)
+        table = await anyio.to_thread.run_sync(ray.util.placement_group_table, pg,
+                                               abandon_on_cancel=True)
         by_bundle: dict[int, str] = {int(k): v for k, v in table["bundles_to_node_id"].items()}
         ips = {n.node_id: n.ip for n in await self.nodes()}
         head = self._head_node_id

@@ -17,7 +17,7 @@ import ray
 import structlog
 
 from clusterctl._version import __version__
-from clusterd.agent.autostop import AutostopState
+from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
@@ -71,8 +71,12 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
     }
 
 
-async def _admit(context: Any) -> None:
-    """Bind the daemon's request id for log lines, and refuse a daemon of another version."""
+async def _admit(servicer: Any, context: Any) -> None:
+    """Note the daemon's visit, bind its request id for log lines, and refuse a daemon of
+    another version."""
+    contact = getattr(servicer, "contact", None)
+    if contact is not None:
+        contact.touch()
     metadata = dict(context.invocation_metadata() or ())
     if REQUEST_ID_METADATA in metadata:
         structlog.contextvars.bind_contextvars(request_id=metadata[REQUEST_ID_METADATA])
@@ -90,20 +94,22 @@ def traced(method: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.isasyncgenfunction(method):
         @functools.wraps(method)
         async def stream(self: Any, request: Any, context: Any) -> AsyncIterator[Any]:
-            await _admit(context)
+            await _admit(self, context)
             async for item in method(self, request, context):
                 yield item
         return stream
 
     @functools.wraps(method)
     async def unary(self: Any, request: Any, context: Any) -> Any:
-        await _admit(context)
+        await _admit(self, context)
         return await method(self, request, context)
     return unary
 
 
 class JobsService(pb_grpc.JobsServiceServicer):
-    def __init__(self, store: JobStore, hub: LogHub, scheduler: Scheduler) -> None:
+    def __init__(self, store: JobStore, hub: LogHub, scheduler: Scheduler,
+                 contact: ContactClock) -> None:
+        self.contact = contact
         self._store = store
         self._hub = hub
         self._scheduler = scheduler
@@ -182,8 +188,9 @@ class JobsService(pb_grpc.JobsServiceServicer):
 
 
 class AutostopService(pb_grpc.AutostopServiceServicer):
-    def __init__(self, state: AutostopState) -> None:
+    def __init__(self, state: AutostopState, contact: ContactClock) -> None:
         self._state = state
+        self.contact = contact
 
     @traced
     async def SetAutostop(
@@ -206,11 +213,13 @@ class AutostopService(pb_grpc.AutostopServiceServicer):
 
 
 class HealthService(pb_grpc.HealthServiceServicer):
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduler, contact: ContactClock) -> None:
+        self.contact = contact
         self._scheduler = scheduler
         self._started_at = time.time()
 
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
+        self.contact.touch()
         connected = ray.is_initialized()
         alive = len(await self._scheduler.nodes()) if connected else 0
         return pb.GetHealthResponse(

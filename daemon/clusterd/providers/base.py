@@ -128,6 +128,13 @@ class Provider(Protocol):
         """The nodes that exist now, with their states; empty if the cluster is gone."""
         ...
 
+    async def query_many(
+        self, clusters: list[tuple[str, dict[str, Any]]]
+    ) -> dict[str, list[NodeInfo] | ProvisionError]:
+        """`query` for many clusters at once (by cloud name), in as few calls to the
+        provider as it allows; a cluster whose query failed maps to its error."""
+        ...
+
     async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
         """How to reach every node, head first."""
         ...

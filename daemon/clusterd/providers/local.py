@@ -97,6 +97,11 @@ class LocalProvider:
             )
         ]
 
+    async def query_many(
+        self, clusters: list[tuple[str, dict[str, Any]]]
+    ) -> dict[str, list[NodeInfo] | ProvisionError]:
+        return {name: await self.query(name, handle) for name, handle in clusters}
+
     async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
         nodes = await self.query(cloud_name, handle)
         if not nodes:

@@ -167,20 +167,37 @@ class SSHProvider:
         ]
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
-        hosts = handle.get("hosts", [])
-        statuses = [NodeStatus.RUNNING] * len(hosts)
+        result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
+        if isinstance(result, ProvisionError):
+            raise result
+        return result
 
-        async def reach(index: int, host: dict[str, Any]) -> None:
+    async def query_many(
+        self, clusters: list[tuple[str, dict[str, Any]]]
+    ) -> dict[str, list[NodeInfo] | ProvisionError]:
+        """Each host is reached once, however many clusters ask (a host has one cluster,
+        but a refresh may list a cluster twice)."""
+        targets = {_target(h) for _, handle in clusters for h in handle.get("hosts", [])}
+        reachable: dict[SSHTarget, bool] = {}
+
+        async def reach(target: SSHTarget) -> None:
             try:
                 with anyio.fail_after(REACH_TIMEOUT_S * 3):
-                    await self._connections.get(_target(host))
+                    await self._connections.get(target)
+                reachable[target] = True
             except (ProtocolError, TimeoutError):
-                statuses[index] = NodeStatus.UNREACHABLE
+                reachable[target] = False
 
         async with anyio.create_task_group() as group:
-            for index, host in enumerate(hosts):
-                group.start_soon(reach, index, host)
-        return self._nodes(cloud_name, handle, statuses)
+            for target in targets:
+                group.start_soon(reach, target)
+        return {
+            name: self._nodes(name, handle, [
+                NodeStatus.RUNNING if reachable.get(_target(h)) else NodeStatus.UNREACHABLE
+                for h in handle.get("hosts", [])
+            ])
+            for name, handle in clusters
+        }
 
     async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
         hosts = handle.get("hosts", [])

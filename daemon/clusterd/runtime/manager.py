@@ -20,6 +20,7 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import first_error
+from clusterd.faults import fault_point
 from clusterd.providers.base import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
@@ -97,7 +98,9 @@ class RuntimeManager:
         agent_socket_dir: Path,
         object_store_bytes: int,
         start_timeout_s: float,
+        agent_autostop_grace_s: float = 300.0,
     ) -> None:
+        self._agent_autostop_grace_s = agent_autostop_grace_s
         self._runner_for = runner_for
         self._access = access
         self._wheelhouse = wheelhouse
@@ -129,6 +132,10 @@ class RuntimeManager:
         head_layout = NodeLayout(head.runtime_dir)
         state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
         head_alive = bool(state["ray"]["alive"]) and bool(previous and previous.get("ports"))
+        if not head_alive and state["agent"]["alive"]:
+            # An agent outliving its Ray head is a driver of a cluster that is gone.
+            await node_helper.call(head_runner, "stop",
+                                   {"dir": head_layout.run_dir, "parts": ["agent"]})
         if head_alive:
             assert previous is not None
             ports: dict[str, int] = dict(previous["ports"])
@@ -158,9 +165,14 @@ class RuntimeManager:
                 "cluster_name": cluster,
                 "env": self._ray_env(head_layout, ports, head),
                 "timeout": self._start_timeout_s,
+                # Every node's run dir has the same form (in its user's home), so the agent
+                # can stop the whole cluster when autostop falls due with no daemon about.
+                "node_run_dir": head_layout.run_dir,
+                "autostop_grace": self._agent_autostop_grace_s,
             },
             timeout_s=self._start_timeout_s + 30,
         )
+        await fault_point("launch.after_agent")
         handle: dict[str, Any] = {
             "ports": ports,
             "worker_ports": worker_ports,
@@ -182,6 +194,7 @@ class RuntimeManager:
         await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
         wheelhouse = await self._wheelhouse.ensure()
         await progress(f"installing the runtime {wheelhouse.key} where missing", "install")
+        await fault_point("launch.during_install")
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in nodes:
@@ -291,6 +304,14 @@ class RuntimeManager:
             ) from None
         finally:
             await client.close()
+
+    async def head_status(self, info: ClusterInfo) -> dict[str, Any]:
+        """What runs on the head (Ray, the agent), and whether the agent stopped the
+        cluster on its own (`autostopped`, with its reason)."""
+        return await node_helper.call(
+            self._runner_for(info.head), "status",
+            {"dir": NodeLayout(info.head.runtime_dir).run_dir}, timeout_s=30,
+        )
 
     async def stop(self, info: ClusterInfo) -> None:
         """Stop the agent (which cancels its jobs), then Ray on the workers, then on the head:

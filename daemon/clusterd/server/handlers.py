@@ -13,13 +13,15 @@ from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, OpArgs, ProtocolError
 from clusterd.providers.ssh import SSHProvider
 from clusterd.requests import RequestManager, RunningRequest
+from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.common import check_name, generated_name, require_cluster
 from clusterd.services.jobs import JobService
+from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestStore
 from clusterd.tasks.loader import load_task, parse_resources
-from clusterd.tasks.spec import TaskSpec
+from clusterd.tasks.spec import WAIT_FOR_CHOICES, Autostop, TaskSpec
 
 from .connection import Call
 
@@ -36,8 +38,12 @@ class Handlers:
         store: ClusterStore,
         request_store: RequestStore,
         ssh_provider: SSHProvider,
+        refresh: RefreshService,
+        autostop: AutostopService,
     ) -> None:
         self._ssh = ssh_provider
+        self._refresh = refresh
+        self._autostop = autostop
         self._clusters = clusters
         self._jobs = jobs
         self._requests = requests
@@ -57,6 +63,7 @@ class Handlers:
             protocol.EventsArgs.op: self.events,
             protocol.RequestsArgs.op: self.list_requests,
             protocol.CheckArgs.op: self.check,
+            protocol.AutostopArgs.op: self.autostop,
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -70,7 +77,11 @@ class Handlers:
         return {"pong": True, "version": __version__, "pid": os.getpid()}
 
     async def status(self, call: Call, args: protocol.StatusArgs) -> dict[str, Any]:
-        return await self._clusters.status(args.clusters, args.refresh)
+        for name in args.clusters:
+            require_cluster(self._store, name)
+        if args.refresh:
+            await self._refresh.cycle(args.clusters or None, force=True)
+        return self._clusters.status(args.clusters)
 
     async def queue(self, call: Call, args: protocol.QueueArgs) -> dict[str, Any]:
         return await self._jobs.queue(args.cluster, args.skip_finished)
@@ -88,8 +99,41 @@ class Handlers:
         if args.cluster:
             check_name(args.cluster)
         limit = max(1, min(args.limit, MAX_EVENTS_LIMIT))
-        events = await self._store.events(args.cluster, limit)
-        return {"events": [e.to_wire() for e in events]}
+        if not args.follow:
+            events = await self._store.events(args.cluster, limit)
+            return {"events": [e.to_wire() for e in events]}
+        # Subscribe before reading the past, so nothing falls between the two.
+        with self._store.subscribe() as live:
+            shown = 0
+            for event in await self._store.events(args.cluster, limit):
+                await call.emit("cluster_event", event.to_wire())
+                shown = max(shown, event.id)
+            async for event in live:
+                if event.id > shown and (args.cluster is None or event.cluster == args.cluster):
+                    await call.emit("cluster_event", event.to_wire())
+        raise ProtocolError(ErrorCode.INTERNAL, "the event stream fell too far behind",
+                            "follow again")
+
+    async def autostop(self, call: Call, args: protocol.AutostopArgs) -> dict[str, Any]:
+        if args.cancel:
+            setting = None
+        else:
+            if args.idle_minutes is None:
+                raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                    "autostop needs idle minutes, or cancel",
+                                    "e.g. clusterctl autostop dev -i 10, or --cancel")
+            if args.idle_minutes < 0:
+                raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "idle minutes must be ≥ 0")
+            if args.wait_for not in WAIT_FOR_CHOICES:
+                raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                    f"wait_for must be one of {', '.join(WAIT_FOR_CHOICES)}")
+            setting = Autostop(args.idle_minutes, args.down, args.wait_for)
+        require_cluster(self._store, args.cluster)
+        request = await self._requests.start(
+            args.op, args.cluster, protocol.to_wire(args),
+            lambda r: self._autostop.configure(r, args.cluster, setting),
+        )
+        return await _follow(call, request)
 
     async def check(self, call: Call, args: protocol.CheckArgs) -> dict[str, Any]:
         return {

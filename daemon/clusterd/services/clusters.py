@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -18,13 +19,12 @@ import anyio
 from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError
 from clusterd import log
 from clusterd.agent.wire import WAIT_FOR_TO_PB
-from clusterd.concurrency import first_error
+from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.providers.base import (
     BlockScope,
     ClusterInfo,
     ClusterRequest,
-    NodeStatus,
     Provider,
     ProvisionError,
 )
@@ -41,7 +41,8 @@ from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
 logger = log.get("clusterd.clusters")
 
 WAIT_TIMEOUT_S = 900.0
-REFRESH_CONCURRENCY = 16
+# Run under a cluster's lock just before a stop or down; returns why to call it off, or None.
+Precheck = Callable[[], Awaitable[str | None]]
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
 # After a stop or down has stopped the agent, how long clients following a job's log get to
 # read its final status before the connection closes under them.
@@ -60,6 +61,8 @@ class ClusterService:
         ssh_config: SSHConfigWriter,
     ) -> None:
         self._ssh_config = ssh_config
+        # Clusters an autostop request is stopping right now (set by the autostop service).
+        self.autostopping: dict[str, int] = {}
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -87,6 +90,9 @@ class ClusterService:
             "refreshed_at": record.refreshed_at,
             "autostop_minutes": record.autostop_minutes,
             "autostop_down": record.autostop_down,
+            "autostop_wait_for": record.autostop_wait_for,
+            "autostop_deadline": record.autostop_deadline,
+            "autostopping": record.name in self.autostopping,
             "busy": [h.describe() for h in holders],
             "cloud_name": record.cloud_name,
             "hosts": [f"{h['user']}@{h['host']}:{h['port']}" for h in
@@ -94,11 +100,9 @@ class ClusterService:
             "tunnel": (record.handle or {}).get("tunnel"),
         }
 
-    async def status(self, names: list[str], refresh: bool) -> dict[str, Any]:
+    def status(self, names: list[str]) -> dict[str, Any]:
         for name in names:
             require_cluster(self._store, name)
-        if refresh:
-            await self.refresh(names or list(self._store.names()))
         records = [self._store.get(n) for n in names] if names else self._store.all()
         return {"clusters": [self.view(r) for r in records if r is not None]}
 
@@ -128,7 +132,7 @@ class ClusterService:
                 _check_compatible(record, provider, task)
                 record = await self._bring_existing_up(request, record, provider)
             if autostop is not None:
-                record = await self._apply_autostop(record, autostop)
+                record = await self.apply_autostop(record, autostop, request.id)
             grant.downgrade()
             result = await self._jobs.submit(request, record, task, run_setup=True)
         return result
@@ -161,6 +165,15 @@ class ClusterService:
         try:
             return await self._create_and_start(request, record, provider, cluster_request,
                                                 placements)
+        except anyio.get_cancelled_exc_class():
+            # The daemon is shutting down: keep the intent; the next start reconciles it.
+            with anyio.CancelScope(shield=True):
+                if self._store.get(name) is not None:
+                    await self._store.set_status(
+                        name, ClusterStatus.INIT,
+                        f"launch interrupted by a daemon shutdown; `clusterctl launch -c {name}`"
+                        " finishes it", request.id)
+            raise
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self._discard_failed_launch(request, name, exc)
@@ -178,6 +191,7 @@ class ClusterService:
         handle: dict[str, Any] | None = None
         for placement in placements:
             await request.progress(f"creating nodes on {placement.describe()}", "provision")
+            await fault_point("launch.before_create")
             try:
                 handle = await provider.create(cluster_request, placement)
                 record = await self._store.update(
@@ -225,9 +239,10 @@ class ClusterService:
             refreshed_at=time.time(),
         )
         if record.autostop_minutes is not None:
-            record = await self._apply_autostop(
+            # A restarted runtime's agent learns the setting again; the clock starts over.
+            record = await self.apply_autostop(
                 record, Autostop(record.autostop_minutes, record.autostop_down,
-                                 record.autostop_wait_for))
+                                 record.autostop_wait_for), request.id, announce=False)
         await request.progress(f"cluster {record.name} is UP", "up")
         return record
 
@@ -292,22 +307,40 @@ class ClusterService:
             return "healthy"
         return "unhealthy"
 
-    async def _apply_autostop(self, record: ClusterRecord, setting: Autostop) -> ClusterRecord:
+    async def apply_autostop(self, record: ClusterRecord, setting: Autostop | None,
+                             request_id: int | None = None, *, announce: bool = True
+                             ) -> ClusterRecord:
+        """Set (None: cancel) autostop: in the record (deadlines survive restarts) and in the
+        agent (which enforces it itself when no daemon comes by). The caller holds the lock."""
         provider = self._providers.get(record.provider)
-        if not provider.can_stop and not setting.down:
+        if setting is not None and not provider.can_stop and not setting.down:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED,
                 f"{record.provider} clusters cannot be stopped, so autostop needs --down",
                 "add --down to tear the cluster down when idle",
             )
-        record = await self._store.update(
-            record.name, autostop_minutes=setting.idle_minutes, autostop_down=setting.down,
-            autostop_wait_for=setting.wait_for,
-        )
+        now = time.time()
+        if setting is None:
+            record = await self._store.update(record.name, autostop_minutes=None,
+                                              autostop_set_at=None, autostop_deadline=None)
+        else:
+            record = await self._store.update(
+                record.name, autostop_minutes=setting.idle_minutes, autostop_down=setting.down,
+                autostop_wait_for=setting.wait_for, autostop_set_at=now,
+                autostop_deadline=now + setting.idle_minutes * 60,
+            )
         if record.status == ClusterStatus.UP:
             agent = await self._jobs.agent(record)
-            await agent.set_autostop(setting.idle_minutes, setting.down,
-                                     WAIT_FOR_TO_PB[setting.wait_for])
+            if setting is None:
+                await agent.set_autostop(-1, False, WAIT_FOR_TO_PB["jobs_and_ssh"])
+            else:
+                await agent.set_autostop(setting.idle_minutes, setting.down,
+                                         WAIT_FOR_TO_PB[setting.wait_for])
+        if announce:
+            text = "autostop cancelled" if setting is None else (
+                f"autostop set: {'tear down' if setting.down else 'stop'} after "
+                f"{setting.idle_minutes:g} idle min (waiting for {setting.wait_for})")
+            await self._store.add_event(record.name, "autostop", text, request_id)
         return record
 
     # -- start / stop / down ------------------------------------------------------------------
@@ -321,7 +354,10 @@ class ClusterService:
             record = await self._bring_existing_up(request, record, provider)
         return {"cluster": name, "status": str(record.status)}
 
-    async def stop(self, request: RunningRequest, name: str) -> dict[str, Any]:
+    async def stop(self, request: RunningRequest, name: str, *, reason: str | None = None,
+                   precheck: Precheck | None = None) -> dict[str, Any]:
+        """Stop the cluster (its runtime, then its nodes). `precheck`, run under the lock,
+        may still call it off (it returns why, or None to go on)."""
         record = require_cluster(self._store, name)
         provider = self._providers.get(record.provider)
         if not provider.can_stop:
@@ -337,6 +373,9 @@ class ClusterService:
             record = require_cluster(self._store, name)
             if record.status == ClusterStatus.STOPPED:
                 return {"cluster": name, "status": str(record.status), "changed": False}
+            if precheck is not None and (why := await precheck()):
+                return {"cluster": name, "status": str(record.status), "changed": False,
+                        "skipped": why}
             await request.progress(f"stopping {name}", "stop")
             handle = (record.handle or {}).get("provider") or {}
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -344,20 +383,28 @@ class ClusterService:
             await self._access.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
             await self._store.set_status(name, ClusterStatus.STOPPED,
-                                         f"stopped by request {request.id}", request.id)
+                                         reason or f"stopped by request {request.id}",
+                                         request.id)
         return {"cluster": name, "status": str(ClusterStatus.STOPPED), "changed": True}
 
-    async def down(self, request: RunningRequest, name: str, purge: bool) -> dict[str, Any]:
+    async def down(self, request: RunningRequest, name: str, purge: bool, *,
+                   reason: str | None = None, precheck: Precheck | None = None
+                   ) -> dict[str, Any]:
         require_cluster(self._store, name)
         self._preempt(request, name)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "down",
                                     on_blocked=request.blocked):
             record = require_cluster(self._store, name)
+            if precheck is not None and (why := await precheck()):
+                return {"cluster": name, "status": str(record.status), "changed": False,
+                        "skipped": why}
             await request.progress(f"tearing down {name}", "down")
+            await fault_point("down.mid_teardown")
             await self._teardown(request, record, purge=purge)
             self._ssh_config.remove(name)
-            await self._store.remove(name, f"torn down by request {request.id}", request.id)
-        return {"cluster": name, "status": str(ClusterStatus.TERMINATED)}
+            await self._store.remove(name, reason or f"torn down by request {request.id}",
+                                     request.id)
+        return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
 
     def _preempt(self, request: RunningRequest, name: str) -> None:
         me = Holder(request.id, request.op, LockMode.EXCLUSIVE)
@@ -392,68 +439,6 @@ class ClusterService:
                 if not purge:
                     raise
                 await request.progress(f"warning: {exc.message}", "down")
-
-    # -- refresh ------------------------------------------------------------------------------
-
-    async def refresh(self, names: list[str]) -> None:
-        limiter = anyio.CapacityLimiter(REFRESH_CONCURRENCY)
-
-        async def one(name: str) -> None:
-            async with limiter:
-                await self.refresh_one(name)
-
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for name in names:
-                    group.start_soon(one, name)
-
-    async def refresh_one(self, name: str) -> None:
-        record = self._store.get(name)
-        if record is None:
-            return
-        if any(h.mode == LockMode.EXCLUSIVE for h in self._locks.holders(name)):
-            return  # a launch/stop/down is changing it right now; it will record the outcome
-        provider = self._providers.get(record.provider)
-        handle = (record.handle or {}).get("provider")
-        if handle is None:
-            return  # an interrupted launch: the next launch resumes it
-        try:
-            nodes = await provider.query(record.cloud_name, handle)
-        except ProvisionError as exc:
-            await self._store.add_event(name, "refresh", f"provider query failed: {exc.message}")
-            return
-        status, reason = await self._reconcile(record, nodes)
-        if status is None:
-            await self._store.remove(name, reason)
-            await self._access.close(name)
-            return
-        if status != record.status:
-            await self._store.set_status(name, status, reason, refreshed_at=time.time())
-        else:
-            await self._store.update(name, refreshed_at=time.time())
-
-    async def _reconcile(
-        self, record: ClusterRecord, nodes: list[Any]
-    ) -> tuple[ClusterStatus | None, str]:
-        if not nodes:
-            return None, "refresh found no nodes left"
-        states = {n.status for n in nodes}
-        if states == {NodeStatus.STOPPED}:
-            return ClusterStatus.STOPPED, "refresh found every node stopped"
-        if len(nodes) < record.num_nodes or states != {NodeStatus.RUNNING}:
-            running = sum(1 for n in nodes if n.status == NodeStatus.RUNNING)
-            return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
-                                        "nodes running")
-        try:
-            agent = await self._jobs.agent(record)
-            health = await agent.health()
-        except ProtocolError as exc:
-            await self._access.reset(record.name)
-            return ClusterStatus.INIT, f"agent not healthy: {exc.message}"
-        if not health.ray_connected or health.ray_nodes_alive < record.num_nodes:
-            return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
-                                        f"{record.num_nodes} nodes")
-        return ClusterStatus.UP, "refresh found every node and the agent healthy"
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)

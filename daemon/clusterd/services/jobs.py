@@ -13,6 +13,7 @@ from clusterd import log
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error
+from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.providers.base import ClusterInfo
 from clusterd.providers.registry import ProviderRegistry
@@ -120,6 +121,7 @@ class JobService:
             resources_display=resources.display(task.num_nodes),
         )
         agent = await self.agent(record)
+        await fault_point("exec.during_submit")
         reply = await agent.add_job(spec)
         request.emit("job", {"job_id": reply.job_id, "cluster": record.name})
         logger.info("job submitted", job_id=reply.job_id)
@@ -229,6 +231,7 @@ class JobService:
                     position = message.offset
                     await emit("log", {"data": message.data, "offset": message.offset,
                                        "job_id": current})
+                    await fault_point("exec.streaming")
                 raise ProtocolError(ErrorCode.AGENT_UNREACHABLE,
                                     "log stream ended without a final status")
             except ProtocolError as exc:

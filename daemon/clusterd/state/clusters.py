@@ -7,13 +7,14 @@ the call returns, together with the event that explains it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import anyio
-from anyio.streams.memory import MemoryObjectSendStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from clusterctl.protocol import ClusterStatus
 from clusterd.state.db import Database, dumps, loads
@@ -39,6 +40,9 @@ class ClusterRecord:
     autostop_minutes: float | None = None
     autostop_down: bool = False
     autostop_wait_for: str = "jobs_and_ssh"
+    autostop_set_at: float | None = None
+    # When it falls due, as last computed from the agent's idleness; None while busy.
+    autostop_deadline: float | None = None
     launched_at: float | None = None
     refreshed_at: float | None = None
     ever_up: bool = False
@@ -211,17 +215,18 @@ class ClusterStore:
               [EVENT_RETENTION])]
         )
 
-    async def subscribe(self) -> AsyncIterator[ClusterEvent]:
-        """New events as they are recorded, until the caller stops iterating."""
+    @contextlib.contextmanager
+    def subscribe(self) -> Iterator[MemoryObjectReceiveStream[ClusterEvent]]:
+        """New events as they are recorded, from the moment this is entered until it is left.
+        A listener that falls 1000 events behind is dropped (its stream ends)."""
         send, receive = anyio.create_memory_object_stream[ClusterEvent](1000)
         self._event_listeners.add(send)
         try:
-            async with receive:
-                async for event in receive:
-                    yield event
+            yield receive
         finally:
             self._event_listeners.discard(send)
             send.close()
+            receive.close()
 
     def _publish(self, event_id: int | None, *event: Any) -> None:
         if not self._event_listeners:

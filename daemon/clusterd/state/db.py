@@ -61,6 +61,11 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX requests_by_status ON requests (status);
     """,
+    # 2: autostop deadlines survive restarts.
+    """
+    ALTER TABLE clusters ADD COLUMN autostop_set_at REAL;
+    ALTER TABLE clusters ADD COLUMN autostop_deadline REAL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

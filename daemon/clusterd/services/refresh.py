@@ -1,0 +1,211 @@
+"""Keeping cluster status true: a periodic refresh (and `status --refresh` on demand).
+
+Each cycle asks every provider once for all its clusters (per provider and region), checks
+the agent of each cluster whose nodes run, and reconciles: every node up and the agent
+healthy is UP; every node stopped is STOPPED; some missing, or the agent or Ray dead, is INIT
+with the reason; none left is terminated (the record goes, its events stay). A cluster whose
+lock is held exclusively (a launch, stop or down in flight) is left alone: that request will
+record the outcome, and a refresh must never remove a record whose launch is still running.
+A cluster whose checks fail is retried with backoff, not every cycle.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.concurrency import first_error
+from clusterd.locks import ClusterLocks, LockMode
+from clusterd.providers.base import NodeInfo, NodeStatus, ProvisionError
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.requests import RequestManager, RunningRequest
+from clusterd.runtime.agent_access import AgentAccess
+from clusterd.runtime.manager import RuntimeManager
+from clusterd.services.clusters import ClusterService
+from clusterd.state.clusters import ClusterRecord, ClusterStore
+
+logger = log.get("clusterd.refresh")
+
+CONCURRENCY = 16
+JITTER = 0.1  # each cycle waits interval * (1 ± JITTER), so refreshes do not beat in step
+MAX_BACKOFF_S = 600.0
+
+
+class RefreshService:
+    def __init__(
+        self,
+        store: ClusterStore,
+        locks: ClusterLocks,
+        providers: ProviderRegistry,
+        runtime: RuntimeManager,
+        access: AgentAccess,
+        clusters: ClusterService,
+        requests: RequestManager,
+        interval_s: float,
+    ) -> None:
+        self._store = store
+        self._locks = locks
+        self._providers = providers
+        self._runtime = runtime
+        self._access = access
+        self._clusters = clusters
+        self._requests = requests
+        self.interval_s = interval_s
+        # name -> (consecutive failures, not before): clusters whose checks keep failing.
+        self._backoff: dict[str, tuple[int, float]] = {}
+        self.cycles = 0
+        self.last_cycle_s = 0.0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The refresh loop: at once (INIT clusters left by a crash are settled first), then
+        every interval, with jitter."""
+        task_status.started()
+        while True:
+            await self.cycle()
+            await anyio.sleep(self.interval_s * random.uniform(1 - JITTER, 1 + JITTER))
+
+    async def cycle(self, names: list[str] | None = None, *, force: bool = False) -> None:
+        started = time.monotonic()
+        now = time.time()
+        chosen = [r for r in self._store.all()
+                  if (names is None or r.name in names)
+                  and (force or self._backoff.get(r.name, (0, 0.0))[1] <= now)]
+        # INIT first: those are the ones a crash or a failure may have left unsettled.
+        chosen.sort(key=lambda r: (r.status != ClusterStatus.INIT, r.refreshed_at or 0))
+        by_provider: dict[tuple[str, str | None], list[ClusterRecord]] = {}
+        for record in chosen:
+            if self._busy(record):
+                continue
+            if not (record.handle or {}).get("provider"):
+                await self._note_unstarted(record)
+                continue
+            region = (record.requested_resources.get("infra") or "").split("/")[1:2]
+            by_provider.setdefault((record.provider, region[0] if region else None),
+                                   []).append(record)
+        limiter = anyio.CapacityLimiter(CONCURRENCY)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for (provider_name, _), records in by_provider.items():
+                    group.start_soon(self._refresh_group, provider_name, records, limiter)
+        self.cycles += 1
+        self.last_cycle_s = time.monotonic() - started
+
+    async def _note_unstarted(self, record: ClusterRecord) -> None:
+        """A launch that died before the provider created anything: nothing to query, so
+        say what it is and what to do."""
+        reason = (f"launch interrupted before any node was created: `clusterctl launch -c "
+                  f"{record.name}` finishes it, `clusterctl down {record.name}` drops it")
+        if record.status_reason != reason:
+            await self._store.set_status(record.name, ClusterStatus.INIT, reason,
+                                         refreshed_at=time.time())
+
+    def _busy(self, record: ClusterRecord) -> bool:
+        return any(h.mode == LockMode.EXCLUSIVE for h in self._locks.holders(record.name))
+
+    async def _refresh_group(self, provider_name: str, records: list[ClusterRecord],
+                             limiter: anyio.CapacityLimiter) -> None:
+        provider = self._providers.get(provider_name)
+        try:
+            found = await provider.query_many(
+                [(r.cloud_name, (r.handle or {})["provider"]) for r in records]
+            )
+        except ProvisionError as exc:
+            found = {r.cloud_name: exc for r in records}
+
+        async def one(record: ClusterRecord) -> None:
+            async with limiter:
+                await self._settle(record, found.get(record.cloud_name, []))
+
+        async with anyio.create_task_group() as group:
+            for record in records:
+                group.start_soon(one, record)
+
+    async def _settle(self, record: ClusterRecord, nodes: list[NodeInfo] | ProvisionError
+                      ) -> None:
+        name = record.name
+        if self._store.get(name) is None or self._busy(record):
+            return
+        try:
+            if isinstance(nodes, ProvisionError):
+                raise nodes
+            status, reason = await self._reconcile(record, nodes)
+        except ProtocolError as exc:
+            failures = self._backoff.get(name, (0, 0.0))[0] + 1
+            delay = min(MAX_BACKOFF_S, self.interval_s * 2 ** (failures - 1))
+            self._backoff[name] = (failures, time.time() + delay)
+            await self._store.add_event(name, "refresh", f"refresh failed ({exc.message}); "
+                                        f"next try in {delay:.0f} s")
+            return
+        self._backoff.pop(name, None)
+        if status is None:
+            await self._access.close(name)
+            await self._store.remove(name, reason)
+            return
+        if status != record.status:
+            await self._store.set_status(name, status, reason, refreshed_at=time.time())
+        else:
+            await self._store.update(name, refreshed_at=time.time())
+
+    async def _reconcile(
+        self, record: ClusterRecord, nodes: list[NodeInfo]
+    ) -> tuple[ClusterStatus | None, str]:
+        if not nodes:
+            return None, "refresh found no nodes left"
+        states = {n.status for n in nodes}
+        if states == {NodeStatus.STOPPED}:
+            return ClusterStatus.STOPPED, "refresh found every node stopped"
+        if len(nodes) < record.num_nodes or states != {NodeStatus.RUNNING}:
+            running = sum(1 for n in nodes if n.status == NodeStatus.RUNNING)
+            unreachable = sum(1 for n in nodes if n.status == NodeStatus.UNREACHABLE)
+            detail = f", {unreachable} unreachable" if unreachable else ""
+            return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
+                                        f"nodes running{detail}")
+        try:
+            agent = await self._access.client(record)
+            health = await agent.check_version()
+        except ProtocolError as exc:
+            await self._access.reset(record.name)
+            if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
+                return ClusterStatus.INIT, exc.message
+            return await self._agent_gone(record, exc)
+        if not health.ray_connected or health.ray_nodes_alive < record.num_nodes:
+            return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
+                                        f"{record.num_nodes} nodes")
+        return ClusterStatus.UP, "refresh found every node and the agent healthy"
+
+    async def _agent_gone(self, record: ClusterRecord, error: ProtocolError
+                          ) -> tuple[ClusterStatus | None, str]:
+        """The agent does not answer: did it stop the cluster itself (autostop with no daemon
+        around), or did it die?"""
+        info = await self._clusters.cluster_info(record)
+        head = await self._runtime.head_status(info)
+        marker: dict[str, Any] | None = head.get("autostopped")
+        if marker and record.status != ClusterStatus.STOPPED:
+            await self._requests.start(
+                "autostop", record.name, {"cluster": record.name, "by": "agent"},
+                lambda r: self._settle_self_stop(r, record.name, marker),
+            )
+            return record.status, record.status_reason
+        if not head["ray"]["alive"]:
+            return ClusterStatus.INIT, "the Ray head is not running"
+        return ClusterStatus.INIT, f"agent not healthy: {error.message}"
+
+    async def _settle_self_stop(self, request: RunningRequest, name: str,
+                                marker: dict[str, Any]) -> dict[str, Any]:
+        """Record what the agent did on its own, and finish it (hand the nodes back)."""
+        reason = f"autostop by the agent: {marker.get('reason', 'idle')}"
+        record = self._store.get(name)
+        if record is None:
+            return {"cluster": name}
+        provider = self._providers.get(record.provider)
+        if marker.get("down") or not provider.can_stop:
+            return await self._clusters.down(request, name, purge=True, reason=reason)
+        return await self._clusters.stop(request, name, reason=reason)
+
