@@ -383,6 +383,26 @@ def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
     assert [h["cluster"] for h in check] == [None, None, None]
 
 
+def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:
+    daemon = bed.daemon
+    daemon.stop()
+    daemon.start(extra_env={"CLUSTERD_TEST_FAULTS": "launch.during_install"})
+    result = ctl(bed, "launch", "-c", "crashy", "--infra", "ssh/testbed", "--", "echo hi")
+    assert result.returncode == 1
+    assert daemon.process is not None
+    wait_for(lambda: daemon.process is not None and daemon.process.poll() is not None, 60,
+             "the daemon to die")
+    daemon.start(extra_env={"CLUSTERD_REFRESH_INTERVAL": "1"})
+    # The record (and its host) survived; the refresh says what is missing.
+    wait_for(lambda: (bed.daemon.cluster("crashy") or {}).get("status") == "INIT"
+             and (bed.daemon.cluster("crashy") or {}).get("refreshed_at"), 60, "a refresh")
+    check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
+    assert "crashy" in [h["cluster"] for h in check]
+    finished = ctl(bed, "launch", "-c", "crashy", "--", "echo finished")
+    assert finished.returncode == 0 and finished.stdout == "finished\n", finished.stderr
+    assert ctl(bed, "down", "-y", "crashy").returncode == 0
+
+
 def test_changed_host_key_is_refused(bed: Bed) -> None:
     result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo first")
     assert result.returncode == 0, result.stderr

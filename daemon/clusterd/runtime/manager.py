@@ -117,9 +117,12 @@ class RuntimeManager:
         progress: Progress,
         *,
         fresh: bool = False,
+        checkpoint: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     ) -> dict[str, Any]:
         """Bring Ray and the agent up on every node; returns the runtime handle to store.
-        With `fresh`, whatever runs is stopped first (a runtime of another version)."""
+        With `fresh`, whatever runs is stopped first (a runtime of another version).
+        `checkpoint` gets the handle before anything starts, so a daemon killed mid-way
+        restarts knowing the ports and the agent's address of what it may have started."""
         if fresh:
             await progress("stopping the old runtime", "ray")
             await self._access.close(cluster)
@@ -149,11 +152,24 @@ class RuntimeManager:
             if _node_key(node) not in worker_ports:
                 worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
         address = f"{head.internal_ip}:{ports['gcs_port']}"
+        listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
+                  else f"127.0.0.1:{ports['agent_port']}")
+        handle: dict[str, Any] = {
+            "ports": ports,
+            "worker_ports": worker_ports,
+            "ray_address": address,
+            "agent_listen": listen,
+            "agent_port": ports["agent_port"],
+        }
+        if head.ssh is None:
+            handle["agent_endpoint"] = listen
+        else:
+            handle["head_ssh"] = dataclasses.asdict(head.ssh)
+        if checkpoint is not None:
+            await checkpoint(handle)
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
         await self._start_ray(cloud_name, info, ports, worker_ports, token, address)
         await progress("starting the agent on the head node", "agent")
-        listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
-                  else f"127.0.0.1:{ports['agent_port']}")
         await node_helper.call(
             head_runner,
             "start-agent",
@@ -173,17 +189,6 @@ class RuntimeManager:
             timeout_s=self._start_timeout_s + 30,
         )
         await fault_point("launch.after_agent")
-        handle: dict[str, Any] = {
-            "ports": ports,
-            "worker_ports": worker_ports,
-            "ray_address": address,
-            "agent_listen": listen,
-            "agent_port": ports["agent_port"],
-        }
-        if head.ssh is None:
-            handle["agent_endpoint"] = listen
-        else:
-            handle["head_ssh"] = dataclasses.asdict(head.ssh)
         await self._access.reset(cluster)
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
         await self._wait_for_nodes(cluster, endpoint, len(info.nodes))

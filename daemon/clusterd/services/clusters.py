@@ -225,8 +225,12 @@ class ClusterService:
     ) -> ClusterRecord:
         info = await provider.cluster_info(record.cloud_name, provider_handle)
         previous = (record.handle or {}).get("runtime")
+        async def checkpoint(runtime: dict[str, Any]) -> None:
+            await self._store.update(record.name, handle={"provider": provider_handle,
+                                                          "runtime": runtime})
+
         runtime = await self._runtime.up(record.name, record.cloud_name, info, previous,
-                                         request.progress, fresh=fresh)
+                                         request.progress, fresh=fresh, checkpoint=checkpoint)
         self._ssh_config.write(record.name, list(info.nodes))
         record = await self._store.set_status(
             record.name,
