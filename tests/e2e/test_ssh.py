@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -381,6 +382,31 @@ def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
     assert not (Path(bed.daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh" / duo).exists()
     check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
     assert [h["cluster"] for h in check] == [None, None, None]
+
+
+def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> None:
+    daemon = bed.daemon
+    daemon.stop()
+    daemon.start(extra_env={"CLUSTERD_AUTOSTOP_CHECK": "1"})
+    result = ctl(bed, "launch", "-c", "watch", "--infra", "ssh/testbed", "--", "true")
+    assert result.returncode == 0, result.stderr
+    config = Path(daemon.env["HOME"]) / ".ssh" / "config"
+    # An interactive login (with a terminal) to the head, as a person would have.
+    session = subprocess.Popen(["ssh", "-F", str(config), "-tt", "watch", "sleep 300"],
+                               stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: subprocess.run(["pgrep", "-f", f"^sshd: {PREFIX}1@pts/"],
+                                        capture_output=True).returncode == 0, 30,
+                 "the session to be up")
+        assert ctl(bed, "autostop", "watch", "-i", "0.02", "--down").returncode == 0
+        time.sleep(8)  # the agent samples sessions every 5 s; 1.2 s of idleness would do
+        cluster = daemon.cluster("watch")
+        assert cluster is not None and cluster["autostop_deadline"] is None  # busy
+    finally:
+        session.kill()
+        session.wait()
+    wait_for(lambda: daemon.cluster("watch") is None, 60, "autodown once the session ended")
 
 
 def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:

@@ -107,16 +107,27 @@ class AutostopState:
             autostop_set_at=self.set_at,
         )
 
+    async def count_ssh_sessions(self) -> None:
+        """Count user SSH sessions on every node now."""
+        try:
+            with anyio.fail_after(30):
+                self.ssh_sessions = await self._count_ssh_sessions()
+        except Exception as exc:  # a node being down must not stop the counting
+            logger.warning("counting ssh sessions failed", error=str(exc)[:200])
+        if self.ssh_sessions:
+            self._last_ssh_seen = time.time()
+
+    async def current_idle_info(self) -> pb.GetIdleInfoResponse:
+        """Idleness as of now (sessions counted afresh when they matter)."""
+        if self.wait_for == pb.WAIT_FOR_JOBS_AND_SSH:
+            await self.count_ssh_sessions()
+        return self.idle_info()
+
     async def sample_ssh_sessions(self) -> None:
-        """Keep `ssh_sessions` current, counting every node (runs for the agent's life)."""
+        """Keep `ssh_sessions` current between the daemon's questions (the agent's own
+        enforcement relies on it when no daemon comes by)."""
         while True:
-            try:
-                with anyio.fail_after(30):
-                    self.ssh_sessions = await self._count_ssh_sessions()
-            except Exception as exc:  # a node being down must not stop the sampling
-                logger.warning("counting ssh sessions failed", error=str(exc)[:200])
-            if self.ssh_sessions:
-                self._last_ssh_seen = time.time()
+            await self.count_ssh_sessions()
             await anyio.sleep(SSH_SAMPLE_S)
 
     async def enforce(self, grace_s: float, check_s: float,

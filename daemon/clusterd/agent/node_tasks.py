@@ -95,10 +95,16 @@ kill_tree = ray.remote(num_cpus=0, max_retries=0)(kill_process_tree)
 
 
 def _ssh_sessions() -> int:
-    """Interactive logins of this node's user from another host (utmp). The daemon runs its
-    commands without a terminal, so its own connections never show up here."""
-    me = getpass.getuser()
-    return sum(1 for user in psutil.users() if user.host and user.name == me)
+    """Interactive SSH sessions of this node's user: sshd names a session's process
+    "sshd: USER@pts/N" when it has a terminal. The daemon never asks for a terminal, so its
+    own connections do not count; nor does utmp matter (not every host keeps one)."""
+    marker = f"{getpass.getuser()}@pts/"
+    count = 0
+    for process in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(process.info.get("cmdline") or [])
+        if cmdline.startswith("sshd:") and marker in cmdline:
+            count += 1
+    return count
 
 
 ssh_sessions = ray.remote(num_cpus=0, max_retries=0)(_ssh_sessions)

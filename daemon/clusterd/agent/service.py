@@ -209,7 +209,7 @@ class AutostopService(pb_grpc.AutostopServiceServicer):
     async def GetIdleInfo(
         self, request: pb.GetIdleInfoRequest, context: Any
     ) -> pb.GetIdleInfoResponse:
-        return self._state.idle_info()
+        return await self._state.current_idle_info()
 
 
 class HealthService(pb_grpc.HealthServiceServicer):
