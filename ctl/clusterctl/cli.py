@@ -286,7 +286,8 @@ def cmd_exec(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    result = client.call(protocol.StatusArgs(clusters=args.clusters, refresh=args.refresh))
+    result = client.call(protocol.StatusArgs(clusters=args.clusters, refresh=args.refresh,
+                                             verbose=args.verbose or args.json))
     clusters = result.get("clusters", [])
     if args.json:
         print_json(clusters)

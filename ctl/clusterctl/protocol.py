@@ -302,9 +302,13 @@ class PingArgs(OpArgs):
 
 
 class StatusArgs(OpArgs):
+    """Clusters as views; `verbose` adds the requested resources, hosts, tunnel and cloud
+    name (a thousand clusters' worth of those is most of the reply)."""
+
     op = "status"
     clusters: list[str] = []  # copied per instance by OpArgs
     refresh: bool = False
+    verbose: bool = False
 
 
 class TaskArgs(OpArgs):

@@ -22,7 +22,8 @@ from clusterctl._version import __version__
 from clusterd import log
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
-from clusterd.providers.base import NodeInfo, SSHTarget
+from clusterd.providers.base import NodeInfo, Provider, SSHTarget
+from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
@@ -92,9 +93,11 @@ class Daemon:
         )
         self.ssh_provider = SSHProvider(settings.config_dir / "ssh_node_pools.yaml", self.ssh,
                                         self._ssh_hosts_in_use)
-        self.providers = ProviderRegistry(
-            [LocalProvider(settings.state_dir / "local"), self.ssh_provider]
-        )
+        providers: list[Provider] = [LocalProvider(settings.state_dir / "local"),
+                                     self.ssh_provider]
+        if "loadtest" in os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","):
+            providers.append(LoadTestProvider())  # benchmarks only; see its module
+        self.providers = ProviderRegistry(providers)
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,

@@ -109,6 +109,9 @@ class Provider(Protocol):
     name: ClassVar[str]
     # False for machines we do not own (ssh): stop is refused, autostop must tear down.
     can_stop: ClassVar[bool]
+    # True only for the test provider: its clusters run no agent, so their status is the
+    # provider's word alone.
+    agentless: ClassVar[bool] = False
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         """Feasible placements for the request, cheapest first; empty if none could work.

@@ -38,6 +38,7 @@ def _this_machine() -> tuple[float, float]:
 class LocalProvider:
     name: ClassVar[str] = "local"
     can_stop: ClassVar[bool] = True
+    agentless: ClassVar[bool] = False
 
     def __init__(self, base_dir: Path) -> None:
         self._base_dir = base_dir

@@ -43,6 +43,7 @@ def _target(host: dict[str, Any]) -> SSHTarget:
 class SSHProvider:
     name: ClassVar[str] = "ssh"
     can_stop: ClassVar[bool] = False
+    agentless: ClassVar[bool] = False
 
     def __init__(self, pools_path: Path, connections: SSHConnections,
                  hosts_in_use: HostsInUse) -> None:

@@ -74,14 +74,20 @@ class Handlers:
     # -- quick ops ------------------------------------------------------------------------
 
     async def ping(self, call: Call, args: protocol.PingArgs) -> dict[str, Any]:
-        return {"pong": True, "version": __version__, "pid": os.getpid()}
+        return {
+            "pong": True,
+            "version": __version__,
+            "pid": os.getpid(),
+            "refresh": {"cycles": self._refresh.cycles,
+                        "last_cycle_s": round(self._refresh.last_cycle_s, 3)},
+        }
 
     async def status(self, call: Call, args: protocol.StatusArgs) -> dict[str, Any]:
         for name in args.clusters:
             require_cluster(self._store, name)
         if args.refresh:
             await self._refresh.cycle(args.clusters or None, force=True)
-        return self._clusters.status(args.clusters)
+        return self._clusters.status(args.clusters, args.verbose)
 
     async def queue(self, call: Call, args: protocol.QueueArgs) -> dict[str, Any]:
         return await self._jobs.queue(args.cluster, args.skip_finished)

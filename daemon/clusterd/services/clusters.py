@@ -41,6 +41,8 @@ from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
 logger = log.get("clusterd.clusters")
 
 WAIT_TIMEOUT_S = 900.0
+# What `status` leaves out unless asked to be verbose.
+VERBOSE_FIELDS = frozenset({"resources", "hosts", "tunnel", "cloud_name", "status_updated_at"})
 # Run under a cluster's lock just before a stop or down; returns why to call it off, or None.
 Precheck = Callable[[], Awaitable[str | None]]
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
@@ -63,6 +65,7 @@ class ClusterService:
         self._ssh_config = ssh_config
         # Clusters an autostop request is stopping right now (set by the autostop service).
         self.autostopping: dict[str, int] = {}
+        self._views: dict[str, tuple[ClusterRecord, dict[str, Any], dict[str, Any]]] = {}
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -72,9 +75,25 @@ class ClusterService:
 
     # -- views ------------------------------------------------------------------------------
 
-    def view(self, record: ClusterRecord) -> dict[str, Any]:
-        resources = record.launched_resources or {}
+    def view(self, record: ClusterRecord, verbose: bool = True) -> dict[str, Any]:
+        """A cluster as `status` shows it. Records are replaced, never changed in place, so
+        the part drawn from the record is built once per version of it (status is the hot
+        path, and a thousand clusters make it show)."""
+        cached = self._views.get(record.name)
+        if cached is None or cached[0] is not record:
+            full = self._record_view(record)
+            brief = {k: v for k, v in full.items() if k not in VERBOSE_FIELDS}
+            cached = (record, full, brief)
+            self._views[record.name] = cached
+        base = cached[1] if verbose else cached[2]
         holders = self._locks.holders(record.name)
+        if not holders and record.name not in self.autostopping:
+            return base
+        return {**base, "autostopping": record.name in self.autostopping,
+                "busy": [h.describe() for h in holders]}
+
+    def _record_view(self, record: ClusterRecord) -> dict[str, Any]:
+        resources = record.launched_resources or {}
         return {
             "name": record.name,
             "provider": record.provider,
@@ -92,19 +111,21 @@ class ClusterService:
             "autostop_down": record.autostop_down,
             "autostop_wait_for": record.autostop_wait_for,
             "autostop_deadline": record.autostop_deadline,
-            "autostopping": record.name in self.autostopping,
-            "busy": [h.describe() for h in holders],
+            "autostopping": False,
+            "busy": [],
             "cloud_name": record.cloud_name,
             "hosts": [f"{h['user']}@{h['host']}:{h['port']}" for h in
                       ((record.handle or {}).get("provider") or {}).get("hosts", [])],
             "tunnel": (record.handle or {}).get("tunnel"),
         }
 
-    def status(self, names: list[str]) -> dict[str, Any]:
+    def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
         for name in names:
             require_cluster(self._store, name)
         records = [self._store.get(n) for n in names] if names else self._store.all()
-        return {"clusters": [self.view(r) for r in records if r is not None]}
+        for gone in self._views.keys() - set(self._store.names()):
+            del self._views[gone]
+        return {"clusters": [self.view(r, verbose) for r in records if r is not None]}
 
     # -- launch -----------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
@@ -89,11 +90,12 @@ class RefreshService:
             region = (record.requested_resources.get("infra") or "").split("/")[1:2]
             by_provider.setdefault((record.provider, region[0] if region else None),
                                    []).append(record)
-        limiter = anyio.CapacityLimiter(CONCURRENCY)
+        unchanged: list[str] = []  # stamped together at the end of the cycle
         with first_error():
             async with anyio.create_task_group() as group:
                 for (provider_name, _), records in by_provider.items():
-                    group.start_soon(self._refresh_group, provider_name, records, limiter)
+                    group.start_soon(self._refresh_group, provider_name, records, unchanged)
+        await self._store.mark_refreshed(unchanged, time.time())
         self.cycles += 1
         self.last_cycle_s = time.monotonic() - started
 
@@ -110,7 +112,7 @@ class RefreshService:
         return any(h.mode == LockMode.EXCLUSIVE for h in self._locks.holders(record.name))
 
     async def _refresh_group(self, provider_name: str, records: list[ClusterRecord],
-                             limiter: anyio.CapacityLimiter) -> None:
+                             unchanged: list[str]) -> None:
         provider = self._providers.get(provider_name)
         try:
             found = await provider.query_many(
@@ -119,16 +121,21 @@ class RefreshService:
         except ProvisionError as exc:
             found = {r.cloud_name: exc for r in records}
 
-        async def one(record: ClusterRecord) -> None:
-            async with limiter:
-                await self._settle(record, found.get(record.cloud_name, []))
+        # A few workers, not a task per cluster: a thousand tasks made ready at once would
+        # hold every status request behind them for tens of milliseconds.
+        pending = iter(records)
+
+        async def worker() -> None:
+            for record in pending:
+                await self._settle(record, found.get(record.cloud_name, []), unchanged)
+                await anyio.lowlevel.checkpoint()
 
         async with anyio.create_task_group() as group:
-            for record in records:
-                group.start_soon(one, record)
+            for _ in range(min(CONCURRENCY, len(records))):
+                group.start_soon(worker)
 
-    async def _settle(self, record: ClusterRecord, nodes: list[NodeInfo] | ProvisionError
-                      ) -> None:
+    async def _settle(self, record: ClusterRecord, nodes: list[NodeInfo] | ProvisionError,
+                      unchanged: list[str]) -> None:
         name = record.name
         if self._store.get(name) is None or self._busy(record):
             return
@@ -151,7 +158,7 @@ class RefreshService:
         if status != record.status:
             await self._store.set_status(name, status, reason, refreshed_at=time.time())
         else:
-            await self._store.update(name, refreshed_at=time.time())
+            unchanged.append(name)
 
     async def _reconcile(
         self, record: ClusterRecord, nodes: list[NodeInfo]
@@ -161,6 +168,8 @@ class RefreshService:
         states = {n.status for n in nodes}
         if states == {NodeStatus.STOPPED}:
             return ClusterStatus.STOPPED, "refresh found every node stopped"
+        if self._providers.get(record.provider).agentless and states == {NodeStatus.RUNNING}:
+            return ClusterStatus.UP, "refresh found every node running"
         if len(nodes) < record.num_nodes or states != {NodeStatus.RUNNING}:
             running = sum(1 for n in nodes if n.status == NodeStatus.RUNNING)
             unreachable = sum(1 for n in nodes if n.status == NodeStatus.UNREACHABLE)

@@ -144,6 +144,17 @@ class ClusterStore:
         self._records[name] = updated
         return updated
 
+    async def mark_refreshed(self, names: list[str], when: float) -> None:
+        """Stamp many clusters as refreshed, in one transaction (a cycle's bookkeeping must
+        not cost a commit per cluster)."""
+        present = [n for n in names if n in self._records]
+        if not present:
+            return
+        await self._db.write_many("UPDATE clusters SET refreshed_at = ? WHERE name = ?",
+                                  [(when, name) for name in present])
+        for name in present:
+            self._records[name] = dataclasses.replace(self._records[name], refreshed_at=when)
+
     async def set_status(
         self,
         name: str,

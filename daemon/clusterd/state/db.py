@@ -148,6 +148,18 @@ class Database:
             return last
 
 
+    async def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement over many rows, in one transaction and one trip to SQLite's thread."""
+        with anyio.CancelScope(shield=True), anyio.fail_after(30):
+            async with self._write_lock:
+                try:
+                    await self.conn.executemany(sql, rows)
+                    await self.conn.commit()
+                except BaseException:
+                    await self.conn.rollback()
+                    raise
+
+
 def dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
