@@ -90,3 +90,27 @@ def test_skypilot_env_fractional_gpus_and_single_node() -> None:
     assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1"
     assert env["SKYPILOT_NUM_NODES"] == "1"
     assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {"cluster_name": "", "num_nodes": 1}
+
+
+def test_kill_tagged_processes_finds_a_job_by_its_environment() -> None:
+    import os
+    import subprocess
+    import time
+
+    from clusterd.agent.node_tasks import JOB_TAG, kill_tagged_processes
+
+    def spawn(tag: str) -> subprocess.Popen[bytes]:
+        # A session of its own, as a daemonized child of a job would have.
+        return subprocess.Popen(["sleep", "300"], env={**os.environ, JOB_TAG: tag},
+                                start_new_session=True)
+
+    mine, other = spawn("sky-test_job_1"), spawn("sky-test_job_2")
+    try:
+        assert kill_tagged_processes("sky-test_job_1") == 1
+        assert mine.wait(10) is not None
+        time.sleep(0.1)
+        assert other.poll() is None  # another job's process is left alone
+    finally:
+        for process in (mine, other):
+            process.kill()
+            process.wait()

@@ -93,6 +93,32 @@ def kill_process_tree(pid: int, create_time: float | None = None) -> int:
 
 kill_tree = ray.remote(num_cpus=0, max_retries=0)(kill_process_tree)
 
+# Set in every job process's environment to the job's task id (runner.skypilot_env).
+JOB_TAG = "CLUSTERD_JOB"
+
+
+def kill_tagged_processes(task_id: str) -> int:
+    """Stop every process of this user on this node whose environment names the job: it
+    finds what a job left behind even when its pids were never recorded."""
+    victims = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get(JOB_TAG) == task_id:
+                victims.append(process)
+        except (psutil.Error, OSError):
+            continue  # another user's process, or gone
+    for process in victims:
+        with contextlib.suppress(psutil.Error):
+            process.terminate()
+    _, alive = psutil.wait_procs(victims, timeout=KILL_GRACE_S)
+    for process in alive:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    return len(victims)
+
+
+kill_tagged = ray.remote(num_cpus=0, max_retries=0)(kill_tagged_processes)
+
 
 def _ssh_sessions() -> int:
     """Interactive SSH sessions of this node's user: sshd names a session's process

@@ -31,6 +31,7 @@ from clusterd.agent.logs import JobLog, LogHub, NodePrefixer
 logger = log.get("clusterd.agent.runner")
 
 CANCELLED_BY_USER = "cancelled by user"
+JOB_TAG = node_tasks.JOB_TAG
 SIGNAL_NAMES = {130: "interrupted (SIGINT)", 134: "aborted (SIGABRT)", 137: "killed (SIGKILL)",
                 139: "a segmentation fault", 143: "terminated (SIGTERM)"}
 
@@ -73,6 +74,9 @@ def skypilot_env(
         "SKYPILOT_NUM_NODES": str(len(slots)),
         "SKYPILOT_NUM_GPUS_PER_NODE": _count(gpus_per_node),
         "SKYPILOT_TASK_ID": job.task_id,
+        # Inherited by everything the job starts, even what leaves its session: the handle
+        # by which a restarted agent finds a dead agent's jobs (see node_tasks.kill_tagged).
+        JOB_TAG: job.task_id,
         "SKYPILOT_CLUSTER_INFO": json.dumps(
             {"cluster_name": job.spec.get("cluster_name", ""), "num_nodes": len(slots)}
         ),
@@ -127,6 +131,9 @@ class JobRun:
         self._cancel_requested = True
         self._cancel_reason = reason
         await self._kill_all(exclude=None)
+        # Whatever left the ranks' sessions (a daemonized child) still carries the tag.
+        for node_id in {slot.node_id for slot in self._slots}:
+            await kill_tagged_on_node(node_id, self.job.task_id)
 
     async def execute(self) -> None:
         job = self.job
@@ -272,6 +279,16 @@ async def kill_on_node(node_id: str, pid: int, create_time: float | None) -> Non
             await ref
     except (TimeoutError, ray.exceptions.RayError) as exc:
         logger.warning("could not kill process", node_id=node_id, pid=pid, error=str(exc))
+
+
+async def kill_tagged_on_node(node_id: str, task_id: str) -> None:
+    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    ref = node_tasks.kill_tagged.options(scheduling_strategy=strategy).remote(task_id)
+    try:
+        with anyio.fail_after(30):
+            await ref
+    except (TimeoutError, ray.exceptions.RayError) as exc:
+        logger.warning("could not sweep a job's processes", node_id=node_id, error=str(exc))
 
 
 def _codes(results: list[RankResult]) -> list[int]:

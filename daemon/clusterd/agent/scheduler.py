@@ -22,6 +22,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterctl.protocol import JobStatus
 from clusterd import log
+from clusterd.agent import node_tasks
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.runner import CANCELLED_BY_USER, JobRun, NodeSlot, kill_on_node
@@ -178,6 +179,8 @@ class Scheduler:
                 for process in job.processes:
                     await kill_on_node(process["node_id"], process["pid"],
                                        process.get("create_time"))
+                # Processes the dead agent never got to record are found by their tag.
+                await self.on_every_node(node_tasks.kill_tagged, job.task_id, timeout_s=30)
             elif not (job.has_secrets and job.job_id not in self._secrets):
                 continue  # still PENDING and runnable: it keeps its place in the queue
             await self._finish_unstarted(job, JobStatus.FAILED_DRIVER, reason)
