@@ -384,6 +384,29 @@ def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
     assert [h["cluster"] for h in check] == [None, None, None]
 
 
+def test_agent_tears_down_its_ssh_cluster_when_no_daemon_comes(bed: Bed) -> None:
+    daemon = bed.daemon
+    daemon.stop()
+    daemon.start(extra_env={"CLUSTERD_AGENT_AUTOSTOP_GRACE": "2",
+                            "CLUSTERD_AUTOSTOP_CHECK": "3600"})  # the daemon never fires
+    result = ctl(bed, "launch", "-c", "lonely", "--infra", "ssh/testbed", "--num-nodes", "2",
+                 "-i", "0.02", "--down", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert bed.user_pids(0) and bed.user_pids(1)
+    daemon.kill()
+    # The agent stops Ray on the worker (through a Ray task there), then on the head, then
+    # itself: nothing of the cluster's is left running on either host.
+    wait_for(lambda: not bed.user_pids(0) and not bed.user_pids(1), 90,
+             "the agent to stop the whole cluster")
+    daemon.start(extra_env={"CLUSTERD_REFRESH_INTERVAL": "1"})
+    wait_for(lambda: daemon.cluster("lonely") is None, 60, "the daemon to settle it")
+    events = json.loads(ctl(bed, "events", "lonely", "--json").stdout)
+    assert events[-1]["to_status"] == "TERMINATED"
+    assert events[-1]["reason"].startswith("autostop by the agent")
+    check = json.loads(ctl(bed, "check", "--json").stdout)["hosts"]
+    assert [h["cluster"] for h in check] == [None, None, None]
+
+
 def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> None:
     daemon = bed.daemon
     daemon.stop()
