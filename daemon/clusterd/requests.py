@@ -120,6 +120,9 @@ class RequestManager:
     def running(self) -> list[RunningRequest]:
         return list(self._running.values())
 
+    def get(self, request_id: int) -> RunningRequest | None:
+        return self._running.get(request_id)
+
     async def start(
         self, op: str, cluster: str | None, args: dict[str, Any], work: Work
     ) -> RunningRequest:
