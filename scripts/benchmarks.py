@@ -48,9 +48,12 @@ class Bench:
         runtime = self.root / "rt"
         runtime.mkdir(mode=0o700)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith(("CLUSTERD_", "XDG_"))}
+        home = self.root / "home"
+        home.mkdir()
+        # A home of its own too: ssh clusters add an Include to ~/.ssh/config.
         self.env.update(XDG_RUNTIME_DIR=str(runtime), XDG_STATE_HOME=str(self.root / "state"),
                         XDG_CONFIG_HOME=str(self.root / "config"), CLUSTERD_NO_AUTOSTART="1",
-                        CLUSTERD_LOG_LEVEL="warning")
+                        CLUSTERD_LOG_LEVEL="warning", HOME=str(home))
         self.socket = runtime / "clusterd" / "clusterd.sock"
         self.daemon: subprocess.Popen[bytes] | None = None
         self.rows: list[dict[str, Any]] = []
