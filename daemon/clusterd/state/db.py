@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,9 +104,7 @@ class Database:
         return self._conn
 
     async def _migrate(self) -> None:
-        async with self.conn.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        version = int(row[0]) if row else 0
+        version = await self.schema_version()
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(
                 f"{self.path} has schema version {version}, newer than this clusterd "
@@ -125,39 +124,33 @@ class Database:
         async with self.conn.execute(sql, params) as cursor:
             return list(await cursor.fetchall())
 
-    async def write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> int | None:
-        """Run statements in one transaction; returns the last statement's lastrowid.
-
-        Shielded from cancellation: a request cancelled mid-write still leaves a whole record.
-        """
-        with anyio.CancelScope(shield=True), anyio.fail_after(30):
-            last = await self._write(statements)
-        return last
-
-    async def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> int | None:
-        async with self._write_lock:
-            last: int | None = None
-            try:
-                for sql, params in statements:
-                    cursor = await self.conn.execute(sql, params)
-                    last = cursor.lastrowid
-                await self.conn.commit()
-            except BaseException:
-                await self.conn.rollback()
-                raise
-            return last
-
-
-    async def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
-        """One statement over many rows, in one transaction and one trip to SQLite's thread."""
+    @contextlib.asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One transaction under the write lock, committed on success and rolled back on any
+        error. Shielded from cancellation: a request cancelled mid-write still leaves a whole
+        record."""
         with anyio.CancelScope(shield=True), anyio.fail_after(30):
             async with self._write_lock:
                 try:
-                    await self.conn.executemany(sql, rows)
+                    yield self.conn
                     await self.conn.commit()
                 except BaseException:
                     await self.conn.rollback()
                     raise
+
+    async def write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> int | None:
+        """Run statements in one transaction; returns the last statement's lastrowid."""
+        last: int | None = None
+        async with self._transaction() as conn:
+            for sql, params in statements:
+                cursor = await conn.execute(sql, params)
+                last = cursor.lastrowid
+        return last
+
+    async def write_many(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        """One statement over many rows, in one transaction and one trip to SQLite's thread."""
+        async with self._transaction() as conn:
+            await conn.executemany(sql, rows)
 
 
 def dumps(value: Any) -> str:
