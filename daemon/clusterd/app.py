@@ -121,7 +121,6 @@ class Daemon:
             self.store, self.locks, self.providers, self.access, self.clusters, self.requests,
             settings.autostop_check_s,
         )
-        self.clusters.autostopping = self.autostop.firing
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.ssh_provider, self.refresh, self.autostop,

@@ -30,9 +30,11 @@ from clusterd.tasks.spec import Autostop
 logger = log.get("clusterd.autostop")
 
 
+CONCURRENCY = 16
+
+
 def span(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
-CONCURRENCY = 16
 
 
 class AutostopService:
@@ -53,7 +55,6 @@ class AutostopService:
         self._clusters = clusters
         self._requests = requests
         self.check_s = check_s
-        self.firing: dict[str, int] = {}  # cluster -> the autostop request stopping it
 
     # -- the setting ------------------------------------------------------------------------
 
@@ -85,7 +86,7 @@ class AutostopService:
         limiter = anyio.CapacityLimiter(CONCURRENCY)
         records = [r for r in self._store.all()
                    if r.status == ClusterStatus.UP and r.autostop_minutes is not None
-                   and r.name not in self.firing]
+                   and r.name not in self._clusters.autostopping]
 
         async def one(record: ClusterRecord) -> None:
             async with limiter:
@@ -127,7 +128,7 @@ class AutostopService:
             "autostop", record.name, {"cluster": record.name, "by": "daemon"},
             lambda r: self._fire(r, record.name, reason),
         )
-        self.firing[record.name] = request.id
+        self._clusters.autostopping[record.name] = request.id
 
     async def _fire(self, request: RunningRequest, name: str, reason: str) -> dict[str, Any]:
         try:
@@ -156,4 +157,4 @@ class AutostopService:
                                             request.id)
             return result
         finally:
-            self.firing.pop(name, None)
+            self._clusters.autostopping.pop(name, None)

@@ -63,7 +63,8 @@ class ClusterService:
         ssh_config: SSHConfigWriter,
     ) -> None:
         self._ssh_config = ssh_config
-        # Clusters an autostop request is stopping right now (set by the autostop service).
+        # Cluster -> the autostop request stopping it right now (kept by the autostop service;
+        # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
         self._views: dict[str, tuple[ClusterRecord, dict[str, Any], dict[str, Any]]] = {}
         self._store = store
