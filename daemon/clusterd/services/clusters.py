@@ -323,7 +323,7 @@ class ClusterService:
     async def _runtime_health(self, record: ClusterRecord) -> str:
         """"healthy", "other version" (an agent of another clusterd) or "unhealthy"."""
         try:
-            agent = await self._jobs.agent(record)
+            agent = await self._access.client(record)
             health = await agent.check_version()
         except ProtocolError as exc:
             await self._access.reset(record.name)
@@ -356,7 +356,7 @@ class ClusterService:
                 autostop_deadline=now + setting.idle_minutes * 60,
             )
         if record.status == ClusterStatus.UP:
-            agent = await self._jobs.agent(record)
+            agent = await self._access.client(record)
             if setting is None:
                 await agent.set_autostop(-1, False, WAIT_FOR_TO_PB["jobs_and_ssh"])
             else:

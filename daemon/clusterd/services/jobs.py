@@ -20,7 +20,6 @@ from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
-from clusterd.runtime.agent_client import AgentClient
 from clusterd.runtime.manager import RunnerFactory
 from clusterd.services.common import require_cluster, require_up
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -65,9 +64,6 @@ class JobService:
         self._providers = providers
         self._access = access
         self._runner_for = runner_for
-
-    async def agent(self, record: ClusterRecord) -> AgentClient:
-        return await self._access.client(record)
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
@@ -120,7 +116,7 @@ class JobService:
             cluster_name=record.name,
             resources_display=resources.display(task.num_nodes),
         )
-        agent = await self.agent(record)
+        agent = await self._access.client(record)
         await fault_point("exec.during_submit")
         reply = await agent.add_job(spec)
         request.emit("job", {"job_id": reply.job_id, "cluster": record.name})
@@ -158,7 +154,7 @@ class JobService:
 
     async def queue(self, name: str, skip_finished: bool) -> dict[str, Any]:
         record = require_up(require_cluster(self._store, name))
-        agent = await self.agent(record)
+        agent = await self._access.client(record)
         jobs = await agent.queue(skip_finished)
         return {"cluster": name, "jobs": [job_to_wire(j) for j in jobs]}
 
@@ -167,7 +163,7 @@ class JobService:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "name the jobs to cancel",
                                 "give job ids, or --all")
         record = require_up(require_cluster(self._store, name))
-        agent = await self.agent(record)
+        agent = await self._access.client(record)
         if job_ids:
             known = {j.job_id: j for j in await agent.jobs(job_ids)}
             missing = [i for i in job_ids if i not in known]
@@ -213,7 +209,7 @@ class JobService:
         deadline: float | None = None
         while True:
             try:
-                agent = await self.agent(record)
+                agent = await self._access.client(record)
                 async for message in agent.tail(current, follow=follow, tail_lines=lines,
                                                 offset=position):
                     deadline = None
