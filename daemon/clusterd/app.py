@@ -139,9 +139,7 @@ class Daemon:
             if record.provider != SSHProvider.name:
                 continue
             for host in ((record.handle or {}).get("provider") or {}).get("hosts", []):
-                target = SSHTarget(host["host"], int(host["port"]), host["user"],
-                                   host.get("identity_file"))
-                taken[target] = record.name
+                taken[SSHTarget.from_handle(host)] = record.name
         return taken
 
     async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:

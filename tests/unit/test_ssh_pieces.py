@@ -3,6 +3,7 @@ config files, and git checkouts (with a local repository)."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -133,3 +134,13 @@ def test_git_token_travels_in_the_environment_not_argv(
     env = seen[0][1]
     assert env["GIT_CONFIG_KEY_0"] == "http.extraHeader"
     assert env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+
+
+def test_ssh_target_from_a_recorded_host_and_back() -> None:
+    recorded = {"host": "127.0.0.2", "port": "2322", "user": "cdt1", "cpus": 2.0,
+                "memory_gb": 1.5}
+    target = SSHTarget.from_handle(recorded)
+    assert target == SSHTarget("127.0.0.2", 2322, "cdt1", None)
+    assert str(target) == "cdt1@127.0.0.2:2322"
+    pinned = SSHTarget("10.0.0.5", 22, "alice", "/k")
+    assert SSHTarget.from_handle(dataclasses.asdict(pinned)) == pinned

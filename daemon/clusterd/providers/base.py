@@ -70,6 +70,14 @@ class SSHTarget:
     user: str
     identity_file: str | None = None
 
+    @classmethod
+    def from_handle(cls, host: dict[str, Any]) -> SSHTarget:
+        """A host as a cluster's handle records it (other keys, such as cpus, are ignored)."""
+        return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"))
+
+    def __str__(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
 
 @dataclasses.dataclass(frozen=True)
 class NodeInfo:

@@ -35,11 +35,6 @@ PROBE = "nproc; awk '/MemTotal/ {print $2}' /proc/meminfo"
 REACH_TIMEOUT_S = 10.0
 
 
-def _target(host: dict[str, Any]) -> SSHTarget:
-    return SSHTarget(host=host["host"], port=int(host["port"]), user=host["user"],
-                     identity_file=host.get("identity_file"))
-
-
 class SSHProvider:
     name: ClassVar[str] = "ssh"
     can_stop: ClassVar[bool] = False
@@ -159,7 +154,7 @@ class SSHProvider:
                 node_id=f"{host['host']}:{host['port']}",
                 internal_ip=host["host"],
                 status=status,
-                ssh=_target(host),
+                ssh=SSHTarget.from_handle(host),
                 runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
                 workdir="~/sky_workdir",
                 cpus=float(host.get("cpus") or 1),
@@ -178,7 +173,8 @@ class SSHProvider:
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """Each host is reached once, however many clusters ask (a host has one cluster,
         but a refresh may list a cluster twice)."""
-        targets = {_target(h) for _, handle in clusters for h in handle.get("hosts", [])}
+        targets = {SSHTarget.from_handle(h) for _, handle in clusters
+                   for h in handle.get("hosts", [])}
         reachable: dict[SSHTarget, bool] = {}
 
         async def reach(target: SSHTarget) -> None:
@@ -194,7 +190,8 @@ class SSHProvider:
                 group.start_soon(reach, target)
         return {
             name: self._nodes(name, handle, [
-                NodeStatus.RUNNING if reachable.get(_target(h)) else NodeStatus.UNREACHABLE
+                NodeStatus.RUNNING if reachable.get(SSHTarget.from_handle(h))
+                else NodeStatus.UNREACHABLE
                 for h in handle.get("hosts", [])
             ])
             for name, handle in clusters

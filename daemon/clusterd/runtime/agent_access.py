@@ -18,7 +18,7 @@ TunnelListener = Callable[[str, dict[str, Any] | None], Awaitable[None]]
 
 def head_target(runtime: dict[str, Any]) -> SSHTarget | None:
     head = runtime.get("head_ssh")
-    return SSHTarget(**head) if head else None
+    return SSHTarget.from_handle(head) if head else None
 
 
 class AgentAccess:

@@ -27,6 +27,7 @@ from clusterd.providers.base import (
     ClusterRequest,
     Provider,
     ProvisionError,
+    SSHTarget,
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
@@ -115,7 +116,7 @@ class ClusterService:
             "autostopping": False,
             "busy": [],
             "cloud_name": record.cloud_name,
-            "hosts": [f"{h['user']}@{h['host']}:{h['port']}" for h in
+            "hosts": [str(SSHTarget.from_handle(h)) for h in
                       ((record.handle or {}).get("provider") or {}).get("hosts", [])],
             "tunnel": (record.handle or {}).get("tunnel"),
         }

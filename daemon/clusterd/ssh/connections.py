@@ -46,10 +46,6 @@ class NodeConnection:
             yield self.conn
 
 
-def _describe(target: SSHTarget) -> str:
-    return f"{target.user}@{target.host}:{target.port}"
-
-
 class SSHConnections:
     def __init__(self, host_keys: HostKeyStore) -> None:
         self._host_keys = host_keys
@@ -78,7 +74,7 @@ class SSHConnections:
             except ProtocolError as exc:
                 if exc.code == ErrorCode.HOST_KEY_MISMATCH or attempt == CONNECT_ATTEMPTS:
                     raise
-                logger.info("ssh connect failed; retrying", node=_describe(target),
+                logger.info("ssh connect failed; retrying", node=str(target),
                             attempt=attempt, error=exc.message)
             await anyio.sleep(delay)
             delay *= 2
@@ -114,22 +110,22 @@ class SSHConnections:
         except asyncssh.PermissionDenied as exc:
             raise ProtocolError(
                 ErrorCode.NODE_UNREACHABLE,
-                f"{_describe(target)} refused our key: {exc.reason}",
+                f"{target} refused our key: {exc.reason}",
                 "check user and identity_file in ssh_node_pools.yaml",
             ) from None
         except (OSError, asyncssh.Error, TimeoutError) as exc:
             reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
             raise ProtocolError(
                 ErrorCode.NODE_UNREACHABLE,
-                f"cannot reach {_describe(target)}: {reason}",
+                f"cannot reach {target}: {reason}",
                 "check that the host is up and its sshd listens on that port",
             ) from None
         if not pinned:
             key = conn.get_server_host_key()
             if key is not None:
                 self._host_keys.pin(target.host, target.port, key)
-                logger.info("pinned host key", node=_describe(target))
-        logger.info("ssh connected", node=_describe(target))
+                logger.info("pinned host key", node=str(target))
+        logger.info("ssh connected", node=str(target))
         return conn
 
     async def drop(self, target: SSHTarget) -> None:

@@ -51,7 +51,7 @@ def _node_error(target: SSHTarget, exc: BaseException) -> ProtocolError:
     reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
     return ProtocolError(
         ErrorCode.NODE_UNREACHABLE,
-        f"lost the connection to {target.user}@{target.host}:{target.port}: {reason}",
+        f"lost the connection to {target}: {reason}",
         "it is retried on the next request; check the host if it keeps happening",
     )
 

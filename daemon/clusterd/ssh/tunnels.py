@@ -44,7 +44,7 @@ class Tunnel:
     def describe(self) -> dict[str, Any]:
         return {
             "socket": str(self.path),
-            "head": f"{self.target.user}@{self.target.host}:{self.target.port}",
+            "head": str(self.target),
             "remote": f"127.0.0.1:{self.remote_port}",
             "alive": self.alive,
             "opened_at": self.opened_at,
