@@ -124,12 +124,9 @@ class SSHProvider:
         facts: list[tuple[float, float]] = [(0.0, 0.0)] * len(hosts)
 
         async def probe(index: int, host: SSHTarget) -> None:
-            node = await self._connections.get(host)
-            async with node.channel() as conn:
-                with anyio.fail_after(REACH_TIMEOUT_S * 3):
-                    done = await conn.run(PROBE, check=False)
-            lines = str(done.stdout or "").split()
-            if done.exit_status != 0 or len(lines) < 2:
+            done = await self._connections.run(host, PROBE, timeout_s=REACH_TIMEOUT_S * 3)
+            lines = done.text.split()
+            if done.exit_code != 0 or len(lines) < 2:
                 raise ProvisionError(f"{host.host}: cannot read its CPUs and memory",
                                      BlockScope.FATAL)
             facts[index] = (float(lines[0]), int(lines[1]) / 1024**2)
@@ -235,13 +232,10 @@ class SSHProvider:
 
         async def one(row: dict[str, Any], host: SSHTarget) -> None:
             try:
-                node = await self._connections.get(host)
-                async with node.channel() as conn:
-                    with anyio.fail_after(REACH_TIMEOUT_S):
-                        done = await conn.run("true", check=False)
-                row["ok"] = done.exit_status == 0
-            except (ProtocolError, TimeoutError) as exc:
-                row["error"] = getattr(exc, "message", "") or "timed out"
+                done = await self._connections.run(host, "true", timeout_s=REACH_TIMEOUT_S)
+                row["ok"] = done.exit_code == 0
+            except ProtocolError as exc:
+                row["error"] = exc.message
 
         async with anyio.create_task_group() as group:
             for row, (_, host) in zip(rows, hosts, strict=True):

@@ -17,6 +17,7 @@ import asyncssh
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
+from clusterd.runtime.runner import CommandResult
 from clusterd.ssh.host_keys import HostKeyStore
 
 logger = log.get("clusterd.ssh")
@@ -46,6 +47,15 @@ class NodeConnection:
             yield self.conn
 
 
+def connection_lost(target: SSHTarget, exc: BaseException) -> ProtocolError:
+    reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+    return ProtocolError(
+        ErrorCode.NODE_UNREACHABLE,
+        f"lost the connection to {target}: {reason}",
+        "it is retried on the next request; check the host if it keeps happening",
+    )
+
+
 class SSHConnections:
     def __init__(self, host_keys: HostKeyStore) -> None:
         self._host_keys = host_keys
@@ -65,6 +75,30 @@ class SSHConnections:
                                   anyio.Semaphore(CHANNELS_PER_CONNECTION))
             self._connections[target] = node
             return node
+
+    async def run(self, target: SSHTarget, command: str, *, input: bytes | None = None,
+                  timeout_s: float = 120, name: str | None = None) -> CommandResult:
+        """Run a shell command line on the node, in one of its connection's channel slots;
+        never raises for a non-zero exit. A connection that breaks under the command is
+        dropped (the next use reconnects) and reported as NODE_UNREACHABLE."""
+        node = await self.get(target)
+        try:
+            async with node.channel() as conn:
+                with anyio.fail_after(timeout_s):
+                    done = await conn.run(command, input=input, encoding=None, check=False)
+        except TimeoutError:
+            raise ProtocolError(
+                ErrorCode.PROVIDER_ERROR,
+                f"{name or target}: command did not finish within {timeout_s:.0f} s",
+            ) from None
+        except (OSError, asyncssh.Error) as exc:
+            await self.drop(target)
+            raise connection_lost(target, exc) from None
+        # No exit status means the remote side died by a signal or dropped the channel.
+        code = done.exit_status if done.exit_status is not None else 255
+        stdout = done.stdout if isinstance(done.stdout, bytes) else b""
+        stderr = done.stderr if isinstance(done.stderr, bytes) else b""
+        return CommandResult(code, stdout, stderr)
 
     async def _connect(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
         delay = 0.5

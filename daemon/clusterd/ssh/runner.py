@@ -25,7 +25,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
 from clusterd.runtime.runner import CommandResult, ignore_filters, rsync_binary
-from clusterd.ssh.connections import NodeConnection, SSHConnections
+from clusterd.ssh.connections import NodeConnection, SSHConnections, connection_lost
 
 logger = log.get("clusterd.ssh.runner")
 
@@ -45,15 +45,6 @@ def is_message_too_long(exit_code: int, output: str) -> bool:
     if exit_code == 1 and "argument list too long" in text:
         return True
     return exit_code == 1 and any(marker in text for marker in PROXY_TOO_LONG)
-
-
-def _node_error(target: SSHTarget, exc: BaseException) -> ProtocolError:
-    reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-    return ProtocolError(
-        ErrorCode.NODE_UNREACHABLE,
-        f"lost the connection to {target}: {reason}",
-        "it is retried on the next request; check the host if it keeps happening",
-    )
 
 
 class SSHRunner:
@@ -96,24 +87,8 @@ class SSHRunner:
 
     async def _exec(self, command: str, input: bytes | None, timeout_s: float
                     ) -> CommandResult:
-        node = await self._node()
-        try:
-            async with node.channel() as conn:
-                with anyio.fail_after(timeout_s):
-                    done = await conn.run(command, input=input, encoding=None, check=False)
-        except TimeoutError:
-            raise ProtocolError(
-                ErrorCode.PROVIDER_ERROR,
-                f"{self.node_name}: command did not finish within {timeout_s:.0f} s",
-            ) from None
-        except (OSError, asyncssh.Error) as exc:
-            await self._connections.drop(self.target)
-            raise _node_error(self.target, exc) from None
-        # No exit status means the remote side died by a signal or dropped the channel.
-        code = done.exit_status if done.exit_status is not None else 255
-        stdout = done.stdout if isinstance(done.stdout, bytes) else b""
-        stderr = done.stderr if isinstance(done.stderr, bytes) else b""
-        return CommandResult(code, stdout, stderr)
+        return await self._connections.run(self.target, command, input=input,
+                                           timeout_s=timeout_s, name=self.node_name)
 
     async def _run_via_file(
         self, command: str, input: bytes | None, timeout_s: float
@@ -127,7 +102,7 @@ class SSHRunner:
                     await script.write(command + "\n")
         except (OSError, asyncssh.Error) as exc:
             await self._connections.drop(self.target)
-            raise _node_error(self.target, exc) from None
+            raise connection_lost(self.target, exc) from None
         return await self._exec(
             f"bash {shlex.quote(path)}; status=$?; rm -f {shlex.quote(path)}; exit $status",
             input, timeout_s,
