@@ -19,7 +19,6 @@ import anyio
 import grpc
 import ray
 import structlog
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterd import log
 from clusterd.agent import node, node_tasks
@@ -110,8 +109,8 @@ async def serve(args: argparse.Namespace) -> None:
             head = ray.get_runtime_context().get_node_id()
             workers = [n for n in await scheduler.nodes() if n.node_id != head]
             for worker in workers:  # their raylets die under the tasks: no answer to wait for
-                node_tasks.stop_node_ray.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    node_id=worker.node_id, soft=False)).remote(args.node_run_dir)
+                node_tasks.pinned(node_tasks.stop_node_ray, worker.node_id).remote(
+                    args.node_run_dir)
             await anyio.sleep(5 if workers else 0)
             await anyio.to_thread.run_sync(
                 node.stop, {"dir": os.path.expanduser(args.node_run_dir), "parts": ["ray"]})

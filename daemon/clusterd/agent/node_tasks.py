@@ -18,6 +18,7 @@ from typing import Any
 
 import psutil
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterd.agent.processes import terminate_tree
 
@@ -146,3 +147,7 @@ def _stop_node_ray(run_dir: str) -> dict[str, Any]:
 stop_node_ray = ray.remote(num_cpus=0, max_retries=0)(_stop_node_ray)
 
 
+def pinned(task: Any, node_id: str) -> Any:
+    """`task`, to run on that node only: with the node gone it fails, never runs elsewhere."""
+    return task.options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False))

@@ -17,10 +17,7 @@ from typing import Any
 import anyio
 import ray
 import structlog
-from ray.util.scheduling_strategies import (
-    NodeAffinitySchedulingStrategy,
-    PlacementGroupSchedulingStrategy,
-)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from clusterctl.protocol import JobStatus
 from clusterd import log
@@ -271,24 +268,24 @@ class JobRun:
         await kill_on_node(self._slots[rank].node_id, info["pid"], info.get("create_time"))
 
 
-async def kill_on_node(node_id: str, pid: int, create_time: float | None) -> None:
-    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    ref = node_tasks.kill_tree.options(scheduling_strategy=strategy).remote(pid, create_time)
+async def _kill_on_node(node_id: str, task: Any, *args: Any, failure: str,
+                        **log_fields: Any) -> None:
+    """Run a killing task on that node; a node that cannot be reached is only logged."""
     try:
         with anyio.fail_after(30):
-            await ref
+            await node_tasks.pinned(task, node_id).remote(*args)
     except (TimeoutError, ray.exceptions.RayError) as exc:
-        logger.warning("could not kill process", node_id=node_id, pid=pid, error=str(exc))
+        logger.warning(failure, node_id=node_id, error=str(exc), **log_fields)
+
+
+async def kill_on_node(node_id: str, pid: int, create_time: float | None) -> None:
+    await _kill_on_node(node_id, node_tasks.kill_tree, pid, create_time,
+                        failure="could not kill process", pid=pid)
 
 
 async def kill_tagged_on_node(node_id: str, task_id: str) -> None:
-    strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    ref = node_tasks.kill_tagged.options(scheduling_strategy=strategy).remote(task_id)
-    try:
-        with anyio.fail_after(30):
-            await ref
-    except (TimeoutError, ray.exceptions.RayError) as exc:
-        logger.warning("could not sweep a job's processes", node_id=node_id, error=str(exc))
+    await _kill_on_node(node_id, node_tasks.kill_tagged, task_id,
+                        failure="could not sweep a job's processes")
 
 
 def _codes(results: list[RankResult]) -> list[int]:

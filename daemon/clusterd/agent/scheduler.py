@@ -18,7 +18,6 @@ import anyio
 import ray
 import structlog
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from clusterctl.protocol import JobStatus
 from clusterd import log
@@ -86,8 +85,7 @@ class Scheduler:
     async def on_every_node(self, task: Any, *args: Any, timeout_s: float = 20) -> list[Any]:
         """Run a Ray task once on each live node; results in node order (errors as None)."""
         nodes = await self.nodes()
-        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-            node_id=n.node_id, soft=False)).remote(*args) for n in nodes]
+        refs = [node_tasks.pinned(task, n.node_id).remote(*args) for n in nodes]
         results: list[Any] = [None] * len(refs)
 
         async def wait(index: int) -> None:
