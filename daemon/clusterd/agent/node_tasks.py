@@ -20,7 +20,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clusterd.agent.processes import terminate_tree
+from clusterd.agent.processes import stop_processes, terminate_tree
 
 READ_BYTES = 64 * 1024
 # While output keeps coming, chunks grow up to this: each chunk crosses Ray as an object, so
@@ -108,13 +108,7 @@ def kill_tagged_processes(task_id: str) -> int:
                 victims.append(process)
         except (psutil.Error, OSError):
             continue  # another user's process, or gone
-    for process in victims:
-        with contextlib.suppress(psutil.Error):
-            process.terminate()
-    _, alive = psutil.wait_procs(victims, timeout=KILL_GRACE_S)
-    for process in alive:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
+    stop_processes(victims, KILL_GRACE_S)
     return len(victims)
 
 

@@ -91,6 +91,20 @@ def _signal_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
+def stop_processes(processes: list[psutil.Process], grace_s: float,
+                   group: int | None = None) -> None:
+    """SIGTERM the processes (and process group `group`), SIGKILL what outlives `grace_s`,
+    then wait up to `grace_s` for the killed to go."""
+    if group is not None:
+        _signal_group(group, signal.SIGTERM)
+    _signal(processes, signal.SIGTERM)
+    alive = wait_gone(processes, grace_s)
+    _signal(alive, signal.SIGKILL)
+    if group is not None:
+        _signal_group(group, signal.SIGKILL)
+    wait_gone(alive, grace_s)
+
+
 def terminate_tree(
     pid: int, create_time: float | None = None, *, grace_s: float = 3.0,
     leader_first: bool = False,
@@ -111,10 +125,5 @@ def terminate_tree(
         _signal([root], signal.SIGTERM)
         wait_gone([root], grace_s)
         family += [p for p in _descendants(root) if p not in family]
-    _signal_group(pid, signal.SIGTERM)
-    _signal(family, signal.SIGTERM)
-    alive = wait_gone(family, grace_s)
-    _signal(alive, signal.SIGKILL)
-    _signal_group(pid, signal.SIGKILL)
-    wait_gone(alive, grace_s)
+    stop_processes(family, grace_s, group=pid)
     return len(family)
