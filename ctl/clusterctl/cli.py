@@ -124,7 +124,7 @@ def _autostop_options(autostop: argparse.ArgumentParser) -> None:
     autostop.add_argument("-i", "--idle-minutes", type=float, metavar="MIN",
                           help="stop after MIN idle minutes (fractions allowed)")
     autostop.add_argument("--down", action="store_true", help="tear down instead of stopping")
-    autostop.add_argument("--wait-for", choices=("jobs_and_ssh", "jobs", "none"),
+    autostop.add_argument("--wait-for", choices=protocol.WAIT_FOR_CHOICES,
                           default="jobs_and_ssh",
                           help="what counts as busy: jobs and SSH sessions (default), jobs "
                                "only, or nothing (a hard deadline from now)")
@@ -500,7 +500,9 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
         return ExitCode.SUCCEEDED
-    print("local: available (this machine)")
+    for name, provider in result.get("providers", {}).items():
+        state = "available" if provider.get("ok") else "unavailable"
+        print(f"{name}: {state} ({provider.get('detail', '')})")
     hosts = result.get("hosts", [])
     if not hosts:
         print(f"ssh: no node pools in {result.get('pools_file')}")

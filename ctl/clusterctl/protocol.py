@@ -402,6 +402,11 @@ class EventsArgs(OpArgs):
     follow: bool = False
 
 
+# What keeps a cluster from counting as idle: jobs and user SSH sessions (the default), jobs
+# only, or nothing (a hard deadline from when autostop was set).
+WAIT_FOR_CHOICES = ("jobs_and_ssh", "jobs", "none")
+
+
 class AutostopArgs(OpArgs):
     """Set a cluster's autostop (`idle_minutes`, `down`, `wait_for`: jobs_and_ssh, jobs or
     none), or with `cancel`, remove it."""

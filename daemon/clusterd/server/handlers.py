@@ -10,7 +10,7 @@ from typing import Any
 
 from clusterctl import protocol
 from clusterctl._version import __version__
-from clusterctl.protocol import ErrorCode, OpArgs, ProtocolError
+from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
 from clusterd.providers.ssh import SSHProvider
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.autostop import AutostopService
@@ -21,7 +21,7 @@ from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestStore
 from clusterd.tasks.loader import load_task, parse_resources
-from clusterd.tasks.spec import WAIT_FOR_CHOICES, Autostop, TaskSpec
+from clusterd.tasks.spec import Autostop, TaskSpec
 
 from .connection import Call
 

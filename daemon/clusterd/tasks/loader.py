@@ -14,9 +14,8 @@ from typing import Any
 
 import yaml
 
-from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
 from clusterd.tasks.spec import (
-    WAIT_FOR_CHOICES,
     Autostop,
     GitWorkdir,
     Infra,

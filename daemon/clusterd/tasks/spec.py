@@ -11,8 +11,6 @@ from typing import Any
 # jobs share a node while a job that asks for whole CPUs waits for them.
 DEFAULT_JOB_CPUS = 0.5
 
-WAIT_FOR_CHOICES = ("jobs_and_ssh", "jobs", "none")
-
 
 @dataclasses.dataclass(frozen=True)
 class Infra:
