@@ -62,32 +62,30 @@ class Bench:
     # -- set-up ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        log = open(self.root / "daemon.log", "ab")  # noqa: SIM115
-        self.daemon = subprocess.Popen([sys.executable, "-m", "clusterd"], env=self.env,
-                                       stdout=log, stderr=log, start_new_session=True, cwd="/")
-        deadline = time.monotonic() + 30
-        while not self._connectable():
-            if time.monotonic() > deadline or self.daemon.poll() is not None:
-                raise SystemExit("clusterd did not start; see " + str(self.root / "daemon.log"))
-            time.sleep(0.05)
+        self._spawn_daemon({})
         result = self.ctl("launch", "-c", CLUSTER, "--", "true")
         if result.returncode != 0:
             raise SystemExit(f"launch failed: {result.stderr}")
+
+    def _spawn_daemon(self, extra: dict[str, str]) -> None:
+        """Start clusterd (with `extra` environment) and wait until its socket answers."""
+        log_path = self.root / "daemon.log"
+        with open(log_path, "ab") as log:
+            self.daemon = subprocess.Popen([sys.executable, "-m", "clusterd"],
+                                           env={**self.env, **extra}, stdout=log, stderr=log,
+                                           start_new_session=True, cwd="/")
+        deadline = time.monotonic() + 30
+        while not self._connectable():
+            if time.monotonic() > deadline or self.daemon.poll() is not None:
+                raise SystemExit(f"clusterd did not start; see {log_path}")
+            time.sleep(0.05)
 
     def _restart_daemon(self, extra: dict[str, str], before: Callable[[], None]) -> None:
         assert self.daemon is not None
         self.daemon.send_signal(signal.SIGTERM)
         self.daemon.wait(30)
         before()
-        log = open(self.root / "daemon.log", "ab")  # noqa: SIM115
-        self.daemon = subprocess.Popen([sys.executable, "-m", "clusterd"],
-                                       env={**self.env, **extra}, stdout=log, stderr=log,
-                                       start_new_session=True, cwd="/")
-        deadline = time.monotonic() + 30
-        while not self._connectable():
-            if time.monotonic() > deadline:
-                raise SystemExit("clusterd did not restart")
-            time.sleep(0.05)
+        self._spawn_daemon(extra)
 
     def ssh_cluster(self) -> list[dict[str, Any]]:
         """A two-node cluster on a test bed of real sshd hosts (made on first use)."""
