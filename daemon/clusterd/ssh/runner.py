@@ -20,6 +20,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import asyncssh
+from anyio.streams.buffered import BufferedByteReceiveStream
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
@@ -32,6 +33,8 @@ logger = log.get("clusterd.ssh.runner")
 # Above this, a command goes through a file at once (Linux caps one argument at 128 KiB).
 INLINE_LIMIT_BYTES = 100 * 1024
 REMOTE_TMP = ".clusterd/tmp"
+# rsync_shell's first line: the remote command, as JSON.
+MAX_RELAY_HEADER_BYTES = 64 * 1024
 PROXY_TOO_LONG = ("request-uri too large", "request header fields too large", "400 bad request")
 
 
@@ -156,16 +159,14 @@ class SSHRunner:
         pump bytes both ways until the remote side is done."""
         stream = await listener.accept()
         async with stream:
-            header = b""
-            while not header.endswith(b"\n"):
-                chunk = await stream.receive(1)
-                header += chunk
+            incoming = BufferedByteReceiveStream(stream)
+            header = await incoming.receive_until(b"\n", MAX_RELAY_HEADER_BYTES)
             command = shlex.join(json.loads(header))
             node = await self._node()
             async with node.channel() as conn:
                 process = await conn.create_process(command, encoding=None)
                 async with anyio.create_task_group() as pumps:
-                    pumps.start_soon(_pump_in, stream, process)
+                    pumps.start_soon(_pump_in, incoming, process)
                     while data := await process.stdout.read(65536):
                         await stream.send(data)
                     pumps.cancel_scope.cancel()
@@ -177,8 +178,8 @@ class SSHRunner:
                                    stderr=errors.decode(errors="replace")[-300:])
 
 
-async def _pump_in(stream: anyio.abc.SocketStream, process: asyncssh.SSHClientProcess[bytes]
-                   ) -> None:
+async def _pump_in(stream: anyio.abc.ByteReceiveStream,
+                   process: asyncssh.SSHClientProcess[bytes]) -> None:
     try:
         while True:
             data = await stream.receive(65536)
