@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -321,8 +321,10 @@ class ClusterService:
         return await self._start_runtime(request, record, provider, handle, "repaired",
                                          fresh=health == "other version")
 
-    async def _runtime_health(self, record: ClusterRecord) -> str:
-        """"healthy", "other version" (an agent of another clusterd) or "unhealthy"."""
+    async def _runtime_health(
+        self, record: ClusterRecord
+    ) -> Literal["healthy", "other version", "unhealthy"]:
+        """Whether the runtime can be reused; "other version": an agent of another clusterd."""
         try:
             agent = await self._access.client(record)
             health = await agent.check_version()
