@@ -49,6 +49,13 @@ class Settings:
         return self.state_dir / "state.db"
 
     @property
+    def wheelhouse_dir(self) -> Path:
+        """Where runtime wheelhouses are kept (CLUSTERD_WHEELHOUSE_DIR: one shared by several
+        daemons, or made before the daemon runs somewhere without the package index)."""
+        shared = os.environ.get("CLUSTERD_WHEELHOUSE_DIR")
+        return Path(shared) if shared else self.state_dir / "wheelhouse"
+
+    @property
     def log_path(self) -> Path:
         return self.state_dir / "clusterd.log"
 

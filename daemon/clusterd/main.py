@@ -10,6 +10,7 @@ from pathlib import Path
 import anyio
 
 from clusterctl._version import __version__
+from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.app import AlreadyRunning, Daemon
 from clusterd.config import Settings
@@ -22,6 +23,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: $XDG_RUNTIME_DIR/clusterd/clusterd.sock)")
     parser.add_argument("--log-level", choices=log.LEVELS, help="default: info")
     parser.add_argument("--log-file", type=Path, help="write JSON log lines here, not stderr")
+    parser.add_argument("--prepare-runtime", action="store_true",
+                        help="build (or find) the wheelhouse that nodes install the runtime "
+                             "from, print its path and exit; needs the package index once")
     parser.add_argument("--version", action="version", version=f"clusterd {__version__}")
     return parser.parse_args(argv)
 
@@ -33,6 +37,15 @@ def main(argv: list[str] | None = None) -> None:
         overrides["socket_path"] = args.socket
         overrides["runtime_dir"] = args.socket.parent
     settings = Settings.from_env(**overrides)
+    if args.prepare_runtime:
+        from clusterd.runtime.install import WheelhouseBuilder
+
+        try:
+            print(WheelhouseBuilder(settings.wheelhouse_dir).build().path)
+        except ProtocolError as exc:
+            sys.exit(f"clusterd: {exc.message}\nhint: {exc.hint}" if exc.hint else
+                     f"clusterd: {exc.message}")
+        return
     # A daemon holds no directory of the user's open; paths it gets are absolute.
     os.chdir("/")
     log.configure(settings.log_level, path=args.log_file)

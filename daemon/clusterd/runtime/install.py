@@ -62,15 +62,19 @@ def _source_root() -> Path | None:
     return root if (root / "pyproject.toml").exists() and (root / "daemon").is_dir() else None
 
 
-def _wheel_from_installed(out_dir: Path) -> Path:
-    """This package as a wheel, zipped from its installed files (a regular install has no
-    source tree to build from)."""
+def _installed_distribution() -> importlib.metadata.Distribution:
     # The distribution installed beside this very package: looking it up by name alone could
     # find another (say, a checkout's egg-info that happens to be on sys.path).
     here = str(Path(__file__).resolve().parents[2])
     found = [d for d in importlib.metadata.distributions(path=[here])
              if (d.metadata["Name"] or "").lower() == "clusterd"]
-    dist = found[0] if found else importlib.metadata.distribution("clusterd")
+    return found[0] if found else importlib.metadata.distribution("clusterd")
+
+
+def _wheel_from_installed(out_dir: Path) -> Path:
+    """This package as a wheel, zipped from its installed files (a regular install has no
+    source tree to build from)."""
+    dist = _installed_distribution()
     name = f"clusterd-{__version__}-py3-none-any.whl"
     target = out_dir / name
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as wheel:
@@ -96,6 +100,32 @@ def _wheel_from_installed(out_dir: Path) -> Path:
     return target
 
 
+def _content_digest() -> str:
+    """Identifies this package's code without building anything: a digest of its source files
+    (a checkout) or its installed files. A wheelhouse made elsewhere from the same code (say,
+    before entering a network namespace with no index) is found by it and reused."""
+    digest = hashlib.sha256()
+    source = _source_root()
+    if source is not None:
+        files = sorted(
+            p for top in ("daemon/clusterd", "ctl/clusterctl") for p in (source / top).rglob("*")
+            if p.is_file() and "__pycache__" not in p.parts and p.suffix != ".pyc"
+        )
+        for path in [*files, source / "pyproject.toml"]:
+            digest.update(str(path.relative_to(source)).encode() + b"\0")
+            digest.update(path.read_bytes())
+        return digest.hexdigest()[:12]
+    dist = _installed_distribution()
+    for file in sorted(dist.files or [], key=str):
+        if file.suffix == ".pyc" or "__pycache__" in file.parts or file.name == "RECORD":
+            continue
+        path = Path(str(file.locate()))
+        if path.is_file():
+            digest.update(str(file).encode() + b"\0")
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 class WheelhouseBuilder:
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -105,10 +135,18 @@ class WheelhouseBuilder:
     async def ensure(self) -> Wheelhouse:
         async with self._lock:
             if self._built is None or not self._built.path.is_dir():
-                self._built = await anyio.to_thread.run_sync(self._build)
+                self._built = await anyio.to_thread.run_sync(self.build)
             return self._built
 
-    def _build(self) -> Wheelhouse:
+    def build(self) -> Wheelhouse:
+        """The wheelhouse of this exact code: found if it exists, else built (which needs the
+        package index once). Blocking: call it from a thread inside the daemon."""
+        key = f"{__version__}-py{PYTHON_TAG}-{_content_digest()}"
+        final = self._root / key
+        if (final / READY_MARKER).exists():
+            wheels = sorted(final.glob("clusterd-*.whl"))
+            if wheels:
+                return Wheelhouse(final, key, wheels[0].name)
         self._root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=self._root) as scratch:
             staging = Path(scratch)
@@ -118,12 +156,7 @@ class WheelhouseBuilder:
             else:
                 _wheel_from_installed(staging)
             package_wheel = next(staging.glob("clusterd-*.whl"))
-            digest = hashlib.sha256(package_wheel.read_bytes()).hexdigest()[:12]
             requirements = agent_requirements()
-            key = f"{__version__}-py{PYTHON_TAG}-{digest}"
-            final = self._root / key
-            if (final / READY_MARKER).exists():
-                return Wheelhouse(final, key, package_wheel.name)
             _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements)
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
             (staging / READY_MARKER).write_text(key + "\n")
