@@ -58,7 +58,8 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
 
 def _launch_options(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("-c", "--cluster", help="cluster name (default: a generated one)")
-    launch.add_argument("--infra", help="where to run: local (default), ...")
+    launch.add_argument("--infra", help="where to run: local (default), ssh/POOL, aws, "
+                                        "aws/REGION, aws/REGION/ZONE")
     launch.add_argument("-i", "--idle-minutes-to-autostop", dest="idle_minutes", type=float,
                         metavar="MIN", help="stop the cluster after MIN idle minutes")
     launch.add_argument("--down", action="store_true",
@@ -140,6 +141,12 @@ def _check_options(check: argparse.ArgumentParser) -> None:
     check.add_argument("--json", action="store_true")
 
 
+def _show_gpus_options(show: argparse.ArgumentParser) -> None:
+    show.add_argument("name", nargs="?", metavar="NAME",
+                      help="one accelerator (e.g. A100): its instance types and prices")
+    show.add_argument("--json", action="store_true")
+
+
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
@@ -152,8 +159,10 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "down": ("tear clusters down", _lifecycle_options("down")),
     "events": ("show cluster events (status changes, reasons)", _events_options),
     "requests": ("show requests the daemon is working on", _requests_options),
-    "check": ("show usable infra: ssh node pools and whether each host answers",
+    "check": ("show usable infra: providers, credentials, ssh node pools and their hosts",
               _check_options),
+    "show-gpus": ("show accelerators on offer: instance types, counts, prices, regions",
+                  _show_gpus_options),
     "autostop": ("stop (or tear down) a cluster after it has been idle a while",
                  _autostop_options),
 }
@@ -297,11 +306,14 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         return ExitCode.SUCCEEDED
     headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "REFRESHED"]
     if args.verbose:
-        headers += ["REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
+        headers += ["$/h", "REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
     rows = []
     for c in clusters:
         cpus = c.get("cpus")
         resources = f"{c['num_nodes']}x(cpus={cpus:g})" if cpus else f"{c['num_nodes']}x"
+        if c.get("instance_type"):
+            spot = ", spot" if c.get("spot") else ""
+            resources = f"{c['num_nodes']}x({c['instance_type']}{spot})"
         autostop = "-"
         if c.get("autostopping"):
             autostop = "autostopping"
@@ -312,11 +324,15 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             if deadline and c["status"] == "UP":
                 autostop += f", in {age(time.time(), until=deadline, suffix='')}" \
                     if deadline > time.time() else ", due"
-        row = [c["name"], c["infra"], resources, c["status"], autostop,
+        infra = c["infra"]
+        if c.get("region") and c.get("provider") == "aws":
+            infra = "/".join(p for p in ("aws", c["region"], c.get("zone")) if p)
+        row = [c["name"], infra, resources, c["status"], autostop,
                age(c.get("launched_at")), age(c.get("refreshed_at"))]
         if args.verbose:
             tunnel = c.get("tunnel")
-            row += [c.get("status_reason") or "-",
+            price = c.get("price_per_hour")
+            row += [f"{price:.3f}" if price else "-", c.get("status_reason") or "-",
                     c.get("cloud_name") or "-", ",".join(c.get("hosts") or []) or "-",
                     f"{tunnel['socket']} -> {tunnel['remote']}" if tunnel else "-"]
         rows.append(row)
@@ -503,6 +519,10 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
     for name, provider in result.get("providers", {}).items():
         state = "available" if provider.get("ok") else "unavailable"
         print(f"{name}: {state} ({provider.get('detail', '')})")
+        if provider.get("regions"):
+            print(f"  regions enabled: {', '.join(provider['regions'])}")
+        if provider.get("hint") and not provider.get("ok"):
+            print(f"  hint: {provider['hint']}")
     hosts = result.get("hosts", [])
     if not hosts:
         print(f"ssh: no node pools in {result.get('pools_file')}")
@@ -513,6 +533,41 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
             for h in hosts]
     sys.stdout.write(table(["POOL", "HOST", "SSH", "IN USE BY"], rows))
     return ExitCode.SUCCEEDED if all(h["ok"] for h in hosts) else ExitCode.ERROR
+
+
+def _price(value: Any) -> str:
+    return "-" if value is None else f"${value:,.3f}"
+
+
+def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
+    rows = client.call(protocol.ShowGpusArgs(name=args.name)).get("accelerators", [])
+    if args.json:
+        print_json(rows)
+        return ExitCode.SUCCEEDED
+    if args.name:
+        table_rows = [[r["accelerator"], f"{r['count']:g}", r["instance_type"],
+                       f"{r['vcpus']:g}", f"{r['memory_gb']:g}GB", _price(r["price"]),
+                       _price(r["spot_price"]), ", ".join(r["regions"])] for r in rows]
+        sys.stdout.write(table(["ACCELERATOR", "COUNT", "INSTANCE TYPE", "vCPUs", "MEMORY",
+                                "ON-DEMAND $/h", "SPOT $/h", "REGIONS"], table_rows))
+        return ExitCode.SUCCEEDED
+    summary: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        entry = summary.setdefault(r["accelerator"], {"counts": [], "price": None,
+                                                      "spot": None, "regions": set()})
+        if r["count"] not in entry["counts"]:
+            entry["counts"].append(r["count"])
+        for key, value in (("price", r["price"]), ("spot", r["spot_price"])):
+            if value is not None and (entry[key] is None or value < entry[key]):
+                entry[key] = value
+        entry["regions"].update(r["regions"])
+    table_rows = [[name, ",".join(f"{c:g}" for c in sorted(e["counts"])), _price(e["price"]),
+                   _price(e["spot"]), str(len(e["regions"]))] for name, e in summary.items()]
+    sys.stdout.write(table(["ACCELERATOR", "COUNTS", "FROM ON-DEMAND $/h", "FROM SPOT $/h",
+                            "REGIONS"], table_rows))
+    print("Prices are per instance and hour (AWS catalog). "
+          "`clusterctl show-gpus NAME` lists instance types.")
+    return ExitCode.SUCCEEDED
 
 
 COMMANDS = {
@@ -529,6 +584,7 @@ COMMANDS = {
     "requests": cmd_requests,
     "check": cmd_check,
     "autostop": cmd_autostop,
+    "show-gpus": cmd_show_gpus,
 }
 
 

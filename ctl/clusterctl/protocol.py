@@ -425,6 +425,14 @@ class CheckArgs(OpArgs):
     op = "check"
 
 
+class ShowGpusArgs(OpArgs):
+    """Accelerators in the catalogs: every instance type with one (of `name`, if given), its
+    count, size, cheapest on-demand and spot price per hour, and regions."""
+
+    op = "show_gpus"
+    name: str | None = None
+
+
 class RequestsArgs(OpArgs):
     op = "requests"
     active_only: bool = True
@@ -447,6 +455,7 @@ OPS: dict[str, type[OpArgs]] = {
         RequestsArgs,
         CheckArgs,
         AutostopArgs,
+        ShowGpusArgs,
     )
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ from clusterctl._version import __version__
 from clusterd import log
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
+from clusterd.providers.aws import AWSProvider
 from clusterd.providers.base import NodeInfo, Provider, SSHTarget
 from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
@@ -43,11 +45,13 @@ from clusterd.services.refresh import RefreshService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
+from clusterd.ssh.keys import DaemonKey
 from clusterd.ssh.runner import SSHRunner
 from clusterd.ssh.tunnels import TunnelManager
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
+from clusterd.user_config import ConfigFile
 
 logger = log.get("clusterd")
 
@@ -77,6 +81,24 @@ def single_instance(lock_path: Path) -> Iterator[IO[str]]:
         handle.close()
 
 
+def daemon_id(state_dir: Path) -> str:
+    """This daemon's identity, made once per state directory: what it creates in a cloud is
+    tagged with it, so it can tell its own instances (and orphans of its records) apart."""
+    path = state_dir / "daemon-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    state_dir.mkdir(parents=True, exist_ok=True)
+    ident = f"clusterd-{secrets.token_hex(6)}"
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(ident + "\n")
+    tmp.replace(path)
+    return ident
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -93,15 +115,19 @@ class Daemon:
         )
         self.ssh_provider = SSHProvider(settings.config_dir / "ssh_node_pools.yaml", self.ssh,
                                         self._ssh_hosts_in_use)
+        self.config = ConfigFile()
+        self.aws_provider = AWSProvider(self.config.get, self.ssh,
+                                        DaemonKey(settings.state_dir / "ssh"),
+                                        daemon_id(settings.state_dir))
         providers: list[Provider] = [LocalProvider(settings.state_dir / "local"),
-                                     self.ssh_provider]
+                                     self.ssh_provider, self.aws_provider]
         if "loadtest" in os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","):
             providers.append(LoadTestProvider())  # benchmarks only; see its module
         self.providers = ProviderRegistry(providers)
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,
-            WheelhouseBuilder(settings.state_dir / "wheelhouse"),
+            WheelhouseBuilder(settings.wheelhouse_dir),
             settings.runtime_dir / "agents",
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,
@@ -123,7 +149,7 @@ class Daemon:
         )
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
-            self.ssh_provider, self.refresh, self.autostop,
+            self.providers, self.aws_provider, self.refresh, self.autostop,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -178,6 +204,8 @@ class Daemon:
                 with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                     await self.access.close_all()
                     await self.ssh.close_all()
+                    for provider in self.providers.all():
+                        await provider.aclose()
                     await self.db.close()
         logger.info("stopped")
 

@@ -52,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--autostop-grace", type=float, default=300.0,
                         help="seconds past an autostop deadline without any daemon before "
                              "the agent stops the cluster on its own")
+    parser.add_argument("--shutdown-nodes", action="store_true",
+                        help="when stopping the cluster on its own, also shut every node's OS "
+                             "down (cloud VMs: that stops or terminates the instance)")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
@@ -110,10 +113,13 @@ async def serve(args: argparse.Namespace) -> None:
             workers = [n for n in await scheduler.nodes() if n.node_id != head]
             for worker in workers:  # their raylets die under the tasks: no answer to wait for
                 node_tasks.pinned(node_tasks.stop_node_ray, worker.node_id).remote(
-                    args.node_run_dir)
+                    args.node_run_dir, args.shutdown_nodes)
             await anyio.sleep(5 if workers else 0)
             await anyio.to_thread.run_sync(
                 node.stop, {"dir": os.path.expanduser(args.node_run_dir), "parts": ["ray"]})
+            if args.shutdown_nodes:
+                logger.warning("shutting the head node down")
+                await anyio.to_thread.run_sync(node.schedule_shutdown, 1.0)
         stopped_on_our_own.set()
     failed = await scheduler.fail_in_progress(RESTART_REASON)
     if failed:

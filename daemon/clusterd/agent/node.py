@@ -221,6 +221,8 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--node-run-dir={params.get('node_run_dir', '')}",
         f"--autostop-grace={float(params.get('autostop_grace', 300))}",
     ]
+    if params.get("shutdown_nodes"):
+        argv.append("--shutdown-nodes")
     pid = _spawn(argv, log_path, _env(params))
     _write_pidfile(pid_path, pid)
 
@@ -255,6 +257,15 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
     if "ray" in parts:
         result["ray_stopped"] = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
     return result
+
+
+def schedule_shutdown(delay_s: float = 2.0) -> None:
+    """Power this node off in `delay_s`, from a process of its own: stopping Ray (whose
+    process tree the caller may be part of) must not take the shutdown along."""
+    command = (f"(sleep {delay_s:g}; sudo -n shutdown -h now || shutdown -h now) "
+               ">/dev/null 2>&1 &")
+    subprocess.run(["sh", "-c", command], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, start_new_session=True, check=False, timeout=10)
 
 
 def status(params: dict[str, Any]) -> dict[str, Any]:

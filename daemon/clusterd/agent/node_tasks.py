@@ -131,10 +131,13 @@ def _ssh_sessions() -> int:
 ssh_sessions = ray.remote(num_cpus=0, max_retries=0)(_ssh_sessions)
 
 
-def _stop_node_ray(run_dir: str) -> dict[str, Any]:
-    """Stop this node's Ray (from inside it: the caller should not wait for an answer)."""
+def _stop_node_ray(run_dir: str, shutdown: bool = False) -> dict[str, Any]:
+    """Stop this node's Ray, and with `shutdown` then its OS (from inside it: the caller
+    should not wait for an answer)."""
     from clusterd.agent import node
 
+    if shutdown:
+        node.schedule_shutdown(delay_s=3.0)
     return node.stop({"dir": run_dir, "parts": ["ray"]})
 
 

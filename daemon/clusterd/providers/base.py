@@ -22,6 +22,8 @@ class NodeStatus(enum.StrEnum):
     STOPPING = "stopping"
     STOPPED = "stopped"
     UNREACHABLE = "unreachable"  # exists, as far as we know, but does not answer
+    # Gone for good (a cloud keeps terminated instances listed for a while, with the reason).
+    TERMINATED = "terminated"
 
 
 class BlockScope(enum.StrEnum):
@@ -45,7 +47,8 @@ class Placement:
     memory_gb: float
     accelerator: str | None = None
     accelerator_count: float = 0
-    price_per_hour: float = 0.0
+    price_per_hour: float = 0.0  # per node
+    spot: bool = False
 
     def describe(self) -> str:
         where = "/".join(p for p in (self.provider, self.region, self.zone) if p)
@@ -61,6 +64,8 @@ class ClusterRequest:
     cloud_name: str  # the provider's name for it, unique and recorded before create
     num_nodes: int
     resources: Resources
+    # When nodes stop themselves (autostop with no daemon about): tear down, not stop.
+    autostop_down: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,11 +74,21 @@ class SSHTarget:
     port: int
     user: str
     identity_file: str | None = None
+    # Names the host's key instead of its address (a cloud instance: addresses are reused by
+    # other instances, and may change when it starts again).
+    host_key_alias: str | None = None
+    proxy_command: str | None = None
 
     @classmethod
     def from_handle(cls, host: dict[str, Any]) -> SSHTarget:
         """A host as a cluster's handle records it (other keys, such as cpus, are ignored)."""
-        return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"))
+        return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"),
+                   host.get("host_key_alias"), host.get("proxy_command"))
+
+    @property
+    def key_name(self) -> str:
+        """What the host's pinned key is filed under."""
+        return self.host_key_alias or self.host
 
     def __str__(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
@@ -91,11 +106,15 @@ class NodeInfo:
     workdir: str = "~/sky_workdir"
     cpus: float = 0
     gpus: float = 0
+    reason: str = ""  # the provider's word on its state (a cloud's state reason), if any
 
 
 @dataclasses.dataclass(frozen=True)
 class ClusterInfo:
     nodes: tuple[NodeInfo, ...]  # the head first
+    # The agent's own autostop ends by shutting the nodes' OS down (cloud VMs, where that
+    # stops or terminates the instance), not only by stopping Ray.
+    shutdown_to_stop: bool = False
 
     @property
     def head(self) -> NodeInfo:
@@ -120,6 +139,9 @@ class Provider(Protocol):
     # True only for the test provider: its clusters run no agent, so their status is the
     # provider's word alone.
     agentless: ClassVar[bool] = False
+    # True where a node's OS shutting down stops (or terminates) it, so the agent's own
+    # autostop ends by shutting its nodes down (cloud VMs).
+    stops_by_shutdown: ClassVar[bool] = False
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         """Feasible placements for the request, cheapest first; empty if none could work.
@@ -131,8 +153,10 @@ class Provider(Protocol):
         which the daemon stores and passes back to every other call. Idempotent."""
         ...
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:
-        """Return once every node is running."""
+    async def wait(self, cloud_name: str, handle: dict[str, Any],
+                   timeout_s: float) -> dict[str, Any]:
+        """Return once every node is running and reachable, with the handle as it is now
+        (addresses may only be known once the nodes run)."""
         ...
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
@@ -165,6 +189,48 @@ class Provider(Protocol):
 
     async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None: ...
 
+    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+                             down: bool | None) -> None:
+        """The cluster's autostop setting changed (None: cancelled): prepare the nodes for
+        stopping themselves (`down`: terminate rather than stop). Most have nothing to do."""
+        ...
+
     def classify(self, error: BaseException) -> ProvisionError:
         """Map this provider's library errors to what they rule out."""
         ...
+
+    async def check(self) -> dict[str, Any]:
+        """Whether this provider is usable here: `ok`, a one-line `detail`, and what else it
+        can tell (hosts, identity, regions). Must answer within seconds, and fast when the
+        provider is not configured at all."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release clients and connections (the daemon is stopping)."""
+        ...
+
+
+class ProviderDefaults:
+    """What a provider with no cloud resources of its own does for the optional operations:
+    nothing. Providers inherit it and override what applies to them."""
+
+    agentless: ClassVar[bool] = False
+    stops_by_shutdown: ClassVar[bool] = False
+
+    async def wait(self, cloud_name: str, handle: dict[str, Any],
+                   timeout_s: float) -> dict[str, Any]:
+        return handle  # the nodes were running before we came
+
+    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+                         ports: tuple[str, ...]) -> None:
+        return None  # no firewall of ours in front of the nodes
+
+    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        return None
+
+    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+                             down: bool | None) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

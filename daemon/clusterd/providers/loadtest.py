@@ -18,13 +18,14 @@ from clusterd.providers.base import (
     NodeInfo,
     NodeStatus,
     Placement,
+    ProviderDefaults,
     ProvisionError,
 )
 
 API_CALL_S = 0.05
 
 
-class LoadTestProvider:
+class LoadTestProvider(ProviderDefaults):
     name: ClassVar[str] = "loadtest"
     can_stop: ClassVar[bool] = True
     agentless: ClassVar[bool] = True
@@ -44,8 +45,6 @@ class LoadTestProvider:
     async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
         return {"nodes": request.num_nodes}
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:
-        return None
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
@@ -71,12 +70,9 @@ class LoadTestProvider:
     async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
         return None
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
-                         ports: tuple[str, ...]) -> None:
-        return None
-
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        return None
 
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(str(error), BlockScope.FATAL)
+
+    async def check(self) -> dict[str, Any]:
+        return {"ok": True, "detail": "in-memory test provider (benchmarks only)"}

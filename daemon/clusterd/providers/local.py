@@ -22,6 +22,7 @@ from clusterd.providers.base import (
     NodeInfo,
     NodeStatus,
     Placement,
+    ProviderDefaults,
     ProvisionError,
 )
 
@@ -35,10 +36,9 @@ def _this_machine() -> tuple[float, float]:
     return cpus, psutil.virtual_memory().total / 1024**3
 
 
-class LocalProvider:
+class LocalProvider(ProviderDefaults):
     name: ClassVar[str] = "local"
     can_stop: ClassVar[bool] = True
-    agentless: ClassVar[bool] = False
 
     def __init__(self, base_dir: Path) -> None:
         self._base_dir = base_dir
@@ -77,8 +77,6 @@ class LocalProvider:
         (path / STOPPED_MARKER).unlink(missing_ok=True)
         return {"dir": str(path)}
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:
-        return None  # this machine is already running
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
         path = self._dir(cloud_name)
@@ -125,12 +123,10 @@ class LocalProvider:
         path = self._dir(cloud_name)
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
-                         ports: tuple[str, ...]) -> None:
-        return None  # processes on this machine are reachable on it already
-
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        return None
 
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(f"local provider: {error}", BlockScope.FATAL)
+
+    async def check(self) -> dict[str, Any]:
+        cpus, memory_gb = _this_machine()
+        return {"ok": True, "detail": f"this machine ({cpus:g} CPUs, {memory_gb:.0f} GB)"}

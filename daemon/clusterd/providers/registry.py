@@ -8,7 +8,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.providers.base import Provider
 
 # Named in the docs and in SkyPilot task files, but not offered by this version yet.
-PLANNED = ("aws", "kubernetes")
+PLANNED = ("kubernetes",)
 
 
 class ProviderRegistry:
@@ -17,6 +17,9 @@ class ProviderRegistry:
 
     def names(self) -> list[str]:
         return sorted(self._providers)
+
+    def all(self) -> list[Provider]:
+        return [self._providers[name] for name in self.names()]
 
     def get(self, name: str) -> Provider:
         provider = self._providers.get(name)

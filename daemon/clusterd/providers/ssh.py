@@ -23,6 +23,7 @@ from clusterd.providers.base import (
     NodeInfo,
     NodeStatus,
     Placement,
+    ProviderDefaults,
     ProvisionError,
     SSHTarget,
 )
@@ -35,10 +36,9 @@ PROBE = "nproc; awk '/MemTotal/ {print $2}' /proc/meminfo"
 REACH_TIMEOUT_S = 10.0
 
 
-class SSHProvider:
+class SSHProvider(ProviderDefaults):
     name: ClassVar[str] = "ssh"
     can_stop: ClassVar[bool] = False
-    agentless: ClassVar[bool] = False
 
     def __init__(self, pools_path: Path, connections: SSHConnections,
                  hosts_in_use: HostsInUse) -> None:
@@ -141,8 +141,6 @@ class SSHProvider:
         for host in [h for h, (_, owner) in self._reserved.items() if owner == cloud_name]:
             del self._reserved[host]
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any], timeout_s: float) -> None:
-        return None  # the hosts were running before we came
 
     def _nodes(self, cloud_name: str, handle: dict[str, Any],
                statuses: list[NodeStatus]) -> list[NodeInfo]:
@@ -210,17 +208,26 @@ class SSHProvider:
     async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
         self._release(cloud_name)  # the hosts go back to the pool with the record
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
-                         ports: tuple[str, ...]) -> None:
-        return None  # no firewall of ours to open on hosts we do not own
-
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        return None
 
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(f"ssh provider: {error}", BlockScope.FATAL)
 
-    async def check(self) -> list[dict[str, Any]]:
+    async def check(self) -> dict[str, Any]:
+        try:
+            hosts = await self.check_hosts()
+        except ProtocolError as exc:
+            return {"ok": False, "detail": exc.message, "pools_file": str(self.pools_path),
+                    "hosts": []}
+        if not hosts:
+            return {"ok": False, "detail": f"no node pools in {self.pools_path}",
+                    "pools_file": str(self.pools_path), "hosts": []}
+        answering = sum(1 for h in hosts if h["ok"])
+        pools = len({h["pool"] for h in hosts})
+        return {"ok": answering > 0,
+                "detail": f"{pools} pool(s), {answering} of {len(hosts)} host(s) answer",
+                "pools_file": str(self.pools_path), "hosts": hosts}
+
+    async def check_hosts(self) -> list[dict[str, Any]]:
         """Every pool's hosts, in file order: whether each answers, and which cluster holds it."""
         taken = self._taken()
         hosts = [(pool.name, host) for pool in self.pools().values() for host in pool.hosts]

@@ -185,6 +185,7 @@ class RuntimeManager:
                 # can stop the whole cluster when autostop falls due with no daemon about.
                 "node_run_dir": head_layout.run_dir,
                 "autostop_grace": self._agent_autostop_grace_s,
+                "shutdown_nodes": info.shutdown_to_stop,
             },
             timeout_s=self._start_timeout_s + 30,
         )

@@ -8,10 +8,13 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
-from clusterd.providers.ssh import SSHProvider
+from clusterd.providers.aws import AWSProvider
+from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
@@ -37,11 +40,13 @@ class Handlers:
         requests: RequestManager,
         store: ClusterStore,
         request_store: RequestStore,
-        ssh_provider: SSHProvider,
+        providers: ProviderRegistry,
+        aws: AWSProvider,
         refresh: RefreshService,
         autostop: AutostopService,
     ) -> None:
-        self._ssh = ssh_provider
+        self._providers = providers
+        self._aws = aws
         self._refresh = refresh
         self._autostop = autostop
         self._clusters = clusters
@@ -64,6 +69,7 @@ class Handlers:
             protocol.RequestsArgs.op: self.list_requests,
             protocol.CheckArgs.op: self.check,
             protocol.AutostopArgs.op: self.autostop,
+            protocol.ShowGpusArgs.op: self.show_gpus,
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -142,11 +148,30 @@ class Handlers:
         return await _follow(call, request)
 
     async def check(self, call: Call, args: protocol.CheckArgs) -> dict[str, Any]:
-        return {
-            "providers": {"local": {"ok": True, "detail": "this machine"}},
-            "pools_file": str(self._ssh.pools_path),
-            "hosts": await self._ssh.check(),
-        }
+        found: dict[str, dict[str, Any]] = {}
+
+        async def one(provider: Any) -> None:
+            found[provider.name] = await provider.check()
+
+        async with anyio.create_task_group() as group:
+            for provider in self._providers.all():
+                group.start_soon(one, provider)
+        ssh = found.get("ssh", {})
+        providers = {name: {k: v for k, v in found[name].items()
+                            if k not in ("hosts", "pools_file")}
+                     for name in self._providers.names()}
+        return {"providers": providers, "pools_file": ssh.get("pools_file"),
+                "hosts": ssh.get("hosts", [])}
+
+    async def show_gpus(self, call: Call, args: protocol.ShowGpusArgs) -> dict[str, Any]:
+        catalog = self._aws.catalog()
+        rows = catalog.accelerator_rows(args.name)
+        if args.name and not rows:
+            shown = args.name if len(args.name) <= 40 else args.name[:37] + "..."
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"no accelerator named {shown!r} in the catalog",
+                                f"known: {', '.join(catalog.accelerator_names())}")
+        return {"accelerators": [{**row, "provider": "aws"} for row in rows]}
 
     async def list_requests(self, call: Call, args: protocol.RequestsArgs) -> dict[str, Any]:
         running = [r.describe() for r in self._requests.running()]

@@ -25,6 +25,7 @@ from clusterd.providers.base import (
     BlockScope,
     ClusterInfo,
     ClusterRequest,
+    Placement,
     Provider,
     ProvisionError,
     SSHTarget,
@@ -105,6 +106,13 @@ class ClusterService:
             "num_nodes": record.num_nodes,
             "cpus": resources.get("cpus"),
             "memory_gb": resources.get("memory_gb"),
+            "instance_type": resources.get("instance_type"),
+            "region": resources.get("region"),
+            "zone": resources.get("zone"),
+            "spot": bool(resources.get("spot")),
+            # What the catalog says the cluster costs while it runs (all nodes), if it knows.
+            "price_per_hour": (round(resources["price_per_hour"] * record.num_nodes, 4)
+                               if resources.get("price_per_hour") else None),
             "resources": record.requested_resources,
             "launched_at": record.launched_at,
             "status_updated_at": record.status_updated_at,
@@ -150,7 +158,7 @@ class ClusterService:
                                     on_blocked=request.blocked) as grant:
             record = self._store.get(name)
             if record is None:
-                record = await self._provision_new(request, name, provider, task)
+                record = await self._provision_new(request, name, provider, task, autostop)
             else:
                 _check_compatible(record, provider, task)
                 record = await self._bring_existing_up(request, record, provider)
@@ -161,10 +169,12 @@ class ClusterService:
         return result
 
     async def _provision_new(
-        self, request: RunningRequest, name: str, provider: Provider, task: TaskSpec
+        self, request: RunningRequest, name: str, provider: Provider, task: TaskSpec,
+        autostop: Autostop | None,
     ) -> ClusterRecord:
         cloud_name = cloud_name_for(name)
-        cluster_request = ClusterRequest(name, cloud_name, task.num_nodes, task.resources)
+        cluster_request = ClusterRequest(name, cloud_name, task.num_nodes, task.resources,
+                                         autostop_down=bool(autostop and autostop.down))
         await request.progress(f"checking where {name} can run ({provider.name})", "placement")
         placements = await provider.placements(cluster_request)
         if not placements:
@@ -208,30 +218,38 @@ class ClusterService:
         record: ClusterRecord,
         provider: Provider,
         cluster_request: ClusterRequest,
-        placements: list[Any],
+        placements: list[Placement],
     ) -> ClusterRecord:
         errors: list[str] = []
         handle: dict[str, Any] | None = None
-        for placement in placements:
+        for placement in _intent_first(placements, record):
             await request.progress(f"creating nodes on {placement.describe()}", "provision")
+            # Where the nodes may appear is on disk before the call that makes them, so a
+            # daemon killed at any instant finds them (and teardown sweeps them).
+            intent = placement.resources_view()
+            record = await self._store.update(record.name, launched_resources=intent,
+                                              handle={"intent": intent})
             await fault_point("launch.before_create")
             try:
                 handle = await provider.create(cluster_request, placement)
-                record = await self._store.update(
-                    record.name, handle={"provider": handle},
-                    launched_resources=placement.resources_view(),
-                )
+                await fault_point("launch.after_create")
+                record = await self._store.update(record.name,
+                                                  handle={"intent": intent, "provider": handle})
                 with anyio.fail_after(WAIT_TIMEOUT_S):
-                    await provider.wait(record.cloud_name, handle, WAIT_TIMEOUT_S)
+                    handle = await provider.wait(record.cloud_name, handle, WAIT_TIMEOUT_S)
+                if cluster_request.resources.ports:
+                    await provider.open_ports(record.cloud_name, handle,
+                                              cluster_request.resources.ports)
                 break
             except ProvisionError as exc:
                 errors.append(f"{placement.describe()}: {exc.message}")
                 await self._store.add_event(record.name, "provision",
                                             f"{placement.describe()} failed: {exc.message}",
                                             request.id)
-                if handle is not None:
-                    await provider.terminate(record.cloud_name, handle)
-                    handle = None
+                await provider.terminate(record.cloud_name, handle or intent)
+                handle = None
+                if exc.scope == BlockScope.FATAL:
+                    raise
         if handle is None:
             raise ProvisionError("no placement worked: " + "; ".join(errors), BlockScope.FATAL)
         return await self._start_runtime(request, record, provider, handle, "launched")
@@ -305,7 +323,8 @@ class ClusterService:
             # An earlier launch died before the provider answered: create is idempotent.
             await request.progress(f"resuming the interrupted launch of {record.name}", "resume")
             task_request = ClusterRequest(record.name, record.cloud_name, record.num_nodes,
-                                          Resources.from_view(record.requested_resources))
+                                          Resources.from_view(record.requested_resources),
+                                          autostop_down=record.autostop_down)
             placements = await provider.placements(task_request)
             return await self._create_and_start(request, record, provider, task_request,
                                                 placements)
@@ -358,6 +377,10 @@ class ClusterService:
                 autostop_wait_for=setting.wait_for, autostop_set_at=now,
                 autostop_deadline=now + setting.idle_minutes * 60,
             )
+        provider_handle = (record.handle or {}).get("provider")
+        if provider_handle is not None:
+            await provider.apply_autostop(record.cloud_name, provider_handle,
+                                          None if setting is None else setting.down)
         if record.status == ClusterStatus.UP:
             agent = await self._access.client(record)
             if setting is None:
@@ -446,7 +469,11 @@ class ClusterService:
         handle = (record.handle or {}).get("provider")
         if handle is None:
             await self._access.close(record.name)
-            return  # nothing was ever created
+            intent = (record.handle or {}).get("intent")
+            if intent is not None:
+                # A launch died around its create call: sweep whatever it may have made.
+                await self._cleanup_cloud(request, record, provider, intent, purge)
+            return
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
         except ProvisionError as exc:
@@ -461,6 +488,10 @@ class ClusterService:
                     raise
                 await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
         await self._access.close(record.name, grace_s=FOLLOWER_GRACE_S)
+        await self._cleanup_cloud(request, record, provider, handle, purge)
+
+    async def _cleanup_cloud(self, request: RunningRequest, record: ClusterRecord,
+                             provider: Provider, handle: dict[str, Any], purge: bool) -> None:
         for step in (provider.terminate, provider.cleanup_ports):
             try:
                 await step(record.cloud_name, handle)
@@ -480,6 +511,20 @@ def brief(message: str, limit: int = 300) -> str:
         return ""
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _intent_first(placements: list[Placement], record: ClusterRecord) -> list[Placement]:
+    """A launch resuming goes first where the interrupted one was creating nodes (they are
+    reused there, not leaked)."""
+    intent = (record.handle or {}).get("intent")
+    if not intent:
+        return placements
+    where = (intent.get("region"), intent.get("zone"), intent.get("instance_type"))
+    first = [p for p in placements if (p.region, p.zone, p.instance_type) == where]
+    if not first:
+        first = [Placement(**{k: v for k, v in intent.items()
+                              if k in Placement.__dataclass_fields__})]
+    return first + [p for p in placements if p not in first]
 
 
 def _infra_text(record: ClusterRecord) -> str:

@@ -80,30 +80,43 @@ class RefreshService:
                   and (force or self._backoff.get(r.name, (0, 0.0))[1] <= now)]
         # INIT first: those are the ones a crash or a failure may have left unsettled.
         chosen.sort(key=lambda r: (r.status != ClusterStatus.INIT, r.refreshed_at or 0))
-        by_provider: dict[tuple[str, str | None], list[ClusterRecord]] = {}
+        # One group per provider: each provider makes as few calls as it can for all of its
+        # clusters (AWS: one DescribeInstances per region).
+        by_provider: dict[str, list[ClusterRecord]] = {}
         for record in chosen:
             if self._busy(record):
                 continue
             if not (record.handle or {}).get("provider"):
                 await self._note_unstarted(record)
                 continue
-            region = (record.requested_resources.get("infra") or "").split("/")[1:2]
-            by_provider.setdefault((record.provider, region[0] if region else None),
-                                   []).append(record)
+            by_provider.setdefault(record.provider, []).append(record)
         unchanged: list[str] = []  # stamped together at the end of the cycle
         with first_error():
             async with anyio.create_task_group() as group:
-                for (provider_name, _), records in by_provider.items():
+                for provider_name, records in by_provider.items():
                     group.start_soon(self._refresh_group, provider_name, records, unchanged)
         await self._store.mark_refreshed(unchanged, time.time())
         self.cycles += 1
         self.last_cycle_s = time.monotonic() - started
 
     async def _note_unstarted(self, record: ClusterRecord) -> None:
-        """A launch that died before the provider created anything: nothing to query, so
-        say what it is and what to do."""
-        reason = (f"launch interrupted before any node was created: `clusterctl launch -c "
-                  f"{record.name}` finishes it, `clusterctl down {record.name}` drops it")
+        """A launch that died before the provider answered its create call: say what it
+        left (nodes found where it was creating them, or none) and what to do."""
+        intent = (record.handle or {}).get("intent")
+        found = 0
+        if intent is not None:
+            try:
+                nodes = await self._providers.get(record.provider).query(record.cloud_name,
+                                                                          intent)
+                found = sum(1 for n in nodes if n.status != NodeStatus.TERMINATED)
+            except ProtocolError as exc:
+                logger.info("cannot look for an interrupted launch's nodes",
+                            cluster=record.name, error=exc.message)
+        what = (f"launch interrupted after creating {found} node(s) in {intent.get('provider')}"
+                f"/{intent.get('region')}/{intent.get('zone')}" if found and intent else
+                "launch interrupted before any node was created")
+        reason = (f"{what}: `clusterctl launch -c {record.name}` finishes it, "
+                  f"`clusterctl down {record.name}` drops it")
         if record.status_reason != reason:
             await self._store.set_status(record.name, ClusterStatus.INIT, reason,
                                          refreshed_at=time.time())
@@ -163,17 +176,26 @@ class RefreshService:
     async def _reconcile(
         self, record: ClusterRecord, nodes: list[NodeInfo]
     ) -> tuple[ClusterStatus | None, str]:
+        gone = [n for n in nodes if n.status == NodeStatus.TERMINATED]
+        nodes = [n for n in nodes if n.status != NodeStatus.TERMINATED]
+        why = _reasons(gone)
         if not nodes:
-            return None, "refresh found no nodes left"
+            return None, "refresh found no nodes left" + (f": {why}" if why else "")
         states = {n.status for n in nodes}
-        if states == {NodeStatus.STOPPED}:
-            return ClusterStatus.STOPPED, "refresh found every node stopped"
+        if states == {NodeStatus.STOPPED} and not gone:
+            stopped_why = _reasons(nodes)
+            return ClusterStatus.STOPPED, "refresh found every node stopped" + (
+                f" ({stopped_why})" if stopped_why else "")
         if self._providers.get(record.provider).agentless and states == {NodeStatus.RUNNING}:
             return ClusterStatus.UP, "refresh found every node running"
         if len(nodes) < record.num_nodes or states != {NodeStatus.RUNNING}:
             running = sum(1 for n in nodes if n.status == NodeStatus.RUNNING)
             unreachable = sum(1 for n in nodes if n.status == NodeStatus.UNREACHABLE)
             detail = f", {unreachable} unreachable" if unreachable else ""
+            if gone:
+                detail += f", {len(gone)} gone ({why})"
+            elif other := _reasons([n for n in nodes if n.status != NodeStatus.RUNNING]):
+                detail += f" ({other})"
             return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
                                         f"nodes running{detail}")
         try:
@@ -218,3 +240,10 @@ class RefreshService:
             return await self._clusters.down(request, name, purge=True, reason=reason)
         return await self._clusters.stop(request, name, reason=reason)
 
+
+
+def _reasons(nodes: list[NodeInfo]) -> str:
+    """The providers' words on why nodes are as they are (one per distinct reason)."""
+    seen = dict.fromkeys(f"{n.node_id}: {n.reason}" if len(nodes) > 1 else n.reason
+                         for n in nodes if n.reason)
+    return "; ".join(seen)

@@ -32,6 +32,10 @@ class SSHConfigWriter:
                 f"  UserKnownHostsFile {self._known_hosts}",
                 "  StrictHostKeyChecking yes",
             ]
+            if node.ssh.host_key_alias:
+                lines.append(f"  HostKeyAlias {node.ssh.host_key_alias}")
+            if node.ssh.proxy_command:
+                lines.append(f"  ProxyCommand {node.ssh.proxy_command}")
             if node.ssh.identity_file:
                 lines += [f"  IdentityFile {node.ssh.identity_file}", "  IdentitiesOnly yes"]
             blocks.append("\n".join(lines))

@@ -115,7 +115,7 @@ class SSHConnections:
         raise AssertionError("unreachable")
 
     async def _connect_once(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
-        pinned = self._host_keys.pinned(target.host, target.port)
+        pinned = self._host_keys.pinned(target.key_name, target.port)
         options = {
             "port": target.port,
             "username": target.user,
@@ -131,6 +131,8 @@ class SSHConnections:
             "window": WINDOW_BYTES,
             "max_pktsize": MAX_PACKET_BYTES,
         }
+        if target.proxy_command:
+            options["proxy_command"] = target.proxy_command
         try:
             with anyio.fail_after(CONNECT_TIMEOUT_S + 5):
                 conn = await asyncssh.connect(target.host, **options)
@@ -157,7 +159,7 @@ class SSHConnections:
         if not pinned:
             key = conn.get_server_host_key()
             if key is not None:
-                self._host_keys.pin(target.host, target.port, key)
+                self._host_keys.pin(target.key_name, target.port, key)
                 logger.info("pinned host key", node=str(target))
         logger.info("ssh connected", node=str(target))
         return conn

@@ -321,6 +321,7 @@ def parse_resources(value: Any, source: str) -> Resources:
     use_spot = value.get("use_spot", False)
     if not isinstance(use_spot, bool):
         raise TaskError(source, "resources.use_spot", f"expected true or false, got {use_spot!r}")
+    image_id, region_images = _image_id(value.get("image_id"), source)
     labels = value.get("labels") or {}
     if not isinstance(labels, dict):
         raise TaskError(source, "resources.labels", f"expected a map, got {_kind(labels)}")
@@ -336,10 +337,32 @@ def parse_resources(value: Any, source: str) -> Resources:
         use_spot=use_spot,
         disk_size_gb=disk,
         ports=tuple(str(p) for p in ports),
-        image_id=_optional_str(value, "image_id", source),
+        image_id=image_id,
+        region_images=region_images,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         autostop=parse_autostop(value.get("autostop"), source),
     )
+
+
+def _image_id(value: Any, source: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+    """An image for every region, or a map of region to image (which also limits where the
+    cluster can go)."""
+    field = "resources.image_id"
+    if value is None:
+        return None, ()
+    if isinstance(value, dict):
+        if not value:
+            raise TaskError(source, field, "the map of region to image is empty")
+        pairs = []
+        for region, image in value.items():
+            if not isinstance(region, str) or not isinstance(image, str) or not image.strip():
+                raise TaskError(source, f"{field}.{region}", "expected an image id")
+            pairs.append((region, image.strip()))
+        return None, tuple(sorted(pairs))
+    if isinstance(value, str) and value.strip():
+        return value.strip(), ()
+    raise TaskError(source, field, f"expected an image id or a map of region to image id, "
+                                   f"got {_kind(value)}")
 
 
 def _local_path(value: str, cwd: str) -> str:

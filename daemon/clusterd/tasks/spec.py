@@ -66,6 +66,8 @@ class Resources:
     disk_size_gb: int | None = None
     ports: tuple[str, ...] = ()
     image_id: str | None = None
+    # `image_id` as a map: region -> image, which also limits where the cluster can go.
+    region_images: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
     autostop: Autostop | None = None
 
@@ -95,6 +97,8 @@ class Resources:
         values["infra"] = Infra.parse(values.get("infra"))
         values["ports"] = tuple(values.get("ports") or ())
         values["labels"] = tuple(tuple(pair) for pair in values.get("labels") or ())
+        values["region_images"] = tuple(tuple(pair) for pair in
+                                        values.get("region_images") or ())
         return cls(**values)
 
 

@@ -1,0 +1,169 @@
+"""EC2 and STS through aiobotocore: one client per region, made on first use, closed with the
+daemon; every call's errors translated (errors.classify) before anyone else sees them.
+
+Credentials, regions and endpoints are found the standard way botocore reads them (the AWS_*
+environment, ~/.aws/credentials and config, AWS_PROFILE, AWS_ENDPOINT_URL_EC2 ...): nothing
+here knows which EC2 it talks to. Throttling and 5xx answers are retried by botocore's
+"standard" retry mode with backoff; a call that hangs ends at the configured timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from clusterd import log
+from clusterd.providers.aws.errors import classify
+
+logger = log.get("clusterd.aws")
+
+RETRY_ATTEMPTS = 4
+CONNECT_TIMEOUT_S = 10.0
+# Ubuntu 22.04 as Canonical publishes it, as SkyPilot's default image is.
+CANONICAL_OWNER = "099720109477"
+UBUNTU_IMAGE_PATTERN = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-{arch}-server-*"
+
+Instance = dict[str, Any]
+
+
+class EC2Api:
+    def __init__(self, timeout_s: Callable[[], float]) -> None:
+        self._timeout_s = timeout_s
+        self._session: Any = None
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._stack = contextlib.AsyncExitStack()
+        self._making = anyio.Lock()
+        self._zone_names: dict[str, dict[str, str]] = {}
+        self._images: dict[tuple[str, str], str] = {}
+        # Calls made, by (operation, region): benchmarks and tests count them.
+        self.calls: dict[tuple[str, str], int] = {}
+
+    def _get_session(self) -> Any:
+        if self._session is None:
+            from aiobotocore.session import get_session  # 0.25 s: only once AWS is used
+
+            self._session = get_session()
+        return self._session
+
+    async def credentials_configured(self) -> bool:
+        """Whether botocore finds credentials at all (no network unless the chain reaches an
+        instance-metadata lookup, which is bounded)."""
+        session = self._get_session()
+        with anyio.move_on_after(5):
+            return await session.get_credentials() is not None
+        return False
+
+    async def default_region(self) -> str:
+        """The region the user's AWS configuration names (AWS_REGION, the profile's region),
+        else us-east-1."""
+        session = self._get_session()
+        return str(session.get_config_variable("region") or "us-east-1")
+
+    async def client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        found = self._clients.get(key)
+        if found is not None:
+            return found
+        async with self._making:
+            found = self._clients.get(key)
+            if found is None:
+                from aiobotocore.config import AioConfig
+
+                config = AioConfig(
+                    connect_timeout=CONNECT_TIMEOUT_S,
+                    read_timeout=self._timeout_s(),
+                    retries={"mode": "standard", "max_attempts": RETRY_ATTEMPTS},
+                    max_pool_connections=20,
+                )
+                maker = self._get_session().create_client(service, region_name=region,
+                                                          config=config)
+                found = await self._stack.enter_async_context(maker)
+                self._clients[key] = found
+        return found
+
+    async def call(self, region: str, operation: str, service: str = "ec2",
+                   **params: Any) -> dict[str, Any]:
+        """One API call; raises ProvisionError (classified) on any failure."""
+        self.calls[(operation, region)] = self.calls.get((operation, region), 0) + 1
+        started = time.monotonic()
+        try:
+            client = await self.client(service, region)
+            method = getattr(client, _snake(operation))
+            result: dict[str, Any] = await method(**params)
+        except Exception as exc:
+            error = classify(exc, f"aws/{region}")
+            logger.info("aws call failed", operation=operation, region=region,
+                        error=error.message[:200],
+                        seconds=round(time.monotonic() - started, 2))
+            raise error from None
+        return result
+
+    async def pages(self, region: str, operation: str, key: str,
+                    **params: Any) -> list[dict[str, Any]]:
+        """Every item under `key` of a paginated call."""
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self.call(region, operation, **params,
+                                   **({"NextToken": token} if token else {}))
+            items.extend(page.get(key, []))
+            token = page.get("NextToken")
+            if not token:
+                return items
+
+    async def aclose(self) -> None:
+        await self._stack.aclose()
+        self._clients.clear()
+
+    # -- lookups, cached where they never change -------------------------------------------
+
+    async def instances(self, region: str, filters: list[dict[str, Any]]) -> list[Instance]:
+        reservations = await self.pages(region, "DescribeInstances", "Reservations",
+                                        Filters=filters, MaxResults=1000)
+        return [i for r in reservations for i in r.get("Instances", [])]
+
+    async def zone_names(self, region: str) -> dict[str, str]:
+        """Zone ID → zone name (the catalog speaks IDs; the API takes names, which differ
+        from account to account)."""
+        cached = self._zone_names.get(region)
+        if cached is None:
+            answer = await self.call(region, "DescribeAvailabilityZones",
+                                     Filters=[{"Name": "zone-type",
+                                               "Values": ["availability-zone"]}])
+            cached = {z["ZoneId"]: z["ZoneName"] for z in answer["AvailabilityZones"]
+                      if z.get("State", "available") == "available"}
+            self._zone_names[region] = cached
+        return cached
+
+    async def default_image(self, region: str, arch: str = "amd64") -> str:
+        """The newest Ubuntu 22.04 image Canonical publishes in the region."""
+        cached = self._images.get((region, arch))
+        if cached is None:
+            images = (await self.call(
+                region, "DescribeImages", Owners=[CANONICAL_OWNER],
+                Filters=[{"Name": "name", "Values": [UBUNTU_IMAGE_PATTERN.format(arch=arch)]},
+                         {"Name": "state", "Values": ["available"]}],
+            )).get("Images", [])
+            if not images:
+                from clusterd.providers.base import BlockScope, ProvisionError
+
+                raise ProvisionError(f"aws/{region}: no Ubuntu 22.04 image from Canonical "
+                                     "found", BlockScope.REGION,
+                                     "name an image with resources.image_id")
+            newest = max(images, key=lambda i: (i.get("CreationDate") or "", i["Name"]))
+            cached = newest["ImageId"]
+            self._images[(region, arch)] = cached
+        return cached
+
+
+def _snake(operation: str) -> str:
+    out = []
+    for index, char in enumerate(operation):
+        if char.isupper() and index:
+            out.append("_")
+        out.append(char.lower())
+    return "".join(out)

@@ -1,0 +1,171 @@
+"""What a cluster's instances need around them: the key pair, the VPC and subnet they go in,
+and a security group of their own (SSH and the task's ports), removed with the cluster."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+
+from clusterd import log
+from clusterd.providers.aws.ec2 import EC2Api
+from clusterd.providers.base import BlockScope, ProvisionError
+
+logger = log.get("clusterd.aws")
+
+SSH_PORT = 22
+GROUP_PREFIX = "clusterd-"
+TAG_CLOUD_NAME = "clusterd-cluster-name"
+# After its instances are terminated, EC2 lets go of a security group within a minute or two.
+GROUP_RELEASE_TIMEOUT_S = 600.0
+
+
+def port_ranges(ports: tuple[str, ...]) -> list[tuple[int, int]]:
+    """SkyPilot's port forms ("8080", "10000-10010") as (from, to) pairs."""
+    ranges = []
+    for text in ports:
+        low, _, high = str(text).partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ProvisionError(f"resources.ports: {text!r} is not a port or a range",
+                                 BlockScope.FATAL) from None
+        if not 1 <= first <= last <= 65535:
+            raise ProvisionError(f"resources.ports: {text!r} is out of range",
+                                 BlockScope.FATAL)
+        ranges.append((first, last))
+    return ranges
+
+
+def _ingress(ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
+    return [{"IpProtocol": "tcp", "FromPort": first, "ToPort": last,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for first, last in ranges]
+
+
+class ClusterNetwork:
+    def __init__(self, api: EC2Api) -> None:
+        self._api = api
+        self._key_pairs: set[tuple[str, str]] = set()
+        self._root_devices: dict[tuple[str, str], str] = {}
+
+    async def ensure_key_pair(self, region: str, name: str, public_key: str) -> None:
+        if (region, name) in self._key_pairs:
+            return
+        found = await self._api.call(region, "DescribeKeyPairs",
+                                     Filters=[{"Name": "key-name", "Values": [name]}])
+        if not found.get("KeyPairs"):
+            try:
+                await self._api.call(region, "ImportKeyPair", KeyName=name,
+                                     PublicKeyMaterial=public_key.encode())
+            except ProvisionError as exc:
+                if "InvalidKeyPair.Duplicate" not in exc.message:
+                    raise
+        self._key_pairs.add((region, name))
+
+    async def vpc(self, region: str, name: str | None) -> str:
+        filters = ([{"Name": "tag:Name", "Values": [name]}] if name
+                   else [{"Name": "isDefault", "Values": ["true"]}])
+        vpcs = (await self._api.call(region, "DescribeVpcs", Filters=filters)).get("Vpcs", [])
+        if not vpcs:
+            what = f"no VPC named {name!r}" if name else "no default VPC"
+            raise ProvisionError(f"aws/{region}: {what}", BlockScope.REGION,
+                                 "set aws.vpc_name in the config to a VPC of each region "
+                                 "you launch in")
+        return str(vpcs[0]["VpcId"])
+
+    async def subnet(self, region: str, vpc: str, zone: str) -> str:
+        subnets = (await self._api.call(region, "DescribeSubnets", Filters=[
+            {"Name": "vpc-id", "Values": [vpc]},
+            {"Name": "availability-zone", "Values": [zone]},
+        ])).get("Subnets", [])
+        if not subnets:
+            raise ProvisionError(f"aws/{region}/{zone}: the VPC {vpc} has no subnet in this "
+                                 "zone", BlockScope.ZONE)
+        best = max(subnets, key=lambda s: int(s.get("AvailableIpAddressCount") or 0))
+        return str(best["SubnetId"])
+
+    async def root_device(self, region: str, image: str) -> str:
+        key = (region, image)
+        if key not in self._root_devices:
+            images = (await self._api.call(region, "DescribeImages",
+                                           ImageIds=[image])).get("Images", [])
+            if not images:
+                raise ProvisionError(f"aws/{region}: image {image} not found",
+                                     BlockScope.REGION)
+            self._root_devices[key] = str(images[0].get("RootDeviceName") or "/dev/sda1")
+        return self._root_devices[key]
+
+    async def ensure_security_group(self, region: str, vpc: str, cloud_name: str,
+                                    tags: list[dict[str, str]], ports: tuple[str, ...]) -> str:
+        name = GROUP_PREFIX + cloud_name
+        found = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
+            {"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]},
+        ])).get("SecurityGroups", [])
+        if found:
+            group = str(found[0]["GroupId"])
+        else:
+            try:
+                created = await self._api.call(
+                    region, "CreateSecurityGroup", GroupName=name, VpcId=vpc,
+                    Description=f"clusterd cluster {cloud_name}",
+                    TagSpecifications=[{"ResourceType": "security-group", "Tags": tags}])
+            except ProvisionError as exc:
+                if "InvalidGroup.Duplicate" not in exc.message:
+                    raise
+                return await self.ensure_security_group(region, vpc, cloud_name, tags, ports)
+            group = str(created["GroupId"])
+        await self.open_ports(region, group, [(SSH_PORT, SSH_PORT), *port_ranges(ports)])
+        return group
+
+    async def open_ports(self, region: str, group: str, ranges: list[tuple[int, int]]) -> None:
+        described = (await self._api.call(region, "DescribeSecurityGroups",
+                                          GroupIds=[group])).get("SecurityGroups", [])
+        have = {(p.get("FromPort"), p.get("ToPort")) for g in described
+                for p in g.get("IpPermissions", []) if p.get("IpProtocol") == "tcp"}
+        missing = [r for r in dict.fromkeys(ranges) if r not in have]
+        if not missing:
+            return
+        try:
+            await self._api.call(region, "AuthorizeSecurityGroupIngress", GroupId=group,
+                                 IpPermissions=_ingress(missing))
+        except ProvisionError as exc:
+            if "InvalidPermission.Duplicate" not in exc.message:
+                raise
+
+    async def remove_security_groups(self, region: str, cloud_name: str) -> None:
+        groups = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
+            {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
+        ])).get("SecurityGroups", [])
+        named = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
+            {"Name": "group-name", "Values": [GROUP_PREFIX + cloud_name]},
+        ])).get("SecurityGroups", [])
+        ids = {g["GroupId"] for g in [*groups, *named]}
+        for group in sorted(ids):
+            await self._delete_group(region, group)
+
+    async def _delete_group(self, region: str, group: str) -> None:
+        deadline = time.monotonic() + GROUP_RELEASE_TIMEOUT_S
+        delay = 0.5
+        while True:
+            users = await self._api.instances(region, [
+                {"Name": "instance.group-id", "Values": [group]},
+                {"Name": "instance-state-name",
+                 "Values": ["pending", "running", "shutting-down", "stopping", "stopped"]}])
+            if not users:
+                try:
+                    await self._api.call(region, "DeleteSecurityGroup", GroupId=group)
+                    logger.info("security group removed", region=region, group=group)
+                    return
+                except ProvisionError as exc:
+                    if "InvalidGroup.NotFound" in exc.message:
+                        return
+                    if "DependencyViolation" not in exc.message:
+                        raise
+            if time.monotonic() > deadline:
+                raise ProvisionError(f"aws/{region}: security group {group} is still in use "
+                                     f"after {GROUP_RELEASE_TIMEOUT_S:.0f} s",
+                                     BlockScope.FATAL, "run `clusterctl down` again later")
+            await anyio.sleep(delay)
+            delay = min(delay * 1.5, 10.0)
+

@@ -1,0 +1,530 @@
+"""The `aws` provider: clusters of EC2 instances.
+
+Each cluster gets a security group of its own (SSH plus the task's ports) in the configured
+VPC, instances from the daemon's own key pair (its public half imported per region), and tags
+naming the cluster, the node's role and this daemon (`clusterd-managed-by`), so that every
+instance can be found by tag: a crashed launch resumes by reusing what it finds, teardown
+sweeps everything with the cluster's name, and one DescribeInstances per region answers a
+refresh of all clusters.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import re
+import socket
+import time
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import anyio
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
+from clusterd.providers.aws.ec2 import EC2Api, Instance
+from clusterd.providers.aws.errors import classify
+from clusterd.providers.aws.network import ClusterNetwork, port_ranges
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterInfo,
+    ClusterRequest,
+    NodeInfo,
+    NodeStatus,
+    Placement,
+    ProviderDefaults,
+    ProvisionError,
+    SSHTarget,
+)
+from clusterd.ssh.connections import SSHConnections
+from clusterd.ssh.keys import DaemonKey
+from clusterd.user_config import AWSConfig, UserConfig
+
+logger = log.get("clusterd.aws")
+
+TAG_CLOUD_NAME = "clusterd-cluster-name"
+TAG_CLUSTER = "clusterd-cluster"
+TAG_ROLE = "clusterd-node-role"
+TAG_MANAGED_BY = "clusterd-managed-by"
+TAG_OWNER = "clusterd-owner"
+DEFAULT_DISK_GB = 256  # as SkyPilot
+NODE_STATES = {
+    "pending": NodeStatus.PENDING,
+    "running": NodeStatus.RUNNING,
+    "stopping": NodeStatus.STOPPING,
+    "shutting-down": NodeStatus.STOPPING,
+    "stopped": NodeStatus.STOPPED,
+    "terminated": NodeStatus.TERMINATED,
+}
+NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
+STATE_TIMEOUT_S = 900.0
+SSH_ATTEMPT_S = 20.0
+
+
+class AWSProvider(ProviderDefaults):
+    name: ClassVar[str] = "aws"
+    can_stop: ClassVar[bool] = True
+    stops_by_shutdown: ClassVar[bool] = True
+
+    def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
+                 key: DaemonKey, managed_by: str, api: EC2Api | None = None) -> None:
+        self._config = config
+        self._connections = connections
+        self._key = key
+        self.managed_by = managed_by
+        self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
+        self._network = ClusterNetwork(self.api)
+
+    def _aws(self) -> AWSConfig:
+        return self._config().aws
+
+    def catalog(self) -> Catalog:
+        try:
+            return load_catalog(self._config().catalog_dir)
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, str(exc),
+                                "fix catalog_dir in the config, or unset "
+                                "CLUSTERD_CATALOG_DIR to use clusterd's own") from None
+
+    # -- placements -----------------------------------------------------------------------
+
+    async def placements(self, request: ClusterRequest) -> list[Placement]:
+        resources = request.resources
+        if resources.image_id and resources.image_id.startswith("docker:"):
+            raise ProvisionError("resources.image_id: docker images are not supported on aws "
+                                 "yet", BlockScope.PROVIDER, "name an AMI (ami-...)")
+        regions = frozenset(r for r, _ in resources.region_images) or None
+        try:
+            choice = self.catalog().choose(resources, regions)
+        except CatalogMiss as exc:
+            raise ProvisionError(f"aws: {exc}", BlockScope.PROVIDER,
+                                 "`clusterctl show-gpus` lists the accelerators on offer"
+                                 ) from None
+        names: dict[str, dict[str, str]] = {}
+        failures: list[ProvisionError] = []
+
+        async def lookup(region: str) -> None:
+            try:
+                names[region] = await self.api.zone_names(region)
+            except ProvisionError as exc:
+                failures.append(exc)
+
+        async with anyio.create_task_group() as group:
+            for region in sorted({o.region for o in choice.offers}):
+                group.start_soon(lookup, region)
+        if not names and failures:
+            raise failures[0]
+        spec = choice.spec
+        placements = []
+        for offer in choice.offers:
+            zone = names.get(offer.region, {}).get(offer.zone_id)
+            if zone is None or (resources.infra.zone and zone != resources.infra.zone):
+                continue
+            placements.append(Placement(
+                "aws", offer.region, zone, spec.instance_type, spec.vcpus, spec.memory_gb,
+                spec.accelerator, spec.accelerator_count,
+                offer.price_for(choice.spot) or 0.0, choice.spot,
+            ))
+        # Cheapest first; where prices tie, by region preference, then zone name (a, b, c).
+        placements.sort(key=lambda p: (p.price_per_hour, region_rank(p.region or ""),
+                                       p.zone or ""))
+        if not placements:
+            where = resources.infra.zone or resources.infra.region or "any zone"
+            raise ProvisionError(f"aws: {spec.instance_type} is not offered in {where}",
+                                 BlockScope.PROVIDER)
+        return placements
+
+    # -- create / wait --------------------------------------------------------------------
+
+    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+        region, zone = placement.region or "", placement.zone or ""
+        try:
+            return await self._create(request, placement, region, zone)
+        except BaseException:
+            # Nothing of a failed attempt stays behind (the next one goes elsewhere).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+                await self._terminate_tagged(region, request.cloud_name)
+            raise
+
+    async def _create(self, request: ClusterRequest, placement: Placement, region: str,
+                      zone: str) -> dict[str, Any]:
+        config = self._aws()
+        resources = request.resources
+        pair = await anyio.to_thread.run_sync(self._key.ensure)
+        key_name = f"clusterd-{pair.digest}"
+        await self._network.ensure_key_pair(region, key_name, pair.public_openssh)
+        vpc = await self._network.vpc(region, config.vpc_name)
+        subnet = await self._network.subnet(region, vpc, zone)
+        group = await self._network.ensure_security_group(
+            region, vpc, request.cloud_name, self._tags(request, None), resources.ports)
+        image, root_device = await self._image(region, resources, placement)
+        existing = await self._cluster_instances(region, request.cloud_name)
+        stopped = [i["InstanceId"] for i in existing if i["State"]["Name"] in
+                   ("stopped", "stopping")]
+        if stopped:
+            await self._wait_states(region, stopped, {"stopped"})
+            await self.api.call(region, "StartInstances", InstanceIds=stopped)
+        roles = [_tag(i, TAG_ROLE) for i in existing]
+        launch: dict[str, Any] = {
+            "ImageId": image,
+            "InstanceType": placement.instance_type,
+            "KeyName": key_name,
+            "NetworkInterfaces": [{
+                "DeviceIndex": 0, "SubnetId": subnet, "Groups": [group],
+                "AssociatePublicIpAddress": not config.use_internal_ips,
+                "DeleteOnTermination": True,
+            }],
+            "BlockDeviceMappings": [{
+                "DeviceName": root_device,
+                "Ebs": {"VolumeSize": resources.disk_size_gb or DEFAULT_DISK_GB,
+                        "VolumeType": "gp3", "DeleteOnTermination": True},
+            }],
+            "InstanceInitiatedShutdownBehavior": (
+                "terminate" if placement.spot or request.autostop_down else "stop"),
+        }
+        if placement.spot:
+            launch["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
+                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        if "head" not in roles:
+            await self._run(region, zone, request, launch, "head", 1)
+        workers = request.num_nodes - 1 - roles.count("worker")
+        if workers > 0:
+            await self._run(region, zone, request, launch, "worker", workers)
+        instances = await self._cluster_instances(region, request.cloud_name)
+        return {
+            "region": region,
+            "zone": zone,
+            "instance_type": placement.instance_type,
+            "spot": placement.spot,
+            "vpc": vpc,
+            "subnet": subnet,
+            "security_group": group,
+            "key_name": key_name,
+            "ssh_user": config.ssh_user,
+            "use_internal_ips": config.use_internal_ips,
+            "cpus": placement.cpus,
+            "gpus": _gpus(placement.accelerator, placement.accelerator_count),
+            "nodes": _nodes_of(instances),
+        }
+
+    async def _run(self, region: str, zone: str, request: ClusterRequest,
+                   launch: dict[str, Any], role: str, count: int) -> None:
+        tags = self._tags(request, role)
+        # Derived from the cluster and this attempt: a call retried (by botocore, or by a
+        # launch resuming after a crash) never doubles the instances on EC2.
+        token = hashlib.sha256(f"{request.cloud_name}/{zone}/{role}/{count}".encode()
+                               ).hexdigest()[:48]
+        await self.api.call(
+            region, "RunInstances", MinCount=count, MaxCount=count, ClientToken=token,
+            TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
+                               {"ResourceType": "volume", "Tags": tags}],
+            **launch,
+        )
+
+    def _tags(self, request: ClusterRequest, role: str | None) -> list[dict[str, str]]:
+        tags = {
+            **dict(self._aws().labels),
+            **dict(request.resources.labels),
+            TAG_CLOUD_NAME: request.cloud_name,
+            TAG_CLUSTER: request.name,
+            TAG_MANAGED_BY: self.managed_by,
+            TAG_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
+            "Name": f"{request.cloud_name}-{role}" if role else request.cloud_name,
+        }
+        if role:
+            tags[TAG_ROLE] = role
+        return [{"Key": k, "Value": v} for k, v in tags.items()]
+
+    async def _image(self, region: str, resources: Any, placement: Placement
+                     ) -> tuple[str, str]:
+        arch = "arm64" if re.match(r"^[a-z]\d+g", placement.instance_type or "") else "amd64"
+        image = dict(resources.region_images).get(region) or resources.image_id
+        if not image or not image.startswith("ami-"):
+            image = await self.api.default_image(region, arch)
+        return image, await self._network.root_device(region, image)
+
+    async def wait(self, cloud_name: str, handle: dict[str, Any],
+                   timeout_s: float) -> dict[str, Any]:
+        """Every node running, with its addresses, and answering SSH."""
+        region = handle["region"]
+        ids = [n["id"] for n in handle["nodes"]]
+        with anyio.fail_after(timeout_s):
+            instances = await self._wait_states(region, ids, {"running"})
+            handle = {**handle, "nodes": _nodes_of(instances)}
+            info = await self.cluster_info(cloud_name, handle)
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    assert node.ssh is not None
+                    group.start_soon(self._wait_ssh, node.ssh)
+        return handle
+
+    async def _wait_ssh(self, target: SSHTarget) -> None:
+        delay = 1.0
+        while True:
+            try:
+                with anyio.fail_after(SSH_ATTEMPT_S):
+                    await self._connections.get(target)
+                return
+            except (ProtocolError, TimeoutError) as exc:
+                if isinstance(exc, ProtocolError) and exc.code == ErrorCode.HOST_KEY_MISMATCH:
+                    raise
+                logger.info("waiting for ssh", node=str(target))
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+    async def _wait_states(self, region: str, ids: list[str], wanted: set[str]
+                           ) -> list[Instance]:
+        """Poll until every instance is in one of `wanted`; fails if one is terminated."""
+        delay = 0.3
+        deadline = time.monotonic() + STATE_TIMEOUT_S
+        while True:
+            instances = await self.api.instances(
+                region, [{"Name": "instance-id", "Values": ids}])
+            states = {i["InstanceId"]: i["State"]["Name"] for i in instances}
+            gone = [i for i in instances if i["State"]["Name"] in ("terminated",
+                                                                    "shutting-down")]
+            if gone and "terminated" not in wanted:
+                reason = gone[0].get("StateReason", {}).get("Message", "")
+                raise ProvisionError(f"aws/{region}: instance {gone[0]['InstanceId']} was "
+                                     f"terminated ({reason or 'no reason given'})",
+                                     BlockScope.ZONE)
+            if len(states) == len(ids) and set(states.values()) <= wanted:
+                return instances
+            if time.monotonic() > deadline:
+                raise ProvisionError(f"aws/{region}: instances did not reach "
+                                     f"{'/'.join(sorted(wanted))} in time: {states}",
+                                     BlockScope.ZONE)
+            await anyio.sleep(delay)
+            delay = min(delay * 1.5, 5.0)
+
+    # -- what exists ----------------------------------------------------------------------
+
+    async def _cluster_instances(self, region: str, cloud_name: str,
+                                 include_terminated: bool = False) -> list[Instance]:
+        states = list(NODE_STATES) if include_terminated else [
+            s for s in NODE_STATES if s != "terminated"]
+        return await self.api.instances(region, [
+            {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
+            {"Name": "instance-state-name", "Values": states},
+        ])
+
+    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+        result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
+        if isinstance(result, ProvisionError):
+            raise result
+        return result
+
+    async def query_many(
+        self, clusters: list[tuple[str, dict[str, Any]]]
+    ) -> dict[str, list[NodeInfo] | ProvisionError]:
+        """One DescribeInstances per region (all of this daemon's instances, by tag)."""
+        by_region: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        for cloud_name, handle in clusters:
+            by_region.setdefault(handle.get("region") or "", []).append((cloud_name, handle))
+        found: dict[str, list[NodeInfo] | ProvisionError] = {}
+
+        async def one_region(region: str, members: list[tuple[str, dict[str, Any]]]) -> None:
+            try:
+                instances = await self.managed_instances(region)
+            except ProvisionError as exc:
+                found.update({name: exc for name, _ in members})
+                return
+            by_cluster: dict[str, list[Instance]] = {}
+            for instance in instances:
+                by_cluster.setdefault(_tag(instance, TAG_CLOUD_NAME) or "", []).append(instance)
+            for name, handle in members:
+                found[name] = self._node_infos(name, handle, by_cluster.get(name, []))
+
+        async with anyio.create_task_group() as group:
+            for region, members in by_region.items():
+                group.start_soon(one_region, region, members)
+        return found
+
+    async def managed_instances(self, region: str) -> list[Instance]:
+        """Every instance this daemon made in `region`, whatever its state."""
+        return await self.api.instances(
+            region, [{"Name": f"tag:{TAG_MANAGED_BY}", "Values": [self.managed_by]}])
+
+    def _node_infos(self, cloud_name: str, handle: dict[str, Any],
+                    instances: list[Instance]) -> list[NodeInfo]:
+        recorded = {n["id"] for n in handle.get("nodes", [])}
+        current = [i for i in instances if i["State"]["Name"] != "terminated"
+                   or i["InstanceId"] in recorded]
+        seen = {i["InstanceId"] for i in current}
+        infos = [self._node_info(cloud_name, handle, node) for node in _nodes_of(current)]
+        infos += [NodeInfo(node_id=node_id, internal_ip="", status=NodeStatus.TERMINATED,
+                           reason="the instance no longer exists")
+                  for node_id in sorted(recorded - seen)]
+        return infos
+
+    def _node_info(self, cloud_name: str, handle: dict[str, Any],
+                   node: dict[str, Any]) -> NodeInfo:
+        region = handle.get("region") or ""
+        address = node.get("ip") if handle.get("use_internal_ips", True) else (
+            node.get("public_ip") or node.get("ip"))
+        target = None
+        if address:
+            target = SSHTarget(
+                host=address, port=22, user=handle.get("ssh_user") or self._aws().ssh_user,
+                identity_file=str(self._key.ensure().private_path),
+                host_key_alias=node["id"], proxy_command=self._aws().proxy_command(region),
+            )
+        return NodeInfo(
+            node_id=node["id"],
+            internal_ip=node.get("ip") or "",
+            status=NODE_STATES.get(node.get("state", "running"), NodeStatus.PENDING),
+            ssh=target,
+            runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
+            workdir="~/sky_workdir",
+            cpus=float(handle.get("cpus") or 1),
+            gpus=float(handle.get("gpus") or 0),
+            reason=node.get("reason", ""),
+        )
+
+    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+        nodes = [self._node_info(cloud_name, handle, n) for n in handle.get("nodes", [])]
+        if not nodes or any(n.ssh is None for n in nodes):
+            raise ProvisionError(f"{cloud_name} has no reachable instances recorded",
+                                 BlockScope.FATAL)
+        return ClusterInfo(tuple(nodes), shutdown_to_stop=True)
+
+    # -- stop / start / terminate ---------------------------------------------------------
+
+    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        if handle.get("spot"):
+            raise ProtocolError(ErrorCode.UNSUPPORTED,
+                                "spot instances cannot be stopped, only terminated",
+                                "tear the cluster down instead: clusterctl down")
+        region = handle["region"]
+        ids = [i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)]
+        if ids:
+            await self.api.call(region, "StopInstances", InstanceIds=ids)
+            await self._wait_states(region, ids, {"stopped"})
+
+    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+        region = handle["region"]
+        recorded = [n["id"] for n in handle.get("nodes", [])]
+        instances = await self.api.instances(region, [{"Name": "instance-id",
+                                                       "Values": recorded}])
+        gone = [i for i in instances if i["State"]["Name"] in ("terminated", "shutting-down")]
+        if gone or len(instances) < len(recorded):
+            what = (f"{gone[0]['InstanceId']} was terminated "
+                    f"({gone[0].get('StateReason', {}).get('Message') or 'no reason given'})"
+                    if gone else "an instance no longer exists")
+            raise ProvisionError(f"{cloud_name} cannot be started where it lives "
+                                 f"(aws/{region}/{handle.get('zone')}): {what}",
+                                 BlockScope.FATAL, "tear it down and launch it again")
+        await self._wait_states(region, recorded, {"stopped", "running"})
+        stopped = [i["InstanceId"] for i in await self.api.instances(
+            region, [{"Name": "instance-id", "Values": recorded},
+                     {"Name": "instance-state-name", "Values": ["stopped"]}])]
+        if stopped:
+            await self.api.call(region, "StartInstances", InstanceIds=stopped)
+        # Addresses can change when an instance starts again: the handle follows them.
+        return await self.wait(cloud_name, handle, STATE_TIMEOUT_S)
+
+    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        region = handle.get("region")
+        if not region:
+            return
+        await self._terminate_tagged(region, cloud_name, [n["id"] for n in
+                                                          handle.get("nodes", [])])
+
+    async def _terminate_tagged(self, region: str, cloud_name: str,
+                                extra: list[str] | None = None) -> None:
+        ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)}
+        if extra:
+            listed = await self.api.instances(region, [
+                {"Name": "instance-id", "Values": extra},
+                {"Name": "instance-state-name",
+                 "Values": ["pending", "running", "stopping", "stopped"]}])
+            ids |= {i["InstanceId"] for i in listed}
+        if ids:
+            logger.info("terminating instances", cluster=cloud_name, region=region,
+                        instances=sorted(ids))
+            await self.api.call(region, "TerminateInstances", InstanceIds=sorted(ids))
+
+    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+                         ports: tuple[str, ...]) -> None:
+        if ports and handle.get("security_group"):
+            await self._network.open_ports(handle["region"], handle["security_group"],
+                                           port_ranges(ports))
+
+    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+        """Remove the cluster's security group, once no instance of it holds it."""
+        if handle.get("region"):
+            await self._network.remove_security_groups(handle["region"], cloud_name)
+
+    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+                             down: bool | None) -> None:
+        if handle.get("spot") or not handle.get("region"):
+            return  # one-time spot instances only ever terminate
+        behaviour = "terminate" if down else "stop"
+        for node in handle.get("nodes", []):
+            await self.api.call(handle["region"], "ModifyInstanceAttribute",
+                                InstanceId=node["id"],
+                                InstanceInitiatedShutdownBehavior={"Value": behaviour})
+
+    def classify(self, error: BaseException) -> ProvisionError:
+        return classify(error)
+
+    # -- check ----------------------------------------------------------------------------
+
+    async def check(self) -> dict[str, Any]:
+        try:
+            with anyio.fail_after(15):
+                if not await self.api.credentials_configured():
+                    return {"ok": False, "detail": "no AWS credentials found (environment, "
+                            "~/.aws/credentials, AWS_PROFILE)"}
+                region = await self.api.default_region()
+                identity = await self.api.call(region, "GetCallerIdentity", service="sts")
+                regions = await self.api.call(region, "DescribeRegions", Filters=[
+                    {"Name": "opt-in-status", "Values": ["opt-in-not-required", "opted-in"]}])
+        except ProvisionError as exc:
+            return {"ok": False, "detail": exc.message, "hint": exc.hint}
+        except TimeoutError:
+            return {"ok": False, "detail": "the AWS API did not answer within 15 s"}
+        enabled = sorted(r["RegionName"] for r in regions.get("Regions", []))
+        offered = self.catalog().regions()
+        return {
+            "ok": True,
+            "detail": f"credentials of {identity.get('Arn')}",
+            "identity": identity.get("Arn"),
+            "account": identity.get("Account"),
+            "regions": enabled,
+            "catalog_regions": sorted(offered & set(enabled)),
+        }
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+
+def _tag(instance: Instance, key: str) -> str | None:
+    for tag in instance.get("Tags", []):
+        if tag.get("Key") == key:
+            return str(tag.get("Value"))
+    return None
+
+
+def _nodes_of(instances: list[Instance]) -> list[dict[str, Any]]:
+    """Instances as a handle records them: the head first, then workers by launch time."""
+    nodes = [{
+        "id": i["InstanceId"],
+        "role": _tag(i, TAG_ROLE) or "worker",
+        "ip": i.get("PrivateIpAddress") or "",
+        "public_ip": i.get("PublicIpAddress"),
+        "state": i["State"]["Name"],
+        "reason": (i.get("StateReason") or {}).get("Message", "")
+        if i["State"]["Name"] != "running" else "",
+        "launched": str(i.get("LaunchTime") or ""),
+    } for i in instances]
+    nodes.sort(key=lambda n: (n["role"] != "head", n["launched"], n["id"]))
+    return nodes
+
+
+def _gpus(accelerator: str | None, count: float) -> float:
+    if not accelerator or accelerator.lower().startswith(NOT_ACCELERATOR_GPUS):
+        return 0.0
+    return count
+

@@ -1,0 +1,165 @@
+"""The user's configuration file: `$CLUSTERD_CONFIG`, else `~/.config/clusterd/config.yaml`.
+
+It follows SkyPilot's `~/.sky/config.yaml` layout for the keys clusterd reads, so a user's
+settings carry over:
+
+    catalog_dir: ~/.sky/catalogs/v7     # a catalog in SkyPilot's CSV format (DIR/aws/vms.csv)
+    aws:
+      vpc_name: my-vpc                  # instances go in this VPC (default: the default VPC)
+      use_internal_ips: true            # reach nodes by private IP (no public IPs)
+      ssh_user: ubuntu                  # the image's login user
+      ssh_proxy_command: ssh -W %h:%p jump   # or per region: {us-east-1: "...", ...}
+      labels: {team: ml}                # tags on everything clusterd creates
+      request_timeout: 30               # seconds an EC2 API call may take (then retried)
+
+The file is read again whenever it changes; a bad value is reported (file and key) by the
+operation that needs it, and never stops the daemon.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from clusterctl import paths
+from clusterctl.protocol import ErrorCode, ProtocolError
+
+AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
+            "request_timeout"}
+TOP_LEVEL_KEYS = {"catalog_dir", "aws"}
+# SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
+IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
+                     "kubernetes", "gcp", "azure", "api_server", "workspaces", "provision"}
+IGNORED_AWS_KEYS = {"security_group_name", "remote_identity", "specific_reservations",
+                    "prioritize_reservations", "disk_encrypted", "post_provision_runcmd"}
+
+
+class ConfigError(ProtocolError):
+    def __init__(self, path: Path, key: str, message: str) -> None:
+        super().__init__(ErrorCode.INVALID_ARGUMENT, f"{path}: {key}: {message}",
+                         "fix the configuration file (see README: Configuration)")
+
+
+@dataclasses.dataclass(frozen=True)
+class AWSConfig:
+    vpc_name: str | None = None
+    use_internal_ips: bool = False
+    ssh_user: str = "ubuntu"
+    ssh_proxy_command: str | dict[str, str] | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    request_timeout_s: float = 30.0
+
+    def proxy_command(self, region: str) -> str | None:
+        if isinstance(self.ssh_proxy_command, dict):
+            return self.ssh_proxy_command.get(region)
+        return self.ssh_proxy_command
+
+
+@dataclasses.dataclass(frozen=True)
+class UserConfig:
+    path: Path
+    catalog_dir: Path | None = None
+    aws: AWSConfig = dataclasses.field(default_factory=AWSConfig)
+
+
+def config_path() -> Path:
+    explicit = os.environ.get("CLUSTERD_CONFIG")
+    return Path(explicit) if explicit else Path(paths.config_dir()) / "config.yaml"
+
+
+def parse(path: Path, text: str) -> UserConfig:
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, "(file)", f"not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "(file)", "expected a map of settings")
+    for key in raw:
+        if key not in TOP_LEVEL_KEYS | IGNORED_TOP_LEVEL:
+            raise ConfigError(path, str(key), "unknown key")
+    catalog = raw.get("catalog_dir")
+    if catalog is not None and not isinstance(catalog, str):
+        raise ConfigError(path, "catalog_dir", "expected a directory path")
+    return UserConfig(
+        path=path,
+        catalog_dir=Path(os.path.expanduser(catalog)) if catalog else None,
+        aws=_aws(path, raw.get("aws")),
+    )
+
+
+def _aws(path: Path, raw: Any) -> AWSConfig:
+    if raw is None:
+        return AWSConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "aws", "expected a map")
+    for key in raw:
+        if key not in AWS_KEYS | IGNORED_AWS_KEYS:
+            raise ConfigError(path, f"aws.{key}", "unknown key")
+    vpc = raw.get("vpc_name")
+    if vpc is not None and (not isinstance(vpc, str) or not vpc):
+        raise ConfigError(path, "aws.vpc_name", "expected a VPC name")
+    internal = raw.get("use_internal_ips", False)
+    if not isinstance(internal, bool):
+        raise ConfigError(path, "aws.use_internal_ips", "expected true or false")
+    user = raw.get("ssh_user", "ubuntu")
+    if not isinstance(user, str) or not user or not user.replace("-", "").replace(
+            "_", "").isalnum():
+        raise ConfigError(path, "aws.ssh_user", f"not a user name: {user!r}")
+    proxy = raw.get("ssh_proxy_command")
+    if proxy is not None:
+        if isinstance(proxy, dict):
+            if not all(isinstance(k, str) and isinstance(v, str) for k, v in proxy.items()):
+                raise ConfigError(path, "aws.ssh_proxy_command",
+                                  "expected a command, or a map of region to command")
+        elif not isinstance(proxy, str):
+            raise ConfigError(path, "aws.ssh_proxy_command",
+                              "expected a command, or a map of region to command")
+    labels = raw.get("labels") or {}
+    if not isinstance(labels, dict) or not all(
+            isinstance(v, str | int | float) and not isinstance(v, bool)
+            for v in labels.values()):
+        raise ConfigError(path, "aws.labels", "expected a map of tag name to value")
+    timeout = raw.get("request_timeout", 30.0)
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+            or not 0.5 <= timeout <= 600):
+        raise ConfigError(path, "aws.request_timeout", "expected seconds between 0.5 and 600")
+    return AWSConfig(
+        vpc_name=vpc,
+        use_internal_ips=internal,
+        ssh_user=user,
+        ssh_proxy_command=proxy,
+        labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
+        request_timeout_s=float(timeout),
+    )
+
+
+class ConfigFile:
+    """The configuration, read again when the file changes (by mtime and size)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or config_path()
+        self._seen: tuple[float, int] | None = None
+        self._config = UserConfig(self.path)
+
+    def get(self) -> UserConfig:
+        """The current configuration; raises ConfigError if the file is not valid."""
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            self._seen, self._config = None, UserConfig(self.path)
+            return self._config
+        except OSError as exc:
+            raise ConfigError(self.path, "(file)", f"cannot read: {exc.strerror}") from None
+        seen = (stat.st_mtime, stat.st_size)
+        if seen != self._seen:
+            try:
+                text = self.path.read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(self.path, "(file)", f"cannot read: {exc}") from None
+            self._config = parse(self.path, text)
+            self._seen = seen
+        return self._config

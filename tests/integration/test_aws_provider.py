@@ -1,0 +1,250 @@
+"""The aws provider against a real EC2 API: moto's server, over HTTP, as its own process.
+
+No nodes answer SSH here (the EC2 test bed's end-to-end tests do that): these drive the
+provider's EC2 calls directly, found the standard way (AWS_ENDPOINT_URL_EC2 and a throw-away
+credentials file) and check what they leave in moto.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from clusterd.providers.aws.provider import TAG_CLOUD_NAME, TAG_MANAGED_BY, TAG_ROLE, AWSProvider
+from clusterd.providers.base import BlockScope, ClusterRequest, NodeStatus, ProvisionError
+from clusterd.ssh.connections import SSHConnections
+from clusterd.ssh.host_keys import HostKeyStore
+from clusterd.ssh.keys import DaemonKey
+from clusterd.tasks.loader import parse_resources
+from clusterd.user_config import UserConfig, parse
+from tests.support import wait_for
+
+pytestmark = pytest.mark.anyio
+REGIONS = {"us-east-1": 1, "us-west-2": 4}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    scratch = tmp_path_factory.mktemp("moto")
+    # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
+    (scratch / "amis.json").write_text(json.dumps([{
+        "ami_id": "ami-0a0b0c0d0e0f01234", "state": "available", "public": True,
+        "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
+        "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
+        "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
+        "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
+        "hypervisor": "xen", "creation_date": "2024-09-27T00:00:00.000Z",
+    }]))
+    with open(scratch / "moto.log", "wb") as out:
+        server = subprocess.Popen(
+            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p",
+             str(port)], stdout=out, stderr=out, start_new_session=True,
+            env={**os.environ, "MOTO_AMIS_PATH": str(scratch / "amis.json")})
+    endpoint = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, 30, "moto_server")
+        for region, number in REGIONS.items():
+            make_loopback_vpc(endpoint, region, number)
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def ec2(endpoint: str, region: str) -> Any:
+    return boto3.client("ec2", region_name=region, endpoint_url=endpoint,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
+    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone."""
+    client = ec2(endpoint, region)
+    for vpc in client.describe_vpcs()["Vpcs"]:
+        for subnet in client.describe_subnets(
+                Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])["Subnets"]:
+            client.delete_subnet(SubnetId=subnet["SubnetId"])
+        client.delete_vpc(VpcId=vpc["VpcId"])
+    vpc = client.create_vpc(CidrBlock=f"127.{number}.0.0/16", TagSpecifications=[
+        {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "loopback"}]}])["Vpc"]
+    zones = client.describe_availability_zones()["AvailabilityZones"]
+    for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1):
+        client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
+                             AvailabilityZone=zone)
+
+
+@pytest.fixture
+def env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[default]\naws_access_key_id = testing\n"
+                           "aws_secret_access_key = testing\n")
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = us-east-1\n")
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", moto)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
+
+
+@pytest.fixture
+async def provider(env: Path) -> AsyncIterator[AWSProvider]:
+    config = parse(env / "config.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n"
+                   "  labels: {team: infra}\n")
+    aws = AWSProvider(lambda: config, SSHConnections(HostKeyStore(env / "known_hosts")),
+                      DaemonKey(env / "ssh"), f"clusterd-test-{os.getpid()}")
+    try:
+        yield aws
+    finally:
+        await aws.aclose()
+
+
+def request(name: str, nodes: int = 1, **resources: object) -> ClusterRequest:
+    return ClusterRequest(name, f"{name}-c0ffee", nodes, parse_resources(resources, "t.yaml"))
+
+
+def tagged(endpoint: str, region: str, cloud_name: str) -> list[dict[str, Any]]:
+    reservations = ec2(endpoint, region).describe_instances(Filters=[
+        {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]}])["Reservations"]
+    return [i for r in reservations for i in r["Instances"]]
+
+
+async def test_placements_are_cheapest_first_with_zone_names(provider: AWSProvider) -> None:
+    placements = await provider.placements(request("p", cpus=2, infra="aws/us-east-1"))
+    assert {p.region for p in placements} == {"us-east-1"}
+    assert all(p.zone and p.zone.startswith("us-east-1") for p in placements)
+    prices = [p.price_per_hour for p in placements]
+    assert prices == sorted(prices) and placements[0].cpus == 2
+    zoned = await provider.placements(request("p", cpus=2, infra="aws/us-east-1/us-east-1c"))
+    assert [p.zone for p in zoned] == ["us-east-1c"]
+    with pytest.raises(ProvisionError) as miss:
+        await provider.placements(request("p", accelerators="A100:3"))
+    assert miss.value.scope == BlockScope.PROVIDER and "p4d.24xlarge" in miss.value.message
+
+
+async def test_create_query_stop_start_terminate(provider: AWSProvider, moto: str) -> None:
+    want = request("duo", nodes=2, cpus=2, ports=[8080, "9000-9010"], infra="aws/us-east-1",
+                   labels={"project": "x"})
+    placement = (await provider.placements(want))[0]
+    handle = await provider.create(want, placement)
+    instances = tagged(moto, "us-east-1", want.cloud_name)
+    assert len(instances) == 2
+    roles = sorted(next(t["Value"] for t in i["Tags"] if t["Key"] == TAG_ROLE)
+                   for i in instances)
+    assert roles == ["head", "worker"]
+    tags = {t["Key"]: t["Value"] for t in instances[0]["Tags"]}
+    assert tags[TAG_MANAGED_BY] == provider.managed_by
+    assert tags["team"] == "infra" and tags["project"] == "x"
+    assert all(i["PrivateIpAddress"].startswith("127.1.") for i in instances)
+    assert all(i["Placement"]["AvailabilityZone"] == placement.zone for i in instances)
+    assert handle["nodes"][0]["role"] == "head"
+    # The security group: SSH and the task's ports.
+    group = ec2(moto, "us-east-1").describe_security_groups(
+        GroupIds=[handle["security_group"]])["SecurityGroups"][0]
+    assert {(p["FromPort"], p["ToPort"]) for p in group["IpPermissions"]} == {
+        (22, 22), (8080, 8080), (9000, 9010)}
+    # Create again (a resumed launch): the same instances, none added.
+    again = await provider.create(want, placement)
+    assert {n["id"] for n in again["nodes"]} == {n["id"] for n in handle["nodes"]}
+    nodes = await provider.query(want.cloud_name, handle)
+    assert [n.status for n in nodes] == [NodeStatus.RUNNING] * 2
+    info = await provider.cluster_info(want.cloud_name, handle)
+    assert info.head.ssh is not None and info.head.ssh.user == "ubuntu"
+    assert info.head.ssh.host_key_alias == handle["nodes"][0]["id"]
+
+    await provider.stop(want.cloud_name, handle)
+    assert {n.status for n in await provider.query(want.cloud_name, handle)} == {
+        NodeStatus.STOPPED}
+    await provider.terminate(want.cloud_name, handle)
+    await provider.cleanup_ports(want.cloud_name, handle)
+    assert {i["State"]["Name"] for i in tagged(moto, "us-east-1", want.cloud_name)} == {
+        "terminated"}
+    groups = ec2(moto, "us-east-1").describe_security_groups(Filters=[
+        {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [want.cloud_name]}])["SecurityGroups"]
+    assert groups == []
+    gone = await provider.query(want.cloud_name, handle)
+    assert {n.status for n in gone} == {NodeStatus.TERMINATED}
+
+
+async def test_one_describe_per_region_answers_many_clusters(provider: AWSProvider) -> None:
+    handles = {}
+    for index in range(3):
+        want = request(f"many{index}", cpus=2, infra="aws/us-west-2")
+        handles[want.cloud_name] = await provider.create(want, (await provider.placements(want))[0])
+    provider.api.calls.clear()
+    found = await provider.query_many(list(handles.items()))
+    assert provider.api.calls == {("DescribeInstances", "us-west-2"): 1}
+    assert all(len(nodes) == 1 for nodes in found.values() if isinstance(nodes, list))
+    for cloud_name, handle in handles.items():
+        await provider.terminate(cloud_name, handle)
+        await provider.cleanup_ports(cloud_name, handle)
+
+
+async def test_a_failed_create_leaves_nothing(provider: AWSProvider, moto: str) -> None:
+    want = request("broken", cpus=2, infra="aws/us-east-1", image_id="ami-00000000000000000")
+    placement = (await provider.placements(want))[0]
+    with pytest.raises(ProvisionError) as failed:
+        await provider.create(want, placement)
+    assert failed.value.scope == BlockScope.REGION
+    assert [i for i in tagged(moto, "us-east-1", want.cloud_name)
+            if i["State"]["Name"] != "terminated"] == []
+
+
+async def test_no_vpc_rules_out_the_region(provider: AWSProvider, env: Path) -> None:
+    config = parse(env / "c.yaml", "aws:\n  vpc_name: nowhere\n")
+    provider._config = lambda: config  # type: ignore[method-assign]
+    want = request("novpc", cpus=2, infra="aws/us-east-1")
+    with pytest.raises(ProvisionError) as failed:
+        await provider.create(want, (await provider.placements(want))[0])
+    assert failed.value.scope == BlockScope.REGION and "no VPC named 'nowhere'" in (
+        failed.value.message)
+
+
+async def test_check_reports_identity_and_regions(provider: AWSProvider) -> None:
+    result = await provider.check()
+    assert result["ok"] and "arn:aws" in result["identity"]
+    assert "us-east-1" in result["regions"]
+
+
+async def test_check_is_fast_and_clear_without_credentials(
+        provider: AWSProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    fresh = AWSProvider(lambda: UserConfig(tmp_path / "c"),
+                        provider._connections, DaemonKey(tmp_path / "k"), "x")
+    result = await fresh.check()
+    assert not result["ok"] and "no AWS credentials" in result["detail"]
+    await fresh.aclose()
+
+
+def test_requests_are_dataclasses() -> None:
+    # The request given to create carries the autostop choice for the shutdown behaviour.
+    assert "autostop_down" in {f.name for f in dataclasses.fields(ClusterRequest)}
