@@ -1,0 +1,201 @@
+"""The command line of scripts/testbed: argparse for both test beds, and dispatch.
+
+Exit codes: 0 success, 1 failure (message on stderr, and a hint where useful), 2 bad usage.
+Standard library only: the EC2 bed's moto and boto3 are imported by its controller alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from _testbed import hosts
+from _testbed.common import Failure
+
+DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
+EC2_COMMANDS = "{up,down,exec,env,status,preempt,calls,fault}"
+
+
+def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser("up", allow_abbrev=False, help="create or complete a test bed of N hosts")
+    up.add_argument("n", metavar="N", type=int, help=f"number of hosts (1-{hosts.MAX_HOSTS})")
+    up.add_argument("--dir", default=hosts.default_dir())
+    up.add_argument("--pool", default="testbed")
+    up.add_argument("--pools-file", default=hosts.default_pools_file())
+    up.add_argument("--port", type=int, default=2222)
+    up.add_argument("--prefix", default="cdnode")
+
+    down = sub.add_parser("down", allow_abbrev=False, help="destroy the test bed")
+    down.add_argument("--dir", default=hosts.default_dir())
+    down.add_argument("--pools-file", default=None,
+                      help="default: the file `up` wrote to (else "
+                           "$XDG_CONFIG_HOME/clusterd/ssh_node_pools.yaml)")
+
+    st = sub.add_parser("status", allow_abbrev=False, help="show the hosts and whether they run")
+    st.add_argument("--dir", default=hosts.default_dir())
+
+
+def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from _testbed.ec2.layout import DEFAULT_REGIONS, default_dir
+
+    ec2 = sub.add_parser(
+        "ec2", allow_abbrev=False,
+        help="an EC2 API with real machines behind it, on loopback, in a network namespace")
+    esub = ec2.add_subparsers(dest="ec2_command", required=True, metavar=EC2_COMMANDS)
+    bed = argparse.ArgumentParser(add_help=False)
+    bed.add_argument("--dir", default=default_dir(),
+                     help="default: $CLUSTERD_TESTBED_EC2_DIR or /tmp/clusterd-ec2")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true")
+
+    up = esub.add_parser("up", parents=[bed], allow_abbrev=False,
+                         help="make the bed, or add regions to it (idempotent)")
+    up.add_argument("--regions", default=",".join(DEFAULT_REGIONS))
+    up.add_argument("--netns", default=None,
+                    help="default: $CLUSTERD_TESTBED_EC2_NETNS or clusterd-ec2")
+    up.add_argument("--no-wheelhouse", action="store_true",
+                    help="do not build the runtime wheelhouse (which needs the package index)")
+    esub.add_parser("down", parents=[bed], allow_abbrev=False,
+                    help="stop everything the bed started and remove it")
+    ex = esub.add_parser("exec", parents=[bed], allow_abbrev=False,
+                         help="run a command in the bed's namespace with its AWS environment")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    esub.add_parser("env", parents=[bed, as_json], allow_abbrev=False,
+                    help="print the environment `exec` sets: the unset/export lines that make "
+                         "it of this one (for eval), or with --json all of it")
+    esub.add_parser("status", parents=[bed, as_json], allow_abbrev=False,
+                    help="instances by region, and their nodes")
+    pre = esub.add_parser("preempt", parents=[bed], allow_abbrev=False,
+                          help="interrupt a spot instance (terminated by EC2)")
+    pre.add_argument("instance_id", metavar="INSTANCE_ID")
+    calls = esub.add_parser("calls", parents=[bed, as_json], allow_abbrev=False,
+                            help="API calls by service, action and region")
+    calls.add_argument("--reset", action="store_true", help="and start counting from zero")
+
+    fault = esub.add_parser("fault", allow_abbrev=False, help="fault rules of the API endpoint")
+    fsub = fault.add_subparsers(dest="fault_command", required=True,
+                                metavar="{add,list,remove,clear}")
+    add = fsub.add_parser("add", parents=[bed], allow_abbrev=False,
+                          help="add a rule (prints its id); it applies from the next call")
+    add.add_argument("--code", help="the error code to answer with, e.g. "
+                                    "InsufficientInstanceCapacity")
+    add.add_argument("--action", help="e.g. RunInstances")
+    add.add_argument("--region")
+    add.add_argument("--zone", help="RunInstances' availability zone")
+    add.add_argument("--instance-type")
+    add.add_argument("--market", choices=("spot", "on-demand"), help="RunInstances' market")
+    add.add_argument("--count", type=int, help="fire only for the first N matching calls")
+    how = add.add_mutually_exclusive_group()
+    how.add_argument("--delay", type=float, metavar="S",
+                     help="answer S seconds late (the error, or moto's answer without --code)")
+    how.add_argument("--hang", action="store_true",
+                     help="forward the call, never answer it")
+    fsub.add_parser("list", parents=[bed, as_json], allow_abbrev=False,
+                    help="the rules, with how often each fired")
+    rm = fsub.add_parser("remove", parents=[bed], allow_abbrev=False, help="remove a rule")
+    rm.add_argument("id", metavar="ID")
+    fsub.add_parser("clear", parents=[bed], allow_abbrev=False, help="remove every rule")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The arguments, and the EC2 bed's regions (checked) for `ec2 up`."""
+    ap = argparse.ArgumentParser(
+        prog="testbed", allow_abbrev=False,
+        description="Local test beds for clusterd: N sshd 'hosts' on 127.0.0.2.. for SSH pools "
+                    "(up/down/status), or an EC2 API with machines behind it (ec2 ...).")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="{up,down,status,ec2}")
+    add_hosts_commands(sub)
+    add_ec2_commands(sub)
+
+    args = ap.parse_args(argv)
+    regions: list[str] = []
+    if args.command == "up":
+        sp = sub.choices["up"]
+        if not 1 <= args.n <= hosts.MAX_HOSTS:
+            sp.error(f"N must be between 1 and {hosts.MAX_HOSTS}")
+        if not 1 <= args.port <= 65535:
+            sp.error("--port must be between 1 and 65535")
+        if not hosts.USER_RE.match(args.prefix) or \
+                len(args.prefix) + len(str(hosts.MAX_HOSTS)) > 32:
+            sp.error("--prefix must be a valid user name start ([a-z_][a-z0-9_-]*, short)")
+        if not hosts.POOL_RE.match(args.pool):
+            sp.error("--pool must match [A-Za-z0-9_][A-Za-z0-9_.-]*")
+    if args.command == "ec2":
+        regions = check_ec2_args(ap, args)
+    if not args.dir:
+        ap.error("--dir must not be empty")
+    if os.path.abspath(args.dir) in DANGEROUS_DIRS:
+        ap.error(f"--dir {args.dir} is not a test bed directory (it gets deleted by down)")
+    return args, regions
+
+
+def check_ec2_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    from _testbed.ec2.host_setup import NETNS_RE
+    from _testbed.ec2.regions import check_regions
+
+    regions: list[str] = []
+    if args.ec2_command == "up":
+        try:
+            regions = check_regions([r.strip() for r in args.regions.split(",") if r.strip()])
+        except ValueError as e:
+            ap.error(f"--regions: {e}")
+        if args.netns is not None and not NETNS_RE.match(args.netns):
+            ap.error("--netns must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 40 characters)")
+    if args.ec2_command == "exec" and not [c for c in args.cmd if c != "--"]:
+        ap.error("ec2 exec needs a command: testbed ec2 exec -- CMD ...")
+    if args.ec2_command == "fault" and args.fault_command == "add":
+        if args.code is None and args.delay is None and not args.hang:
+            ap.error("fault add needs --code (or --delay, or --hang)")
+        if args.count is not None and args.count < 1:
+            ap.error("--count must be at least 1")
+        if args.delay is not None and not 0 <= args.delay <= 900:
+            ap.error("--delay must be between 0 and 900 seconds")
+    return regions
+
+
+def run_ec2(args: argparse.Namespace, regions: list[str]) -> int:
+    from _testbed.ec2 import commands, reports
+
+    cmd = args.ec2_command
+    if cmd == "up":
+        return commands.cmd_up(args, regions)
+    if cmd == "down":
+        return commands.cmd_down(args)
+    if cmd == "exec":
+        return commands.cmd_exec(args)
+    if cmd == "env":
+        return commands.cmd_env(args)
+    if cmd == "status":
+        return reports.cmd_status(args)
+    if cmd == "preempt":
+        return reports.cmd_preempt(args)
+    if cmd == "calls":
+        return reports.cmd_calls(args)
+    return reports.cmd_fault(args)
+
+
+def main(argv: list[str]) -> int:
+    args, regions = parse(argv)
+    if os.geteuid() != 0:
+        why = ("it makes a network namespace, a user and machines" if args.command == "ec2"
+               else "it creates users and runs sshd")
+        print(f"testbed: must be run as root ({why}); try: sudo "
+              + " ".join([sys.argv[0], *argv]), file=sys.stderr)
+        return 1
+    try:
+        if args.command == "ec2":
+            return run_ec2(args, regions)
+        if args.command == "up":
+            return hosts.cmd_up(args)
+        if args.command == "down":
+            return hosts.cmd_down(args)
+        return hosts.cmd_status(args)
+    except Failure as e:
+        print(f"testbed: error: {e}", file=sys.stderr)
+        if e.hint:
+            print(f"hint: {e.hint}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("testbed: interrupted", file=sys.stderr)
+        return 1

@@ -1,0 +1,233 @@
+"""The EC2 test bed's controller: the one long-lived process in the bed's network namespace
+(started by `scripts/testbed ec2 up` as `ip netns exec NAME python -m _testbed.ec2.controller`).
+
+It runs moto in-process on 127.0.0.1:5000, the API endpoint clients call on 127.0.0.1:4566
+(proxy.py), the regions (regions.py), the watcher that boots a node per running instance
+(watcher.py), and answers the command line on DIR/control.sock (control.py). It is ready once
+that socket answers `ping`. SIGTERM stops it, and every node with it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from _testbed.common import assert_loopback
+from _testbed.ec2 import regions as bed_regions
+from _testbed.ec2.control import ControlServer, RequestError
+from _testbed.ec2.layout import (
+    ACCESS_KEY_ID,
+    ACCOUNT_ID,
+    API_IP,
+    API_PORT,
+    MOTO_IP,
+    MOTO_PORT,
+    MOTO_URL,
+    SECRET_ACCESS_KEY,
+    BedPaths,
+)
+from _testbed.ec2.proxy import ApiServer, Endpoint
+from _testbed.ec2.watcher import Watcher, instances, set_state_reason
+
+log = logging.getLogger("testbed.ec2.controller")
+
+SPOT_REASON = ("Server.SpotInstanceTermination",
+               "Server.SpotInstanceTermination: Spot instance termination")
+
+
+class Bed:
+    """What the control socket's requests act on. Methods raise RequestError to refuse."""
+
+    def __init__(self, paths: BedPaths, regions: list[str]) -> None:
+        self.paths = paths
+        self.regions: list[str] = []
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.endpoint = Endpoint(self.subnet_zone)
+        self.watcher = Watcher(paths, self.backends, self.api)
+        self._wanted = regions
+
+    # ------------------------------------------------------------------------ start / stop
+
+    def start(self) -> None:
+        import moto.server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        self.moto = moto.server.ThreadedMotoServer(ip_address=assert_loopback(MOTO_IP),
+                                                   port=MOTO_PORT, verbose=False)
+        self.moto.start()
+        self.add_regions(self._wanted)
+        self.api_server = ApiServer((assert_loopback(API_IP), API_PORT), (MOTO_IP, MOTO_PORT),
+                                    self.endpoint)
+        threading.Thread(target=self.api_server.serve_forever, name="api", daemon=True).start()
+        self.watcher.start()
+        log.info("moto on %s, the API on http://%s:%d", MOTO_URL, API_IP, API_PORT)
+
+    def stop(self) -> None:
+        self.endpoint.stopping.set()
+        self.watcher.stop()
+        self.api_server.shutdown()
+        self.moto.stop()
+
+    # ------------------------------------------------------------------------ moto
+
+    def backend(self, region: str) -> Any:
+        from moto.ec2.models import ec2_backends
+
+        return ec2_backends[ACCOUNT_ID][region]
+
+    def backends(self) -> dict[str, Any]:
+        return {r: self.backend(r) for r in list(self.regions)}
+
+    def api(self, region: str) -> Any:
+        """A boto3 EC2 client to moto itself (not counted, no fault rules)."""
+        with self._lock:
+            if region not in self._clients:
+                import boto3
+
+                self._clients[region] = boto3.session.Session(
+                    aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
+                    region_name=region).client("ec2", endpoint_url=MOTO_URL)
+            return self._clients[region]
+
+    def subnet_zone(self, region: str, subnet_id: str) -> str | None:
+        if region not in self.regions:
+            return None
+        try:
+            return str(self.backend(region).get_subnet(subnet_id).availability_zone)
+        except Exception:  # moto's InvalidSubnetIdError: let moto answer the call itself
+            return None
+
+    def find(self, instance_id: str) -> tuple[str, Any]:
+        for region in list(self.regions):
+            for inst in instances(self.backend(region)):
+                if inst.id == instance_id:
+                    return region, inst
+        raise RequestError(f"no instance {instance_id} in the bed",
+                           hint="`scripts/testbed ec2 status` lists them")
+
+    # ------------------------------------------------------------------------ requests
+
+    def handle(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
+        if op == "ping":
+            return {"pid": os.getpid(), "regions": self.regions}
+        if op == "status":
+            return {"regions": self.status()}
+        if op == "preempt":
+            return self.preempt(str(args.get("instance_id")))
+        if op == "calls":
+            return {"calls": self.endpoint.calls(reset=bool(args.get("reset")))}
+        if op == "add_regions":
+            return {"added": self.add_regions(list(args.get("regions") or []))}
+        if op == "fault_add":
+            return {"rule": self.endpoint.add_rule(dict(args.get("rule") or {})).to_json()}
+        if op == "fault_list":
+            return {"rules": [r.to_json() for r in self.endpoint.rules()]}
+        if op == "fault_remove":
+            rule_id = str(args.get("id"))
+            if not self.endpoint.remove_rule(rule_id):
+                raise RequestError(f"no fault rule {rule_id}",
+                                   hint="`scripts/testbed ec2 fault list` shows them")
+            return {}
+        if op == "fault_clear":
+            return {"removed": self.endpoint.clear_rules()}
+        raise RequestError(f"unknown request {op!r}")
+
+    def add_regions(self, regions: list[str]) -> list[str]:
+        try:
+            regions = bed_regions.check_regions(regions)
+        except ValueError as e:
+            raise RequestError(str(e)) from e
+        added = []
+        for region in regions:
+            if region in self.regions:
+                continue
+            bed_regions.setup_region(self.api(region), self.backend(region), region)
+            self.regions.append(region)
+            added.append(region)
+        return added
+
+    def status(self) -> dict[str, list[dict[str, Any]]]:
+        out: dict[str, list[dict[str, Any]]] = {}
+        for region in list(self.regions):
+            backend = self.backend(region)
+            rows = []
+            for inst in instances(backend):
+                node, pid = self.watcher.node_state(inst.id, inst.state)
+                reason = inst.state_reason
+                rows.append({
+                    "id": inst.id, "state": inst.state,
+                    "state_reason": reason.code or None,
+                    "state_reason_message": reason.message or None,
+                    "private_ip": inst.private_ip, "type": inst.instance_type,
+                    "lifecycle": "spot" if inst.lifecycle == "spot" else "on-demand",
+                    "zone": inst.placement.zone, "key_name": inst.key_name,
+                    "shutdown_behavior": inst.instance_initiated_shutdown_behavior,
+                    "tags": dict(backend.tags.get(inst.id, {})),
+                    "node": node, "node_pid": pid,
+                })
+            out[region] = rows
+        return out
+
+    def preempt(self, instance_id: str) -> dict[str, Any]:
+        region, inst = self.find(instance_id)
+        if inst.lifecycle != "spot":
+            raise RequestError(f"{instance_id} is an on-demand instance; only spot instances "
+                               f"can be preempted",
+                               hint="`scripts/testbed ec2 status` shows each instance's lifecycle")
+        if inst.state in ("shutting-down", "terminated"):
+            raise RequestError(f"{instance_id} is already {inst.state}")
+        self.api(region).terminate_instances(InstanceIds=[instance_id])
+        set_state_reason(inst, *SPOT_REASON)
+        now = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        inst._reason = f"Service initiated ({now} GMT)"
+        log.info("preempted spot instance %s in %s", instance_id, region)
+        return {"instance_id": instance_id, "region": region, "state": inst.state}
+
+
+def only_loopback() -> list[str]:
+    """The network interfaces this process sees (ip netns exec remounts /sys for the namespace)."""
+    return sorted(os.listdir("/sys/class/net"))
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="controller")
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--regions", required=True)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    interfaces = only_loopback()
+    if interfaces != ["lo"]:
+        log.error("refusing to run: this network namespace has interfaces %s, not only lo",
+                  interfaces)
+        return 1
+    paths = BedPaths(os.path.abspath(args.dir))
+    bed = Bed(paths, args.regions.split(","))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    bed.start()
+    server = ControlServer(paths.control_sock, bed.handle)
+    threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
+    log.info("ready: pid %d, regions %s, control socket %s", os.getpid(),
+             ",".join(bed.regions), paths.control_sock)
+    stopping.wait()
+    log.info("stopping")
+    server.shutdown()
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(paths.control_sock)
+    bed.stop()
+    log.info("stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,201 @@
+"""Where the EC2 test bed keeps things, its state file, and the environment clients get.
+Shared by the command line and the controller. Standard library only."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from _testbed.common import Failure, read_text, write_file
+
+# scripts/_testbed/ec2/layout.py -> the repository
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+SCRIPTS = os.path.join(REPO, "scripts")
+VENV_BIN = os.path.join(REPO, ".venv", "bin")
+VENV_PYTHON = os.path.join(VENV_BIN, "python")
+
+DEFAULT_DIR = "/tmp/clusterd-ec2"
+DEFAULT_NETNS = "clusterd-ec2"
+DEFAULT_REGIONS = ("us-east-1", "us-west-2")
+
+API_IP, API_PORT = "127.0.0.1", 4566  # what clients call
+MOTO_IP, MOTO_PORT = "127.0.0.1", 5000  # moto itself; only the controller calls it directly
+API_URL = f"http://{API_IP}:{API_PORT}"
+MOTO_URL = f"http://{MOTO_IP}:{MOTO_PORT}"
+ACCOUNT_ID = "123456789012"  # moto's default account
+# Throw-away keys: moto checks no signatures; they only have to look like keys.
+ACCESS_KEY_ID = "AKIATESTBED000000000"
+SECRET_ACCESS_KEY = "clusterd-testbed-not-a-secret"
+
+NODE_USER = "ubuntu"
+NODE_HOME = "/home/ubuntu"
+NODE_MOUNT = "/run/clusterd-testbed-node"  # an instance's control directory, on the node
+SHUTDOWN_REQUEST = "shutdown-request"  # written there by the shutdown stubs
+VPC_NAME = "clusterd-testbed"
+
+STATE_FILE = "state.json"
+CONTROLLER_MODULE = "_testbed.ec2.controller"
+NODE_INIT_MODULE = "_testbed.ec2.node_init"
+
+# Cleared from clients' environment: nothing may reach a real account by accident.
+REMOVED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+               "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
+CLUSTERD_YAML = "aws:\n  vpc_name: clusterd-testbed\n  use_internal_ips: true\n"
+
+
+def default_dir() -> str:
+    return os.environ.get("CLUSTERD_TESTBED_EC2_DIR") or DEFAULT_DIR
+
+
+def default_netns() -> str:
+    return os.environ.get("CLUSTERD_TESTBED_EC2_NETNS") or DEFAULT_NETNS
+
+
+@dataclasses.dataclass(frozen=True)
+class InstancePaths:
+    """One instance's files. `home` is its disk (kept across stop/start, deleted with the
+    instance); `control` is mounted on NODE_MOUNT on the node and holds its sshd's config and
+    host key and the shutdown requests; `tmp` is emptied at every boot."""
+
+    root: str
+
+    @property
+    def home(self) -> str:
+        return os.path.join(self.root, "home")
+
+    @property
+    def tmp(self) -> str:
+        return os.path.join(self.root, "tmp")
+
+    @property
+    def control(self) -> str:
+        return os.path.join(self.root, "control")
+
+    @property
+    def sshd_config(self) -> str:
+        return os.path.join(self.control, "sshd_config")
+
+    @property
+    def host_key(self) -> str:
+        return os.path.join(self.control, "ssh_host_ed25519_key")
+
+    @property
+    def shutdown_request(self) -> str:
+        return os.path.join(self.control, SHUTDOWN_REQUEST)
+
+    @property
+    def node_pid(self) -> str:
+        return os.path.join(self.root, "node.pid")
+
+    @property
+    def node_log(self) -> str:
+        return os.path.join(self.root, "node.log")
+
+
+@dataclasses.dataclass(frozen=True)
+class BedPaths:
+    dir: str
+
+    def _p(self, *parts: str) -> str:
+        return os.path.join(self.dir, *parts)
+
+    @property
+    def state(self) -> str:
+        return self._p(STATE_FILE)
+
+    @property
+    def control_sock(self) -> str:
+        return self._p("control.sock")
+
+    @property
+    def controller_log(self) -> str:
+        return self._p("controller.log")
+
+    @property
+    def aws_config(self) -> str:
+        return self._p("aws", "config")
+
+    @property
+    def aws_credentials(self) -> str:
+        return self._p("aws", "credentials")
+
+    @property
+    def clusterd_yaml(self) -> str:
+        return self._p("clusterd.yaml")
+
+    @property
+    def wheelhouse(self) -> str:
+        return self._p("wheelhouse")
+
+    @property
+    def client(self) -> str:
+        return self._p("client")
+
+    @property
+    def node_sbin(self) -> str:
+        """The shutdown stubs, mounted on /usr/local/sbin on every node."""
+        return self._p("node-sbin")
+
+    @property
+    def instances(self) -> str:
+        return self._p("instances")
+
+    def instance(self, instance_id: str) -> InstancePaths:
+        assert "/" not in instance_id and instance_id not in ("", ".", "..")
+        return InstancePaths(self._p("instances", instance_id))
+
+
+def load_state(paths: BedPaths) -> dict[str, Any] | None:
+    """The bed's state file: {"version", "dir", "netns", "regions", "controller_pid"}."""
+    text = read_text(paths.state)
+    if text is None:
+        return None
+    try:
+        state = json.loads(text)
+    except ValueError as e:
+        raise Failure(f"{paths.state} is not valid JSON: {e}") from e
+    if not isinstance(state, dict) or not isinstance(state.get("regions"), list):
+        raise Failure(f"{paths.state} is not an EC2 test bed state file")
+    return state
+
+
+def save_state(paths: BedPaths, state: dict[str, Any]) -> None:
+    write_file(paths.state, json.dumps(state, indent=2) + "\n", 0o644)
+
+
+def bed_env(paths: BedPaths, base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a process run in the bed: base without the AWS settings that could
+    point elsewhere, plus the bed's endpoint, config, credentials, clusterd settings, the project's
+    venv on PATH and (unless CLUSTERD_TESTBED_KEEP_XDG=1) XDG directories of the bed's own."""
+    env = {k: v for k, v in base.items() if k not in REMOVED_ENV}
+    env.update({
+        "AWS_ENDPOINT_URL_EC2": API_URL,
+        "AWS_ENDPOINT_URL_STS": API_URL,
+        "AWS_CONFIG_FILE": paths.aws_config,
+        "AWS_SHARED_CREDENTIALS_FILE": paths.aws_credentials,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "CLUSTERD_TESTBED_EC2_DIR": paths.dir,
+    })
+    env.setdefault("CLUSTERD_CONFIG", paths.clusterd_yaml)
+    env.setdefault("CLUSTERD_WHEELHOUSE_DIR", paths.wheelhouse)
+    rest = [p for p in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":")
+            if p and p != VENV_BIN]
+    env["PATH"] = ":".join([VENV_BIN, *rest])
+    if base.get("CLUSTERD_TESTBED_KEEP_XDG") != "1":
+        env["XDG_RUNTIME_DIR"] = os.path.join(paths.client, "run")
+        env["XDG_STATE_HOME"] = os.path.join(paths.client, "state")
+        env["XDG_CONFIG_HOME"] = os.path.join(paths.client, "config")
+    return env
+
+
+def aws_config_text(default_region: str) -> str:
+    return f"[default]\nregion = {default_region}\n"
+
+
+def aws_credentials_text() -> str:
+    return (f"[default]\naws_access_key_id = {ACCESS_KEY_ID}\n"
+            f"aws_secret_access_key = {SECRET_ACCESS_KEY}\n")

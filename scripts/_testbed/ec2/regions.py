@@ -1,0 +1,142 @@
+"""The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone, no default VPC, and
+Canonical's Ubuntu 22.04 images. The table and address helpers are standard library only;
+`setup_region` is handed a boto3 EC2 client (to moto itself) and moto's backend by the
+controller."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import logging
+from typing import Any
+
+from _testbed.common import assert_loopback
+from _testbed.ec2.layout import VPC_NAME
+
+log = logging.getLogger("testbed.ec2.regions")
+
+# region -> R in 127.R.0.0/16
+REGION_NUMBERS = {
+    "us-east-1": 1, "us-east-2": 2, "us-west-1": 3, "us-west-2": 4, "ca-central-1": 5,
+    "eu-west-1": 6, "eu-west-2": 7, "eu-west-3": 8, "eu-central-1": 9, "eu-north-1": 10,
+    "ap-south-1": 11, "ap-northeast-1": 12, "ap-northeast-2": 13, "ap-northeast-3": 14,
+    "ap-southeast-1": 15, "ap-southeast-2": 16, "sa-east-1": 17,
+}
+CANONICAL_OWNER = "099720109477"
+IMAGE_DATE = datetime.datetime(2024, 9, 27, 12, 0, tzinfo=datetime.UTC)
+UBUNTU_IMAGES = (  # (name, architecture), as Canonical names its images
+    ("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927", "x86_64"),
+    ("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-arm64-server-20240927", "arm64"),
+)
+
+
+def check_regions(regions: list[str]) -> list[str]:
+    """The regions, deduplicated in order; ValueError names one the bed does not know."""
+    out: list[str] = []
+    for r in regions:
+        if r not in REGION_NUMBERS:
+            raise ValueError(f"region {r!r} is not one the test bed knows "
+                             f"({', '.join(REGION_NUMBERS)})")
+        if r not in out:
+            out.append(r)
+    if not out:
+        raise ValueError("no regions given")
+    return out
+
+
+def vpc_cidr(region: str) -> str:
+    return f"127.{REGION_NUMBERS[region]}.0.0/16"
+
+
+def subnet_cidr(region: str, zone: str) -> str:
+    """127.R.Z.0/24: Z is 1 for zone letter a, 2 for b, ..."""
+    letter = zone[len(region):]
+    assert zone.startswith(region) and len(letter) == 1 and letter.isalpha(), zone
+    cidr = f"127.{REGION_NUMBERS[region]}.{ord(letter) - ord('a') + 1}.0/24"
+    assert ipaddress.IPv4Network(cidr).subnet_of(ipaddress.IPv4Network(vpc_cidr(region)))
+    return cidr
+
+
+def _delete_default_vpcs(ec2: Any) -> None:
+    """moto makes a default VPC (172.31.0.0/16) in every region: delete it and what blocks that."""
+    vpcs = ec2.describe_vpcs(Filters=[{"Name": "is-default", "Values": ["true"]}])["Vpcs"]
+    for vpc in vpcs:
+        vid = vpc["VpcId"]
+        by_vpc = [{"Name": "vpc-id", "Values": [vid]}]
+        for sn in ec2.describe_subnets(Filters=by_vpc)["Subnets"]:
+            ec2.delete_subnet(SubnetId=sn["SubnetId"])
+        igws = ec2.describe_internet_gateways(
+            Filters=[{"Name": "attachment.vpc-id", "Values": [vid]}])["InternetGateways"]
+        for igw in igws:
+            ec2.detach_internet_gateway(InternetGatewayId=igw["InternetGatewayId"], VpcId=vid)
+            ec2.delete_internet_gateway(InternetGatewayId=igw["InternetGatewayId"])
+        for rt in ec2.describe_route_tables(Filters=by_vpc)["RouteTables"]:
+            if not any(a.get("Main") for a in rt.get("Associations", [])):
+                ec2.delete_route_table(RouteTableId=rt["RouteTableId"])
+        for sg in ec2.describe_security_groups(Filters=by_vpc)["SecurityGroups"]:
+            if sg["GroupName"] != "default":
+                ec2.delete_security_group(GroupId=sg["GroupId"])
+        ec2.delete_vpc(VpcId=vid)
+        log.info("deleted the default VPC %s (%s)", vid, vpc["CidrBlock"])
+
+
+def _ensure_vpc(ec2: Any, region: str) -> dict[str, str]:
+    """The bed's VPC and one subnet per zone; {zone: subnet id}."""
+    cidr = assert_loopback(vpc_cidr(region))
+    found = ec2.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": [VPC_NAME]}])["Vpcs"]
+    if found:
+        vpc_id = found[0]["VpcId"]
+    else:
+        vpc_id = ec2.create_vpc(CidrBlock=cidr, TagSpecifications=[{
+            "ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": VPC_NAME}]}])["Vpc"]["VpcId"]
+    subnets = {sn["AvailabilityZone"]: sn["SubnetId"] for sn in ec2.describe_subnets(
+        Filters=[{"Name": "vpc-id", "Values": [vpc_id]}])["Subnets"]}
+    zones = [z["ZoneName"] for z in ec2.describe_availability_zones()["AvailabilityZones"]
+             if z.get("ZoneType", "availability-zone") == "availability-zone"]
+    for zone in zones:
+        if zone in subnets:
+            continue
+        sn = ec2.create_subnet(VpcId=vpc_id, CidrBlock=assert_loopback(subnet_cidr(region, zone)),
+                               AvailabilityZone=zone, TagSpecifications=[{
+                                   "ResourceType": "subnet",
+                                   "Tags": [{"Key": "Name", "Value": f"{VPC_NAME}-{zone}"}]}])
+        subnets[zone] = sn["Subnet"]["SubnetId"]
+        # moto maps public IPs by default; the bed's machines only have private (loopback) ones
+        ec2.modify_subnet_attribute(SubnetId=subnets[zone],
+                                    MapPublicIpOnLaunch={"Value": False})
+    return subnets
+
+
+def _register_images(backend: Any, region: str) -> list[str]:
+    """Canonical's Ubuntu 22.04 images, straight into moto's backend (the API cannot make images
+    owned by another account). Returns their ids."""
+    from moto.ec2.models.amis import Ami
+    from moto.ec2.utils import random_ami_id
+
+    ids = []
+    for name, arch in UBUNTU_IMAGES:
+        have = [a for a in list(backend.amis.values())
+                if a.name == name and a.owner_id == CANONICAL_OWNER]
+        if have:
+            ids.append(have[0].id)
+            continue
+        ami = Ami(backend, ami_id=random_ami_id(), name=name, owner_id=CANONICAL_OWNER,
+                  description=f"Canonical, Ubuntu, 22.04 LTS, {arch.replace('x86_64', 'amd64')} "
+                              "jammy image build on 2024-09-27",
+                  public=True, virtualization_type="hvm", architecture=arch,
+                  root_device_type="ebs", root_device_name="/dev/sda1",
+                  image_location=f"{CANONICAL_OWNER}/{name}", hypervisor="xen",
+                  creation_date=IMAGE_DATE, region_name=f"{region}a")
+        backend.amis[ami.id] = ami
+        ids.append(ami.id)
+    return ids
+
+
+def setup_region(ec2: Any, backend: Any, region: str) -> dict[str, Any]:
+    """Make region the bed's (idempotent): no default VPC, the bed's VPC and subnets, images."""
+    _delete_default_vpcs(ec2)
+    subnets = _ensure_vpc(ec2, region)
+    images = _register_images(backend, region)
+    log.info("region %s: VPC %s, %d subnets, images %s", region, vpc_cidr(region),
+             len(subnets), ", ".join(images))
+    return {"subnets": subnets, "images": images}

@@ -1,0 +1,442 @@
+"""The EC2 test bed (scripts/testbed ec2), driven only through its command line and through
+boto3 and OpenSSH run inside its network namespace: regions, images, nodes behind instances,
+stop/start, instance-initiated shutdown, spot interruptions, fault rules, call counts, and a
+`down` that leaves nothing behind."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import short_tempdir, wait_for
+
+pytestmark = pytest.mark.ec2
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = ROOT / "scripts" / "testbed"
+CANONICAL = "099720109477"
+JAMMY_AMD64 = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"
+SSH_OPTS = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
+            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+            "-o", "ConnectTimeout=10"]
+# Run in the namespace before each snippet: boto3 clients as a program would make them.
+PRELUDE = """
+import json, sys, time
+import boto3, botocore
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+def ec2(region="us-east-1", **config):
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": 1})
+    return boto3.client("ec2", region_name=region, config=Config(**config))
+
+def subnet(zone, region="us-east-1"):
+    return ec2(region).describe_subnets(
+        Filters=[{"Name": "availability-zone", "Values": [zone]}])["Subnets"][0]["SubnetId"]
+
+def image(region="us-east-1"):
+    return ec2(region).describe_images(Owners=["099720109477"], Filters=[
+        {"Name": "name", "Values": ["ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"]}
+    ])["Images"][0]["ImageId"]
+
+def launch(zone="us-east-1a", count=1, client=None, **kw):
+    r = (client or ec2()).run_instances(
+        ImageId=image(), MinCount=count, MaxCount=count, KeyName="testkey",
+        InstanceType=kw.pop("InstanceType", "t3.micro"), SubnetId=subnet(zone), **kw)
+    return [i["InstanceId"] for i in r["Instances"]]
+
+def out(value):
+    print(json.dumps(value))
+"""
+
+
+@dataclasses.dataclass
+class Bed:
+    dir: Path
+    netns: str
+    key: Path
+
+    def testbed(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        n = 2 if args[0] == "fault" else 1  # `--dir` goes after the (sub)command
+        cmd = [sys.executable, str(TESTBED), "ec2", *args[:n], "--dir", str(self.dir),
+               *args[n:]]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+    def ok(self, *args: str, timeout: float = 120) -> str:
+        p = self.testbed(*args, timeout=timeout)
+        assert p.returncode == 0, f"testbed ec2 {' '.join(args)}: {p.stderr}{p.stdout}"
+        return p.stdout
+
+    def py(self, code: str, timeout: float = 60) -> Any:
+        """Run PRELUDE + code with python inside the namespace; the JSON it printed last."""
+        stdout = self.ok("exec", "--", "python", "-c", PRELUDE + code, timeout=timeout)
+        return json.loads(stdout.strip().splitlines()[-1])
+
+    def ssh(self, ip: str, command: str) -> subprocess.CompletedProcess[str]:
+        return self.testbed("exec", "--", "ssh", *SSH_OPTS, "-i", str(self.key),
+                            f"ubuntu@{ip}", command, timeout=60)
+
+    def status(self) -> dict[str, list[dict[str, Any]]]:
+        regions: dict[str, list[dict[str, Any]]] = json.loads(self.ok("status", "--json"))[
+            "regions"]
+        return regions
+
+    def instance(self, instance_id: str) -> dict[str, Any]:
+        for rows in self.status().values():
+            for row in rows:
+                if row["id"] == instance_id:
+                    return row
+        raise AssertionError(f"{instance_id} is not in `ec2 status`")
+
+    def wait_node(self, instance_id: str, node: str, state: str | None = None,
+                  timeout: float = 30) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            row = self.instance(instance_id)
+            good = row["node"] == node and (state is None or row["state"] == state)
+            return row if good else None
+
+        row: dict[str, Any] = wait_for(reached, timeout, f"{instance_id}: node {node}",
+                                       interval=0.2)
+        return row
+
+
+def node_processes(marker: str) -> list[int]:
+    """Pids on this machine whose command line contains marker."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                out.append(int(name))
+    return out
+
+
+@pytest.fixture(scope="module")
+def bed() -> Iterator[Bed]:
+    if os.geteuid() != 0 or not Path("/usr/sbin/sshd").exists() or not shutil.which("sudo"):
+        pytest.skip("the EC2 test bed needs root, openssh-server and sudo")
+    try:
+        if "clusterd testbed ec2" not in pwd.getpwnam("ubuntu").pw_gecos:
+            pytest.skip("this machine has an 'ubuntu' user of its own")
+    except KeyError:
+        pass
+    root = short_tempdir("cdec2-")
+    b = Bed(root / "bed", f"cdtest-{os.getpid()}", root / "id_ed25519")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(b.key)], check=True)
+    try:
+        up = subprocess.run([sys.executable, str(TESTBED), "ec2", "up", "--dir", str(b.dir),
+                             "--netns", b.netns, "--no-wheelhouse"],
+                            capture_output=True, text=True, timeout=120)
+        assert up.returncode == 0, up.stderr + up.stdout
+        b.py(f"ec2().import_key_pair(KeyName='testkey', PublicKeyMaterial="
+             f"{b.key.with_suffix('.pub').read_text()!r}.encode()); out(1)")
+        yield b
+    finally:
+        subprocess.run([sys.executable, str(TESTBED), "ec2", "down", "--dir", str(b.dir)],
+                       capture_output=True, text=True, timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def pair(bed: Bed) -> list[dict[str, Any]]:
+    """Two on-demand instances in us-east-1a, their nodes up."""
+    ids = bed.py("out(launch(count=2))")
+    return [bed.wait_node(i, "up") for i in ids]
+
+
+# ---------------------------------------------------------------------------- the bed
+
+
+def test_up_is_idempotent_and_adds_regions(bed: Bed) -> None:
+    pid = json.loads(bed.ok("status", "--json"))["controller_pid"]
+    again = bed.ok("up", "--netns", bed.netns, "--no-wheelhouse")
+    assert "already up" in again
+    bed.ok("up", "--regions", "us-east-1,eu-west-1", "--no-wheelhouse")
+    status = json.loads(bed.ok("status", "--json"))
+    assert status["controller_pid"] == pid
+    assert list(status["regions"]) == ["us-east-1", "us-west-2", "eu-west-1"]
+    vpcs = bed.py("out(ec2('eu-west-1').describe_vpcs()['Vpcs'])")
+    assert [v["CidrBlock"] for v in vpcs] == ["127.6.0.0/16"]
+
+
+def test_no_default_vpc_and_loopback_subnets(bed: Bed) -> None:
+    got = bed.py("""
+r = {}
+for region in ("us-east-1", "us-west-2"):
+    c = ec2(region)
+    r[region] = {"vpcs": c.describe_vpcs()["Vpcs"], "subnets": c.describe_subnets()["Subnets"],
+                 "zones": [z["ZoneName"] for z in c.describe_availability_zones()
+                           ["AvailabilityZones"]]}
+out(r)""")
+    for region, number in (("us-east-1", 1), ("us-west-2", 4)):
+        vpcs = got[region]["vpcs"]
+        assert [(v["CidrBlock"], v["IsDefault"]) for v in vpcs] == \
+            [(f"127.{number}.0.0/16", False)]
+        assert {"Key": "Name", "Value": "clusterd-testbed"} in vpcs[0]["Tags"]
+        subnets = {s["AvailabilityZone"]: s for s in got[region]["subnets"]}
+        assert sorted(subnets) == sorted(got[region]["zones"])
+        for zone, s in subnets.items():
+            z = ord(zone[-1]) - ord("a") + 1
+            assert s["CidrBlock"] == f"127.{number}.{z}.0/24"
+            assert s["MapPublicIpOnLaunch"] is False
+            assert s["VpcId"] == vpcs[0]["VpcId"]
+
+
+def test_ubuntu_images_by_owner_and_name(bed: Bed) -> None:
+    got = bed.py(f"""
+out({{r: ec2(r).describe_images(Owners=["{CANONICAL}"], Filters=[{{"Name": "name",
+      "Values": ["ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-*"]}}])["Images"]
+     for r in ("us-east-1", "us-west-2")}})""")
+    ids = set()
+    for images in got.values():
+        assert {(i["Architecture"], i["OwnerId"]) for i in images} == \
+            {("x86_64", CANONICAL), ("arm64", CANONICAL)}
+        ids |= {i["ImageId"] for i in images}
+        amd64 = next(i for i in images if i["Architecture"] == "x86_64")
+        assert amd64["Name"].startswith(JAMMY_AMD64[:-1])
+    assert len(ids) == 4  # distinct per region
+
+
+def test_env_and_exec(bed: Bed) -> None:
+    env = json.loads(subprocess.run(
+        [sys.executable, str(TESTBED), "ec2", "env", "--dir", str(bed.dir), "--json"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "AWS_PROFILE": "prod", "AWS_REGION": "eu-west-1",
+             "CLUSTERD_TESTBED_KEEP_XDG": ""}).stdout)
+    assert "AWS_PROFILE" not in env and "AWS_REGION" not in env
+    assert env["AWS_ENDPOINT_URL_EC2"] == env["AWS_ENDPOINT_URL_STS"] == "http://127.0.0.1:4566"
+    assert env["AWS_CONFIG_FILE"] == str(bed.dir / "aws" / "config")
+    assert env["XDG_RUNTIME_DIR"] == str(bed.dir / "client" / "run")
+    assert env["PATH"].split(":")[0] == str(ROOT / ".venv" / "bin")
+    assert "region = us-east-1" in (bed.dir / "aws" / "config").read_text()
+    shell = bed.ok("env")
+    assert f"export CLUSTERD_CONFIG={bed.dir}/clusterd.yaml" in shell
+    # exec replaces itself: the pid is the command's; the exit code is the command's
+    p = subprocess.Popen([sys.executable, str(TESTBED), "ec2", "exec", "--dir", str(bed.dir),
+                          "--", "sh", "-c", "echo $$; exit 7"], stdout=subprocess.PIPE, text=True)
+    stdout, _ = p.communicate(timeout=30)
+    assert (p.returncode, int(stdout)) == (7, p.pid)
+    who = bed.py("out(boto3.client('sts').get_caller_identity()['Account'])")
+    assert who == "123456789012"
+
+
+def test_nothing_but_loopback_is_reachable(bed: Bed) -> None:
+    got = bed.py("""
+import socket, errno
+s = socket.socket(); s.settimeout(5); t = time.monotonic()
+try:
+    s.connect(("192.0.2.1", 80)); out("connected")
+except OSError as e:
+    out([e.errno == errno.ENETUNREACH, time.monotonic() - t])""")
+    assert got[0] is True and got[1] < 1.0
+
+
+# ---------------------------------------------------------------------------- nodes
+
+
+def test_node_answers_ssh_with_sudo_and_private_dirs(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    a, b = pair
+    for row in pair:
+        assert row["private_ip"].startswith("127.1.1.")
+        assert (row["state"], row["lifecycle"], row["zone"], row["type"]) == \
+            ("running", "on-demand", "us-east-1a", "t3.micro")
+    r = bed.ssh(a["private_ip"], "id -un; sudo -n true && echo sudo-ok; "
+                                 "echo a > /tmp/only-a; echo a > ~/only-a; ls -A /tmp")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ubuntu", "sudo-ok", "only-a"]
+    r = bed.ssh(b["private_ip"], "ls -A /tmp; ls ~/only-a 2>/dev/null || echo no-a")
+    assert r.stdout.split() == ["no-a"]
+    assert not Path("/tmp/only-a").exists()
+    assert not os.listdir("/home/ubuntu")  # the host's is only a mount point
+
+
+def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
+                                                          pair: list[dict[str, Any]]) -> None:
+    a = pair[0]
+    marker = f"sleep {4000 + os.getpid() % 1000}"
+    r = bed.ssh(a["private_ip"], f"echo kept > ~/disk; echo lost > /tmp/scratch; "
+                                 f"nohup setsid {marker} >/dev/null 2>&1 & echo started")
+    assert r.returncode == 0, r.stderr
+    assert node_processes(marker)
+    bed.py(f"ec2().stop_instances(InstanceIds=['{a['id']}']); out(1)")
+    bed.wait_node(a["id"], "none", "stopped")
+    wait_for(lambda: not node_processes(marker), 5, "the node's processes to die")
+    bed.py(f"ec2().start_instances(InstanceIds=['{a['id']}']); out(1)")
+    row = bed.wait_node(a["id"], "up", "running")
+    assert row["private_ip"] == a["private_ip"]
+    r = bed.ssh(a["private_ip"], "cat ~/disk; ls -A /tmp")
+    assert r.stdout.split() == ["kept"]
+
+
+def test_shutdown_with_behaviour_stop(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    b = pair[1]
+    bed.ssh(b["private_ip"], "sudo shutdown -h now")
+    row = bed.wait_node(b["id"], "none", "stopped")
+    assert row["state_reason"] == "Client.InstanceInitiatedShutdown"
+    reason = bed.py(f"out(ec2().describe_instances(InstanceIds=['{b['id']}'])"
+                    f"['Reservations'][0]['Instances'][0]['StateReason'])")
+    assert reason == {"Code": "Client.InstanceInitiatedShutdown",
+                      "Message": "Client.InstanceInitiatedShutdown: Instance initiated shutdown"}
+    assert (bed.dir / "instances" / b["id"] / "home").is_dir()
+
+
+def test_shutdown_with_behaviour_terminate(bed: Bed) -> None:
+    (iid,) = bed.py("out(launch(zone='us-east-1b', "
+                    "InstanceInitiatedShutdownBehavior='terminate'))")
+    row = bed.wait_node(iid, "up")
+    assert row["private_ip"].startswith("127.1.2.")
+    bed.ssh(row["private_ip"], "sudo -n poweroff")
+    row = bed.wait_node(iid, "none", "terminated")
+    assert row["state_reason"] == "Client.InstanceInitiatedShutdown"
+    wait_for(lambda: not (bed.dir / "instances" / iid).exists(), 5, "the disk to go")
+
+
+def test_preempt_spot_only(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    (iid,) = bed.py("out(launch(InstanceMarketOptions={'MarketType': 'spot'}))")
+    assert bed.wait_node(iid, "up")["lifecycle"] == "spot"
+    refused = bed.testbed("preempt", pair[0]["id"])
+    assert refused.returncode == 1 and "on-demand" in refused.stderr
+    unknown = bed.testbed("preempt", "i-0123456789abcdef0")
+    assert unknown.returncode == 1 and "no instance" in unknown.stderr
+    bed.ok("preempt", iid)
+    row = bed.wait_node(iid, "none", "terminated")
+    assert (row["state_reason"], row["state_reason_message"]) == (
+        "Server.SpotInstanceTermination", "Server.SpotInstanceTermination: Spot instance "
+                                          "termination")
+
+
+# ---------------------------------------------------------------------------- the API
+
+
+def test_capacity_fault_in_one_zone(bed: Bed) -> None:
+    rule = bed.ok("fault", "add", "--code", "InsufficientInstanceCapacity", "--action",
+                  "RunInstances", "--zone", "us-east-1c").strip()
+    got = bed.py("""
+try:
+    launch(zone="us-east-1c"); failed = None
+except ClientError as e:
+    failed = [e.response["Error"]["Code"], e.response["Error"]["Message"]]
+ids = launch(zone="us-east-1d")
+ec2().terminate_instances(InstanceIds=ids)
+out(failed)""")
+    assert got[0] == "InsufficientInstanceCapacity"
+    assert "(us-east-1c)" in got[1] and "t3.micro" in got[1]
+    bed.ok("fault", "remove", rule)
+    assert rule not in bed.ok("fault", "list")
+
+
+def test_count_fires_once_and_list_shows_it(bed: Bed) -> None:
+    bed.ok("fault", "clear")
+    once = bed.ok("fault", "add", "--code", "Unavailable", "--action", "DescribeVpcs",
+                  "--region", "us-west-2", "--count", "1").strip()
+    got = bed.py("""
+codes = []
+for _ in range(2):
+    try:
+        ec2("us-west-2").describe_vpcs(); codes.append("ok")
+    except ClientError as e:
+        codes.append(e.response["Error"]["Code"])
+ec2("us-east-1").describe_vpcs()
+out(codes)""")
+    assert got == ["Unavailable", "ok"]
+    rules = json.loads(bed.ok("fault", "list", "--json"))["rules"]
+    assert [(r["id"], r["count"], r["fired"]) for r in rules] == [(once, 1, 1)]
+
+
+def test_throttling_once_is_absorbed_by_standard_retries(bed: Bed) -> None:
+    bed.ok("fault", "clear")
+    bed.ok("fault", "add", "--code", "RequestLimitExceeded", "--action", "DescribeInstances",
+           "--count", "1")
+    got = bed.py("""
+c = ec2(retries={"mode": "standard", "total_max_attempts": 3})
+r = c.describe_instances()
+out(r["ResponseMetadata"]["RetryAttempts"])""")
+    assert got == 1
+    assert json.loads(bed.ok("fault", "list", "--json"))["rules"][0]["fired"] == 1
+
+
+def test_hang_creates_the_instance_but_never_answers(bed: Bed) -> None:
+    bed.ok("fault", "clear")
+    bed.ok("fault", "add", "--hang", "--action", "RunInstances", "--count", "1")
+    got = bed.py("""
+c = ec2(read_timeout=2, connect_timeout=2)
+t = time.monotonic()
+try:
+    launch(client=c, TagSpecifications=[{"ResourceType": "instance",
+                                         "Tags": [{"Key": "hung", "Value": "yes"}]}])
+    out("answered")
+except botocore.exceptions.ReadTimeoutError:
+    out(time.monotonic() - t)""")
+    assert isinstance(got, float) and got >= 2
+    hung = [r for r in bed.status()["us-east-1"] if r["tags"].get("hung") == "yes"]
+    assert len(hung) == 1 and hung[0]["state"] == "running"
+    bed.py(f"ec2().terminate_instances(InstanceIds=['{hung[0]['id']}']); out(1)")
+
+
+def test_delay_without_code_answers_late(bed: Bed) -> None:
+    bed.ok("fault", "clear")
+    bed.ok("fault", "add", "--delay", "1", "--action", "DescribeRegions")
+    got = bed.py("""
+t = time.monotonic()
+n = len(ec2().describe_regions()["Regions"])
+out([n, time.monotonic() - t])""")
+    assert got[0] > 0 and got[1] >= 1.0
+    bed.ok("fault", "clear")
+    assert "no fault rules" in bed.ok("fault", "list")
+
+
+def test_calls_count_describe_instances(bed: Bed) -> None:
+    bed.ok("calls", "--reset")
+    bed.py("[ec2('us-west-2').describe_instances() for _ in range(3)]; out(1)")
+    calls = json.loads(bed.ok("calls", "--json"))["calls"]
+    assert {"service": "ec2", "action": "DescribeInstances", "region": "us-west-2",
+            "count": 3} in calls
+
+
+def test_bad_usage_and_no_bed(bed: Bed, tmp_path: Path) -> None:
+    p = bed.testbed("fault", "add", "--delay", "1", "--hang")
+    assert p.returncode == 2
+    p = bed.testbed("fault", "add", "--action", "RunInstances")
+    assert p.returncode == 2 and "--code" in p.stderr
+    p = subprocess.run([sys.executable, str(TESTBED), "ec2", "status", "--dir",
+                        str(tmp_path / "nothing")], capture_output=True, text=True)
+    assert p.returncode == 2
+    p = subprocess.run([sys.executable, str(TESTBED), "ec2", "up", "--regions", "mars-1"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "mars-1" in p.stderr
+
+
+# ---------------------------------------------------------------------------- down
+
+
+def test_down_leaves_nothing(bed: Bed) -> None:
+    status = json.loads(bed.ok("status", "--json"))
+    pids = [status["controller_pid"]] + [r["node_pid"] for rows in status["regions"].values()
+                                         for r in rows if r["node_pid"]]
+    assert len(pids) > 1
+    others = [f for f in os.listdir("/run/clusterd-testbed/ec2") if f != f"{bed.netns}.json"]
+    bed.ok("down")
+    assert bed.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                           text=True).stdout
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+    assert not node_processes(str(bed.dir))
+    assert not bed.dir.exists()
+    if not others:
+        with pytest.raises(KeyError):
+            pwd.getpwnam("ubuntu")
+        assert not Path("/etc/sudoers.d/clusterd-testbed-ubuntu").exists()
+    assert bed.testbed("down").returncode == 0
+    assert bed.testbed("status").returncode == 2
