@@ -29,6 +29,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_aws import bench_aws_launch, bench_aws_refresh  # noqa: E402
+
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
 CLUSTER = "bench"
@@ -556,6 +559,8 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "ssh_concurrency": bench_ssh_concurrency,
     "autostop_lag": bench_autostop_lag,
     "scale": bench_scale,
+    "aws_launch": bench_aws_launch,
+    "aws_refresh": bench_aws_refresh,
 }
 
 
@@ -584,7 +589,7 @@ def main() -> None:
     print(f"\n{'benchmark':<26} {'value':>12} {'baseline':>12} {'ratio':>7}  "
           f"{'target':<24} details")
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
-             "requests")
+             "requests", "phases", "local_phases", "all_calls", "refresh_s")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

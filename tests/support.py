@@ -64,6 +64,8 @@ class Daemon:
     root: Path
     env: dict[str, str]
     process: subprocess.Popen[bytes] | None = None
+    # Run the daemon and clusterctl through this (e.g. `ip netns exec NS`: the EC2 test bed).
+    wrap: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def socket(self) -> Path:
@@ -81,7 +83,7 @@ class Daemon:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "clusterd"],
+            [*self.wrap, sys.executable, "-m", "clusterd"],
             env={**self.env, **(extra_env or {})},
             stdout=log,
             stderr=log,
@@ -118,8 +120,8 @@ class Daemon:
     def ctl(self, *args: str, timeout: float = 180, input: str | None = None,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [CLUSTERCTL, *args], env={**self.env, **(env or {})}, capture_output=True,
-            text=True, timeout=timeout, input=input, cwd=self.root,
+            [*self.wrap, CLUSTERCTL, *args], env={**self.env, **(env or {})},
+            capture_output=True, text=True, timeout=timeout, input=input, cwd=self.root,
         )
 
     def popen_ctl(self, *args: str) -> subprocess.Popen[str]:

@@ -64,6 +64,9 @@ def _launch_options(launch: argparse.ArgumentParser) -> None:
                         metavar="MIN", help="stop the cluster after MIN idle minutes")
     launch.add_argument("--down", action="store_true",
                         help="tear the cluster down (not stop) when idle; alone: as soon as idle")
+    launch.add_argument("--retry-until-up", action="store_true",
+                        help="when no place has capacity, wait and try them all again (with a "
+                             "growing gap) until the cluster is up; `down` calls it off")
     _add_task_options(launch)
 
 
@@ -106,6 +109,9 @@ def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
         if verb == "down":
             sub.add_argument("-p", "--purge", action="store_true",
                              help="forget the cluster even if cleanup fails")
+            sub.add_argument("--orphan", action="store_true",
+                             help="the names are orphans' cloud names (see `status`): "
+                                  "terminate what they left")
         if verb in ("stop", "down"):
             sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
     return add
@@ -203,7 +209,8 @@ def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
 
 def fail_with(error: ClusterdError) -> NoReturn:
     code = ExitCode.NOT_FOUND if error.code in NOT_FOUND_CODES else ExitCode.ERROR
-    fail(f"{error.message} [{error.code}]", error.hint, code)
+    first, newline, rest = error.message.partition("\n")
+    fail(f"{first} [{error.code}]{newline}{rest}", error.hint, code)
 
 
 def print_json(value: Any) -> None:
@@ -285,7 +292,8 @@ def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> i
 
 def cmd_launch(client: Client, args: argparse.Namespace) -> int:
     request = _task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
-                         idle_minutes=args.idle_minutes, down=args.down)
+                         idle_minutes=args.idle_minutes, down=args.down,
+                         retry_until_up=args.retry_until_up)
     return _run_job_stream(client, request, args.detach)
 
 
@@ -298,9 +306,18 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     result = client.call(protocol.StatusArgs(clusters=args.clusters, refresh=args.refresh,
                                              verbose=args.verbose or args.json))
     clusters = result.get("clusters", [])
+    orphans = result.get("orphans", [])
     if args.json:
         print_json(clusters)
         return ExitCode.SUCCEEDED
+    if orphans:
+        sys.stderr.write("Orphans (made by this daemon, named by no record; still costing):\n")
+        for orphan in orphans:
+            where = "/".join(p for p in (orphan["provider"], orphan.get("region")) if p)
+            sys.stderr.write(f"  {where} {orphan['cloud_name']}: "
+                             f"{len(orphan['instances'])} instance(s), "
+                             f"{len(orphan['groups'])} security group(s) — remove: "
+                             f"{orphan['remove']}\n")
     if not clusters:
         print("No clusters. Launch one: clusterctl launch -- echo hello")
         return ExitCode.SUCCEEDED
@@ -324,10 +341,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             if deadline and c["status"] == "UP":
                 autostop += f", in {age(time.time(), until=deadline, suffix='')}" \
                     if deadline > time.time() else ", due"
-        infra = c["infra"]
-        if c.get("region") and c.get("provider") == "aws":
-            infra = "/".join(p for p in ("aws", c["region"], c.get("zone")) if p)
-        row = [c["name"], infra, resources, c["status"], autostop,
+        row = [c["name"], c["infra"], resources, c["status"], autostop,
                age(c.get("launched_at")), age(c.get("refreshed_at"))]
         if args.verbose:
             tunnel = c.get("tunnel")
@@ -410,7 +424,7 @@ def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
                  args.yes)
     if verb == "down":
         requests: list[protocol.OpArgs] = [
-            protocol.DownArgs(cluster=n, purge=args.purge) for n in names]
+            protocol.DownArgs(cluster=n, purge=args.purge, orphan=args.orphan) for n in names]
     elif verb == "stop":
         requests = [protocol.StopArgs(cluster=n) for n in names]
     else:
@@ -525,7 +539,6 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
             print(f"  hint: {provider['hint']}")
     hosts = result.get("hosts", [])
     if not hosts:
-        print(f"ssh: no node pools in {result.get('pools_file')}")
         return ExitCode.SUCCEEDED
     print(f"ssh: node pools from {result.get('pools_file')}")
     rows = [[h["pool"], f"{h['user']}@{h['host']}:{h['port']}",

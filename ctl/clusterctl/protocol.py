@@ -339,6 +339,8 @@ class LaunchArgs(TaskArgs):
     infra: str | None = None
     idle_minutes: float | None = None
     down: bool = False
+    # When no place has capacity: wait (a growing gap) and try every place again, until up.
+    retry_until_up: bool = False
 
 
 class ExecArgs(TaskArgs):
@@ -385,10 +387,14 @@ class StartArgs(OpArgs):
 
 
 class DownArgs(OpArgs):
+    """Tear a cluster down; with `orphan`, `cluster` names an orphan (by its cloud name, as
+    `status` lists them): its instances are terminated."""
+
     op = "down"
     streams = True
     cluster: str
     purge: bool = False
+    orphan: bool = False
 
 
 class EventsArgs(OpArgs):

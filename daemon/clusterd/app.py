@@ -29,6 +29,7 @@ from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
+from clusterd.provision.launcher import Provisioner
 from clusterd.requests import RequestManager
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentConnections
@@ -41,6 +42,7 @@ from clusterd.server.listener import open_listener, prepare_directory, remove_so
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
+from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
@@ -135,13 +137,17 @@ class Daemon:
         )
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for)
+        self.provisioner = Provisioner(
+            self.store, self.providers, wait_timeout_s=settings.provision_wait_s,
+            retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s)
         self.clusters = ClusterService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
-            SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path),
+            SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
         )
+        self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.clusters,
-            self.requests, settings.refresh_interval_s,
+            self.requests, settings.refresh_interval_s, self.orphans,
         )
         self.autostop = AutostopService(
             self.store, self.locks, self.providers, self.access, self.clusters, self.requests,
@@ -149,7 +155,7 @@ class Daemon:
         )
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
-            self.providers, self.aws_provider, self.refresh, self.autostop,
+            self.providers, self.aws_provider, self.refresh, self.autostop, self.orphans,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -212,27 +218,30 @@ class Daemon:
     async def _serve(
         self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
-        async with anyio.create_task_group() as root:
-            self.requests.attach(root)
-            accepting = anyio.CancelScope()
-            root.start_soon(self._accept, listener, accepting)
-            # The background loops, all in this one place (their periods are in Settings):
-            # status refresh (at once on start, then every refresh_interval_s, jittered),
-            # autostop timers (every autostop_check_s), event retention (hourly).
-            await root.start(self.refresh.run)
-            await root.start(self.autostop.run)
-            root.start_soon(self._prune_events)
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Signals are ours before anything runs: a SIGTERM in the first moments is a clean
+        # shutdown too, not the default death.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with anyio.create_task_group() as root:
+                self.requests.attach(root)
+                accepting = anyio.CancelScope()
+                root.start_soon(self._accept, listener, accepting)
+                # The background loops, all in this one place (their periods are in
+                # Settings): status refresh (at once on start, then every
+                # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
+                # autostop timers (every autostop_check_s), event retention (hourly).
+                await root.start(self.refresh.run)
+                await root.start(self.autostop.run)
+                root.start_soon(self._prune_events)
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))
                 task_status.started()
                 async for signum in signals:
                     logger.info("shutting down", signal=signal.Signals(signum).name)
                     break
-            accepting.cancel()
-            with anyio.CancelScope(shield=True):
-                await self.requests.shutdown(self.settings.shutdown_grace_s)
-            root.cancel_scope.cancel()
+                accepting.cancel()
+                with anyio.CancelScope(shield=True):
+                    await self.requests.shutdown(self.settings.shutdown_grace_s)
+                root.cancel_scope.cancel()
 
     async def _prune_events(self) -> None:
         while True:

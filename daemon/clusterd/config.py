@@ -43,6 +43,11 @@ class Settings:
     # How long past an autostop deadline, with no daemon in reach, an agent waits before it
     # stops its cluster on its own.
     agent_autostop_grace_s: float = 300.0
+    # `launch --retry-until-up`: the first wait between rounds, growing 1.5x up to the cap.
+    retry_gap_s: float = 10.0
+    retry_max_gap_s: float = 300.0
+    # How long new nodes may take to run and answer SSH before the attempt counts as failed.
+    provision_wait_s: float = 900.0
 
     @property
     def db_path(self) -> Path:
@@ -77,6 +82,9 @@ class Settings:
             "refresh_interval_s": _float_env("CLUSTERD_REFRESH_INTERVAL", 30.0),
             "autostop_check_s": _float_env("CLUSTERD_AUTOSTOP_CHECK", 5.0),
             "agent_autostop_grace_s": _float_env("CLUSTERD_AGENT_AUTOSTOP_GRACE", 300.0),
+            "retry_gap_s": _float_env("CLUSTERD_RETRY_GAP", 10.0),
+            "retry_max_gap_s": _float_env("CLUSTERD_RETRY_MAX_GAP", 300.0),
+            "provision_wait_s": _float_env("CLUSTERD_PROVISION_WAIT", 900.0),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

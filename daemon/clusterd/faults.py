@@ -4,8 +4,10 @@
 CLUSTERD_TEST_FAULTS naming that point (comma-separated): then the daemon kills itself on the
 spot with SIGKILL, exactly as `kill -9` at that instant would. Never set it outside tests.
 
-Points: launch.before_create, launch.during_install, launch.after_agent, exec.during_submit,
-exec.streaming, down.mid_teardown.
+Points: launch.before_create (the intent is on disk), launch.after_create (the provider made
+the nodes; the handle is not recorded yet), launch.waiting (recorded; waiting for the nodes),
+launch.during_install, launch.after_agent, exec.during_submit, exec.streaming,
+down.mid_teardown, down.mid_terminate (instances terminated, per-cluster resources not yet).
 """
 
 from __future__ import annotations

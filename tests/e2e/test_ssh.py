@@ -514,3 +514,23 @@ async def test_commands_too_long_for_a_command_line_go_through_a_file(
         assert leftovers.stdout == b"0\n"
     finally:
         await connections.close_all()
+
+
+@pytest.mark.anyio
+async def test_a_proxy_command_carries_the_connection(bed: Bed, tmp_path: Path) -> None:
+    """ssh_proxy_command (aws config) as OpenSSH's ProxyCommand, with its %h %p tokens."""
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.ssh.host_keys import HostKeyStore
+
+    host = bed.hosts[2]
+    log = tmp_path / "relay.log"
+    relay = Path(__file__).resolve().parents[1] / "tools" / "relay.py"
+    target = SSHTarget(host["ip"], host["port"], host["user"], bed.key,
+                       proxy_command=f"{sys.executable} {relay} %h %p {log}")
+    connections = SSHConnections(HostKeyStore(tmp_path / "known_hosts"))
+    try:
+        result = await connections.run(target, "echo through the relay")
+        assert result.exit_code == 0 and result.stdout == b"through the relay\n"
+        assert log.read_text() == f"relayed {host['ip']}:{host['port']}\n"
+    finally:
+        await connections.close_all()

@@ -248,7 +248,25 @@ def test_unknown_and_unsupported_resource_fields() -> None:
     assert error.message == "t.yaml: resources.gpus: unknown field"
     assert "accelerators" in error.hint
     error = task_error("resources:\n  any_of: []\n")
-    assert error.message.startswith("t.yaml: resources.any_of: choosing among several")
+    assert error.message == "t.yaml: resources.any_of: expected a non-empty list of resources"
+
+
+def test_any_of_and_ordered_merge_each_choice_over_the_base() -> None:
+    spec = load("resources:\n  cpus: 4+\n  use_spot: true\n  any_of:\n"
+                "    - infra: aws/us-east-1\n      accelerators: A100:8\n"
+                "    - accelerators: H100:8\n      use_spot: false\n")
+    assert not spec.choices_ordered and len(spec.resource_choices) == 2
+    first, second = spec.resource_choices
+    assert (str(first.infra), first.accelerator, first.cpus, first.use_spot) == (
+        "aws/us-east-1", "A100", 4, True)
+    assert (second.accelerator, second.use_spot, second.cpus_at_least) == ("H100", False, True)
+    ordered = load("resources:\n  ordered:\n    - infra: local\n    - infra: aws\n")
+    assert ordered.choices_ordered
+    assert [r.infra.provider for r in ordered.resource_options()] == ["local", "aws"]
+    error = task_error("resources:\n  any_of:\n    - cpus: many\n")
+    assert error.message.startswith("t.yaml: resources.any_of[0].cpus: expected a number")
+    error = task_error("resources:\n  any_of: [{}]\n  ordered: [{}]\n")
+    assert "any_of or ordered, not both" in error.message
 
 
 def test_infra_and_legacy_cloud_are_exclusive() -> None:

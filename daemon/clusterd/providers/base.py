@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from clusterctl.protocol import ErrorCode, ProtocolError
@@ -121,6 +122,32 @@ class ClusterInfo:
         return self.nodes[0]
 
 
+@dataclasses.dataclass(frozen=True)
+class Orphan:
+    """What this daemon made on a provider that no record names (a record lost with a disk,
+    a state directory copied from another machine): found, reported, never removed unasked."""
+
+    provider: str
+    region: str | None
+    cloud_name: str
+    instances: tuple[str, ...]  # still there (not terminated)
+    groups: tuple[str, ...] = ()  # per-cluster resources left behind (security groups)
+
+    def describe(self) -> str:
+        where = "/".join(p for p in (self.provider, self.region) if p)
+        parts = []
+        if self.instances:
+            parts.append(f"{len(self.instances)} instance(s)")
+        if self.groups:
+            parts.append(f"{len(self.groups)} security group(s)")
+        return f"{where}: {' and '.join(parts)} of {self.cloud_name}"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "instances": list(self.instances),
+                "groups": list(self.groups), "remove": f"clusterctl down --orphan "
+                                                      f"{self.cloud_name}"}
+
+
 class ProvisionError(ProtocolError):
     def __init__(self, message: str, scope: BlockScope, hint: str = "") -> None:
         code = ErrorCode.RESOURCES_UNAVAILABLE if scope != BlockScope.FATAL else (
@@ -205,8 +232,19 @@ class Provider(Protocol):
         provider is not configured at all."""
         ...
 
+    async def enabled(self) -> bool:
+        """Whether a launch that names no provider should try this one: it is configured at
+        all (pools defined, credentials present). Cheap: no calls to remote APIs."""
+        ...
+
     async def aclose(self) -> None:
         """Release clients and connections (the daemon is stopping)."""
+        ...
+
+    async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
+        """Clusters this daemon made here that no record names: `known` gives the cloud
+        names of every record, asked after the provider was (a launch records its cluster
+        before creating anything, so nothing new is taken for an orphan)."""
         ...
 
 
@@ -234,3 +272,6 @@ class ProviderDefaults:
 
     async def aclose(self) -> None:
         return None
+
+    async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
+        return []  # nothing made here that could outlive a record

@@ -74,5 +74,8 @@ class LoadTestProvider(ProviderDefaults):
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(str(error), BlockScope.FATAL)
 
+    async def enabled(self) -> bool:
+        return True
+
     async def check(self) -> dict[str, Any]:
         return {"ok": True, "detail": "in-memory test provider (benchmarks only)"}

@@ -127,6 +127,9 @@ class LocalProvider(ProviderDefaults):
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(f"local provider: {error}", BlockScope.FATAL)
 
+    async def enabled(self) -> bool:
+        return True
+
     async def check(self) -> dict[str, Any]:
         cpus, memory_gb = _this_machine()
         return {"ok": True, "detail": f"this machine ({cpus:g} CPUs, {memory_gb:.0f} GB)"}

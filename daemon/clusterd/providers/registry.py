@@ -9,6 +9,8 @@ from clusterd.providers.base import Provider
 
 # Named in the docs and in SkyPilot task files, but not offered by this version yet.
 PLANNED = ("kubernetes",)
+# Where prices tie (your own machines cost nothing), this order decides.
+PROVIDER_ORDER = ("local", "ssh", "aws", "kubernetes")
 
 
 class ProviderRegistry:

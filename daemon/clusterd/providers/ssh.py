@@ -212,6 +212,12 @@ class SSHProvider(ProviderDefaults):
     def classify(self, error: BaseException) -> ProvisionError:
         return ProvisionError(f"ssh provider: {error}", BlockScope.FATAL)
 
+    async def enabled(self) -> bool:
+        try:
+            return bool(self.pools())
+        except ProtocolError:
+            return False
+
     async def check(self) -> dict[str, Any]:
         try:
             hosts = await self.check_hosts()

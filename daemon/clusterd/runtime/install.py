@@ -175,7 +175,9 @@ def _pip(*args: str) -> None:
             ErrorCode.PROVIDER_ERROR,
             f"building the runtime's wheelhouse failed (pip {args[0]}): "
             f"{result.stderr.strip()[-800:]}",
-            "the daemon needs the package index once per version to fetch the agent's wheels",
+            "the daemon needs the package index once per version to fetch the agent's wheels; "
+            "with none in reach, run `clusterd --prepare-runtime` where there is one (with "
+            "the same CLUSTERD_WHEELHOUSE_DIR)",
         )
 
 

@@ -7,6 +7,7 @@ On remote nodes it first installs the runtime (once per version, in parallel).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import secrets
@@ -330,19 +331,22 @@ class RuntimeManager:
         await self._stop_node(info.head, ["ray"])
 
     async def _stop_node(self, node: NodeInfo, parts: list[str]) -> None:
-        await node_helper.call(
-            self._runner_for(node), "stop",
-            {"dir": NodeLayout(node.runtime_dir).run_dir, "parts": parts},
-            timeout_s=90,
-        )
+        # Never installed (a launch cut short): nothing of ours runs there.
+        with contextlib.suppress(node_helper.RuntimeMissing):
+            await node_helper.call(
+                self._runner_for(node), "stop",
+                {"dir": NodeLayout(node.runtime_dir).run_dir, "parts": parts},
+                timeout_s=90,
+            )
 
     async def remove_files(self, cloud_name: str, info: ClusterInfo) -> None:
+        async def clean(node: NodeInfo) -> None:
+            with contextlib.suppress(node_helper.RuntimeMissing):  # never installed
+                await node_helper.call(
+                    self._runner_for(node), "cleanup",
+                    {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]})
+
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
-                    group.start_soon(
-                        node_helper.call,
-                        self._runner_for(node),
-                        "cleanup",
-                        {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]},
-                    )
+                    group.start_soon(clean, node)

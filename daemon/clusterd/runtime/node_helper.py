@@ -9,6 +9,10 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.runtime.runner import CommandRunner
 
 
+class RuntimeMissing(ProtocolError):
+    """The node has no runtime installed (yet): nothing of ours runs there."""
+
+
 async def call(
     runner: CommandRunner, command: str, params: dict[str, Any], *, timeout_s: float = 120
 ) -> dict[str, Any]:
@@ -20,6 +24,9 @@ async def call(
     try:
         reply = json.loads(result.stdout.decode().strip().splitlines()[-1])
     except (ValueError, IndexError):
+        if result.exit_code == 127:  # the shell found no runtime python to run
+            raise RuntimeMissing(ErrorCode.PROVIDER_ERROR,
+                                 f"{runner.node_name} has no clusterd runtime installed") from None
         raise ProtocolError(
             ErrorCode.PROVIDER_ERROR,
             f"{command} on {runner.node_name} failed (exit {result.exit_code}): "

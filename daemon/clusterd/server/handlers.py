@@ -20,6 +20,7 @@ from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.common import check_name, generated_name, require_cluster
 from clusterd.services.jobs import JobService
+from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestStore
@@ -44,7 +45,9 @@ class Handlers:
         aws: AWSProvider,
         refresh: RefreshService,
         autostop: AutostopService,
+        orphans: OrphanWatch,
     ) -> None:
+        self._orphans = orphans
         self._providers = providers
         self._aws = aws
         self._refresh = refresh
@@ -93,7 +96,10 @@ class Handlers:
             require_cluster(self._store, name)
         if args.refresh:
             await self._refresh.cycle(args.clusters or None, force=True)
-        return self._clusters.status(args.clusters, args.verbose)
+        result = self._clusters.status(args.clusters, args.verbose)
+        if not args.clusters:
+            result["orphans"] = self._orphans.views()
+        return result
 
     async def queue(self, call: Call, args: protocol.QueueArgs) -> dict[str, Any]:
         return await self._jobs.queue(args.cluster, args.skip_finished)
@@ -213,6 +219,12 @@ class Handlers:
         return await self._lifecycle(call, args, lambda r: self._clusters.start(r, args.cluster))
 
     async def down(self, call: Call, args: protocol.DownArgs) -> dict[str, Any]:
+        if args.orphan:
+            check_name(args.cluster)
+            request = await self._requests.start(
+                args.op, args.cluster, protocol.to_wire(args),
+                lambda r: self._orphans.remove(r, args.cluster))
+            return await _follow(call, request)
         return await self._lifecycle(
             call, args, lambda r: self._clusters.down(r, args.cluster, args.purge)
         )

@@ -22,15 +22,23 @@ from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.providers.base import (
-    BlockScope,
     ClusterInfo,
     ClusterRequest,
-    Placement,
+    NodeStatus,
     Provider,
     ProvisionError,
     SSHTarget,
 )
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.provision.candidates import candidates, plan
+from clusterd.provision.failover import Attempt, Option
+from clusterd.provision.launcher import (
+    Plan,
+    Provisioner,
+    intent_first,
+    no_placement,
+    placement_of,
+)
 from clusterd.requests import RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
@@ -38,7 +46,7 @@ from clusterd.services.common import cloud_name_for, require_cluster
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
-from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
+from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
 
 logger = log.get("clusterd.clusters")
 
@@ -63,8 +71,10 @@ class ClusterService:
         access: AgentAccess,
         jobs: JobService,
         ssh_config: SSHConfigWriter,
+        provisioner: Provisioner,
     ) -> None:
         self._ssh_config = ssh_config
+        self._provisioner = provisioner
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
@@ -142,62 +152,69 @@ class ClusterService:
     async def launch(
         self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec
     ) -> dict[str, Any]:
-        existing = self._store.get(name)
-        infra = Infra.parse(args.infra) if args.infra else task.resources.infra
-        if existing is not None and infra.provider is None:
-            infra = Infra(existing.provider)
-        provider = self._providers.get(infra.provider or "local")
-        task = dataclasses.replace(
-            task,
-            resources=dataclasses.replace(
-                task.resources, infra=Infra(provider.name, infra.region, infra.zone)
-            ),
-        )
+        override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
                                     on_blocked=request.blocked) as grant:
             record = self._store.get(name)
             if record is None:
-                record = await self._provision_new(request, name, provider, task, autostop)
+                record, resources = await self._provision_new(
+                    request, name, task, override, autostop, args.retry_until_up)
             else:
-                _check_compatible(record, provider, task)
-                record = await self._bring_existing_up(request, record, provider)
+                resources = _check_compatible(record, override, task)
+                provider = self._providers.get(record.provider)
+                record = await self._bring_existing_up(request, record, provider,
+                                                       args.retry_until_up)
             if autostop is not None:
                 record = await self.apply_autostop(record, autostop, request.id)
             grant.downgrade()
-            result = await self._jobs.submit(request, record, task, run_setup=True)
+            job_task = dataclasses.replace(task, resources=resources, resource_choices=())
+            result = await self._jobs.submit(request, record, job_task, run_setup=True)
         return result
 
     async def _provision_new(
-        self, request: RunningRequest, name: str, provider: Provider, task: TaskSpec,
-        autostop: Autostop | None,
-    ) -> ClusterRecord:
+        self, request: RunningRequest, name: str, task: TaskSpec, override: Infra | None,
+        autostop: Autostop | None, retry_until_up: bool,
+    ) -> tuple[ClusterRecord, Resources]:
         cloud_name = cloud_name_for(name)
-        cluster_request = ClusterRequest(name, cloud_name, task.num_nodes, task.resources,
-                                         autostop_down=bool(autostop and autostop.down))
-        await request.progress(f"checking where {name} can run ({provider.name})", "placement")
-        placements = await provider.placements(cluster_request)
-        if not placements:
-            raise ProvisionError(f"no {provider.name} placement fits this task",
-                                 scope=BlockScope.FATAL)
+        autostop_down = bool(autostop and autostop.down)
+        found = await candidates(task.resource_options(), override, self._providers)
+        where = ", ".join(dict.fromkeys(str(c.resources.infra) for c in found)) or "nowhere"
+        await request.progress(f"checking where {name} can run ({where})", "placement")
+
+        async def planner() -> tuple[list[Option], list[Attempt]]:
+            return await plan(found, self._providers, name, cloud_name, task.num_nodes,
+                              autostop_down, task.choices_ordered)
+
+        first = await planner()
+        for refusal in first[1]:
+            await request.progress(f"{refusal.infra} ({refusal.resources}): "
+                                   f"{refusal.reason.splitlines()[0]} — not trying it", "failover")
+        if not first[0] and not retry_until_up:
+            raise no_placement(name, first[1])
         now = time.time()
         record = ClusterRecord(
             name=name,
-            provider=provider.name,
+            provider=first[0][0].placement.provider if first[0] else found[0].provider,
             cloud_name=cloud_name,
             status=ClusterStatus.INIT,
             num_nodes=task.num_nodes,
-            requested_resources=task.resources.provisioning_view(),
+            requested_resources=task.requested_view(),
             config_hash=task.config_hash(),
             created_at=now,
             status_updated_at=now,
             launch_request_id=request.id,
+            autostop_down=autostop_down,
         )
-        # The intent is on disk before the provider is asked to create anything.
+        # The record (with the name the provider will know it by) is on disk before the
+        # provider is asked to create anything.
         await self._store.insert(record, f"launch requested by request {request.id}", request.id)
         try:
-            return await self._create_and_start(request, record, provider, cluster_request,
-                                                placements)
+            done = await self._provisioner.provision(request, record, planner, first=first,
+                                                     retry_until_up=retry_until_up)
+            record = await self._start_runtime(request, done.record, done.provider,
+                                               done.handle, "launched")
+            return record, done.resources
         except anyio.get_cancelled_exc_class():
             # The daemon is shutting down: keep the intent; the next start reconciles it.
             with anyio.CancelScope(shield=True):
@@ -211,48 +228,6 @@ class ClusterService:
             with anyio.CancelScope(shield=True):
                 await self._discard_failed_launch(request, name, exc)
             raise
-
-    async def _create_and_start(
-        self,
-        request: RunningRequest,
-        record: ClusterRecord,
-        provider: Provider,
-        cluster_request: ClusterRequest,
-        placements: list[Placement],
-    ) -> ClusterRecord:
-        errors: list[str] = []
-        handle: dict[str, Any] | None = None
-        for placement in _intent_first(placements, record):
-            await request.progress(f"creating nodes on {placement.describe()}", "provision")
-            # Where the nodes may appear is on disk before the call that makes them, so a
-            # daemon killed at any instant finds them (and teardown sweeps them).
-            intent = placement.resources_view()
-            record = await self._store.update(record.name, launched_resources=intent,
-                                              handle={"intent": intent})
-            await fault_point("launch.before_create")
-            try:
-                handle = await provider.create(cluster_request, placement)
-                await fault_point("launch.after_create")
-                record = await self._store.update(record.name,
-                                                  handle={"intent": intent, "provider": handle})
-                with anyio.fail_after(WAIT_TIMEOUT_S):
-                    handle = await provider.wait(record.cloud_name, handle, WAIT_TIMEOUT_S)
-                if cluster_request.resources.ports:
-                    await provider.open_ports(record.cloud_name, handle,
-                                              cluster_request.resources.ports)
-                break
-            except ProvisionError as exc:
-                errors.append(f"{placement.describe()}: {exc.message}")
-                await self._store.add_event(record.name, "provision",
-                                            f"{placement.describe()} failed: {exc.message}",
-                                            request.id)
-                await provider.terminate(record.cloud_name, handle or intent)
-                handle = None
-                if exc.scope == BlockScope.FATAL:
-                    raise
-        if handle is None:
-            raise ProvisionError("no placement worked: " + "; ".join(errors), BlockScope.FATAL)
-        return await self._start_runtime(request, record, provider, handle, "launched")
 
     async def _start_runtime(
         self,
@@ -312,22 +287,27 @@ class ClusterService:
         await self._store.remove(name, f"launch failed: {reason}", request.id)
 
     async def _bring_existing_up(
-        self, request: RunningRequest, record: ClusterRecord, provider: Provider
+        self, request: RunningRequest, record: ClusterRecord, provider: Provider,
+        retry_until_up: bool = False,
     ) -> ClusterRecord:
         handle = (record.handle or {}).get("provider")
         if record.status == ClusterStatus.STOPPED:
             await request.progress(f"starting stopped cluster {record.name}", "start")
-            handle = await provider.start(record.cloud_name, handle or {})
+            try:
+                handle = await provider.start(record.cloud_name, handle or {})
+            except ProvisionError as exc:
+                raise _not_where_it_lives(record, exc) from None
             return await self._start_runtime(request, record, provider, handle, "started")
         if handle is None:
-            # An earlier launch died before the provider answered: create is idempotent.
+            # An earlier launch died before the provider answered: create is idempotent,
+            # and the attempt it was making goes first.
             await request.progress(f"resuming the interrupted launch of {record.name}", "resume")
-            task_request = ClusterRequest(record.name, record.cloud_name, record.num_nodes,
-                                          Resources.from_view(record.requested_resources),
-                                          autostop_down=record.autostop_down)
-            placements = await provider.placements(task_request)
-            return await self._create_and_start(request, record, provider, task_request,
-                                                placements)
+            done = await self._provisioner.provision(
+                request, record, self._resume_plan(record), retry_until_up=retry_until_up)
+            return await self._start_runtime(request, done.record, done.provider, done.handle,
+                                             "launched")
+        if record.ever_up and await self._lost_nodes(record, provider, handle):
+            return await self._recreate_in_place(request, record, retry_until_up)
         health = await self._runtime_health(record)
         if record.status == ClusterStatus.UP and health == "healthy":
             await request.progress(f"cluster {record.name} is UP; reusing it", "up")
@@ -339,6 +319,55 @@ class ClusterService:
             await request.progress(f"repairing the runtime of {record.name}", "repair")
         return await self._start_runtime(request, record, provider, handle, "repaired",
                                          fresh=health == "other version")
+
+    def _resume_plan(self, record: ClusterRecord) -> Plan:
+        base = Resources.from_view(record.requested_resources)
+        choices, ordered = choices_from_view(record.requested_resources)
+        intent = (record.handle or {}).get("intent")
+
+        async def planner() -> tuple[list[Option], list[Attempt]]:
+            found = await candidates(choices or (base,), None, self._providers)
+            options, refusals = await plan(found, self._providers, record.name,
+                                           record.cloud_name, record.num_nodes,
+                                           record.autostop_down, ordered)
+            return intent_first(options, intent, record), refusals
+
+        return planner
+
+    async def _lost_nodes(self, record: ClusterRecord, provider: Provider,
+                          handle: dict[str, Any]) -> bool:
+        """Whether nodes of the cluster are gone for good (a spot node preempted, say)."""
+        try:
+            nodes = await provider.query(record.cloud_name, handle)
+        except ProtocolError:
+            return False
+        alive = [n for n in nodes if n.status != NodeStatus.TERMINATED]
+        return len(alive) < record.num_nodes
+
+    async def _recreate_in_place(self, request: RunningRequest, record: ClusterRecord,
+                                 retry_until_up: bool) -> ClusterRecord:
+        """A cluster that was UP comes back only where it lives (its disks hold the user's
+        data): the missing nodes are made again there, or the launch fails saying so."""
+        placement = placement_of(record)
+        where = placement.describe()
+        await request.progress(f"{record.name} lost nodes; making them again in {where}",
+                               "repair")
+
+        async def planner() -> tuple[list[Option], list[Attempt]]:
+            resources = dataclasses.replace(
+                Resources.from_view(record.requested_resources),
+                infra=Infra(placement.provider, placement.region, placement.zone))
+            request_ = ClusterRequest(record.name, record.cloud_name, record.num_nodes,
+                                      resources, autostop_down=record.autostop_down)
+            return [Option(placement, request_)], []
+
+        try:
+            done = await self._provisioner.provision(request, record, planner,
+                                                     retry_until_up=retry_until_up)
+        except ProtocolError as exc:
+            raise _not_where_it_lives(record, exc) from None
+        return await self._start_runtime(request, done.record, done.provider, done.handle,
+                                         "repaired")
 
     async def _runtime_health(
         self, record: ClusterRecord
@@ -444,9 +473,15 @@ class ClusterService:
                    ) -> dict[str, Any]:
         require_cluster(self._store, name)
         self._preempt(request, name)
+        if self._provisioner.interrupt(name):
+            await request.progress(f"calling off the launch of {name} waiting to retry",
+                                   "down")
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "down",
                                     on_blocked=request.blocked):
-            record = require_cluster(self._store, name)
+            record = self._store.get(name)
+            if record is None:  # the launch we called off took its record along
+                return {"cluster": name, "status": str(ClusterStatus.TERMINATED),
+                        "changed": True}
             if precheck is not None and (why := await precheck()):
                 return {"cluster": name, "status": str(record.status), "changed": False,
                         "skipped": why}
@@ -480,6 +515,8 @@ class ClusterService:
             info = None
             await request.progress(f"warning: cannot reach the nodes: {exc.message}", "down")
         if info is not None:
+            info = await self._reachable_part(record, provider, handle, info)
+        if info is not None:
             try:
                 await self._runtime.stop(info)
                 await self._runtime.remove_files(record.cloud_name, info)
@@ -490,6 +527,22 @@ class ClusterService:
         await self._access.close(record.name, grace_s=FOLLOWER_GRACE_S)
         await self._cleanup_cloud(request, record, provider, handle, purge)
 
+    async def _reachable_part(self, record: ClusterRecord, provider: Provider,
+                              handle: dict[str, Any], info: ClusterInfo) -> ClusterInfo | None:
+        """The nodes worth stopping the runtime on: not the ones gone for good (a preempted
+        worker) or stopped, and none if the head is (Ray's workers die with it)."""
+        try:
+            nodes = await provider.query(record.cloud_name, handle)
+        except ProtocolError:
+            return info
+        # Stopped machines answer no SSH (this one, `local`, is always there).
+        gone = {n.node_id for n in nodes if n.status == NodeStatus.TERMINATED
+                or (n.status == NodeStatus.STOPPED and n.ssh is not None)}
+        alive = tuple(n for n in info.nodes if n.node_id not in gone)
+        if not alive or alive[0] is not info.head:
+            return None
+        return dataclasses.replace(info, nodes=alive)
+
     async def _cleanup_cloud(self, request: RunningRequest, record: ClusterRecord,
                              provider: Provider, handle: dict[str, Any], purge: bool) -> None:
         for step in (provider.terminate, provider.cleanup_ports):
@@ -499,9 +552,14 @@ class ClusterService:
                 if not purge:
                     raise
                 await request.progress(f"warning: {exc.message}", "down")
+            await fault_point("down.mid_terminate")
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)
+
+    def forget_config(self, name: str) -> None:
+        """The cluster is gone: so is its `ssh CLUSTER` configuration."""
+        self._ssh_config.remove(name)
 
 
 def brief(message: str, limit: int = 300) -> str:
@@ -513,30 +571,37 @@ def brief(message: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _intent_first(placements: list[Placement], record: ClusterRecord) -> list[Placement]:
-    """A launch resuming goes first where the interrupted one was creating nodes (they are
-    reused there, not leaked)."""
-    intent = (record.handle or {}).get("intent")
-    if not intent:
-        return placements
-    where = (intent.get("region"), intent.get("zone"), intent.get("instance_type"))
-    first = [p for p in placements if (p.region, p.zone, p.instance_type) == where]
-    if not first:
-        first = [Placement(**{k: v for k, v in intent.items()
-                              if k in Placement.__dataclass_fields__})]
-    return first + [p for p in placements if p not in first]
+def _not_where_it_lives(record: ClusterRecord, error: ProtocolError) -> ProtocolError:
+    where = placement_of(record).describe()
+    return ProtocolError(
+        error.code, f"{record.name} cannot come back where it lives ({where}); a cluster "
+        f"that was UP is never moved, since its disks hold your data: {error.message}",
+        f"try again later, or `clusterctl down {record.name}` and launch it anew",
+    )
 
 
 def _infra_text(record: ClusterRecord) -> str:
-    infra = record.requested_resources.get("infra") or record.provider
-    return str(infra)
+    """Where the cluster is (as placed: provider/region/zone), else where it was asked for."""
+    placed = record.launched_resources or {}
+    if placed.get("provider"):
+        return "/".join(p for p in (placed["provider"], placed.get("region"),
+                                    placed.get("zone")) if p)
+    infra = record.requested_resources.get("infra")
+    return str(infra) if infra and infra != "*" else record.provider
 
 
-def _check_compatible(record: ClusterRecord, provider: Provider, task: TaskSpec) -> None:
-    if record.provider != provider.name:
+def _check_compatible(record: ClusterRecord, override: Infra | None,
+                      task: TaskSpec) -> Resources:
+    """Whether the task can run on the existing cluster; the task's resources that match
+    it (one of its alternatives, if it has several)."""
+    fitting = [r for r in task.resource_options()
+               if (override or r.infra).provider in (None, record.provider)]
+    if not fitting:
+        asked = ", ".join(dict.fromkeys(str(override or r.infra) for r in
+                                        task.resource_options()))
         raise ProtocolError(
             ErrorCode.CLUSTER_MISMATCH,
-            f"cluster {record.name} runs on {record.provider}, not {provider.name}",
+            f"cluster {record.name} runs on {record.provider}, not {asked}",
             "launch under another name, or drop --infra to use it as it is",
         )
     if task.num_nodes > record.num_nodes:
@@ -547,14 +612,17 @@ def _check_compatible(record: ClusterRecord, provider: Provider, task: TaskSpec)
             "launch a new cluster under another name for more nodes",
         )
     have = record.launched_resources or {}
-    wanted = task.resources
-    if wanted.cpus is not None and have.get("cpus") is not None and wanted.cpus > have["cpus"]:
+    placed = [r for r in fitting if not have.get("accelerator")
+              or (r.accelerator or "").lower() == str(have["accelerator"]).lower()]
+    wanted = (placed or fitting)[0]
+    if wanted.cpus is not None and have.get("cpus") and wanted.cpus > have["cpus"]:
         raise ProtocolError(
             ErrorCode.CLUSTER_MISMATCH,
             f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
             f"{have['cpus']:g}",
             "launch a new cluster under another name with bigger nodes",
         )
+    return wanted
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:

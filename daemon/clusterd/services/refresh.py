@@ -29,6 +29,7 @@ from clusterd.requests import RequestManager, RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
 from clusterd.services.clusters import ClusterService
+from clusterd.services.orphans import OrphanWatch
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 
 logger = log.get("clusterd.refresh")
@@ -36,6 +37,10 @@ logger = log.get("clusterd.refresh")
 CONCURRENCY = 16
 JITTER = 0.1  # each cycle waits interval * (1 ± JITTER), so refreshes do not beat in step
 MAX_BACKOFF_S = 600.0
+# Orphans are looked for on the first cycle and every this many after (a few API calls per
+# region of every provider: not for every refresh).
+ORPHAN_SCAN_EVERY = 10
+CLEANUP_TIMEOUT_S = 300.0
 
 
 class RefreshService:
@@ -49,7 +54,9 @@ class RefreshService:
         clusters: ClusterService,
         requests: RequestManager,
         interval_s: float,
+        orphans: OrphanWatch | None = None,
     ) -> None:
+        self.orphans = orphans
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -62,6 +69,7 @@ class RefreshService:
         self._backoff: dict[str, tuple[int, float]] = {}
         self.cycles = 0
         self.last_cycle_s = 0.0
+        self._cycling = anyio.Lock()
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -70,9 +78,17 @@ class RefreshService:
         task_status.started()
         while True:
             await self.cycle()
+            if self.orphans is not None and (self.cycles - 1) % ORPHAN_SCAN_EVERY == 0:
+                await self.orphans.scan()
             await anyio.sleep(self.interval_s * random.uniform(1 - JITTER, 1 + JITTER))
 
     async def cycle(self, names: list[str] | None = None, *, force: bool = False) -> None:
+        # One cycle at a time: two settling the same cluster at once would both record its
+        # change (a forced refresh waits for the periodic one, then looks again).
+        async with self._cycling:
+            await self._cycle(names, force)
+
+    async def _cycle(self, names: list[str] | None, force: bool) -> None:
         started = time.monotonic()
         now = time.time()
         chosen = [r for r in self._store.all()
@@ -156,22 +172,41 @@ class RefreshService:
             if isinstance(nodes, ProvisionError):
                 raise nodes
             status, reason = await self._reconcile(record, nodes)
+            if status is None:
+                await self._access.close(name)
+                await self._clean_up_gone(record)
+        except TimeoutError:
+            exc = ProtocolError(ErrorCode.PROVIDER_ERROR, "cleaning up timed out")
+            await self._back_off(name, exc)
+            return
         except ProtocolError as exc:
-            failures = self._backoff.get(name, (0, 0.0))[0] + 1
-            delay = min(MAX_BACKOFF_S, self.interval_s * 2 ** (failures - 1))
-            self._backoff[name] = (failures, time.time() + delay)
-            await self._store.add_event(name, "refresh", f"refresh failed ({exc.message}); "
-                                        f"next try in {delay:.0f} s")
+            await self._back_off(name, exc)
             return
         self._backoff.pop(name, None)
         if status is None:
-            await self._access.close(name)
             await self._store.remove(name, reason)
             return
         if status != record.status:
             await self._store.set_status(name, status, reason, refreshed_at=time.time())
         else:
             unchanged.append(name)
+
+    async def _back_off(self, name: str, exc: ProtocolError) -> None:
+        """A cluster whose checks failed is tried again later, each time later."""
+        failures = self._backoff.get(name, (0, 0.0))[0] + 1
+        delay = min(MAX_BACKOFF_S, self.interval_s * 2 ** (failures - 1))
+        self._backoff[name] = (failures, time.time() + delay)
+        await self._store.add_event(name, "refresh", f"refresh failed ({exc.message}); "
+                                    f"next try in {delay:.0f} s")
+
+    async def _clean_up_gone(self, record: ClusterRecord) -> None:
+        """Every node went away behind our back (preempted, terminated by hand): what the
+        cluster had around its nodes (a security group) goes too. Failing that, the record
+        stays, and the next refresh tries again."""
+        handle = (record.handle or {}).get("provider") or {}
+        with anyio.fail_after(CLEANUP_TIMEOUT_S):
+            await self._providers.get(record.provider).cleanup_ports(record.cloud_name, handle)
+        self._clusters.forget_config(record.name)
 
     async def _reconcile(
         self, record: ClusterRecord, nodes: list[NodeInfo]

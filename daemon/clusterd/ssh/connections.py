@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from collections.abc import AsyncIterator
 
 import anyio
@@ -45,6 +46,13 @@ class NodeConnection:
         """Hold one of the connection's channel slots while using the connection."""
         async with self.slots:
             yield self.conn
+
+
+def expand_proxy_command(target: SSHTarget) -> str:
+    """OpenSSH's tokens in a ProxyCommand: %h host, %p port, %r user, %% a percent sign."""
+    assert target.proxy_command is not None
+    values = {"h": target.host, "p": str(target.port), "r": target.user, "%": "%"}
+    return re.sub(r"%([hpr%])", lambda m: values[m.group(1)], target.proxy_command)
 
 
 def connection_lost(target: SSHTarget, exc: BaseException) -> ProtocolError:
@@ -132,7 +140,7 @@ class SSHConnections:
             "max_pktsize": MAX_PACKET_BYTES,
         }
         if target.proxy_command:
-            options["proxy_command"] = target.proxy_command
+            options["proxy_command"] = expand_proxy_command(target)
         try:
             with anyio.fail_after(CONNECT_TIMEOUT_S + 5):
                 conn = await asyncssh.connect(target.host, **options)

@@ -38,7 +38,8 @@ RESOURCE_FIELDS = {
     "use_spot", "disk_size", "ports", "image_id", "labels", "autostop", "disk_tier",
     "network_tier", "job_recovery", "accelerator_args",
 }
-UNSUPPORTED_RESOURCE_FIELDS = {"any_of", "ordered"}
+# SkyPilot's lists of alternatives: any of them (cheapest first), or in the user's order.
+CHOICE_FIELDS = ("any_of", "ordered")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -132,6 +133,7 @@ def _build(
     num_nodes = raw.get("num_nodes", 1)
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
         raise TaskError(source, "num_nodes", f"must be a whole number ≥ 1, got {num_nodes!r}")
+    resources, choices, ordered = parse_resource_choices(raw.get("resources"), source)
     envs = _env_map(raw, "envs", source, env_overrides, "--env")
     secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
     return TaskSpec(
@@ -139,7 +141,9 @@ def _build(
         run=run,
         setup=setup,
         num_nodes=num_nodes,
-        resources=parse_resources(raw.get("resources"), source),
+        resources=resources,
+        resource_choices=choices,
+        choices_ordered=ordered,
         workdir=_workdir(raw.get("workdir"), source, cwd),
         file_mounts=_file_mounts(raw.get("file_mounts"), source, cwd),
         envs=envs,
@@ -148,12 +152,13 @@ def _build(
     )
 
 
-def _optional_str(raw: Mapping[Any, Any], key: str, source: str) -> str | None:
+def _optional_str(raw: Mapping[Any, Any], key: str, source: str,
+                  field: str | None = None) -> str | None:
     value = raw.get(key)
     if value is None:
         return None
     if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise TaskError(source, key, f"expected a string, got {_kind(value)}")
+        raise TaskError(source, field or key, f"expected a string, got {_kind(value)}")
     return str(value)
 
 
@@ -223,8 +228,9 @@ def _number(value: Any, source: str, field: str, what: str) -> tuple[float, bool
     return amount, at_least
 
 
-def _accelerators(value: Any, source: str) -> tuple[str | None, float]:
-    field = "resources.accelerators"
+def _accelerators(value: Any, source: str, prefix: str = "resources"
+                  ) -> tuple[str | None, float]:
+    field = f"{prefix}.accelerators"
     if value is None:
         return None, 0
     if isinstance(value, list):
@@ -277,25 +283,53 @@ def parse_autostop(value: Any, source: str, field: str = "resources.autostop") -
     raise TaskError(source, field, f"expected true, minutes or a map, got {_kind(value)}")
 
 
-def parse_resources(value: Any, source: str) -> Resources:
+def parse_resource_choices(value: Any, source: str
+                           ) -> tuple[Resources, tuple[Resources, ...], bool]:
+    """`resources`, with SkyPilot's `any_of` or `ordered`: the base, and each alternative
+    merged over it (its own fields win); the flag says whether the order is the user's."""
+    if not isinstance(value, dict) or not any(k in value for k in CHOICE_FIELDS):
+        return parse_resources(value, source), (), False
+    if all(k in value for k in CHOICE_FIELDS):
+        raise TaskError(source, "resources", "give any_of or ordered, not both")
+    key = "any_of" if "any_of" in value else "ordered"
+    items = value[key]
+    if not isinstance(items, list) or not items:
+        raise TaskError(source, f"resources.{key}", "expected a non-empty list of resources")
+    base = {k: v for k, v in value.items() if k != key}
+    choices = []
+    for index, item in enumerate(items):
+        field = f"resources.{key}[{index}]"
+        if not isinstance(item, dict):
+            raise TaskError(source, field, f"expected a map of resources, got {_kind(item)}")
+        merged = dict(base)
+        if "infra" in item:  # an alternative's place replaces the base's, in either form
+            for legacy in ("cloud", "region", "zone"):
+                merged.pop(legacy, None)
+        if any(k in item for k in ("cloud", "region", "zone")):
+            merged.pop("infra", None)
+        merged.update(item)
+        choices.append(parse_resources(merged, source, field))
+    return parse_resources(base, source), tuple(choices), key == "ordered"
+
+
+def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resources:
     if value is None:
         return Resources()
     if not isinstance(value, dict):
-        raise TaskError(source, "resources", f"expected a map, got {_kind(value)}")
+        raise TaskError(source, prefix, f"expected a map, got {_kind(value)}")
     for key in value:
-        if key in UNSUPPORTED_RESOURCE_FIELDS:
-            raise TaskError(source, f"resources.{key}", "choosing among several resource "
-                                                        "options is not supported yet")
+        if key in CHOICE_FIELDS:
+            raise TaskError(source, f"{prefix}.{key}", "alternatives cannot be nested")
         if key not in RESOURCE_FIELDS:
-            raise TaskError(source, f"resources.{key}", "unknown field",
+            raise TaskError(source, f"{prefix}.{key}", "unknown field",
                             f"known fields: {', '.join(sorted(RESOURCE_FIELDS))}")
     infra_text = value.get("infra")
     if infra_text is not None and not isinstance(infra_text, str):
-        raise TaskError(source, "resources.infra", f"expected a string like 'aws/us-east-1', "
+        raise TaskError(source, f"{prefix}.infra", f"expected a string like 'aws/us-east-1', "
                                                    f"got {_kind(infra_text)}")
     legacy = [value.get(k) for k in ("cloud", "region", "zone")]
     if infra_text and any(legacy):
-        raise TaskError(source, "resources.infra", "give either infra or cloud/region/zone")
+        raise TaskError(source, f"{prefix}.infra", "give either infra or cloud/region/zone")
     if any(legacy):
         cloud, region, zone = (str(v) if v else None for v in legacy)
         infra = Infra(cloud.lower() if cloud else None, region, zone)
@@ -304,27 +338,27 @@ def parse_resources(value: Any, source: str) -> Resources:
     cpus = memory = None
     cpus_plus = memory_plus = False
     if value.get("cpus") is not None:
-        cpus, cpus_plus = _number(value["cpus"], source, "resources.cpus", "a number")
+        cpus, cpus_plus = _number(value["cpus"], source, f"{prefix}.cpus", "a number")
     if value.get("memory") is not None:
-        memory, memory_plus = _number(value["memory"], source, "resources.memory", "a size in GB")
-    accelerator, count = _accelerators(value.get("accelerators"), source)
+        memory, memory_plus = _number(value["memory"], source, f"{prefix}.memory", "a size in GB")
+    accelerator, count = _accelerators(value.get("accelerators"), source, prefix)
     ports = value.get("ports") or []
     if isinstance(ports, int | str):
         ports = [ports]
     if not isinstance(ports, list):
-        raise TaskError(source, "resources.ports", f"expected a port, range or list, "
+        raise TaskError(source, f"{prefix}.ports", f"expected a port, range or list, "
                                                    f"got {_kind(ports)}")
     disk = value.get("disk_size")
     if disk is not None and (not isinstance(disk, int) or isinstance(disk, bool) or disk <= 0):
-        raise TaskError(source, "resources.disk_size", f"expected GB as a whole number, "
+        raise TaskError(source, f"{prefix}.disk_size", f"expected GB as a whole number, "
                                                        f"got {disk!r}")
     use_spot = value.get("use_spot", False)
     if not isinstance(use_spot, bool):
-        raise TaskError(source, "resources.use_spot", f"expected true or false, got {use_spot!r}")
-    image_id, region_images = _image_id(value.get("image_id"), source)
+        raise TaskError(source, f"{prefix}.use_spot", f"expected true or false, got {use_spot!r}")
+    image_id, region_images = _image_id(value.get("image_id"), source, prefix)
     labels = value.get("labels") or {}
     if not isinstance(labels, dict):
-        raise TaskError(source, "resources.labels", f"expected a map, got {_kind(labels)}")
+        raise TaskError(source, f"{prefix}.labels", f"expected a map, got {_kind(labels)}")
     return Resources(
         infra=infra,
         cpus=cpus,
@@ -333,21 +367,22 @@ def parse_resources(value: Any, source: str) -> Resources:
         memory_at_least=memory_plus,
         accelerator=accelerator,
         accelerator_count=count,
-        instance_type=_optional_str(value, "instance_type", source),
+        instance_type=_optional_str(value, "instance_type", source, f"{prefix}.instance_type"),
         use_spot=use_spot,
         disk_size_gb=disk,
         ports=tuple(str(p) for p in ports),
         image_id=image_id,
         region_images=region_images,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
-        autostop=parse_autostop(value.get("autostop"), source),
+        autostop=parse_autostop(value.get("autostop"), source, f"{prefix}.autostop"),
     )
 
 
-def _image_id(value: Any, source: str) -> tuple[str | None, tuple[tuple[str, str], ...]]:
+def _image_id(value: Any, source: str, prefix: str = "resources"
+              ) -> tuple[str | None, tuple[tuple[str, str], ...]]:
     """An image for every region, or a map of region to image (which also limits where the
     cluster can go)."""
-    field = "resources.image_id"
+    field = f"{prefix}.image_id"
     if value is None:
         return None, ()
     if isinstance(value, dict):

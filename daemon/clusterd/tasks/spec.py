@@ -93,13 +93,22 @@ class Resources:
     @classmethod
     def from_view(cls, view: dict[str, Any]) -> Resources:
         """The inverse of `provisioning_view` (as stored in a cluster record)."""
-        values = dict(view)
+        values = {k: v for k, v in view.items() if k in _RESOURCE_FIELDS}
         values["infra"] = Infra.parse(values.get("infra"))
         values["ports"] = tuple(values.get("ports") or ())
         values["labels"] = tuple(tuple(pair) for pair in values.get("labels") or ())
         values["region_images"] = tuple(tuple(pair) for pair in
                                         values.get("region_images") or ())
         return cls(**values)
+
+
+_RESOURCE_FIELDS = frozenset(f.name for f in dataclasses.fields(Resources))
+
+
+def choices_from_view(view: dict[str, Any]) -> tuple[tuple[Resources, ...], bool]:
+    """The alternatives a record's requested resources hold (see TaskSpec.requested_view)."""
+    return (tuple(Resources.from_view(v) for v in view.get("choices") or ()),
+            bool(view.get("choices_ordered")))
 
 
 def _num(value: float) -> str:
@@ -119,15 +128,31 @@ class TaskSpec:
     setup: str | None = None
     num_nodes: int = 1
     resources: Resources = dataclasses.field(default_factory=Resources)
+    # SkyPilot's `any_of` / `ordered`: alternatives (each merged over `resources`); with
+    # `choices_ordered`, tried in the user's order, else cheapest first.
+    resource_choices: tuple[Resources, ...] = ()
+    choices_ordered: bool = False
     workdir: str | GitWorkdir | None = None  # local paths are absolute once loaded
     file_mounts: dict[str, str] = dataclasses.field(default_factory=dict)  # remote -> local
     envs: dict[str, str] = dataclasses.field(default_factory=dict)
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
     source: str = "<task>"
 
+    def resource_options(self) -> tuple[Resources, ...]:
+        """What the task can run on: its alternatives, or its one set of resources."""
+        return self.resource_choices or (self.resources,)
+
+    def requested_view(self) -> dict[str, Any]:
+        """The resources asked for, as a cluster record keeps them."""
+        view = self.resources.provisioning_view()
+        if self.resource_choices:
+            view["choices"] = [r.provisioning_view() for r in self.resource_choices]
+            view["choices_ordered"] = self.choices_ordered
+        return view
+
     def config_hash(self) -> str:
         """Identifies the cluster this task needs: same hash, same nodes, nothing to provision."""
-        view = {"num_nodes": self.num_nodes, "resources": self.resources.provisioning_view()}
+        view = {"num_nodes": self.num_nodes, "resources": self.requested_view()}
         return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
     def public_view(self) -> dict[str, Any]:

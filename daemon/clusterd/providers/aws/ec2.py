@@ -10,6 +10,7 @@ here knows which EC2 it talks to. Throttling and 5xx answers are retried by boto
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -42,17 +43,18 @@ class EC2Api:
         # Calls made, by (operation, region): benchmarks and tests count them.
         self.calls: dict[tuple[str, str], int] = {}
 
-    def _get_session(self) -> Any:
+    async def _get_session(self) -> Any:
         if self._session is None:
-            from aiobotocore.session import get_session  # 0.25 s: only once AWS is used
-
-            self._session = get_session()
+            # Importing aiobotocore takes a quarter of a second: not on the event loop.
+            session = await anyio.to_thread.run_sync(_new_session)
+            if self._session is None:
+                self._session = session
         return self._session
 
     async def credentials_configured(self) -> bool:
         """Whether botocore finds credentials at all (no network unless the chain reaches an
         instance-metadata lookup, which is bounded)."""
-        session = self._get_session()
+        session = await self._get_session()
         with anyio.move_on_after(5):
             return await session.get_credentials() is not None
         return False
@@ -60,7 +62,7 @@ class EC2Api:
     async def default_region(self) -> str:
         """The region the user's AWS configuration names (AWS_REGION, the profile's region),
         else us-east-1."""
-        session = self._get_session()
+        session = await self._get_session()
         return str(session.get_config_variable("region") or "us-east-1")
 
     async def client(self, service: str, region: str) -> Any:
@@ -79,8 +81,8 @@ class EC2Api:
                     retries={"mode": "standard", "max_attempts": RETRY_ATTEMPTS},
                     max_pool_connections=20,
                 )
-                maker = self._get_session().create_client(service, region_name=region,
-                                                          config=config)
+                maker = (await self._get_session()).create_client(service, region_name=region,
+                                                                  config=config)
                 found = await self._stack.enter_async_context(maker)
                 self._clients[key] = found
         return found
@@ -158,6 +160,17 @@ class EC2Api:
             cached = newest["ImageId"]
             self._images[(region, arch)] = cached
         return cached
+
+
+def _new_session() -> Any:
+    from aiobotocore.session import get_session
+
+    session = get_session()
+    if os.environ.get("AWS_EC2_METADATA_DISABLED", "").lower() != "false":
+        # This runs on a workstation: never ask 169.254.169.254 for credentials (a packet to
+        # a non-loopback address, and seconds of timeouts) unless told to.
+        session.get_component("credential_provider").remove("iam-role")
+    return session
 
 
 def _snake(operation: str) -> str:

@@ -32,6 +32,7 @@ from clusterd.providers.base import (
     ClusterRequest,
     NodeInfo,
     NodeStatus,
+    Orphan,
     Placement,
     ProviderDefaults,
     ProvisionError,
@@ -60,6 +61,7 @@ NODE_STATES = {
 NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
+ENABLED_CACHE_S = 60.0
 
 
 class AWSProvider(ProviderDefaults):
@@ -75,6 +77,7 @@ class AWSProvider(ProviderDefaults):
         self.managed_by = managed_by
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
         self._network = ClusterNetwork(self.api)
+        self._enabled: tuple[bool, float] | None = None
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
@@ -186,12 +189,13 @@ class AWSProvider(ProviderDefaults):
         if placement.spot:
             launch["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
                 "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        launched: list[Instance] = []
         if "head" not in roles:
-            await self._run(region, zone, request, launch, "head", 1)
+            launched += await self._run(region, zone, request, launch, "head", 1)
         workers = request.num_nodes - 1 - roles.count("worker")
         if workers > 0:
-            await self._run(region, zone, request, launch, "worker", workers)
-        instances = await self._cluster_instances(region, request.cloud_name)
+            launched += await self._run(region, zone, request, launch, "worker", workers)
+        instances = await self._keep(region, request, existing + launched)
         return {
             "region": region,
             "zone": zone,
@@ -209,18 +213,44 @@ class AWSProvider(ProviderDefaults):
         }
 
     async def _run(self, region: str, zone: str, request: ClusterRequest,
-                   launch: dict[str, Any], role: str, count: int) -> None:
+                   launch: dict[str, Any], role: str, count: int) -> list[Instance]:
         tags = self._tags(request, role)
         # Derived from the cluster and this attempt: a call retried (by botocore, or by a
         # launch resuming after a crash) never doubles the instances on EC2.
         token = hashlib.sha256(f"{request.cloud_name}/{zone}/{role}/{count}".encode()
                                ).hexdigest()[:48]
-        await self.api.call(
+        answer = await self.api.call(
             region, "RunInstances", MinCount=count, MaxCount=count, ClientToken=token,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
                                {"ResourceType": "volume", "Tags": tags}],
             **launch,
         )
+        instances: list[Instance] = answer.get("Instances", [])
+        for instance in instances:  # the answer may not carry the tags; we know the role
+            instance.setdefault("Tags", [{"Key": TAG_ROLE, "Value": role}])
+        return instances
+
+    async def _keep(self, region: str, request: ClusterRequest,
+                    known: list[Instance]) -> list[Instance]:
+        """The cluster's instances: those we made or found, plus any the listing shows
+        (a call that timed out but took effect, retried: an EC2 without ClientToken support
+        then holds one too many). One head and num_nodes-1 workers are kept, the rest
+        terminated."""
+        listed = await self._cluster_instances(region, request.cloud_name)
+        by_id = {i["InstanceId"]: i for i in known}
+        by_id.update({i["InstanceId"]: i for i in listed})  # the listing is fresher
+        order = [i["InstanceId"] for i in known] + [i["InstanceId"] for i in listed]
+        instances = [by_id[i] for i in dict.fromkeys(order)
+                     if by_id[i]["State"]["Name"] not in ("terminated", "shutting-down")]
+        heads = [i for i in instances if _tag(i, TAG_ROLE) == "head"]
+        workers = [i for i in instances if _tag(i, TAG_ROLE) != "head"]
+        kept = heads[:1] + workers[: request.num_nodes - 1]
+        extra = [i["InstanceId"] for i in instances if i not in kept]
+        if extra:
+            logger.warning("terminating extra instances", cluster=request.cloud_name,
+                           instances=extra)
+            await self.api.call(region, "TerminateInstances", InstanceIds=extra)
+        return kept
 
     def _tags(self, request: ClusterRequest, role: str | None) -> list[dict[str, str]]:
         tags = {
@@ -471,6 +501,12 @@ class AWSProvider(ProviderDefaults):
 
     # -- check ----------------------------------------------------------------------------
 
+    async def enabled(self) -> bool:
+        now = time.monotonic()
+        if self._enabled is None or now - self._enabled[1] > ENABLED_CACHE_S:
+            self._enabled = (await self.api.credentials_configured(), now)
+        return self._enabled[0]
+
     async def check(self) -> dict[str, Any]:
         try:
             with anyio.fail_after(15):
@@ -498,6 +534,33 @@ class AWSProvider(ProviderDefaults):
 
     async def aclose(self) -> None:
         await self.api.aclose()
+
+    async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
+        """Per region of the catalog: this daemon's instances and security groups whose
+        cluster no record names."""
+        found: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+
+        async def region(name: str) -> None:
+            instances = await self.managed_instances(name)
+            groups = (await self.api.call(name, "DescribeSecurityGroups", Filters=[
+                {"Name": f"tag:{TAG_MANAGED_BY}", "Values": [self.managed_by]}])).get(
+                    "SecurityGroups", [])
+            for instance in instances:
+                if instance["State"]["Name"] != "terminated":
+                    key = (name, _tag(instance, TAG_CLOUD_NAME) or "?")
+                    found.setdefault(key, ([], []))[0].append(instance["InstanceId"])
+            for group in groups:
+                key = (name, _tag(group, TAG_CLOUD_NAME) or "?")
+                found.setdefault(key, ([], []))[1].append(group["GroupId"])
+
+        async with anyio.create_task_group() as group:
+            for name in sorted(self.catalog().regions()):
+                group.start_soon(region, name)
+        recorded = known()
+        return [Orphan(self.name, region_name, cloud_name, tuple(sorted(ids)),
+                       tuple(sorted(groups)))
+                for (region_name, cloud_name), (ids, groups) in sorted(found.items())
+                if cloud_name not in recorded]
 
 
 def _tag(instance: Instance, key: str) -> str | None:

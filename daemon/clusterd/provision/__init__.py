@@ -1,0 +1,1 @@
+"""Provisioning: candidates and their placements, failover between them, attempts."""

@@ -1,0 +1,79 @@
+"""Candidates: the (provider, resources) pairs a task allows, and their placements.
+
+A task naming a provider (`infra: aws`, `aws/us-east-1`, `ssh/POOL`, `local`) has candidates on
+that provider only; one naming none may run on every provider that is configured here. Each of
+SkyPilot's `any_of`/`ordered` alternatives is a candidate of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import anyio
+
+from clusterd.providers.base import BlockScope, ClusterRequest, ProvisionError
+from clusterd.providers.registry import PROVIDER_ORDER, ProviderRegistry
+from clusterd.provision.failover import Attempt, Option, order_options
+from clusterd.tasks.spec import Infra, Resources
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    provider: str
+    resources: Resources  # its infra names the provider
+    rank: int  # position in the user's `ordered` list (0 otherwise)
+
+
+async def candidates(options: tuple[Resources, ...], infra: Infra | None,
+                     providers: ProviderRegistry) -> list[Candidate]:
+    """`infra` (from --infra) overrides where each alternative goes."""
+    enabled: list[str] | None = None
+    found: list[Candidate] = []
+    for rank, resources in enumerate(options):
+        where = infra if infra is not None and infra.provider else resources.infra
+        if where.provider:
+            providers.get(where.provider)  # an unknown or planned provider is refused here
+            names = [where.provider]
+        else:
+            if enabled is None:
+                enabled = [p.name for p in providers.all() if await p.enabled()]
+                enabled.sort(key=lambda n: PROVIDER_ORDER.index(n) if n in PROVIDER_ORDER
+                             else len(PROVIDER_ORDER))
+            names = enabled
+        for name in names:
+            placed = dataclasses.replace(resources, infra=Infra(name, where.region, where.zone))
+            found.append(Candidate(name, placed, rank))
+    return list(dict.fromkeys(found))
+
+
+async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, cloud_name: str,
+               num_nodes: int, autostop_down: bool, ordered: bool
+               ) -> tuple[list[Option], list[Attempt]]:
+    """Every candidate's placements, in the order to try them, and the candidates their
+    provider refused outright (as attempts, for the final table). With a single candidate,
+    its provider's refusal is raised as it is: it says best what is wrong."""
+    options: list[Option] = []
+    refusals: list[tuple[int, Attempt, ProvisionError]] = []
+
+    async def one(index: int, candidate: Candidate) -> None:
+        request = ClusterRequest(name, cloud_name, num_nodes, candidate.resources,
+                                 autostop_down=autostop_down)
+        try:
+            placements = await providers.get(candidate.provider).placements(request)
+        except ProvisionError as exc:
+            infra = str(candidate.resources.infra)
+            refusals.append((index, Attempt(infra, candidate.resources.display(num_nodes),
+                                            exc.message, str(exc.scope)), exc))
+            return
+        options.extend(Option(p, request, candidate.rank) for p in placements)
+
+    async with anyio.create_task_group() as group:
+        for index, candidate in enumerate(found):
+            group.start_soon(one, index, candidate)
+    refusals.sort(key=lambda r: r[0])
+    if not options and len(found) == 1 and refusals:
+        raise refusals[0][2]
+    fatal = [exc for _, _, exc in refusals if exc.scope == BlockScope.FATAL]
+    if not options and fatal and len(fatal) == len(refusals) == 1:
+        raise fatal[0]
+    return order_options(options, ordered), [attempt for _, attempt, _ in refusals]

@@ -1,0 +1,175 @@
+"""Failover: where to try next, and what a failure rules out. Provider-independent.
+
+The options of a launch are its candidates' placements: cheapest first across every candidate
+(SkyPilot's `any_of`, and a task naming one or no provider), or candidate by candidate in the
+user's order (`ordered`), each candidate's placements cheapest first. A failure blocks what its
+provider's `classify` says it rules out (the zone, the region or the whole provider) for the
+rest of the round; a fatal one ends the launch. Every attempt is kept, so a launch that found
+nothing can say where it looked and why each place failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+
+from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
+from clusterd.providers.registry import PROVIDER_ORDER
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One place to try: a placement, and the request as its candidate shapes it."""
+
+    placement: Placement
+    request: ClusterRequest
+    rank: int = 0  # the candidate's position in an `ordered` list (0 otherwise)
+
+    def describe(self) -> str:
+        return self.placement.describe()
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    infra: str  # provider[/region[/zone]]
+    resources: str  # the instance type, or the request's shape where there is none
+    reason: str
+    scope: str | None  # what it blocked: zone, region, provider, fatal; None for success
+    seconds: float = 0.0
+
+    def to_wire(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def infra_of(placement: Placement) -> str:
+    return "/".join(p for p in (placement.provider, placement.region, placement.zone) if p)
+
+
+def resources_of(option: Option) -> str:
+    placement = option.placement
+    if placement.instance_type:
+        return placement.instance_type + (" (spot)" if placement.spot else "")
+    return option.request.resources.display(option.request.num_nodes)
+
+
+class Blocklist:
+    def __init__(self) -> None:
+        self._zones: set[tuple[str, str | None, str | None]] = set()
+        self._regions: set[tuple[str, str | None]] = set()
+        self._providers: set[str] = set()
+
+    def add(self, placement: Placement, scope: BlockScope) -> None:
+        if scope == BlockScope.ZONE:
+            self._zones.add((placement.provider, placement.region, placement.zone))
+        elif scope == BlockScope.REGION:
+            self._regions.add((placement.provider, placement.region))
+        elif scope == BlockScope.PROVIDER:
+            self._providers.add(placement.provider)
+
+    def block_provider(self, provider: str) -> None:
+        self._providers.add(provider)
+
+    def blocks(self, placement: Placement) -> bool:
+        return (placement.provider in self._providers
+                or (placement.provider, placement.region) in self._regions
+                or (placement.provider, placement.region, placement.zone) in self._zones)
+
+    def clear(self) -> None:
+        self._zones.clear()
+        self._regions.clear()
+        self._providers.clear()
+
+
+def order_options(options: list[Option], ordered: bool) -> list[Option]:
+    """Cheapest first (whole cluster per hour), ties by provider preference, then as the
+    provider listed them; with `ordered`, by the candidate's rank first."""
+    def key(indexed: tuple[int, Option]) -> tuple[int, float, int, int]:
+        index, option = indexed
+        placement = option.placement
+        provider = (PROVIDER_ORDER.index(placement.provider)
+                    if placement.provider in PROVIDER_ORDER else len(PROVIDER_ORDER))
+        price = placement.price_per_hour * option.request.num_nodes
+        return (option.rank if ordered else 0, price, provider, index)
+
+    return [option for _, option in sorted(enumerate(options), key=key)]
+
+
+class Failover:
+    """One launch's walk through its options, round after round."""
+
+    def __init__(self, options: list[Option], refusals: list[Attempt] | None = None) -> None:
+        self.options = options
+        self.blocklist = Blocklist()
+        # Attempts of every round, and the candidates refused before any attempt.
+        self.history: list[Attempt] = list(refusals or [])
+        self.round = 1
+        self._position = 0
+
+    def __iter__(self) -> Iterator[Option]:
+        """The options of this round not yet blocked, in order (the blocklist is read at
+        each step, so a failure skips what it rules out)."""
+        self._position = 0
+        while self._position < len(self.options):
+            option = self.options[self._position]
+            self._position += 1
+            if not self.blocklist.blocks(option.placement):
+                yield option
+
+    def next_option(self) -> Option | None:
+        """What comes after the option being tried, as things stand now."""
+        for option in self.options[self._position:]:
+            if not self.blocklist.blocks(option.placement):
+                return option
+        return None
+
+    def failed(self, option: Option, error: ProvisionError, started: float) -> str:
+        """Record a failed attempt, block what it rules out, and say what comes next: the
+        progress line `aws/us-east-1/us-east-1a (p4d.24xlarge): Insufficient... — trying
+        us-east-1b`."""
+        self.blocklist.add(option.placement, error.scope)
+        self.history.append(Attempt(infra_of(option.placement), resources_of(option),
+                                    error.message, str(error.scope),
+                                    round(time.monotonic() - started, 3)))
+        line = f"{option.describe()}: {_first_line(error.message)}"
+        if error.scope == BlockScope.FATAL:
+            return line
+        upcoming = self.next_option()
+        if upcoming is None:
+            return line + " — no other place to try"
+        return line + f" — trying {_difference(option.placement, upcoming.placement)}"
+
+    def succeeded(self, option: Option, started: float) -> None:
+        self.history.append(Attempt(infra_of(option.placement), resources_of(option), "UP",
+                                    None, round(time.monotonic() - started, 3)))
+
+    def new_round(self) -> None:
+        """Everything failed: start over with nothing blocked (capacity comes back)."""
+        self.blocklist.clear()
+        self.round += 1
+
+    def table(self) -> str:
+        return format_table(self.history)
+
+
+def format_table(attempts: list[Attempt]) -> str:
+    rows = [("INFRA", "RESOURCES", "REASON")] + [
+        (a.infra, a.resources, _first_line(a.reason, 140)) for a in attempts]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    return "\n".join(f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}" for r in rows)
+
+
+def _first_line(text: str, limit: int = 200) -> str:
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _difference(tried: Placement, upcoming: Placement) -> str:
+    """The next place, named by what changes: the zone, the region, or the provider."""
+    if upcoming.provider != tried.provider:
+        return infra_of(upcoming)
+    if upcoming.region != tried.region:
+        return "/".join(p for p in (upcoming.region, upcoming.zone) if p)
+    if upcoming.zone != tried.zone and upcoming.zone:
+        return upcoming.zone
+    return upcoming.describe()

@@ -1,0 +1,207 @@
+"""Getting a cluster's nodes: one attempt after another until one works.
+
+Each attempt writes where it is about to create (the intent: provider, region, zone) before the
+provider's create call, so a daemon killed at any instant finds what it may have made. A
+failed attempt removes what it created before the next one starts; leaving a region, it also
+removes the cluster's per-region resources there (a security group). So the intent always
+names the only place where anything of the cluster can exist.
+
+With `retry_until_up`, a round in which every option failed is followed by a wait (growing,
+capped) and a new round with nothing blocked; `clusterctl down` cuts the wait short.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.faults import fault_point
+from clusterd.providers.base import BlockScope, Placement, Provider, ProvisionError
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.provision.failover import Attempt, Failover, Option, format_table
+from clusterd.requests import RunningRequest
+from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.tasks.spec import Resources
+
+logger = log.get("clusterd.provision")
+
+Plan = Callable[[], Awaitable[tuple[list[Option], list[Attempt]]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class Provisioned:
+    record: ClusterRecord
+    provider: Provider
+    handle: dict[str, Any]
+    resources: Resources  # what the winning option asked for (its candidate's resources)
+
+
+class Provisioner:
+    def __init__(self, store: ClusterStore, providers: ProviderRegistry, *,
+                 wait_timeout_s: float, retry_gap_s: float, retry_max_gap_s: float) -> None:
+        self._store = store
+        self._providers = providers
+        self._wait_timeout_s = wait_timeout_s
+        self._retry_gap_s = retry_gap_s
+        self._retry_max_gap_s = retry_max_gap_s
+        # Launches waiting between rounds, by cluster: `down` cancels the wait.
+        self._waiting: dict[str, anyio.CancelScope] = {}
+        # Time spent deciding, per attempt, outside the providers' calls (for benchmarks).
+        self.decision_seconds: list[float] = []
+
+    def interrupt(self, name: str) -> bool:
+        """Cut short a launch of `name` waiting for its next round; True if there was one."""
+        scope = self._waiting.get(name)
+        if scope is None:
+            return False
+        scope.cancel()
+        return True
+
+    async def provision(
+        self, request: RunningRequest, record: ClusterRecord, plan: Plan, *,
+        first: tuple[list[Option], list[Attempt]] | None = None,
+        retry_until_up: bool = False,
+    ) -> Provisioned:
+        """Nodes for `record`, from the first option that works (`plan` gives the options
+        of each round; `first`, if given, is its answer for round one)."""
+        gap = self._retry_gap_s
+        options, refusals = first if first is not None else await plan()
+        failover = Failover(options, refusals)
+        while True:
+            for option in failover:
+                decided = time.monotonic()
+                provider = self._providers.get(option.placement.provider)
+                outcome = await self._attempt(request, record, provider, option, failover,
+                                              decided)
+                if isinstance(outcome, Provisioned):
+                    return outcome
+                record = outcome
+            if not retry_until_up:
+                raise _unavailable(record.name, failover)
+            text = (f"round {failover.round} found no capacity ({len(failover.history)} "
+                    f"attempts so far); trying again in {gap:.0f} s")
+            await request.progress(text, "retry")
+            await self._store.add_event(record.name, "provision", text, request.id)
+            await self._wait(record.name, gap)
+            gap = min(gap * 1.5, self._retry_max_gap_s)
+            options, refusals = await plan()
+            failover.options = options
+            failover.history.extend(refusals)
+            failover.new_round()
+
+    async def _attempt(
+        self, request: RunningRequest, record: ClusterRecord, provider: Provider,
+        option: Option, failover: Failover, decided: float,
+    ) -> ClusterRecord | Provisioned:
+        placement = option.placement
+        intent = placement.resources_view()
+        await request.progress(f"creating nodes on {placement.describe()}", "provision")
+        record = await self._store.update(record.name, provider=provider.name,
+                                          launched_resources=intent, handle={"intent": intent})
+        self.decision_seconds.append(time.monotonic() - decided)
+        started = time.monotonic()
+        handle: dict[str, Any] | None = None
+        await fault_point("launch.before_create")
+        try:
+            handle = await provider.create(option.request, placement)
+            await fault_point("launch.after_create")
+            record = await self._store.update(record.name,
+                                              handle={"intent": intent, "provider": handle})
+            await fault_point("launch.waiting")
+            with anyio.fail_after(self._wait_timeout_s):
+                handle = await provider.wait(record.cloud_name, handle, self._wait_timeout_s)
+            if option.request.resources.ports:
+                await provider.open_ports(record.cloud_name, handle,
+                                          option.request.resources.ports)
+        except TimeoutError:
+            error = ProvisionError(f"{placement.describe()}: the nodes were not up within "
+                                   f"{self._wait_timeout_s:.0f} s", BlockScope.ZONE)
+        except ProvisionError as exc:
+            error = exc
+        else:
+            failover.succeeded(option, started)
+            return Provisioned(record, provider, handle, option.request.resources)
+        noted = time.monotonic()
+        line = failover.failed(option, error, started)
+        await request.progress(line, "failover")
+        await self._store.add_event(record.name, "provision", line, request.id)
+        await self._clean_up(record, provider, option, failover, handle or intent)
+        self.decision_seconds.append(time.monotonic() - noted)
+        if error.scope == BlockScope.FATAL:
+            raise error
+        return record
+
+    async def _clean_up(self, record: ClusterRecord, provider: Provider, option: Option,
+                        failover: Failover, handle: dict[str, Any]) -> None:
+        """Remove what the failed attempt made; leaving its region, the per-region resources
+        too (the next attempt in the same region reuses them)."""
+        with anyio.CancelScope(shield=True):
+            await provider.terminate(record.cloud_name, handle)
+            upcoming = failover.next_option()
+            here = (option.placement.provider, option.placement.region)
+            if upcoming is None or (upcoming.placement.provider,
+                                    upcoming.placement.region) != here:
+                try:
+                    await provider.cleanup_ports(record.cloud_name, handle)
+                except ProtocolError as exc:
+                    logger.warning("cleanup after a failed attempt failed", cluster=record.name,
+                                   error=exc.message)
+
+    async def _wait(self, name: str, seconds: float) -> None:
+        scope = anyio.CancelScope()
+        self._waiting[name] = scope
+        try:
+            with scope:
+                await anyio.sleep(seconds)
+        finally:
+            self._waiting.pop(name, None)
+        if scope.cancelled_caught:
+            raise ProtocolError(ErrorCode.PREEMPTED,
+                                f"the launch of {name} was called off by `clusterctl down` "
+                                "while it waited to retry")
+
+
+def _unavailable(name: str, failover: Failover) -> ProtocolError:
+    return no_placement(name, failover.history)
+
+
+def no_placement(name: str, attempts: list[Attempt]) -> ProtocolError:
+    """RESOURCES_UNAVAILABLE, with the table of every attempt: where, what, and why not."""
+    count = len(attempts)
+    return ProtocolError(
+        ErrorCode.RESOURCES_UNAVAILABLE,
+        f"no place could run {name} ({count} attempt{'s' if count != 1 else ''}):\n"
+        + format_table(attempts),
+        "ask for other resources or regions, or keep trying with --retry-until-up",
+    )
+
+
+def placement_of(record: ClusterRecord) -> Placement:
+    """Where a cluster lives (as its record says it was placed)."""
+    view = record.launched_resources or {}
+    return Placement(**{k: v for k, v in view.items() if k in _PLACEMENT_FIELDS})
+
+
+def intent_first(options: list[Option], intent: dict[str, Any] | None,
+                 record: ClusterRecord) -> list[Option]:
+    """A launch resuming goes first where the interrupted one was creating nodes (they are
+    reused there, not leaked)."""
+    if not intent:
+        return options
+    where = (intent.get("provider"), intent.get("region"), intent.get("zone"),
+             intent.get("instance_type"))
+    first = [o for o in options if (o.placement.provider, o.placement.region,
+                                    o.placement.zone, o.placement.instance_type) == where]
+    if not first and options:
+        placement = Placement(**{k: v for k, v in intent.items() if k in _PLACEMENT_FIELDS})
+        first = [Option(placement, options[0].request)]
+    return first + [o for o in options if o not in first]
+
+
+_PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Placement))

@@ -1,0 +1,110 @@
+"""The failover engine on its own: order, blocking by scope, the progress line, the table."""
+
+from __future__ import annotations
+
+import time
+
+from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
+from clusterd.provision.failover import Failover, Option, format_table, order_options
+from clusterd.tasks.spec import Resources
+
+REQUEST = ClusterRequest("c", "c-1", 1, Resources())
+
+
+def option(provider: str, region: str | None, zone: str | None, price: float,
+           rank: int = 0, instance_type: str | None = "p4d.24xlarge") -> Option:
+    return Option(Placement(provider, region, zone, instance_type, 96, 1152, "A100", 8, price),
+                  REQUEST, rank)
+
+
+def aws_options() -> list[Option]:
+    return [option("aws", "us-east-1", z, 32.77) for z in ("us-east-1a", "us-east-1b",
+                                                          "us-east-1c")] + [
+        option("aws", "us-west-2", z, 32.77) for z in ("us-west-2a", "us-west-2b")] + [
+        option("local", None, None, 0.0, instance_type=None)]
+
+
+def walk(failover: Failover, failures: dict[str, BlockScope]) -> list[str]:
+    """Try every option in order, failing those named in `failures` with their scope."""
+    tried = []
+    for candidate in failover:
+        where = candidate.describe()
+        tried.append(where)
+        scope = next((s for k, s in failures.items() if where.startswith(k)), None)
+        if scope is None:
+            failover.succeeded(candidate, time.monotonic())
+            break
+        failover.failed(candidate, ProvisionError(f"{scope.name}: no", scope), time.monotonic())
+    return tried
+
+
+def test_order_is_cheapest_first_and_ordered_keeps_the_users_order() -> None:
+    options = aws_options()
+    assert order_options(options, ordered=False)[0].placement.provider == "local"
+    ranked = [option("aws", "us-east-1", "us-east-1a", 32.77, rank=0),
+              option("local", None, None, 0.0, rank=1, instance_type=None)]
+    assert [o.placement.provider for o in order_options(ranked, ordered=True)] == [
+        "aws", "local"]
+    assert [o.placement.provider for o in order_options(ranked, ordered=False)] == [
+        "local", "aws"]
+
+
+def test_a_zone_failure_moves_to_the_next_zone() -> None:
+    failover = Failover(aws_options())
+    tried = walk(failover, {"aws/us-east-1/us-east-1a": BlockScope.ZONE,
+                            "aws/us-east-1/us-east-1b": BlockScope.ZONE})
+    assert tried[-1] == "aws/us-east-1/us-east-1c (p4d.24xlarge)" and len(tried) == 3
+
+
+def test_a_region_failure_skips_the_whole_region() -> None:
+    failover = Failover(aws_options())
+    tried = walk(failover, {"aws/us-east-1": BlockScope.REGION})
+    assert tried == ["aws/us-east-1/us-east-1a (p4d.24xlarge)",
+                     "aws/us-west-2/us-west-2a (p4d.24xlarge)"]
+
+
+def test_a_provider_failure_skips_the_provider() -> None:
+    failover = Failover(aws_options())
+    tried = walk(failover, {"aws": BlockScope.PROVIDER})
+    assert tried == ["aws/us-east-1/us-east-1a (p4d.24xlarge)", "local"]
+
+
+def test_the_progress_line_names_what_comes_next() -> None:
+    failover = Failover(aws_options())
+    it = iter(failover)
+    first = next(it)
+    line = failover.failed(first, ProvisionError(
+        "InsufficientInstanceCapacity: We currently do not have sufficient capacity",
+        BlockScope.ZONE), time.monotonic())
+    assert line == ("aws/us-east-1/us-east-1a (p4d.24xlarge): InsufficientInstanceCapacity: "
+                    "We currently do not have sufficient capacity — trying us-east-1b")
+    second = next(it)
+    line = failover.failed(second, ProvisionError("VcpuLimitExceeded: quota",
+                                                  BlockScope.REGION), time.monotonic())
+    assert line.endswith("— trying us-west-2/us-west-2a")
+    third = next(it)
+    line = failover.failed(third, ProvisionError("AuthFailure: no", BlockScope.PROVIDER),
+                           time.monotonic())
+    assert line.endswith("— trying local")
+    last = next(it)
+    line = failover.failed(last, ProvisionError("no", BlockScope.PROVIDER), time.monotonic())
+    assert line.endswith("— no other place to try")
+
+
+def test_the_table_has_a_row_per_attempt_and_a_new_round_unblocks() -> None:
+    failover = Failover(aws_options())
+    walk(failover, {"aws": BlockScope.ZONE, "local": BlockScope.PROVIDER})
+    assert len(failover.history) == 6
+    table = failover.table().splitlines()
+    assert table[0].split() == ["INFRA", "RESOURCES", "REASON"]
+    assert len(table) == 7 and "aws/us-west-2/us-west-2b" in table[5]
+    assert list(failover) == []  # everything blocked
+    failover.new_round()
+    assert len(list(failover)) == 6 and failover.round == 2
+
+
+def test_format_table_keeps_one_line_per_attempt() -> None:
+    from clusterd.provision.failover import Attempt
+
+    text = format_table([Attempt("aws/us-east-1", "m6i.large", "first line\nsecond", "zone")])
+    assert text.splitlines()[1].endswith("first line")
