@@ -56,6 +56,16 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                     help="default: $CLUSTERD_TESTBED_EC2_NETNS or clusterd-ec2")
     up.add_argument("--no-wheelhouse", action="store_true",
                     help="do not build the runtime wheelhouse (which needs the package index)")
+    up.add_argument("--runtime-image", action="store_true",
+                    help="also make a runtime image: an AMI clusterd-testbed-runtime-KEY in "
+                         "every region (private, x86_64) whose instances boot with clusterd's "
+                         "runtime of the wheelhouse KEY already installed in ~/.clusterd, so "
+                         "clusterd skips installing it, as with an AMI of one's own. Its "
+                         "template is built once per KEY, in DIR/images (about as long as one "
+                         "node's install); `exec` gets the ids in "
+                         "$CLUSTERD_TESTBED_RUNTIME_IMAGES, {region: AMI id} in JSON. With "
+                         "--no-wheelhouse, the wheelhouse directory must hold exactly one "
+                         "wheelhouse")
     esub.add_parser("down", parents=[bed], allow_abbrev=False,
                     help="stop everything the bed started and remove it")
     ex = esub.add_parser("exec", parents=[bed], allow_abbrev=False,

@@ -1,7 +1,10 @@
 """The EC2 test bed (scripts/testbed ec2), driven only through its command line and through
-boto3 and OpenSSH run inside its network namespace: regions, images, nodes behind instances,
-stop/start, instance-initiated shutdown, spot interruptions, fault rules, call counts, and a
-`down` that leaves nothing behind."""
+boto3 and OpenSSH run inside its network namespace: regions, images (the runtime image too),
+nodes behind instances, stop/start, instance-initiated shutdown, spot interruptions, fault rules,
+call counts, and a `down` that leaves nothing behind.
+
+The bed is made with the runtime wheelhouse (`clusterd --prepare-runtime`: the package index,
+or $CLUSTERD_WHEELHOUSE_DIR with it built already) and --runtime-image: about a minute."""
 
 from __future__ import annotations
 
@@ -25,6 +28,8 @@ pytestmark = pytest.mark.ec2
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = ROOT / "scripts" / "testbed"
 CANONICAL = "099720109477"
+ACCOUNT = "123456789012"
+RUNTIME_IMAGE_PREFIX = "clusterd-testbed-runtime-"
 JAMMY_AMD64 = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"
 SSH_OPTS = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
             "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
@@ -51,8 +56,9 @@ def image(region="us-east-1"):
 
 def launch(zone="us-east-1a", count=1, client=None, **kw):
     r = (client or ec2()).run_instances(
-        ImageId=image(), MinCount=count, MaxCount=count, KeyName="testkey",
-        InstanceType=kw.pop("InstanceType", "t3.micro"), SubnetId=subnet(zone), **kw)
+        ImageId=kw.pop("ImageId", None) or image(), MinCount=count, MaxCount=count,
+        KeyName="testkey", InstanceType=kw.pop("InstanceType", "t3.micro"),
+        SubnetId=subnet(zone), **kw)
     return [i["InstanceId"] for i in r["Instances"]]
 
 def out(value):
@@ -138,8 +144,8 @@ def bed() -> Iterator[Bed]:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(b.key)], check=True)
     try:
         up = subprocess.run([sys.executable, str(TESTBED), "ec2", "up", "--dir", str(b.dir),
-                             "--netns", b.netns, "--no-wheelhouse"],
-                            capture_output=True, text=True, timeout=120)
+                             "--netns", b.netns, "--runtime-image"],
+                            capture_output=True, text=True, timeout=600)
         assert up.returncode == 0, up.stderr + up.stdout
         b.py(f"ec2().import_key_pair(KeyName='testkey', PublicKeyMaterial="
              f"{b.key.with_suffix('.pub').read_text()!r}.encode()); out(1)")
@@ -168,6 +174,7 @@ def test_up_is_idempotent_and_adds_regions(bed: Bed) -> None:
     status = json.loads(bed.ok("status", "--json"))
     assert status["controller_pid"] == pid
     assert list(status["regions"]) == ["us-east-1", "us-west-2", "eu-west-1"]
+    assert list(status["runtime_images"]) == ["us-east-1", "us-west-2", "eu-west-1"]
     vpcs = bed.py("out(ec2('eu-west-1').describe_vpcs()['Vpcs'])")
     assert [v["CidrBlock"] for v in vpcs] == ["127.6.0.0/16"]
 
@@ -233,6 +240,55 @@ def test_env_and_exec(bed: Bed) -> None:
     assert who == "123456789012"
 
 
+def runtime_key(bed: Bed) -> str:
+    """The key of the bed's runtime image (the wheelhouse it holds), from its name."""
+    images = bed.py("out(ec2().describe_images(Owners=['self'])['Images'])")
+    (name,) = [i["Name"] for i in images if i["Name"].startswith(RUNTIME_IMAGE_PREFIX)]
+    return str(name[len(RUNTIME_IMAGE_PREFIX):])
+
+
+def test_runtime_image_in_every_region_status_and_env(bed: Bed) -> None:
+    status = json.loads(bed.ok("status", "--json"))
+    images = status["runtime_images"]
+    assert sorted(images) == sorted(status["regions"])
+    assert len(set(images.values())) == len(images)  # distinct per region
+    env = json.loads(bed.ok("env", "--json"))
+    assert json.loads(env["CLUSTERD_TESTBED_RUNTIME_IMAGES"]) == images
+    got = bed.py(f"out({{r: ec2(r).describe_images(Owners=['self'])['Images'] "
+                 f"for r in {sorted(images)!r}}})")
+    key = runtime_key(bed)
+    for region, found in got.items():
+        assert [(i["ImageId"], i["Name"], i["OwnerId"], i["Architecture"], i["RootDeviceName"],
+                 i["Public"]) for i in found] == \
+            [(images[region], RUNTIME_IMAGE_PREFIX + key, ACCOUNT, "x86_64", "/dev/sda1", False)]
+    template = bed.dir / "images" / f"runtime-{key}" / "home"
+    assert sorted(os.listdir(template)) == [".clusterd"]
+    assert (template / ".clusterd" / "venvs" / key / ".clusterd-ready").is_file()
+
+
+def test_runtime_image_instance_starts_with_the_runtime(bed: Bed) -> None:
+    key = runtime_key(bed)
+    (iid,) = bed.py("import os\nout(launch(ImageId=json.loads(os.environ["
+                    "'CLUSTERD_TESTBED_RUNTIME_IMAGES'])['us-east-1']))")
+    row = bed.wait_node(iid, "up")
+    venv = f"~/.clusterd/venvs/{key}"
+    r = bed.ssh(row["private_ip"], f"""
+~/.clusterd/current/bin/python -c "import ray, clusterd; print(ray.__version__)"
+test -e {venv}/.clusterd-ready && echo ready
+head -1 ~/.clusterd/current/bin/pip
+find ~/.clusterd ! -user ubuntu | wc -l
+touch {venv}/only-here""")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["2.60.0", "ready",
+                                f"#!/home/ubuntu/.clusterd/venvs/{key}/bin/python3", "0"]
+    # the instance's runtime is the template's files (hard links); new files are its own
+    template = bed.dir / "images" / f"runtime-{key}" / "home" / ".clusterd" / "venvs" / key
+    disk = bed.dir / "instances" / iid / "home" / ".clusterd" / "venvs" / key
+    assert (disk / "pyvenv.cfg").stat().st_ino == (template / "pyvenv.cfg").stat().st_ino
+    assert (disk / "only-here").exists() and not (template / "only-here").exists()
+    assert (bed.dir / "instances" / iid / "home" / ".ssh" / "authorized_keys").is_file()
+
+
 def test_nothing_but_loopback_is_reachable(bed: Bed) -> None:
     got = bed.py("""
 import socket, errno
@@ -261,6 +317,13 @@ def test_node_answers_ssh_with_sudo_and_private_dirs(bed: Bed, pair: list[dict[s
     assert r.stdout.split() == ["no-a"]
     assert not Path("/tmp/only-a").exists()
     assert not os.listdir("/home/ubuntu")  # the host's is only a mount point
+
+
+def test_ubuntu_image_home_has_no_runtime(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    r = bed.ssh(pair[1]["private_ip"], "ls -A ~")
+    assert r.returncode == 0, r.stderr
+    skel = [p.name for p in Path("/etc/skel").iterdir() if p.is_file() and not p.is_symlink()]
+    assert sorted(r.stdout.split()) == sorted([".ssh", *skel])
 
 
 def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,

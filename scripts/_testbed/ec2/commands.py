@@ -1,5 +1,5 @@
-"""`scripts/testbed ec2 up | down | exec | env`: making and removing the bed, and running
-things in it. Runs outside the bed's namespace; standard library only."""
+"""`scripts/testbed ec2 up | down | exec | env`: making and removing the bed (and its runtime
+image), and running things in it. Runs outside the bed's namespace; standard library only."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ from _testbed.common import (
     warn,
     write_file,
 )
-from _testbed.ec2 import host_setup
+from _testbed.ec2 import host_setup, runtime_image
 from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
     API_URL,
@@ -39,6 +39,7 @@ from _testbed.ec2.layout import (
     CONTROLLER_MODULE,
     NODE_INIT_MODULE,
     REMOVED_ENV,
+    RUNTIME_IMAGES_ENV,
     SCRIPTS,
     VENV_PYTHON,
     BedPaths,
@@ -47,6 +48,7 @@ from _testbed.ec2.layout import (
     bed_env,
     default_netns,
     load_state,
+    runtime_images,
     save_state,
 )
 
@@ -88,22 +90,22 @@ def last_line(path: str) -> str:
 
 def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
-    for tool in ("ip", "unshare", "useradd", "userdel", "usermod", "visudo", "sudo",
-                 "ssh-keygen", "mount"):
+    tools = ["ip", "unshare", "useradd", "userdel", "usermod", "visudo", "sudo", "ssh-keygen",
+             "mount"]
+    for tool in tools + (["setpriv", "cp"] if args.runtime_image else []):
         if shutil.which(tool) is None:
             raise Failure(f"{tool} not found on PATH",
                           hint="apt-get install iproute2 util-linux passwd sudo openssh-client "
-                               "mount")
+                               "mount coreutils")
     if not os.path.exists(SSHD):
         raise Failure(f"{SSHD} not found", hint="apt-get install openssh-server")
     if not os.access(VENV_PYTHON, os.X_OK):
         raise Failure(f"{VENV_PYTHON} not found (the controller needs the project's venv)",
                       hint="scripts/test or scripts/quickstart makes it")
-    if not args.no_wheelhouse:
-        prepare_wheelhouse(paths)
+    wheelhouse = None if args.no_wheelhouse else prepare_wheelhouse(paths)
 
     os.makedirs(os.path.dirname(paths.dir), exist_ok=True)
-    reg_lock = lock_dir(host_setup.registry_dir())  # users, sudoers, registry: one bed at a time
+    reg_lock = lock_dir(host_setup.registry_dir())  # users, sudoers, registry
     lock = lock_parent(paths.dir)
     try:
         if os.path.islink(paths.dir):
@@ -111,24 +113,40 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
         if os.path.exists(paths.dir) and os.stat(paths.dir).st_uid != 0:
             raise Failure(f"{paths.dir} exists and is not owned by root; refusing to use it")
         state = load_state(paths) if os.path.isdir(paths.dir) else None
-        if state is not None:
-            if args.netns and args.netns != state.get("netns"):
-                raise Failure(f"the bed in {paths.dir} runs in namespace {state.get('netns')}, "
-                              f"not {args.netns}", hint="ec2 down first, or another --dir")
-            if controller_pid(paths, state) is not None:
-                return extend_bed(paths, state, regions)
-            warn(f"the bed in {paths.dir} is broken (its controller is not running); "
-                 f"making it again")
-            teardown(paths, state, keep=("wheelhouse",))
-        return create_bed(paths, args.netns or default_netns(), regions)
+        kept_image = None
+        if state is not None and args.netns and args.netns != state.get("netns"):
+            raise Failure(f"the bed in {paths.dir} runs in namespace {state.get('netns')}, "
+                          f"not {args.netns}", hint="ec2 down first, or another --dir")
+        if state is not None and controller_pid(paths, state) is not None:
+            extend_bed(paths, state, regions)
+        else:
+            netns = args.netns or (state or {}).get("netns") or default_netns()
+            if state is not None:
+                warn(f"the bed in {paths.dir} is broken (its controller is not running); "
+                     f"making it again")
+                kept_image = state.get("runtime_image")
+                teardown(paths, state, keep=("wheelhouse", "images"))
+            state = create_bed(paths, netns, regions)
+            if kept_image:
+                state["runtime_image"] = kept_image
+        # The bed is registered now, so the node user stays; the image is built without holding
+        # every other bed up.
+        os.close(reg_lock)
+        reg_lock = -1
+        if args.runtime_image or state.get("runtime_image"):
+            ensure_runtime_image(paths, state, args.runtime_image, wheelhouse)
+        print_summary(paths, state)
+        return 0
     finally:
         os.close(lock)
-        os.close(reg_lock)
+        if reg_lock >= 0:
+            os.close(reg_lock)
 
 
-def prepare_wheelhouse(paths: BedPaths) -> None:
+def prepare_wheelhouse(paths: BedPaths) -> str:
     """The runtime wheelhouse nodes install from needs the package index: build it before
-    anything enters the namespace (instant when it is there already)."""
+    anything enters the namespace (instant when it is there already). Returns its path (its
+    name is its KEY)."""
     env = dict(os.environ)
     env.setdefault("CLUSTERD_WHEELHOUSE_DIR", paths.wheelhouse)
     log(f"preparing the runtime wheelhouse in {env['CLUSTERD_WHEELHOUSE_DIR']} ...")
@@ -142,9 +160,40 @@ def prepare_wheelhouse(paths: BedPaths) -> None:
         raise Failure(f"clusterd --prepare-runtime failed (exit {p.returncode}): "
                       f"{(p.stderr or p.stdout).strip()[-2000:]}",
                       hint="it needs the package index once; --no-wheelhouse skips it")
+    lines = p.stdout.strip().splitlines()
+    path = lines[-1].strip() if lines else ""
+    if not os.path.isdir(path):
+        raise Failure(f"clusterd --prepare-runtime printed no wheelhouse: {p.stdout.strip()}")
+    return path
 
 
-def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> int:
+def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,
+                         wheelhouse: str | None) -> None:
+    """With build, the runtime image of the bed's wheelhouse (wheelhouse, or with
+    --no-wheelhouse the one in the bed's wheelhouse directory): its template built if it is not
+    yet, and registered in every region. Without, the bed's current runtime image registered
+    again (in the regions just added). The ids go into state."""
+    if build:
+        if wheelhouse is None:
+            wheelhouse = runtime_image.find_wheelhouse(
+                bed_env(paths, os.environ)["CLUSTERD_WHEELHOUSE_DIR"])
+        template = runtime_image.ensure_template(paths, wheelhouse)
+        key = os.path.basename(os.path.normpath(wheelhouse))
+    else:
+        key, template = state["runtime_image"]["key"], state["runtime_image"]["template"]
+        if not runtime_image.template_ready(template, key):
+            warn(f"the bed's runtime image {key} is gone ({template}); "
+                 f"`up --runtime-image` builds it again")
+            del state["runtime_image"]
+            save_state(paths, state)
+            return
+    images = request(paths.control_sock, "runtime_image", timeout=120, key=key,
+                     template=template)["images"]
+    state["runtime_image"] = {"key": key, "template": template, "images": images}
+    save_state(paths, state)
+
+
+def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> dict[str, Any]:
     if not host_setup.NETNS_RE.match(netns):
         raise Failure(f"--netns {netns!r} is not a usable namespace name")
     others = host_setup.live_beds()
@@ -184,11 +233,10 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> int:
     save_state(paths, state)
     wait_ready(paths, proc)
     log(f"EC2 test bed in {paths.dir} is up (namespace {netns}, controller pid {proc.pid})")
-    print_summary(paths, netns, regions)
-    return 0
+    return state
 
 
-def extend_bed(paths: BedPaths, state: dict[str, Any], regions: list[str]) -> int:
+def extend_bed(paths: BedPaths, state: dict[str, Any], regions: list[str]) -> None:
     """Up already: add the regions it does not have yet, keep the rest."""
     new = [r for r in regions if r not in state["regions"]]
     if new:
@@ -198,8 +246,6 @@ def extend_bed(paths: BedPaths, state: dict[str, Any], regions: list[str]) -> in
         log(f"EC2 test bed in {paths.dir}: added region(s) {', '.join(new)}")
     else:
         log(f"EC2 test bed in {paths.dir} is already up")
-    print_summary(paths, state["netns"], state["regions"])
-    return 0
 
 
 def write_client_files(paths: BedPaths, default_region: str) -> None:
@@ -233,8 +279,13 @@ def wait_ready(paths: BedPaths, proc: subprocess.Popen[bytes]) -> None:
         time.sleep(0.1)
 
 
-def print_summary(paths: BedPaths, netns: str, regions: list[str]) -> None:
-    log(f"  regions: {', '.join(regions)}; API {API_URL} inside the namespace")
+def print_summary(paths: BedPaths, state: dict[str, Any]) -> None:
+    log(f"  regions: {', '.join(state['regions'])}; API {API_URL} inside the namespace")
+    images = runtime_images(state)
+    if images:
+        log(f"  runtime image {state['runtime_image']['key']}: "
+            + ", ".join(f"{r} {i}" for r, i in images.items())
+            + f" (${RUNTIME_IMAGES_ENV} in `exec`)")
     log("  try: scripts/testbed ec2 exec -- python -c 'import boto3; "
         "print(boto3.client(\"ec2\").describe_vpcs()[\"Vpcs\"])'")
     log(f"  see: scripts/testbed ec2 status; log {paths.controller_log}")
@@ -324,18 +375,18 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if not cmd:
         raise Failure("ec2 exec needs a command: scripts/testbed ec2 exec -- CMD ...")
     ip = shutil.which("ip") or "/usr/sbin/ip"
-    os.execve(ip, [ip, "netns", "exec", state["netns"], *cmd], bed_env(paths, os.environ))
+    os.execve(ip, [ip, "netns", "exec", state["netns"], *cmd],
+              bed_env(paths, os.environ, state))
 
 
 def cmd_env(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
-    require_bed(paths)
-    env = bed_env(paths, os.environ)
+    env = bed_env(paths, os.environ, require_bed(paths))
     if args.json:
         log(json.dumps(env, indent=2, sort_keys=True))
         return 0
-    for k in REMOVED_ENV:
-        if k in os.environ:
+    for k in (*REMOVED_ENV, RUNTIME_IMAGES_ENV):
+        if k in os.environ and k not in env:
             log(f"unset {k}")
     for k, v in sorted(env.items()):
         if os.environ.get(k) != v:

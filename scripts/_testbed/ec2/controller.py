@@ -2,9 +2,10 @@
 (started by `scripts/testbed ec2 up` as `ip netns exec NAME python -m _testbed.ec2.controller`).
 
 It runs moto in-process on 127.0.0.1:5000, the API endpoint clients call on 127.0.0.1:4566
-(proxy.py), the regions (regions.py), the watcher that boots a node per running instance
-(watcher.py), and answers the command line on DIR/control.sock (control.py). It is ready once
-that socket answers `ping`. SIGTERM stops it, and every node with it.
+(proxy.py), the regions and their images (regions.py; the runtime images' templates come from
+the command line), the watcher that boots a node per running instance (watcher.py), and answers
+the command line on DIR/control.sock (control.py). It is ready once that socket answers `ping`.
+SIGTERM stops it, and every node with it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from _testbed.ec2.layout import (
     MOTO_IP,
     MOTO_PORT,
     MOTO_URL,
+    READY_MARKER,
     SECRET_ACCESS_KEY,
     BedPaths,
+    runtime_venv,
 )
 from _testbed.ec2.proxy import ApiServer, Endpoint
 from _testbed.ec2.watcher import Watcher, instances, set_state_reason
@@ -53,6 +56,10 @@ class Bed:
         self.endpoint = Endpoint(self.subnet_zone)
         self.watcher = Watcher(paths, self.backends, self.api)
         self._wanted = regions
+        # the runtime images: key -> its template (the last one is the current one), and
+        # key -> {region: AMI id}
+        self._templates: dict[str, str] = {}
+        self._runtime_ids: dict[str, dict[str, str]] = {}
 
     # ------------------------------------------------------------------------ start / stop
 
@@ -119,13 +126,16 @@ class Bed:
         if op == "ping":
             return {"pid": os.getpid(), "regions": self.regions}
         if op == "status":
-            return {"regions": self.status()}
+            return {"regions": self.status(), "runtime_images": self.runtime_images()}
         if op == "preempt":
             return self.preempt(str(args.get("instance_id")))
         if op == "calls":
             return {"calls": self.endpoint.calls(reset=bool(args.get("reset")))}
         if op == "add_regions":
             return {"added": self.add_regions(list(args.get("regions") or []))}
+        if op == "runtime_image":
+            return {"images": self.add_runtime_image(str(args.get("key")),
+                                                     str(args.get("template")))}
         if op == "fault_add":
             return {"rule": self.endpoint.add_rule(dict(args.get("rule") or {})).to_json()}
         if op == "fault_list":
@@ -152,7 +162,33 @@ class Bed:
             bed_regions.setup_region(self.api(region), self.backend(region), region)
             self.regions.append(region)
             added.append(region)
+            for key in self._templates:
+                self._register_runtime_image(region, key)
         return added
+
+    def add_runtime_image(self, key: str, template: str) -> dict[str, str]:
+        """Register the runtime image of wheelhouse KEY, whose instances start with template as
+        their home, in every region (now and later ones); it becomes the current one.
+        Idempotent. Returns {region: AMI id}."""
+        if not os.path.isfile(os.path.join(template, runtime_venv(key), READY_MARKER)):
+            raise RequestError(f"{template} is not a runtime image's template for {key}",
+                               hint="`scripts/testbed ec2 up --runtime-image` builds it")
+        self._templates.pop(key, None)
+        self._templates[key] = template
+        for region in list(self.regions):
+            self._register_runtime_image(region, key)
+        return self.runtime_images()
+
+    def _register_runtime_image(self, region: str, key: str) -> None:
+        ami = bed_regions.register_runtime_image(self.backend(region), region, key)
+        self._runtime_ids.setdefault(key, {})[region] = ami
+        self.watcher.use_template(ami, self._templates[key])
+        log.info("region %s: runtime image %s is %s", region, key, ami)
+
+    def runtime_images(self) -> dict[str, str]:
+        """{region: AMI id} of the current runtime image ({} if there is none)."""
+        keys = list(self._templates)
+        return dict(self._runtime_ids.get(keys[-1], {})) if keys else {}
 
     def status(self) -> dict[str, list[dict[str, Any]]]:
         out: dict[str, list[dict[str, Any]]] = {}

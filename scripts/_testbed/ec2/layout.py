@@ -40,11 +40,28 @@ VPC_NAME = "clusterd-testbed"
 STATE_FILE = "state.json"
 CONTROLLER_MODULE = "_testbed.ec2.controller"
 NODE_INIT_MODULE = "_testbed.ec2.node_init"
+RUNTIME_IMAGE_MODULE = "_testbed.ec2.runtime_image"
+
+# The runtime image (`ec2 up --runtime-image`): an AMI of this name per region, whose instances
+# start with the runtime of wheelhouse KEY installed; its ids, {region: id} as JSON, in this
+# variable of clients' environment.
+RUNTIME_IMAGE_PREFIX = "clusterd-testbed-runtime-"
+RUNTIME_IMAGES_ENV = "CLUSTERD_TESTBED_RUNTIME_IMAGES"
+READY_MARKER = ".clusterd-ready"  # what clusterd's install_runtime looks for in a venv
 
 # Cleared from clients' environment: nothing may reach a real account by accident.
 REMOVED_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
                "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_DEFAULT_REGION")
 CLUSTERD_YAML = "aws:\n  vpc_name: clusterd-testbed\n  use_internal_ips: true\n"
+
+
+def runtime_image_name(key: str) -> str:
+    return RUNTIME_IMAGE_PREFIX + key
+
+
+def runtime_venv(key: str) -> str:
+    """The runtime's venv, relative to the node's home (as clusterd's install_runtime makes it)."""
+    return os.path.join(".clusterd", "venvs", key)
 
 
 def default_dir() -> str:
@@ -132,6 +149,15 @@ class BedPaths:
         return self._p("wheelhouse")
 
     @property
+    def images(self) -> str:
+        return self._p("images")
+
+    def runtime_template(self, key: str) -> str:
+        """The home directory instances of the runtime image KEY start from (hard links)."""
+        assert "/" not in key and key not in ("", ".", "..")
+        return self._p("images", f"runtime-{key}", "home")
+
+    @property
     def client(self) -> str:
         return self._p("client")
 
@@ -150,7 +176,8 @@ class BedPaths:
 
 
 def load_state(paths: BedPaths) -> dict[str, Any] | None:
-    """The bed's state file: {"version", "dir", "netns", "regions", "controller_pid"}."""
+    """The bed's state file: {"version", "dir", "netns", "regions", "controller_pid"}, and once
+    built "runtime_image": {"key", "template", "images": {region: AMI id}}."""
     text = read_text(paths.state)
     if text is None:
         return None
@@ -167,11 +194,22 @@ def save_state(paths: BedPaths, state: dict[str, Any]) -> None:
     write_file(paths.state, json.dumps(state, indent=2) + "\n", 0o644)
 
 
-def bed_env(paths: BedPaths, base: Mapping[str, str]) -> dict[str, str]:
+def runtime_images(state: Mapping[str, Any] | None) -> dict[str, str]:
+    """{region: AMI id} of the bed's runtime image ({} when it has none)."""
+    image = (state or {}).get("runtime_image") or {}
+    return dict(image.get("images") or {})
+
+
+def bed_env(paths: BedPaths, base: Mapping[str, str],
+            state: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment of a process run in the bed: base without the AWS settings that could
     point elsewhere, plus the bed's endpoint, config, credentials, clusterd settings, the project's
-    venv on PATH and (unless CLUSTERD_TESTBED_KEEP_XDG=1) XDG directories of the bed's own."""
-    env = {k: v for k, v in base.items() if k not in REMOVED_ENV}
+    venv on PATH, (unless CLUSTERD_TESTBED_KEEP_XDG=1) XDG directories of the bed's own and, when
+    state has a runtime image, RUNTIME_IMAGES_ENV."""
+    env = {k: v for k, v in base.items() if k not in REMOVED_ENV and k != RUNTIME_IMAGES_ENV}
+    images = runtime_images(state)
+    if images:
+        env[RUNTIME_IMAGES_ENV] = json.dumps(images, sort_keys=True)
     env.update({
         "AWS_ENDPOINT_URL_EC2": API_URL,
         "AWS_ENDPOINT_URL_STS": API_URL,

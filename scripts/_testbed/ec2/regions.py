@@ -1,7 +1,7 @@
-"""The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone, no default VPC, and
-Canonical's Ubuntu 22.04 images. The table and address helpers are standard library only;
-`setup_region` is handed a boto3 EC2 client (to moto itself) and moto's backend by the
-controller."""
+"""The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone, no default VPC,
+Canonical's Ubuntu 22.04 images, and the bed's runtime images. The table and address helpers are
+standard library only; `setup_region` is handed a boto3 EC2 client (to moto itself) and moto's
+backend by the controller, `register_runtime_image` moto's backend."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from _testbed.common import assert_loopback
-from _testbed.ec2.layout import VPC_NAME
+from _testbed.ec2.layout import ACCOUNT_ID, VPC_NAME, runtime_image_name
 
 log = logging.getLogger("testbed.ec2.regions")
 
@@ -107,29 +107,40 @@ def _ensure_vpc(ec2: Any, region: str) -> dict[str, str]:
     return subnets
 
 
-def _register_images(backend: Any, region: str) -> list[str]:
-    """Canonical's Ubuntu 22.04 images, straight into moto's backend (the API cannot make images
-    owned by another account). Returns their ids."""
+def _ensure_image(backend: Any, region: str, name: str, owner: str, architecture: str,
+                  description: str, public: bool, created: datetime.datetime) -> str:
+    """The id of the image of that name and owner in region, registered straight into moto's
+    backend if it is not there (the API cannot make images owned by another account, nor
+    images without an instance)."""
     from moto.ec2.models.amis import Ami
     from moto.ec2.utils import random_ami_id
 
-    ids = []
-    for name, arch in UBUNTU_IMAGES:
-        have = [a for a in list(backend.amis.values())
-                if a.name == name and a.owner_id == CANONICAL_OWNER]
-        if have:
-            ids.append(have[0].id)
-            continue
-        ami = Ami(backend, ami_id=random_ami_id(), name=name, owner_id=CANONICAL_OWNER,
-                  description=f"Canonical, Ubuntu, 22.04 LTS, {arch.replace('x86_64', 'amd64')} "
-                              "jammy image build on 2024-09-27",
-                  public=True, virtualization_type="hvm", architecture=arch,
-                  root_device_type="ebs", root_device_name="/dev/sda1",
-                  image_location=f"{CANONICAL_OWNER}/{name}", hypervisor="xen",
-                  creation_date=IMAGE_DATE, region_name=f"{region}a")
-        backend.amis[ami.id] = ami
-        ids.append(ami.id)
-    return ids
+    have = [a for a in list(backend.amis.values()) if a.name == name and a.owner_id == owner]
+    if have:
+        return str(have[0].id)
+    ami = Ami(backend, ami_id=random_ami_id(), name=name, owner_id=owner, description=description,
+              public=public, virtualization_type="hvm", architecture=architecture,
+              root_device_type="ebs", root_device_name="/dev/sda1",
+              image_location=f"{owner}/{name}", hypervisor="xen", creation_date=created,
+              region_name=f"{region}a")
+    backend.amis[ami.id] = ami
+    return str(ami.id)
+
+
+def _register_images(backend: Any, region: str) -> list[str]:
+    """Canonical's Ubuntu 22.04 images. Returns their ids."""
+    return [_ensure_image(backend, region, name, CANONICAL_OWNER, arch,
+                          f"Canonical, Ubuntu, 22.04 LTS, {arch.replace('x86_64', 'amd64')} "
+                          "jammy image build on 2024-09-27", public=True, created=IMAGE_DATE)
+            for name, arch in UBUNTU_IMAGES]
+
+
+def register_runtime_image(backend: Any, region: str, key: str) -> str:
+    """The bed's runtime image for wheelhouse KEY in region (the account's own, private);
+    its id."""
+    return _ensure_image(backend, region, runtime_image_name(key), ACCOUNT_ID, "x86_64",
+                         f"clusterd test bed: Ubuntu 22.04 with the clusterd runtime {key}",
+                         public=False, created=datetime.datetime.now(datetime.UTC))
 
 
 def setup_region(ec2: Any, backend: Any, region: str) -> dict[str, Any]:

@@ -33,14 +33,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 2
     if controller_pid(paths, state) is None:
         require_bed(paths)  # raises, with the controller's log
-    regions: dict[str, list[dict[str, Any]]] = request(paths.control_sock, "status")["regions"]
+    reply = request(paths.control_sock, "status")
+    regions: dict[str, list[dict[str, Any]]] = reply["regions"]
+    images: dict[str, str] = reply.get("runtime_images") or {}
     if args.json:
         log(json.dumps({"dir": paths.dir, "netns": state["netns"],
-                        "controller_pid": state["controller_pid"], "regions": regions},
-                       indent=2))
+                        "controller_pid": state["controller_pid"], "regions": regions,
+                        "runtime_images": images}, indent=2))
         return 0
     log(f"EC2 test bed in {paths.dir} (namespace {state['netns']}, controller pid "
         f"{state['controller_pid']})")
+    if images:
+        key = (state.get("runtime_image") or {}).get("key", "?")
+        log(f"runtime image {key}: " + ", ".join(f"{r} {i}" for r, i in images.items()))
     for region, rows in regions.items():
         log(f"{region}: {len(rows)} instance(s)")
         if not rows:

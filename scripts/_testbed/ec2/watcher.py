@@ -1,7 +1,8 @@
 """The watcher: keeps one EC2 node (sshd in a PID and mount namespace of its own) per running
 instance in moto, polling moto's backend every POLL_S seconds.
 
-  running, no node              -> boot a node (first boot: the key pair's key on the disk)
+  running, no node              -> boot a node (first boot: the key pair's key on the disk, and
+                                   for a runtime image, its template's files as hard links)
   running, node died            -> boot it again after a backoff (logged)
   running, shutdown requested   -> apply InstanceInitiatedShutdownBehavior through the API
   stopping / stopped            -> kill the node's PID namespace; keep its disk
@@ -87,6 +88,7 @@ class Watcher:
         self.backends = backends
         self.api = api
         self._nodes: dict[str, Node] = {}
+        self._templates: dict[str, str] = {}  # runtime image id -> its template home
         self._gone: set[str] = set()  # terminated instances already cleaned up
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -108,6 +110,12 @@ class Watcher:
                 assert node.proc is not None
                 return ("up" if node.up else "booting"), node.proc.pid
         return ("down" if instance_state == "running" else "none"), None
+
+    def use_template(self, image_id: str, template: str) -> None:
+        """Instances of image_id start, on their first boot, with template's files in their home
+        (hard links: pip never rewrites an installed file, so the copies stay the template's)."""
+        with self._lock:
+            self._templates[image_id] = template
 
     def stop_all(self) -> None:
         with self._lock:
@@ -226,7 +234,9 @@ class Watcher:
 
     def _first_boot(self, backend: Any, inst: Any, ipaths: InstancePaths, uid: int,
                     gid: int) -> None:
-        """A new disk: /etc/skel, and the key pair's public key in .ssh/authorized_keys."""
+        """A new disk: /etc/skel, the key pair's public key in .ssh/authorized_keys and, for a
+        runtime image, its template's files (hard links, made after the rest: nothing is ever
+        written through one)."""
         part = ipaths.home + ".new"
         shutil.rmtree(part, ignore_errors=True)
         os.makedirs(os.path.join(part, ".ssh"), mode=0o700)
@@ -244,6 +254,16 @@ class Watcher:
             log.warning("instance %s has no key pair (%r): nobody can log in to it",
                         inst.id, inst.key_name)
         chown_tree(part, uid, gid)
+        template = self._templates.get(inst.image_id)
+        if template is not None:
+            p = subprocess.run(["cp", "-al", "--", os.path.join(template, "."), part + "/"],
+                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=120)
+            if p.returncode != 0:
+                raise RuntimeError(f"cp -al {template}/. {part}/ failed (exit {p.returncode}): "
+                                   f"{p.stderr.strip()[-500:]}")
+            log.info("instance %s: its home starts from the runtime image %s", inst.id,
+                     inst.image_id)
         os.rename(part, ipaths.home)
 
     def _kill(self, node: Node) -> None:
