@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_aws import bench_aws_launch, bench_aws_refresh  # noqa: E402
+from bench_aws import bench_aws_launch, bench_aws_refresh, bench_failover  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -561,6 +561,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "scale": bench_scale,
     "aws_launch": bench_aws_launch,
     "aws_refresh": bench_aws_refresh,
+    "failover": bench_failover,
 }
 
 
@@ -589,7 +590,8 @@ def main() -> None:
     print(f"\n{'benchmark':<26} {'value':>12} {'baseline':>12} {'ratio':>7}  "
           f"{'target':<24} details")
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
-             "requests", "phases", "local_phases", "all_calls", "refresh_s")
+             "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
+             "max_ms")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

@@ -12,7 +12,9 @@ capped) and a new round with nothing blocked; `clusterctl down` cuts the wait sh
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import statistics
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -52,8 +54,18 @@ class Provisioner:
         self._retry_max_gap_s = retry_max_gap_s
         # Launches waiting between rounds, by cluster: `down` cancels the wait.
         self._waiting: dict[str, anyio.CancelScope] = {}
-        # Time spent deciding, per attempt, outside the providers' calls (for benchmarks).
-        self.decision_seconds: list[float] = []
+        # For benchmarks (ping shows them): time spent deciding per attempt, outside the
+        # providers' calls, and time spent inside those calls.
+        self.decision_seconds: collections.deque[float] = collections.deque(maxlen=1000)
+        self.provider_seconds = 0.0
+        self.attempts = 0
+
+    def stats(self) -> dict[str, float]:
+        decisions = list(self.decision_seconds) or [0.0]
+        return {"attempts": self.attempts,
+                "decision_ms_p50": round(statistics.median(decisions) * 1000, 3),
+                "decision_ms_max": round(max(decisions) * 1000, 3),
+                "provider_seconds": round(self.provider_seconds, 3)}
 
     def interrupt(self, name: str) -> bool:
         """Cut short a launch of `name` waiting for its next round; True if there was one."""
@@ -104,8 +116,9 @@ class Provisioner:
         await request.progress(f"creating nodes on {placement.describe()}", "provision")
         record = await self._store.update(record.name, provider=provider.name,
                                           launched_resources=intent, handle={"intent": intent})
-        self.decision_seconds.append(time.monotonic() - decided)
+        self.attempts += 1
         started = time.monotonic()
+        deciding = started - decided
         handle: dict[str, Any] | None = None
         await fault_point("launch.before_create")
         try:
@@ -125,14 +138,20 @@ class Provisioner:
         except ProvisionError as exc:
             error = exc
         else:
+            self.provider_seconds += time.monotonic() - started
+            self.decision_seconds.append(deciding)
             failover.succeeded(option, started)
             return Provisioned(record, provider, handle, option.request.resources)
         noted = time.monotonic()
+        self.provider_seconds += noted - started
         line = failover.failed(option, error, started)
         await request.progress(line, "failover")
         await self._store.add_event(record.name, "provision", line, request.id)
+        cleaning = time.monotonic()
         await self._clean_up(record, provider, option, failover, handle or intent)
-        self.decision_seconds.append(time.monotonic() - noted)
+        cleaned = time.monotonic()
+        self.provider_seconds += cleaned - cleaning
+        self.decision_seconds.append(deciding + (cleaning - noted))
         if error.scope == BlockScope.FATAL:
             raise error
         return record

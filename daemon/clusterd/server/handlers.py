@@ -89,6 +89,7 @@ class Handlers:
             "pid": os.getpid(),
             "refresh": {"cycles": self._refresh.cycles,
                         "last_cycle_s": round(self._refresh.last_cycle_s, 3)},
+            "provision": self._clusters.provision_stats(),
         }
 
     async def status(self, call: Call, args: protocol.StatusArgs) -> dict[str, Any]:

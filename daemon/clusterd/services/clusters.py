@@ -557,6 +557,9 @@ class ClusterService:
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)
 
+    def provision_stats(self) -> dict[str, float]:
+        return self._provisioner.stats()
+
     def forget_config(self, name: str) -> None:
         """The cluster is gone: so is its `ssh CLUSTER` configuration."""
         self._ssh_config.remove(name)

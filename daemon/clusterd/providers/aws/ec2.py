@@ -84,6 +84,7 @@ class EC2Api:
                 maker = (await self._get_session()).create_client(service, region_name=region,
                                                                   config=config)
                 found = await self._stack.enter_async_context(maker)
+                _no_retries_for_capacity(found)
                 self._clients[key] = found
         return found
 
@@ -160,6 +161,34 @@ class EC2Api:
             cached = newest["ImageId"]
             self._images[(region, arch)] = cached
         return cached
+
+
+# Capacity is gone for minutes, not milliseconds: retrying it in place only delays trying the
+# next zone. (botocore's standard mode retries every 5xx, and EC2 answers these with 500.)
+NOT_TRANSIENT = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapacity",
+                           "InsufficientReservedInstanceCapacity", "InsufficientCapacity"})
+
+
+def _no_retries_for_capacity(client: Any) -> None:
+    """Wrap the client's retry handler (botocore's standard mode, as configured) so that it
+    leaves capacity errors alone; everything else (throttling, other 5xx, timeouts) it
+    retries with backoff as before."""
+    from aiobotocore.retries import standard
+
+    name = client.meta.service_model.service_id.hyphenize()
+    event, unique = f"needs-retry.{name}", f"retry-config-{name}"
+    client.meta.events.unregister(event, unique_id=unique)
+    handler = standard.register_retry_handler(client, RETRY_ATTEMPTS)
+    client.meta.events.unregister(event, unique_id=unique)
+
+    async def needs_retry(**kwargs: Any) -> Any:
+        response = kwargs.get("response")
+        if response is not None and len(response) > 1 and isinstance(response[1], dict):
+            if response[1].get("Error", {}).get("Code") in NOT_TRANSIENT:
+                return None
+        return await handler.needs_retry(**kwargs)
+
+    client.meta.events.register(event, needs_retry, unique_id=unique)
 
 
 def _new_session() -> Any:
