@@ -161,7 +161,15 @@ class Provisioner:
         """Remove what the failed attempt made; leaving its region, the per-region resources
         too (the next attempt in the same region reuses them)."""
         with anyio.CancelScope(shield=True):
-            await provider.terminate(record.cloud_name, handle)
+            try:
+                await provider.terminate(record.cloud_name, handle)
+            except ProtocolError as exc:
+                # Going on elsewhere would lose track of what this attempt made: stop here
+                # (the record keeps the intent, so `down` can try again).
+                raise ProvisionError(
+                    f"cannot remove what the attempt on {option.describe()} made: "
+                    f"{exc.message}", BlockScope.FATAL,
+                    f"`clusterctl down {record.name}` tries again") from None
             upcoming = failover.next_option()
             here = (option.placement.provider, option.placement.region)
             if upcoming is None or (upcoming.placement.provider,

@@ -276,12 +276,16 @@ class ClusterService:
             return
         reason = brief(error.message if isinstance(error, ProtocolError) else repr(error))
         try:
-            with anyio.fail_after(120):
-                await self._teardown(request, record, purge=True)
+            # Not purged: if what it made cannot be removed now, the record stays (INIT,
+            # saying why) so that nothing it made is lost track of.
+            with anyio.fail_after(600):
+                await self._teardown(request, record, purge=False)
         except Exception as exc:
-            logger.warning("cleanup after failed launch failed", error=str(exc))
-            await self._store.set_status(name, ClusterStatus.INIT,
-                                         f"launch failed and cleanup failed: {exc}", request.id)
+            why = brief(exc.message if isinstance(exc, ProtocolError) else repr(exc))
+            logger.warning("cleanup after failed launch failed", error=why)
+            await self._store.set_status(
+                name, ClusterStatus.INIT, f"launch failed ({reason}) and cleanup failed "
+                f"({why}): `clusterctl down {name}` tries again", request.id)
             return
         self._ssh_config.remove(name)
         await self._store.remove(name, f"launch failed: {reason}", request.id)

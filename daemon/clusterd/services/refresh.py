@@ -186,7 +186,9 @@ class RefreshService:
         if status is None:
             await self._store.remove(name, reason)
             return
-        if status != record.status:
+        if status != record.status or (status == ClusterStatus.INIT
+                                       and reason != record.status_reason):
+            # An INIT cluster's reason is what tells the user what is wrong: keep it current.
             await self._store.set_status(name, status, reason, refreshed_at=time.time())
         else:
             unchanged.append(name)

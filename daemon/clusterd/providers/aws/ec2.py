@@ -183,9 +183,9 @@ def _no_retries_for_capacity(client: Any) -> None:
 
     async def needs_retry(**kwargs: Any) -> Any:
         response = kwargs.get("response")
-        if response is not None and len(response) > 1 and isinstance(response[1], dict):
-            if response[1].get("Error", {}).get("Code") in NOT_TRANSIENT:
-                return None
+        parsed = response[1] if response is not None and len(response) > 1 else None
+        if isinstance(parsed, dict) and parsed.get("Error", {}).get("Code") in NOT_TRANSIENT:
+            return None
         return await handler.needs_retry(**kwargs)
 
     client.meta.events.register(event, needs_retry, unique_id=unique)

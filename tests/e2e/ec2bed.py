@@ -1,0 +1,144 @@
+"""The EC2 test bed for end-to-end tests: one per test session (its namespace and directory of
+its own), and daemons inside it, each with directories (and so a managed-by id) of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.support import Daemon, make_env, short_tempdir
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTBED = str(ROOT / "scripts" / "testbed")
+REGIONS = "us-east-1,us-west-2"
+AWS_STATE = """
+import json, boto3
+out = {"instances": [], "groups": []}
+for region in REGIONS.split(","):
+    ec2 = boto3.client("ec2", region_name=region)
+    for r in ec2.describe_instances()["Reservations"]:
+        for i in r["Instances"]:
+            out["instances"].append({"id": i["InstanceId"], "state": i["State"]["Name"],
+                "ip": i.get("PrivateIpAddress"), "region": region,
+                "zone": i["Placement"]["AvailabilityZone"],
+                "reason": (i.get("StateReason") or {}).get("Code"),
+                "tags": {t["Key"]: t["Value"] for t in i.get("Tags", [])}})
+    for g in ec2.describe_security_groups()["SecurityGroups"]:
+        out["groups"].append({"id": g["GroupId"], "name": g["GroupName"], "region": region,
+            "tags": {t["Key"]: t["Value"] for t in g.get("Tags", [])},
+            "ports": sorted((p.get("FromPort"), p.get("ToPort"))
+                            for p in g.get("IpPermissions", []))})
+print(json.dumps(out))
+""".replace("REGIONS", repr(REGIONS))
+
+
+@dataclasses.dataclass
+class EC2Bed:
+    dir: Path
+    netns: str
+    env: dict[str, str]  # what `ec2 env` sets (the AWS part of a daemon's environment)
+
+    def testbed(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, TESTBED, "ec2", *args, "--dir", str(self.dir)],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def python(self, code: str) -> str:
+        done = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", code],
+                              env=self.env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def aws(self) -> dict[str, Any]:
+        """What moto holds now, read through the API from inside the namespace."""
+        state: dict[str, Any] = json.loads(self.python(AWS_STATE))
+        return state
+
+    def instances(self, cloud_name: str) -> list[dict[str, Any]]:
+        return [i for i in self.aws()["instances"]
+                if i["tags"].get("clusterd-cluster-name") == cloud_name]
+
+    def leftovers(self, cloud_name: str) -> list[str]:
+        """Instances not terminated and security groups of a cluster, as moto holds them."""
+        state = self.aws()
+        return ([i["id"] for i in state["instances"]
+                 if i["tags"].get("clusterd-cluster-name") == cloud_name
+                 and i["state"] != "terminated"]
+                + [g["id"] for g in state["groups"]
+                   if g["tags"].get("clusterd-cluster-name") == cloud_name
+                   or g["name"] == f"clusterd-{cloud_name}"])
+
+    def nodes(self) -> list[dict[str, Any]]:
+        status = json.loads(self.testbed("status", "--json").stdout)
+        return [i for instances in status["regions"].values() for i in instances]
+
+    def fault(self, *args: str) -> str:
+        done = self.testbed("fault", "add", *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    def clear_faults(self) -> None:
+        assert self.testbed("fault", "clear").returncode == 0
+
+    def runtime_images(self) -> dict[str, str]:
+        images: dict[str, str] = json.loads(self.env.get("CLUSTERD_TESTBED_RUNTIME_IMAGES")
+                                            or "{}")
+        return images
+
+    def daemon(self, prefix: str, **extra: str) -> Daemon:
+        """A daemon inside the bed, with directories of its own (not started)."""
+        root = short_tempdir(prefix)
+        env = make_env(root)
+        home = root / "home"
+        home.mkdir()
+        env.update({k: v for k, v in self.env.items() if k.startswith("AWS_")})
+        env.update(CLUSTERD_CONFIG=self.env["CLUSTERD_CONFIG"],
+                   CLUSTERD_WHEELHOUSE_DIR=self.env["CLUSTERD_WHEELHOUSE_DIR"],
+                   HOME=str(home), **extra)
+        return Daemon(root, env, wrap=["ip", "netns", "exec", self.netns])
+
+
+@contextlib.contextmanager
+def ec2_bed() -> Iterator[EC2Bed]:
+    bed_dir = short_tempdir("cdec2-")
+    netns = f"cdtest-{os.getpid()}"
+    up = subprocess.run([sys.executable, TESTBED, "ec2", "up", "--dir", str(bed_dir),
+                         "--netns", netns, "--regions", REGIONS, "--runtime-image"],
+                        capture_output=True, text=True, timeout=900)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        env = json.loads(subprocess.run(
+            [sys.executable, TESTBED, "ec2", "env", "--dir", str(bed_dir), "--json"],
+            capture_output=True, text=True, timeout=60, check=True).stdout)
+        yield EC2Bed(bed_dir, netns, env)
+    finally:
+        subprocess.run([sys.executable, TESTBED, "ec2", "down", "--dir", str(bed_dir)],
+                       timeout=300)
+        shutil.rmtree(bed_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running(daemon: Daemon) -> Iterator[Daemon]:
+    """A daemon of the bed, started, and at the end with every cluster torn down."""
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        try:
+            daemon.down_all()
+            daemon.stop()
+        finally:
+            shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+def cloud_name(daemon: Daemon, cluster: str) -> str:
+    found = daemon.cluster(cluster)
+    assert found is not None, f"no cluster {cluster}"
+    return str(found["cloud_name"])

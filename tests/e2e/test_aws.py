@@ -1,0 +1,223 @@
+"""AWS clusters end to end on the EC2 test bed: moto's API, and a real sshd "instance" behind
+every running instance, all in a network namespace with only loopback; the daemon and
+clusterctl run inside it too. No mock anywhere in the path: the provider makes its EC2 calls
+over HTTP, the nodes are reached by SSH, Ray and the agent run on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.ec2bed import EC2Bed, running
+from tests.e2e.ec2bed import cloud_name as ec2_cloud_name
+from tests.support import Daemon, wait_for
+
+pytestmark = [pytest.mark.ec2, pytest.mark.ray]
+
+@dataclasses.dataclass
+class Bed:
+    ec2: EC2Bed
+    daemon: Daemon
+
+    def testbed(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.ec2.testbed(*args)
+
+    def aws(self) -> dict[str, Any]:
+        return self.ec2.aws()
+
+    def instances(self, cloud_name: str) -> list[dict[str, Any]]:
+        return self.ec2.instances(cloud_name)
+
+    def nodes(self) -> list[dict[str, Any]]:
+        return self.ec2.nodes()
+
+    @property
+    def netns(self) -> str:
+        return self.ec2.netns
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.ec2.env
+
+
+def cloud_name(bed: Bed, cluster: str) -> str:
+    return ec2_cloud_name(bed.daemon, cluster)
+
+
+@pytest.fixture(scope="module")
+def bed(ec2: EC2Bed) -> Iterator[Bed]:
+    with running(ec2.daemon("cdaws-", CLUSTERD_AGENT_AUTOSTOP_GRACE="5")) as daemon:
+        yield Bed(ec2, daemon)
+
+
+TASK = """
+name: probe
+num_nodes: 2
+resources:
+  cpus: 2
+  ports: 8080
+  labels: {team: e2e}
+workdir: wd
+run: |
+  echo "rank=$SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES as $(whoami) ips=$(echo $SKYPILOT_NODE_IPS)"
+  cat data.txt
+"""
+
+
+@pytest.fixture(scope="module")
+def duo(bed: Bed) -> str:
+    (bed.daemon.root / "wd").mkdir(exist_ok=True)
+    (bed.daemon.root / "wd" / "data.txt").write_text("data from the workdir\n")
+    (bed.daemon.root / "task.yaml").write_text(TASK)
+    result = bed.daemon.ctl("launch", "-c", "duo", "--infra", "aws/us-east-1", "task.yaml",
+                            timeout=900)
+    assert result.returncode == 0, result.stderr + bed.daemon.log()[-4000:]
+    for phase in ("creating nodes on aws/us-east-1/", "installing the runtime",
+                  "starting Ray on 2", "cluster duo is UP"):
+        assert phase in result.stderr, phase
+    instances = bed.instances(cloud_name(bed, "duo"))
+    ips = " ".join(i["ip"] for i in sorted(instances, key=lambda i: i["tags"][
+        "clusterd-node-role"] != "head"))
+    assert sorted(result.stdout.splitlines()) == sorted([
+        f"(head, rank=0) rank=0 of 2 as ubuntu ips={ips}",
+        "(head, rank=0) data from the workdir",
+        f"(worker1, rank=1) rank=1 of 2 as ubuntu ips={ips}",
+        "(worker1, rank=1) data from the workdir"])
+    return "duo"
+
+
+def test_check_says_whose_credentials_and_which_regions(bed: Bed) -> None:
+    result = bed.daemon.ctl("check", "--json")
+    assert result.returncode == 0, result.stderr
+    aws = json.loads(result.stdout)["providers"]["aws"]
+    assert aws["ok"] and aws["identity"].startswith("arn:aws:")
+    assert {"us-east-1", "us-west-2"} <= set(aws["regions"])
+
+
+def test_show_gpus(bed: Bed) -> None:
+    table = bed.daemon.ctl("show-gpus")
+    assert table.returncode == 0 and "A100" in table.stdout and "H100" in table.stdout
+    rows = json.loads(bed.daemon.ctl("show-gpus", "A100", "--json").stdout)
+    p4d = next(r for r in rows if r["instance_type"] == "p4d.24xlarge")
+    assert p4d["count"] == 8 and p4d["price"] > 10 and p4d["spot_price"] < p4d["price"]
+    unknown = bed.daemon.ctl("show-gpus", "Z9000")
+    assert unknown.returncode == 1 and "INVALID_ARGUMENT" in unknown.stderr
+
+
+def test_a_two_node_cluster_is_tagged_and_opens_the_tasks_ports(bed: Bed, duo: str) -> None:
+    name = cloud_name(bed, duo)
+    instances = bed.instances(name)
+    assert len(instances) == 2 and {i["state"] for i in instances} == {"running"}
+    assert all(i["ip"].startswith("127.1.") for i in instances)
+    assert sorted(i["tags"]["clusterd-node-role"] for i in instances) == ["head", "worker"]
+    assert all(i["tags"]["team"] == "e2e" and i["tags"]["clusterd-cluster"] == duo
+               for i in instances)
+    groups = [g for g in bed.aws()["groups"] if g["tags"].get("clusterd-cluster-name") == name]
+    assert len(groups) == 1 and [8080, 8080] in groups[0]["ports"]
+    status = bed.daemon.cluster(duo)
+    assert status is not None and status["infra"].startswith("aws/us-east-1/")
+    assert status["instance_type"] == "c6i.large" and status["price_per_hour"] > 0
+
+
+def test_exec_runs_on_both_nodes(bed: Bed, duo: str) -> None:
+    result = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--",
+                            "echo $SKYPILOT_NODE_RANK $(hostname -I | wc -w)")
+    assert result.returncode == 0, result.stderr
+    assert sorted(line.split(")")[1].split()[0] for line in result.stdout.splitlines()) == [
+        "0", "1"]
+
+
+def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
+        bed: Bed, duo: str) -> None:
+    name = cloud_name(bed, duo)
+    stopped = bed.daemon.ctl("stop", "-y", duo)
+    assert stopped.returncode == 0, stopped.stderr
+    assert {i["state"] for i in bed.instances(name)} == {"stopped"}
+    ours = [n for n in bed.nodes() if n["tags"].get("clusterd-cluster-name") == name]
+    assert [n["node"] for n in ours] == ["none", "none"]
+    left = subprocess.run(["ps", "-u", "ubuntu", "-o", "pid="], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], f"processes of the nodes survived the stop: {left}"
+    assert bed.daemon.cluster(duo)["status"] == "STOPPED"  # type: ignore[index]
+
+    started = bed.daemon.ctl("start", duo, timeout=600)
+    assert started.returncode == 0, started.stderr + bed.daemon.log()[-3000:]
+    ips = {i["ip"] for i in bed.instances(name)}
+    result = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--",
+                            "echo $SKYPILOT_NODE_IPS | tr '\\n' ' '; cat data.txt")
+    assert result.returncode == 0, result.stderr
+    # The job ran on the instances where they are now, with the workdir synced again.
+    assert all(set(line.split(")", 1)[1].split()[:2]) == ips
+               for line in result.stdout.splitlines() if "127." in line)
+
+
+def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
+        bed: Bed, duo: str) -> None:
+    name = cloud_name(bed, duo)
+    worker = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "worker")
+    terminate = ("import boto3; boto3.client('ec2', region_name='us-east-1')"
+                 f".terminate_instances(InstanceIds=['{worker['id']}'])")
+    done = subprocess.run(["ip", "netns", "exec", bed.netns, sys.executable, "-c", terminate],
+                          env=bed.env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    refreshed = json.loads(bed.daemon.ctl("status", "--refresh", "--json").stdout)
+    cluster = next(c for c in refreshed if c["name"] == duo)
+    assert cluster["status"] == "INIT"
+    assert "1 of 2 nodes running, 1 gone" in cluster["status_reason"]
+    assert "User initiated" in cluster["status_reason"]
+
+
+def test_down_leaves_no_instance_and_no_security_group(bed: Bed, duo: str) -> None:
+    name = cloud_name(bed, duo)
+    result = bed.daemon.ctl("down", "-y", duo, timeout=600)
+    assert result.returncode == 0, result.stderr
+    state = bed.aws()
+    assert {i["state"] for i in state["instances"]
+            if i["tags"].get("clusterd-cluster-name") == name} == {"terminated"}
+    assert [g for g in state["groups"] if g["tags"].get("clusterd-cluster-name") == name
+            or g["name"] == f"clusterd-{name}"] == []
+
+
+def test_a_spot_preemption_is_noticed_with_its_reason(bed: Bed) -> None:
+    (bed.daemon.root / "spot.yaml").write_text(
+        "resources:\n  cpus: 2\n  use_spot: true\nrun: echo on spot\n")
+    launched = bed.daemon.ctl("launch", "-c", "sp", "--infra", "aws/us-east-1", "spot.yaml",
+                              timeout=900)
+    assert launched.returncode == 0, launched.stderr + bed.daemon.log()[-3000:]
+    assert "on spot" in launched.stdout
+    name = cloud_name(bed, "sp")
+    (instance,) = bed.instances(name)
+    preempted = bed.testbed("preempt", instance["id"])
+    assert preempted.returncode == 0, preempted.stderr
+    refreshed = bed.daemon.ctl("status", "--refresh")
+    assert refreshed.returncode == 0 and "sp " not in refreshed.stdout
+    events = json.loads(bed.daemon.ctl("events", "sp", "--json").stdout)
+    assert "Server.SpotInstanceTermination" in events[-1]["reason"]
+    assert events[-1]["to_status"] == "TERMINATED"
+    assert [g for g in bed.aws()["groups"] if g["name"] == f"clusterd-{name}"] == []
+
+
+def test_agent_autostop_without_a_daemon_stops_the_instance(bed: Bed) -> None:
+    launched = bed.daemon.ctl("launch", "-c", "solo", "--infra", "aws/us-east-1", "--cpus",
+                              "2", "--", "echo solo", timeout=900)
+    assert launched.returncode == 0, launched.stderr + bed.daemon.log()[-3000:]
+    name = cloud_name(bed, "solo")
+    assert bed.daemon.ctl("autostop", "solo", "-i", "0.05", "--wait-for", "jobs").returncode == 0
+    bed.daemon.stop()  # no daemon: the agent is on its own (grace 5 s)
+    try:
+        wait_for(lambda: {i["state"] for i in bed.instances(name)} == {"stopped"}, 120,
+                 "the agent to shut its node down")
+        (instance,) = bed.instances(name)
+        assert instance["reason"] == "Client.InstanceInitiatedShutdown"
+    finally:
+        bed.daemon.start()
+    status = bed.daemon.ctl("status", "--refresh", "--json")
+    solo = next(c for c in json.loads(status.stdout) if c["name"] == "solo")
+    assert solo["status"] == "STOPPED"
+    assert "Client.InstanceInitiatedShutdown" in solo["status_reason"]
