@@ -101,7 +101,8 @@ class EC2Bed:
         env.update({k: v for k, v in self.env.items() if k.startswith("AWS_")})
         env.update(CLUSTERD_CONFIG=self.env["CLUSTERD_CONFIG"],
                    CLUSTERD_WHEELHOUSE_DIR=self.env["CLUSTERD_WHEELHOUSE_DIR"],
-                   HOME=str(home), **extra)
+                   HOME=str(home))
+        env.update(extra)
         return Daemon(root, env, wrap=["ip", "netns", "exec", self.netns])
 
 

@@ -125,6 +125,20 @@ def test_a_two_node_cluster_is_tagged_and_opens_the_tasks_ports(bed: Bed, duo: s
     assert status["instance_type"] == "c6i.large" and status["price_per_hour"] > 0
 
 
+def test_autostop_sets_what_a_shutdown_of_the_nodes_does(bed: Bed, duo: str) -> None:
+    name = cloud_name(bed, duo)
+
+    def behaviours() -> set[str]:
+        return {n["shutdown_behavior"] for n in bed.nodes()
+                if n["tags"].get("clusterd-cluster-name") == name}
+
+    assert behaviours() == {"stop"}
+    assert bed.daemon.ctl("autostop", duo, "-i", "600", "--down").returncode == 0
+    assert behaviours() == {"terminate"}
+    assert bed.daemon.ctl("autostop", duo, "--cancel").returncode == 0
+    assert behaviours() == {"stop"}
+
+
 def test_exec_runs_on_both_nodes(bed: Bed, duo: str) -> None:
     result = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--",
                             "echo $SKYPILOT_NODE_RANK $(hostname -I | wc -w)")

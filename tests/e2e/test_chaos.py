@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Iterator
 
@@ -71,6 +72,7 @@ def random_rules(rng: random.Random, ec2: EC2Bed) -> int:
     return rules
 
 
+@pytest.mark.timeout(3600)
 def test_chaos_leaves_nothing_behind(ec2: EC2Bed, chaos: Daemon) -> None:
     rng = random.Random(SEED)
     started = time.monotonic()
@@ -106,6 +108,9 @@ def test_chaos_leaves_nothing_behind(ec2: EC2Bed, chaos: Daemon) -> None:
                 else:
                     figures["downed_after_kill"] += 1
         figures["landed" if result.returncode == 0 else "failed"] += 1
+        print(f"chaos {index}: {nodes} node(s), kill at {point if kill else '-'}: "
+              f"{'landed' if result.returncode == 0 else 'failed'} "
+              f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)
         # At most a couple of clusters alive at once: the bed's nodes share this machine.
         for old in names[:-1]:
             if chaos.cluster(old) is not None:

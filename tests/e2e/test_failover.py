@@ -187,3 +187,27 @@ def test_a_cluster_that_was_up_comes_back_only_where_it_lives(ec2: EC2Bed, fo: D
     assert instance["zone"] == "us-east-1b" and instance["state"] == "running"
     assert fo.ctl("exec", "home", "--", "echo back").stdout.strip() == "back"
     down(fo, ec2, "home")
+
+
+def test_a_call_that_never_answers_is_a_failed_attempt_and_leaves_nothing(
+        ec2: EC2Bed) -> None:
+    # A daemon whose EC2 calls give up after 2 s (and botocore's retries): a hanging
+    # RunInstances takes effect (instances appear in moto) but never answers.
+    config = ec2.dir / "short-timeouts.yaml"
+    config.write_text("aws:\n  vpc_name: clusterd-testbed\n  use_internal_ips: true\n"
+                      "  request_timeout: 2\n")
+    with running(ec2.daemon("cdhang-", CLUSTERD_CONFIG=str(config))) as daemon:
+        ec2.fault("--code", "InternalError", "--hang", "--action", "RunInstances",
+                  "--zone", "us-east-1a")
+        result = launch(daemon, "hang", task(ec2), "--infra", "aws/us-east-1")
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        tried = attempts(result.stderr)
+        assert len(tried) == 1 and tried[0].startswith("aws/us-east-1/us-east-1a")
+        assert "did not answer in time" in tried[0] and tried[0].endswith("trying us-east-1b")
+        cloud = cloud_name(daemon, "hang")
+        instances = ec2.instances(cloud)
+        made_in_a = [i for i in instances if i["zone"] == "us-east-1a"]
+        assert made_in_a, "the hanging calls should have taken effect"
+        assert {i["state"] for i in made_in_a} == {"terminated"}
+        assert [i["zone"] for i in instances if i["state"] == "running"] == ["us-east-1b"]
+        down(daemon, ec2, "hang")

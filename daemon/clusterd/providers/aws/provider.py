@@ -492,9 +492,11 @@ class AWSProvider(ProviderDefaults):
             return  # one-time spot instances only ever terminate
         behaviour = "terminate" if down else "stop"
         for node in handle.get("nodes", []):
+            # The Attribute/Value form: EC2 takes both, and some EC2-compatible endpoints
+            # (moto) only this one.
             await self.api.call(handle["region"], "ModifyInstanceAttribute",
                                 InstanceId=node["id"],
-                                InstanceInitiatedShutdownBehavior={"Value": behaviour})
+                                Attribute="instanceInitiatedShutdownBehavior", Value=behaviour)
 
     def classify(self, error: BaseException) -> ProvisionError:
         return classify(error)
