@@ -74,6 +74,8 @@ class ErrorCode(enum.StrEnum):
     NODE_UNREACHABLE = "NODE_UNREACHABLE"
     HOST_KEY_MISMATCH = "HOST_KEY_MISMATCH"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"
     INTERNAL = "INTERNAL"
 
 
@@ -165,16 +167,45 @@ def encode_frame(message: Mapping[str, Any]) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
+class DecodeLimits:
+    """What one frame may hold once decoded: an 8 MiB frame of tiny containers would
+    otherwise cost hundreds of MB of Python objects. `max_items` bounds the containers and
+    their elements in the whole frame; the others bound each string, byte string, array and
+    map (msgpack checks those before allocating). Ext types are never part of the protocol."""
+
+    __slots__ = ("max_array", "max_bin", "max_items", "max_map", "max_str")
+
+    def __init__(self, *, max_items: int, max_array: int, max_map: int, max_str: int,
+                 max_bin: int) -> None:
+        self.max_items = max_items
+        self.max_array = max_array
+        self.max_map = max_map
+        self.max_str = max_str
+        self.max_bin = max_bin
+
+
+# What the daemon accepts from clients: requests are small maps of arguments (a task's YAML
+# text is the biggest string); nothing a client sends is bytes.
+REQUEST_LIMITS = DecodeLimits(max_items=100_000, max_array=10_000, max_map=10_000,
+                              max_str=MAX_FRAME_BYTES, max_bin=4096)
+# What clients accept from the daemon: status of thousands of clusters, 10,000 events, log
+# chunks as bytes.
+REPLY_LIMITS = DecodeLimits(max_items=2_000_000, max_array=1_000_000, max_map=100_000,
+                            max_str=MAX_FRAME_BYTES, max_bin=MAX_FRAME_BYTES)
+
+
 class FrameDecoder:
     """Incremental decoder: feed bytes as they arrive, get whole messages out.
 
     Raises ProtocolError for a declared length over the limit (before buffering the body) and
-    for a body that is not one msgpack map.
+    for a body that is not one msgpack map within `limits`.
     """
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 limits: DecodeLimits = REPLY_LIMITS) -> None:
         self._buffer = bytearray()
         self._max = max_frame_bytes
+        self._limits = limits
 
     @property
     def buffered(self) -> int:
@@ -199,23 +230,55 @@ class FrameDecoder:
             return None
         body = bytes(self._buffer[HEADER.size : end])
         del self._buffer[:end]
-        return decode_body(body)
+        return decode_body(body, self._limits)
 
     def drain(self) -> Iterator[dict[str, Any]]:
         while (message := self.next_message()) is not None:
             yield message
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
+class _TooManyItems(Exception):
+    pass
+
+
+def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, Any]:
+    budget = [limits.max_items]
+
+    def count(container: Any) -> Any:
+        budget[0] -= len(container) + 1
+        if budget[0] < 0:
+            raise _TooManyItems
+        return container
+
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        message = msgpack.unpackb(
+            body, raw=False, strict_map_key=True, list_hook=count, object_hook=count,
+            max_str_len=limits.max_str, max_bin_len=limits.max_bin,
+            max_array_len=limits.max_array, max_map_len=limits.max_map, max_ext_len=0,
+        )
+    except _TooManyItems:
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME,
+            f"frame holds more than {limits.max_items} values",
+            "send fewer values per frame",
+        ) from None
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {shown(exc, 200)}"
+        ) from None
     if not isinstance(message, dict):
         raise ProtocolError(
             ErrorCode.BAD_FRAME, f"frame must be a msgpack map, got {type(message).__name__}"
         )
     return message
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """`repr` of a value from the wire, cut to `limit` characters: what a peer sends is echoed
+    in errors and logs, never whole."""
+    text = value if isinstance(value, BaseException) else repr(value)
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,9 +581,11 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
     types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
+        listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ProtocolError(
             ErrorCode.INVALID_ARGUMENT,
-            f"{cls.op}: unknown argument {', '.join(unknown)}",
+            f"{cls.op}: unknown argument {listed}{more}",
             f"accepted arguments: {', '.join(types_by_name)}",
         )
     missing = [name for name in required if name not in raw]

@@ -37,7 +37,14 @@ from clusterd.runtime.manager import RuntimeManager
 from clusterd.runtime.runner import CommandRunner, LocalRunner
 from clusterd.server.connection import Connection
 from clusterd.server.handlers import Handlers
-from clusterd.server.listener import open_listener, prepare_directory, remove_socket
+from clusterd.server.listener import (
+    connection_cap,
+    open_listener,
+    prepare_directory,
+    raise_open_files_limit,
+    remove_socket,
+    serve_connections,
+)
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
@@ -182,8 +189,8 @@ class Daemon:
     ) -> None:
         settings = self.settings
         prepare_directory(settings.runtime_dir)
-        (settings.runtime_dir / "agents").mkdir(mode=0o700, exist_ok=True)
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        prepare_directory(settings.runtime_dir / "agents")
+        prepare_directory(settings.state_dir)
         with single_instance(settings.socket_path.with_suffix(".lock")):
             await self.db.open()
             try:
@@ -240,8 +247,12 @@ class Daemon:
             await self.store.prune_events()
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
+        raise_open_files_limit()
+        cap = connection_cap(self.settings.max_connections)
+        logger.info("accepting connections", max_connections=cap)
         with scope:
-            await listener.serve(self._handle)
+            await serve_connections(listener, self._handle, cap)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
-        await Connection(stream, self.handlers.dispatch, self._server_name).serve()
+        await Connection(stream, self.handlers.dispatch, self._server_name,
+                         self.settings.idle_timeout_s).serve()

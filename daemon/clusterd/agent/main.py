@@ -20,6 +20,7 @@ import grpc
 import ray
 import structlog
 
+from clusterctl._private import PRIVATE_UMASK
 from clusterd import log
 from clusterd.agent import node, node_tasks
 from clusterd.agent.autostop import AutostopState, ContactClock
@@ -168,6 +169,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.umask(PRIVATE_UMASK)  # job DB, logs, socket: this user's alone
     args = parse_args(argv)
     check_listen_address(args.listen)
     log.configure(args.log_level)

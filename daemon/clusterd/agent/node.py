@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 
+from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.processes import find, terminate_tree
 
@@ -126,10 +127,26 @@ def _connectable(address: str) -> bool:
 # -- commands -----------------------------------------------------------------------------------
 
 
+RAY_TEMP_ROOT = "/tmp/clusterd-ray-{uid}"
+
+
 def ray_temp_dir(key: str) -> Path:
     # Ray puts Unix sockets under its temp dir and their paths must stay under 107 bytes, so
-    # it gets a short path of its own, per user (several users may share a host).
-    return Path(f"/tmp/clusterd-ray-{os.getuid()}") / key
+    # it gets a short path of its own, per user (several users may share a host). Ray makes
+    # its subdirectories 0777: they are safe only inside a directory of ours that nobody
+    # else can enter (see private_ray_root).
+    return Path(RAY_TEMP_ROOT.format(uid=os.getuid())) / key
+
+
+def private_ray_root() -> Path:
+    """The parent of this user's Ray temp dirs, made (0700) or checked: in a shared /tmp,
+    another user could have made it first to read (or plant) Ray's sockets and logs."""
+    root = RAY_TEMP_ROOT.format(uid=os.getuid())
+    try:
+        ensure_private_dir(root)
+    except UnsafePath as exc:
+        raise HelperError(f"{exc.message}; {exc.fix}") from None
+    return Path(root)
 
 
 def read_token(params: dict[str, Any]) -> dict[str, Any]:
@@ -155,8 +172,9 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     if existing is not None:
         return {"started": False, "pid": existing.pid}
     ray_bin = str(Path(sys.executable).with_name("ray"))
+    private_ray_root()
     temp_dir = ray_temp_dir(params["temp_key"])
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    temp_dir.mkdir(mode=0o700, exist_ok=True)
     (temp_dir / MARKER).touch()
     argv = [
         ray_bin, "start", "--block", "--disable-usage-stats",
@@ -358,6 +376,9 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    # What the helper writes (pid files, logs, tokens) and what it starts (Ray, the agent)
+    # is for this user alone. Jobs get the usual umask back (agent/node_tasks.py).
+    os.umask(PRIVATE_UMASK)
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in COMMANDS:
         print(json.dumps({"error": f"usage: node.py {{{','.join(COMMANDS)}}} JSON"}))

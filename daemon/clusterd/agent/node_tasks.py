@@ -30,6 +30,7 @@ MAX_CHUNK_BYTES = 4 * 1024 * 1024
 PIPE_BYTES = 1024 * 1024
 KILL_GRACE_S = 3.0
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+JOB_UMASK = 0o022
 
 
 def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[str, Any]]:
@@ -54,6 +55,9 @@ def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[st
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so cancel reaches every child
+            # Ray and the agent run with umask 077 (their files are private); the user's
+            # own job makes files the way a login shell would.
+            umask=JOB_UMASK,
         )
         assert process.stdout is not None
         started = psutil.Process(process.pid).create_time()
