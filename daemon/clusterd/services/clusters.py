@@ -558,9 +558,7 @@ def _check_compatible(record: ClusterRecord, provider: Provider, task: TaskSpec)
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
-    if args.idle_minutes is not None:
-        if args.idle_minutes < 0:
-            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "idle minutes must be ≥ 0")
+    if args.idle_minutes is not None:  # checked (finite, in range) by the handler
         return Autostop(args.idle_minutes, args.down)
     if task.resources.autostop is not None:
         setting = task.resources.autostop

@@ -200,7 +200,7 @@ class JobService:
         If the agent goes away mid-stream (a restarted agent, a dropped tunnel), the stream
         resumes from the last byte offset it relayed, so no line is lost or repeated.
         """
-        if tail < 0:
+        if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
         record = require_up(require_cluster(self._store, name))
         position = offset or 0
