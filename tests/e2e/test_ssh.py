@@ -3,14 +3,11 @@ user each, a real two-node Ray cluster across two of them, driven through cluste
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shutil
+import pwd
 import signal
-import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,69 +16,16 @@ from typing import Any
 import pytest
 
 from clusterd.providers.base import SSHTarget
-from tests.support import Daemon, make_env, make_git_repo, pid_alive, short_tempdir, wait_for
+from tests.e2e.sshbed import PREFIX, Bed, free_port, port_open, restart_agent, ssh_bed
+from tests.support import make_git_repo, other_user, pid_alive, wait_for
 
 pytestmark = pytest.mark.ray
-
-ROOT = Path(__file__).resolve().parents[2]
-TESTBED = ROOT / "scripts" / "testbed"
-PREFIX, PORT = "cdt", 2322
-
-
-@dataclasses.dataclass
-class Bed:
-    dir: Path
-    hosts: list[dict[str, Any]]
-    daemon: Daemon
-
-    @property
-    def key(self) -> str:
-        return str(self.dir / "id_ed25519")
-
-    def ssh(self, index: int, command: str) -> subprocess.CompletedProcess[str]:
-        """Run a command on host `index` (0-based) as its user, with plain OpenSSH."""
-        host = self.hosts[index]
-        return subprocess.run(
-            ["ssh", "-i", self.key, "-p", str(host["port"]), "-o", "BatchMode=yes",
-             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-             "-o", "LogLevel=ERROR", f"{host['user']}@{host['ip']}", command],
-            capture_output=True, text=True, timeout=60,
-        )
-
-    def user_pids(self, index: int) -> set[int]:
-        out = subprocess.run(["ps", "-o", "pid=,comm=", "-u", self.hosts[index]["user"]],
-                             capture_output=True, text=True).stdout
-        return {int(line.split()[0]) for line in out.splitlines()
-                if line.split() and "sshd" not in line}
 
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
-    if os.getuid() != 0 or not Path("/usr/sbin/sshd").exists():
-        pytest.skip("the test bed needs root and openssh-server")
-    root = short_tempdir("cdssh-")
-    env = make_env(root)
-    home = root / "home"
-    home.mkdir()
-    env["HOME"] = str(home)  # ssh config includes go to a home of the test's own
-    daemon = Daemon(root, env)
-    pools = Path(env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
-    bed_dir = root / "bed"
-    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed_dir),
-                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
-                        capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
-    try:
-        daemon.start()
-        yield Bed(bed_dir, json.loads((bed_dir / "hosts.json").read_text()), daemon)
-    finally:
-        try:
-            daemon.down_all()
-            daemon.stop()
-        finally:
-            subprocess.run([sys.executable, str(TESTBED), "down", "--dir", str(bed_dir),
-                            "--pools-file", str(pools)], timeout=120)
-            shutil.rmtree(root, ignore_errors=True)
+    with ssh_bed() as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +160,7 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
                          name="hello.sh")
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True)
     # A real git server on loopback, as the nodes would reach a remote one.
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(["git", "daemon", "--export-all", "--reuseaddr",
                                f"--base-path={repo.parent}", "--listen=127.0.0.1",
                                f"--port={port}", str(repo.parent)],
@@ -225,7 +169,7 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
     task.write_text(f"num_nodes: 2\nworkdir:\n  url: git://127.0.0.1:{port}/app.git\n"
                     "  ref: v1\nrun: bash hello.sh\n")
     try:
-        wait_for(lambda: _port_open(port), 10, "git daemon")
+        wait_for(lambda: port_open(port), 10, "git daemon")
         result = ctl(bed, "exec", duo, str(task))
         assert result.returncode == 0, result.stderr
         assert sorted(result.stdout.splitlines()) == ["(head, rank=0) hello from git",
@@ -240,21 +184,6 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
     finally:
         server.terminate()
         server.wait(10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_fifty_concurrent_execs_all_succeed(bed: Bed, duo: str) -> None:
@@ -279,7 +208,12 @@ def test_log_stream_survives_a_killed_ssh_connection(bed: Bed, duo: str) -> None
     assert sessions, "no sshd session for the head's connection"
     for pid in sessions:
         os.kill(int(pid), signal.SIGTERM)
-    rest, err = follower.communicate(timeout=120)
+    # Not communicate(): it reads the pipe, not what readline already buffered (line 2 may
+    # have come with line 1).
+    rest = follower.stdout.read()
+    assert follower.stderr is not None
+    err = follower.stderr.read()
+    follower.wait(120)
     assert follower.returncode == 0, err
     assert ("line 1\n" + rest).splitlines() == [f"line {i}" for i in range(1, 41)]
 
@@ -296,6 +230,107 @@ def test_tunnel_is_a_private_unix_socket(bed: Bed, duo: str) -> None:
     assert bed.daemon.process is not None
     listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
     assert f"pid={bed.daemon.process.pid}," not in listening
+
+
+# What another user of the head may try, as plain system Python (it reads nothing of ours):
+# connect to each socket, read each file, list each directory; then, with gRPC and Ray from
+# the cluster's own venv (readable, as code is), call the agent's API on every TCP port the
+# agent's process has (Ray's own, in that process: it is a Ray driver), and join the cluster's
+# Ray as a driver (the way to run code as the cluster's user).
+PROBE = """
+import errno, json, os, socket, subprocess, sys
+spec = json.loads(sys.argv[1])
+found = {}
+def outcome(action, what):
+    try:
+        action(what)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+for path in spec["sockets"]:
+    found[path] = outcome(lambda p: socket.socket(socket.AF_UNIX).connect(p), path)
+for path in spec["files"]:
+    found[path] = outcome(lambda p: open(p, "rb").read(), path)
+for path in spec["dirs"]:
+    found[path] = outcome(os.listdir, path)
+for name in ("grpc", "ray"):
+    done = subprocess.run([spec["python"], "-c", spec[name], json.dumps(spec)],
+                          capture_output=True, text=True, timeout=150)
+    found[name] = [done.returncode, done.stdout[-2000:], done.stderr[-1500:]]
+print(json.dumps(found))
+"""
+GRPC_PROBE = """
+import grpc, json, sys
+spec = json.loads(sys.argv[1])
+codes = {}
+for port in spec["tcp"]:
+    channel = grpc.insecure_channel(f"{spec['host']}:{port}")
+    for method in ("JobsService/GetJobQueue", "JobsService/AddJob", "HealthService/GetHealth"):
+        call = channel.unary_unary(f"/clusterd.agent.v1.{method}")
+        try:
+            call(b"", timeout=5)
+            codes[f"{port} {method}"] = "OK"
+        except grpc.RpcError as exc:
+            codes[f"{port} {method}"] = exc.code().name
+    channel.close()
+print(json.dumps(codes))
+"""
+RAY_DRIVER = """
+import json, sys
+import ray
+ray.init(address=json.loads(sys.argv[1])["ray_address"], log_to_driver=False)
+@ray.remote
+def whoami():
+    import getpass
+    return getpass.getuser()
+print("RAN AS", ray.get(whoami.remote(), timeout=30))
+"""
+
+
+def test_another_user_of_the_head_cannot_reach_the_agent_or_run_jobs(bed: Bed, duo: str
+                                                                    ) -> None:
+    cloud_name, runtime = bed.runtime(duo)
+    head_user = pwd.getpwnam(f"{PREFIX}1")
+    home = Path(head_user.pw_dir)
+    base = home / ".clusterd" / "clusters" / cloud_name
+    agent_pid = json.loads((base / "run" / "agent.pid").read_text())["pid"]
+
+    def listening(flags: str, column: int) -> list[str]:
+        lines = subprocess.run(["ss", flags], capture_output=True, text=True).stdout
+        return [line.split()[column] for line in lines.splitlines()
+                if f"pid={agent_pid}," in line]
+
+    # The agent's API is on one Unix socket; TCP ports in its process are Ray's (a driver's).
+    assert listening("-lxpH", 4) == [runtime["agent_socket"]]
+    agent_tcp = [int(address.rsplit(":", 1)[1]) for address in listening("-ltnpH", 3)]
+    jobs_before = json.loads(ctl(bed, "queue", duo, "--json").stdout)
+    spec = {
+        "sockets": [runtime["agent_socket"]],
+        "files": [str(base / "run" / "agent.token"), str(base / "ray_token"),
+                  str(base / "agent" / "jobs.db")],
+        "dirs": [str(Path(runtime["agent_socket"]).parent), str(base),
+                 f"/tmp/clusterd-ray-{head_user.pw_uid}"],
+        "python": str(home / ".clusterd" / "current" / "bin" / "python"),
+        "host": bed.hosts[0]["ip"],
+        "tcp": sorted({*agent_tcp, *runtime["ports"].values()}),
+        "ray_address": runtime["ray_address"],
+        "grpc": GRPC_PROBE,
+        "ray": RAY_DRIVER,
+    }
+    with other_user("cda") as attacker:
+        probe = attacker.run(["/usr/bin/python3", "-c", PROBE, json.dumps(spec)], timeout=400)
+        assert probe.returncode == 0, probe.stderr
+        found = json.loads(probe.stdout)
+    for path in [*spec["sockets"], *spec["files"], *spec["dirs"]]:
+        assert found[path] == "EACCES", (path, found[path])
+    code, out, err = found["grpc"]
+    assert code == 0, err
+    calls = json.loads(out)
+    assert calls and "OK" not in calls.values(), calls
+    code, out, err = found["ray"]
+    assert code != 0 and "RAN AS" not in out, (out, err)
+    assert "AuthenticationError" in err, err  # Ray's token, not a broken probe, stopped it
+    assert json.loads(ctl(bed, "queue", duo, "--json").stdout) == jobs_before
 
 
 def test_ssh_cluster_by_name(bed: Bed, duo: str) -> None:
@@ -329,42 +364,22 @@ def test_agent_of_another_version_is_detected_and_upgraded(bed: Bed, duo: str) -
                        "clusterctl/_version.py"], capture_output=True, text=True,
     ).stdout.strip()
     Path(version_file).write_text('__version__ = "0.0.1"\n')
-    _restart_agent(bed, duo)
+    restart_agent(bed, duo)
+    # A refresh that came by while the agent was restarting may have marked the cluster INIT
+    # for "not answering"; this one finds the other version, as an exec would.
+    assert ctl(bed, "status", "--refresh", duo).returncode == 0
+    cluster = bed.daemon.cluster(duo)
+    assert cluster is not None and cluster["status"] == "INIT"
+    assert "clusterd 0.0.1" in cluster["status_reason"], cluster["status_reason"]
     refused = ctl(bed, "exec", duo, "--", "true")
     assert refused.returncode == 1
-    assert "AGENT_VERSION_MISMATCH" in refused.stderr
+    assert "of another version: it runs clusterd 0.0.1" in refused.stderr
     assert f"clusterctl launch -c {duo}" in refused.stderr
     relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
     assert relaunch.returncode == 0, relaunch.stderr
     assert "upgrading the runtime" in relaunch.stderr
     assert "0.0.1" not in Path(version_file).read_text()
     assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
-
-
-def _restart_agent(bed: Bed, cluster: str) -> None:
-    """Restart the head's agent as its node user would (so it loads the code on disk)."""
-    db = sqlite3.connect(bed.daemon.state_dir / "state.db")
-    try:
-        cloud_name, handle = db.execute(
-            "SELECT cloud_name, handle FROM clusters WHERE name = ?", [cluster]).fetchone()
-    finally:
-        db.close()
-    runtime = json.loads(handle)["runtime"]
-    base = f"/home/{PREFIX}1/.clusterd/clusters/{cloud_name}"
-    ports = runtime["ports"]
-    params = {
-        "dir": f"{base}/run", "listen": runtime["agent_listen"], "state_dir": f"{base}/agent",
-        "ray_address": runtime["ray_address"], "cluster_name": cluster,
-        "env": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{base}/ray_token",
-                "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metric_port"]),
-                "DASHBOARD_METRIC_PORT": str(ports["dashboard_metric_port"])},
-    }
-    helper = ".clusterd/current/bin/python -m clusterd.agent.node"
-    stop = bed.ssh(0, f"{helper} stop - <<'EOF'\n" +
-                   json.dumps({"dir": params["dir"], "parts": ["agent"]}) + "\nEOF")
-    assert stop.returncode == 0, stop.stderr
-    start = bed.ssh(0, f"{helper} start-agent - <<'EOF'\n{json.dumps(params)}\nEOF")
-    assert start.returncode == 0 and "error" not in start.stdout, start.stdout + start.stderr
 
 
 def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
@@ -463,11 +478,7 @@ def test_changed_host_key_is_refused(bed: Bed) -> None:
     wait_for(lambda: not pid_alive(pid), 10, "sshd to stop")
     for key in host_dir.glob("ssh_host_ed25519_key*"):
         key.unlink()
-    pools = Path(bed.daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
-    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed.dir),
-                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
-                        capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
+    bed.up(3)
     bed.daemon.stop()  # forget the live connection; the pin is on disk
     bed.daemon.start()
     result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo again")

@@ -12,6 +12,7 @@ them) and recorded in pid files with their start times, so a recycled pid is nev
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -25,7 +26,12 @@ from typing import Any
 
 import psutil
 
-from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
+from clusterctl._private import (
+    PRIVATE_UMASK,
+    UnsafePath,
+    ensure_private_dir,
+    write_private_file,
+)
 from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.processes import find, terminate_tree
 
@@ -81,18 +87,25 @@ def _env(params: dict[str, Any]) -> dict[str, str]:
             for key, value in params.get("env", {}).items()}
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+           stdin: bytes | None = None) -> int:
+    """Start a process in a session of its own; `stdin` is written to it (then closed), so a
+    secret it needs never shows in its argv or environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
             env={**os.environ, **(env or {})},
         )
+    if process.stdin is not None:
+        # A process that dies at once is reported by whoever waits for it to be ready.
+        with contextlib.suppress(BrokenPipeError), process.stdin:
+            process.stdin.write(stdin or b"")
     return process.pid
 
 
@@ -214,15 +227,45 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     return {"started": True, "pid": pid}
 
 
+def agent_socket(listen: str) -> Path:
+    """The agent's socket path (`unix:~/...` expanded), in a directory made private (0700)
+    or checked to be: other users of the host must not reach (or plant) the agent's socket."""
+    if not listen.startswith("unix:"):
+        raise HelperError(f"the agent listens only on a Unix socket, not {listen}")
+    path = Path(listen.removeprefix("unix:")).expanduser()
+    if len(str(path).encode()) > 107:
+        raise HelperError(f"the agent's socket path {path} is longer than 107 bytes")
+    try:
+        ensure_private_dir(str(path.parent))
+    except UnsafePath as exc:
+        raise HelperError(f"{exc.message}; {exc.fix}") from None
+    return path
+
+
 def start_agent(params: dict[str, Any]) -> dict[str, Any]:
+    """Start the cluster's agent unless it runs with the same token. The token (in `params`,
+    which come on stdin) goes to a 0600 file beside its pid file and to the agent's stdin;
+    without one in `params`, the file's is used (a restart by hand)."""
     run_dir = Path(params["dir"]).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "agent.pid", run_dir / "agent.log"
-    ready_path = run_dir / "agent.ready"
+    ready_path, token_path = run_dir / "agent.ready", run_dir / "agent.token"
+    socket_path = agent_socket(params["listen"])
+    token = params.get("token")
+    try:
+        recorded = token_path.read_text().strip()
+    except FileNotFoundError:
+        recorded = None
+    token = token or recorded
+    if not token:
+        raise HelperError(f"no token for the agent: none given and {token_path} is missing")
     existing = _read_pidfile(pid_path)
-    if existing is not None:
-        return {"started": False, "pid": existing.pid}
+    if existing is not None and recorded == token:
+        return {"started": False, "pid": existing.pid, "socket": str(socket_path)}
+    if existing is not None:  # it runs with another token: the daemon could not use it
+        _terminate(pid_path, float(params.get("agent_grace", 25)))
+    write_private_file(str(token_path), token.encode())
     # A killed agent's socket can accept connections for a moment after its death, so only
     # the new agent's own word (its pid in the ready file) says it is serving.
     ready_path.unlink(missing_ok=True)
@@ -230,7 +273,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
     clear_marker(Path(params["state_dir"]).expanduser())
     argv = [
         sys.executable, "-m", "clusterd.agent.main",
-        f"--listen={params['listen']}",
+        f"--listen=unix:{socket_path}",
         f"--state-dir={Path(params['state_dir']).expanduser()}",
         f"--ray-address={params['ray_address']}",
         f"--cluster-name={params['cluster_name']}",
@@ -241,7 +284,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
     ]
     if params.get("shutdown_nodes"):
         argv.append("--shutdown-nodes")
-    pid = _spawn(argv, log_path, _env(params))
+    pid = _spawn(argv, log_path, _env(params), stdin=f"{token}\n".encode())
     _write_pidfile(pid_path, pid)
 
     def serving() -> bool:
@@ -251,7 +294,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
             return False
 
     _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(params.get("timeout", 90)))
-    return {"started": True, "pid": pid}
+    return {"started": True, "pid": pid, "socket": str(socket_path)}
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
