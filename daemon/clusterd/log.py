@@ -15,14 +15,19 @@ from typing import Any, TextIO
 
 import structlog
 
+from clusterd.redact import redact_urls
+
 LEVELS = ("debug", "info", "warning", "error")
 
 
 def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    # Belt and braces: nothing named like a secret is ever written, whatever a caller passes.
-    for key in list(event):
+    # Belt and braces: nothing named like a secret is ever written, whatever a caller passes,
+    # and no credentials written into a URL (https://user:token@host).
+    for key, value in list(event.items()):
         if "secret" in key.lower() or "token" in key.lower():
             event[key] = "<redacted>"
+        elif isinstance(value, str) and "@" in value:
+            event[key] = redact_urls(value)
     return event
 
 

@@ -16,8 +16,9 @@ from typing import Any
 import anyio
 import structlog
 
-from clusterctl.protocol import SECRET_FIELDS, ErrorCode, ProtocolError
+from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.redact import public_args, redact_urls
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 
 logger = log.get("clusterd.requests")
@@ -52,6 +53,7 @@ class RunningRequest:
     async def progress(self, message: str, phase: str = "") -> None:
         """A human-readable step, with the time since the request started."""
         elapsed = time.monotonic() - self.started
+        message = redact_urls(message)
         self.emit("progress", {"phase": phase, "message": message, "elapsed": round(elapsed, 2)})
         logger.info("progress", phase=phase, message=message)
 
@@ -97,14 +99,6 @@ class RunningRequest:
 
 
 Work = Callable[[RunningRequest], Awaitable[dict[str, Any]]]
-
-
-def public_args(args: dict[str, Any]) -> dict[str, Any]:
-    """A request's arguments as they may be stored and shown: secret values removed."""
-    shown = dict(args)
-    for key in SECRET_FIELDS & shown.keys():
-        shown[key] = sorted(shown[key]) if isinstance(shown[key], dict) else "<redacted>"
-    return shown
 
 
 class RequestManager:
@@ -166,7 +160,7 @@ class RequestManager:
                     request.id,
                     status,
                     error_code=str(error.code) if error else None,
-                    error_message=error.message if error else None,
+                    error_message=redact_urls(error.message) if error else None,
                     result=request.result,
                 )
                 del self._running[request.id]

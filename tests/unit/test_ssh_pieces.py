@@ -128,12 +128,19 @@ def test_git_token_travels_in_the_environment_not_argv(
         return real_run(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
 
     monkeypatch.setattr(node.subprocess, "run", spy)
-    node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "w"),
-                       "token": "s3cret-token"})
+    with pytest.raises(node.HelperError):  # nothing serves https there; the set-up is the point
+        node.git_checkout({"url": "https://git.example.invalid:8443/r.git", "ref": "v1",
+                           "dest": str(tmp_path / "w"), "token": "s3cret-token",
+                           "timeout": 30})
     assert seen and all("s3cret-token" not in " ".join(argv) for argv, _ in seen)
     env = seen[0][1]
-    assert env["GIT_CONFIG_KEY_0"] == "http.extraHeader"
+    assert env["GIT_CONFIG_KEY_0"] == "http.https://git.example.invalid:8443/.extraHeader"
     assert env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    seen.clear()
+    done = node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "f"),
+                              "token": "s3cret-token"})
+    assert done["token_sent_to"] is None  # not https: the token is not handed to git at all
+    assert all("GIT_CONFIG_KEY_0" not in env for _, env in seen)
 
 
 def test_ssh_target_from_a_recorded_host_and_back() -> None:

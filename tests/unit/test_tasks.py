@@ -212,7 +212,8 @@ def test_env_with_null_value_hints_the_flag() -> None:
 def test_secret_with_null_value_hints_the_secret_flag() -> None:
     error = task_error("secrets:\n  TOKEN: null\n")
     assert error.message == "t.yaml: secrets.TOKEN: has no value"
-    assert error.hint == "pass it with --secret TOKEN=VALUE"
+    assert error.hint == ("pass it with --secret TOKEN (the value comes from your environment, "
+                          "never the command line)")
 
 
 def test_env_name_and_value_checks() -> None:
@@ -520,3 +521,11 @@ def test_resources_display() -> None:
         Resources(), cpus=4.0, memory_gb=16.0, accelerator="A100", accelerator_count=2.0
     )
     assert resources.display(2) == "2x[CPU:4, mem:16GB, A100:2]"
+
+
+def test_git_token_in_envs_is_a_secret() -> None:
+    spec = load("envs:\n  GIT_TOKEN: ghp-x\n  A: '1'\nrun: echo\n")
+    assert spec.envs == {"A": "1"} and spec.secrets == {"GIT_TOKEN": "ghp-x"}
+    spec = load("run: echo\n", env_overrides={"GIT_TOKEN": "from-flag"})
+    assert "GIT_TOKEN" not in spec.envs and spec.secrets == {"GIT_TOKEN": "from-flag"}
+    assert spec.public_view()["secrets"] == ["GIT_TOKEN"]

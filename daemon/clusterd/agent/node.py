@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from clusterctl._private import (
 )
 from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.processes import find, terminate_tree
+from clusterd.redact import redact_urls
 
 MARKER = ".clusterd-runtime"
 RAY_PORT_FLAGS = {
@@ -352,21 +354,40 @@ def cleanup(params: dict[str, Any]) -> dict[str, Any]:
     return {"removed": removed}
 
 
+def git_origin(url: str) -> str | None:
+    """`https://host[:port]/` of an https URL (its credentials dropped); None otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "https" or not parts.hostname:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"https://{host}{port}/"
+
+
 def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     """Make `dest` a checkout of `url` at `ref` (a branch, tag or commit; default HEAD).
-    A token for HTTPS arrives on stdin and reaches git through its environment, never argv."""
+
+    A token (GIT_TOKEN) arrives on stdin and reaches git through its environment, never argv,
+    as an Authorization header scoped to the URL's own origin (`http.<origin>.extraHeader`),
+    and only over https: git sends it nowhere else (curl drops it on a redirect to another
+    host), and never in the clear. `--` keeps a URL or ref from being read as an option."""
     dest = Path(params["dest"]).expanduser()
+    url, ref = str(params["url"]), params.get("ref") or "HEAD"
+    if url.startswith("-") or str(ref).startswith("-"):
+        raise HelperError("a git URL or ref may not start with '-'")
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    if params.get("token"):
+    origin = git_origin(url)
+    if params.get("token") and origin is not None:
         basic = base64.b64encode(f"x-access-token:{params['token']}".encode()).decode()
-        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"http.{origin}.extraHeader",
                    GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(dest), *args], env=env, capture_output=True,
                               text=True, timeout=float(params.get("timeout", 600)))
         if done.returncode != 0:
-            raise HelperError(f"git {args[0]} failed: {done.stderr.strip()[-500:]}")
+            raise HelperError(f"git {args[0]} failed: "
+                              f"{redact_urls(done.stderr.strip()[-500:])}")
         return done.stdout.strip()
 
     if not (dest / ".git").is_dir():
@@ -374,13 +395,14 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         git("init", "-q")
-        git("remote", "add", "origin", params["url"])
+        git("remote", "add", "--", "origin", url)
     else:
-        git("remote", "set-url", "origin", params["url"])
-    git("fetch", "-q", "--depth", "1", "origin", params.get("ref") or "HEAD")
-    git("checkout", "-q", "--force", "FETCH_HEAD")
+        git("remote", "set-url", "--", "origin", url)
+    git("fetch", "-q", "--depth", "1", "--", "origin", str(ref))
+    git("checkout", "-q", "--force", "FETCH_HEAD", "--")
     git("clean", "-q", "-ffdx")
-    return {"commit": git("rev-parse", "HEAD")}
+    return {"commit": git("rev-parse", "HEAD"), "token_sent_to": origin if params.get("token")
+            else None}
 
 
 def free_ports(params: dict[str, Any]) -> dict[str, Any]:

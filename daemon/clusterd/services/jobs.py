@@ -134,7 +134,8 @@ class JobService:
             await request.progress(f"syncing workdir {task.workdir}", "sync")
         if task.file_mounts:
             await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
-        token = task.secrets.get("GIT_TOKEN") or task.envs.get("GIT_TOKEN")
+        # The loader keeps GIT_TOKEN among the secrets wherever the task wrote it.
+        token = task.secrets.get("GIT_TOKEN")
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes:

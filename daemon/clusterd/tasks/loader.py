@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
+from clusterd.redact import SECRET_ENV_NAMES
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 from clusterd.tasks.spec import (
     Autostop,
@@ -148,6 +149,9 @@ def _build(
                                              f"{MAX_NUM_NODES}, got {_shown(num_nodes)}")
     envs = _env_map(raw, "envs", source, env_overrides, "--env")
     secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
+    for name in SECRET_ENV_NAMES & envs.keys():
+        # A secret wherever it was written: the job still sees it, nothing stores it.
+        secrets.setdefault(name, envs.pop(name))
     return TaskSpec(
         name=name,
         run=run,
@@ -212,7 +216,9 @@ def _env_map(
     if missing:
         raise TaskError(
             source, f"{key}.{missing[0]}", "has no value",
-            f"pass it with {flag} {missing[0]}=VALUE",
+            f"pass it with {flag} {missing[0]} (the value comes from your environment, "
+            "never the command line)" if flag == "--secret"
+            else f"pass it with {flag} {missing[0]}=VALUE",
         )
     return {n: v for n, v in result.items() if v is not None}
 
