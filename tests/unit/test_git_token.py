@@ -131,3 +131,18 @@ def test_refs_and_urls_that_look_like_options_are_refused(tmp_path: Path) -> Non
                    {"url": "https://h/r.git", "ref": "--upload-pack=touch /tmp/x"}):
         with pytest.raises(node.HelperError, match="may not start with '-'"):
             node.git_checkout({**params, "dest": str(tmp_path / "w")})
+
+
+def test_url_credentials_go_in_a_header_and_stay_out_of_the_checkout(
+        servers: dict[str, Server], tmp_path: Path) -> None:
+    origin = servers["origin"]
+    host = origin.url.removeprefix("https://")
+    checkout(f"https://alice:pw%40x@{host}/repo.git", tmp_path / "w")
+    expected = "Basic " + base64.b64encode(b"alice:pw@x").decode()
+    assert origin.authorizations()[0] == expected
+    config = (tmp_path / "w" / ".git" / "config").read_text()
+    assert f"url = https://{host}/repo.git" in config and "alice" not in config
+    with pytest.raises(node.HelperError, match="only over https"):
+        node.git_checkout({"url": f"{servers['plain'].url.replace('://', '://a:b@')}/r.git",
+                           "dest": str(tmp_path / "p")})
+    assert not servers["plain"].requests

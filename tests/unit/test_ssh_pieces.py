@@ -139,7 +139,7 @@ def test_git_token_travels_in_the_environment_not_argv(
     seen.clear()
     done = node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "f"),
                               "token": "s3cret-token"})
-    assert done["token_sent_to"] is None  # not https: the token is not handed to git at all
+    assert done["credentials_sent_to"] is None  # not https: the token is not handed to git at all
     assert all("GIT_CONFIG_KEY_0" not in env for _, env in seen)
 
 

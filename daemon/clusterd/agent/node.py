@@ -364,23 +364,44 @@ def git_origin(url: str) -> str | None:
     return f"https://{host}{port}/"
 
 
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """The URL without `user:password@`, and that userinfo (decoded), if it had one."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    return (urllib.parse.urlunsplit(parts._replace(netloc=host)),
+            urllib.parse.unquote(userinfo))
+
+
 def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     """Make `dest` a checkout of `url` at `ref` (a branch, tag or commit; default HEAD).
 
-    A token (GIT_TOKEN) arrives on stdin and reaches git through its environment, never argv,
-    as an Authorization header scoped to the URL's own origin (`http.<origin>.extraHeader`),
-    and only over https: git sends it nowhere else (curl drops it on a redirect to another
+    Credentials never reach argv or the checkout's .git/config: a token (GIT_TOKEN, on stdin)
+    or the `user:password@` of the URL (taken out of it) reach git through its environment, as
+    an Authorization header scoped to the URL's own origin (`http.<origin>.extraHeader`), and
+    only over https: git sends them nowhere else (curl drops the header on a redirect to another
     host), and never in the clear. `--` keeps a URL or ref from being read as an option."""
     dest = Path(params["dest"]).expanduser()
     url, ref = str(params["url"]), params.get("ref") or "HEAD"
     if url.startswith("-") or str(ref).startswith("-"):
         raise HelperError("a git URL or ref may not start with '-'")
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    url, userinfo = split_credentials(url)
     origin = git_origin(url)
-    if params.get("token") and origin is not None:
-        basic = base64.b64encode(f"x-access-token:{params['token']}".encode()).decode()
+    if userinfo is not None and origin is None:
+        raise HelperError(f"{redact_urls(params['url'])}: credentials in a URL are sent only "
+                          "over https; use an https URL (or GIT_TOKEN)")
+    if userinfo is not None:
+        basic = userinfo if ":" in userinfo else f"{userinfo}:"
+    elif params.get("token"):
+        basic = f"x-access-token:{params['token']}"
+    else:
+        basic = None
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
+    if basic is not None and origin is not None:
+        header = base64.b64encode(basic.encode()).decode()
         env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"http.{origin}.extraHeader",
-                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {header}")
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(dest), *args], env=env, capture_output=True,
@@ -401,8 +422,8 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     git("fetch", "-q", "--depth", "1", "--", "origin", str(ref))
     git("checkout", "-q", "--force", "FETCH_HEAD", "--")
     git("clean", "-q", "-ffdx")
-    return {"commit": git("rev-parse", "HEAD"), "token_sent_to": origin if params.get("token")
-            else None}
+    return {"commit": git("rev-parse", "HEAD"),
+            "credentials_sent_to": origin if basic is not None else None}
 
 
 def free_ports(params: dict[str, Any]) -> dict[str, Any]:
