@@ -29,7 +29,7 @@ from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
-from clusterd.requests import RequestManager
+from clusterd.requests import RequestManager, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentConnections
 from clusterd.runtime.install import CURRENT_PYTHON, WheelhouseBuilder
@@ -115,7 +115,7 @@ class Daemon:
         self.requests = RequestManager(self.request_store)
         self.locks = ClusterLocks(settings.lock_timeout_s, settings.blocked_notice_s)
         self.host_keys = HostKeyStore(settings.state_dir / "known_hosts")
-        self.ssh = SSHConnections(self.host_keys)
+        self.ssh = SSHConnections(self.host_keys, on_new_host_key=self._announce_host_key)
         self.access = AgentAccess(
             AgentConnections(), TunnelManager(self.ssh, settings.runtime_dir / "tunnels"),
             on_tunnel=self._record_tunnel,
@@ -145,6 +145,7 @@ class Daemon:
         self.clusters = ClusterService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path),
+            forget_nodes=self.ssh.forget,
         )
         self.refresh = RefreshService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.clusters,
@@ -174,6 +175,19 @@ class Daemon:
             for host in ((record.handle or {}).get("provider") or {}).get("hosts", []):
                 taken[SSHTarget.from_handle(host)] = record.name
         return taken
+
+    async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> None:
+        """A host key met for the first time (trusted, and pinned): say so where the user
+        looks, with the fingerprint to check it against."""
+        text = (f"first contact with {target}: its host key {fingerprint} is now pinned; "
+                "compare it with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_*.pub)")
+        logger.warning("new host key pinned", node=str(target), fingerprint=fingerprint)
+        request = current_request.get()
+        if request is None:
+            return
+        await request.progress(text, "ssh")
+        if request.cluster is not None and self.store.get(request.cluster) is not None:
+            await self.store.add_event(request.cluster, "host_key", text, request.id)
 
     async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""

@@ -7,6 +7,7 @@ work goes on and its record says how it ended. Clients follow a request's progre
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import time
 from collections import deque
@@ -99,6 +100,10 @@ class RunningRequest:
 
 
 Work = Callable[[RunningRequest], Awaitable[dict[str, Any]]]
+# The request whose work is running in this task (and the tasks it starts): lets layers far
+# below (an SSH connection meeting a new host key) tell the user through its progress.
+current_request: contextvars.ContextVar[RunningRequest | None] = contextvars.ContextVar(
+    "current_request", default=None)
 
 
 class RequestManager:
@@ -132,6 +137,7 @@ class RequestManager:
 
     async def _run(self, request: RunningRequest, work: Work) -> None:
         structlog.contextvars.bind_contextvars(request_id=request.id, cluster=request.cluster)
+        current_request.set(request)
         logger.info("request started", op=request.op)
         status = RequestState.CANCELLED  # unless the work ends below, it was cancelled
         try:

@@ -56,8 +56,12 @@ def test_check_lists_the_pool(bed: Bed) -> None:
     hosts = json.loads(result.stdout)["hosts"]
     assert [(h["host"], h["user"], h["ok"]) for h in hosts] == [
         (h["ip"], h["user"], True) for h in bed.hosts]
+    # First contact: each key is pinned, and shown with its fingerprint.
+    assert all(h["new_host_key"] and h["host_key"].startswith("ssh-ed25519 SHA256:")
+               for h in hosts)
     table = ctl(bed, "check")
     assert "testbed" in table.stdout and "free" in table.stdout
+    assert "(new: pinned now)" not in table.stdout  # pinned by the first check
 
 
 def test_jobs_run_on_both_nodes_as_their_users(bed: Bed, duo: str) -> None:
@@ -465,6 +469,60 @@ def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:
     finished = ctl(bed, "launch", "-c", "crashy", "--", "echo finished")
     assert finished.returncode == 0 and finished.stdout == "finished\n", finished.stderr
     assert ctl(bed, "down", "-y", "crashy").returncode == 0
+
+
+def _unpin(bed: Bed, index: int) -> str:
+    """Forget host `index`'s pinned key (the daemon must be stopped); returns its pattern."""
+    host = bed.hosts[index]
+    pattern = f"[{host['ip']}]:{host['port']}"
+    pins = bed.daemon.state_dir / "known_hosts"
+    pins.write_text("".join(line + "\n" for line in pins.read_text().splitlines()
+                            if not line.startswith(pattern + " ")))
+    return pattern
+
+
+def test_host_keys_on_first_contact_and_in_strict_pools(bed: Bed) -> None:
+    host = bed.hosts[2]
+    where = f"{host['user']}@{host['ip']}:{host['port']}"
+    original = bed.pools_file.read_text()
+
+    def third_pool(strict: bool) -> None:
+        bed.pools_file.write_text(
+            original + f"third:\n  identity_file: {bed.key}\n  strict_host_key_checking: "
+            f"{'true' if strict else 'false'}\n  hosts:\n    - ip: {host['ip']}\n"
+            f"      user: {host['user']}\n      port: {host['port']}\n")
+
+    try:
+        third_pool(strict=False)
+        bed.daemon.stop()
+        _unpin(bed, 2)
+        bed.daemon.start()
+        first = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "true")
+        assert first.returncode == 0, first.stderr
+        assert f"first contact with {where}: its host key ssh-ed25519 SHA256:" in first.stderr
+        events = json.loads(ctl(bed, "events", "keys", "--json").stdout)
+        assert any(e["kind"] == "host_key" and "SHA256:" in e["reason"] for e in events)
+        assert ctl(bed, "down", "-y", "keys").returncode == 0
+        # Strict: a key the daemon has not pinned and the user's known_hosts lacks is refused.
+        third_pool(strict=True)
+        bed.daemon.stop()
+        _unpin(bed, 2)
+        bed.daemon.start()
+        refused = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "true")
+        assert refused.returncode == 1 and "HOST_KEY_UNKNOWN" in refused.stderr
+        assert "strict_host_key_checking" in refused.stderr and "ssh-keyscan" in refused.stderr
+        assert bed.daemon.cluster("keys") is None
+        scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(host["port"]),
+                                  host["ip"]], capture_output=True, text=True, timeout=30)
+        user_known = Path(bed.daemon.env["HOME"]) / ".ssh" / "known_hosts"
+        user_known.parent.mkdir(mode=0o700, exist_ok=True)
+        user_known.write_text(scanned.stdout)
+        allowed = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "echo in")
+        assert allowed.returncode == 0 and allowed.stdout == "in\n", allowed.stderr
+        assert "first contact" not in allowed.stderr  # known from ~/.ssh/known_hosts
+        assert ctl(bed, "down", "-y", "keys").returncode == 0
+    finally:
+        bed.pools_file.write_text(original)
 
 
 def test_changed_host_key_is_refused(bed: Bed) -> None:

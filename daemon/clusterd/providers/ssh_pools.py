@@ -4,6 +4,7 @@
       user: ubuntu                   # defaults for the pool's hosts
       identity_file: ~/.ssh/id_ed25519
       port: 22
+      strict_host_key_checking: true  # refuse hosts whose key ~/.ssh/known_hosts lacks
       hosts:
         - 10.0.0.5                   # just an address
         - ip: 10.0.0.6               # or with its own settings
@@ -27,8 +28,8 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.providers.base import SSHTarget
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
-POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password"}
-HOST_FIELDS = {"ip", "user", "identity_file", "port", "password"}
+POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password", "strict_host_key_checking"}
+HOST_FIELDS = {"ip", "user", "identity_file", "port", "password", "strict_host_key_checking"}
 MAX_POOLS_BYTES = 1024 * 1024
 # Addresses and names end up in ssh's config and on command lines: a DNS name or an IP
 # address, and a POSIX-ish user name; nothing that could be read as an option or a second line.
@@ -91,7 +92,8 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
     hosts = value.get("hosts")
     if not isinstance(hosts, list) or not hosts:
         raise PoolFileError(path, f"{name}.hosts", "expected a non-empty list of hosts")
-    defaults = {k: value.get(k) for k in ("user", "identity_file", "port")}
+    defaults = {k: value.get(k) for k in ("user", "identity_file", "port",
+                                          "strict_host_key_checking")}
     targets = []
     for index, host in enumerate(hosts):
         field = f"{name}.hosts[{index}]"
@@ -112,13 +114,17 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
             raise PoolFileError(path, f"{field}.port", f"not a port number: {port!r}")
         identity = merged.get("identity_file")
         if identity is not None:
-            if not isinstance(identity, str) or any(c in identity for c in "\n\r\0"):
+            if not isinstance(identity, str) or any(c in identity for c in '"\n\r\0'):
                 raise PoolFileError(path, f"{field}.identity_file", "expected a file path")
             identity = os.path.expanduser(identity)
             if not os.path.exists(identity):
                 raise PoolFileError(path, f"{field}.identity_file", f"{identity} does not exist")
+        strict = merged.get("strict_host_key_checking", False)
+        if not isinstance(strict, bool):
+            raise PoolFileError(path, f"{field}.strict_host_key_checking",
+                                f"expected true or false, got {str(strict)[:40]!r}")
         targets.append(SSHTarget(host=merged["ip"], port=port, user=str(user),
-                                 identity_file=identity))
+                                 identity_file=identity, strict_host_keys=strict))
     if len(set(targets)) != len(targets):
         raise PoolFileError(path, f"{name}.hosts", "lists a host twice")
     return Pool(name, tuple(targets))

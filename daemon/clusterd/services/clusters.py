@@ -63,8 +63,11 @@ class ClusterService:
         access: AgentAccess,
         jobs: JobService,
         ssh_config: SSHConfigWriter,
+        forget_nodes: Callable[[list[SSHTarget]], Awaitable[None]] | None = None,
     ) -> None:
         self._ssh_config = ssh_config
+        # Drops a torn-down cluster's SSH connections (and its cloud instances' pinned keys).
+        self._forget_nodes = forget_nodes
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
@@ -302,12 +305,14 @@ class ClusterService:
         reason = brief(error.message if isinstance(error, ProtocolError) else repr(error))
         try:
             with anyio.fail_after(120):
-                await self._teardown(request, record, purge=True)
+                targets = await self._teardown(request, record, purge=True)
         except Exception as exc:
             logger.warning("cleanup after failed launch failed", error=str(exc))
             await self._store.set_status(name, ClusterStatus.INIT,
                                          f"launch failed and cleanup failed: {exc}", request.id)
             return
+        if self._forget_nodes is not None:
+            await self._forget_nodes(targets)
         self._ssh_config.remove(name)
         await self._store.remove(name, f"launch failed: {reason}", request.id)
 
@@ -452,8 +457,10 @@ class ClusterService:
                         "skipped": why}
             await request.progress(f"tearing down {name}", "down")
             await fault_point("down.mid_teardown")
-            await self._teardown(request, record, purge=purge)
+            targets = await self._teardown(request, record, purge=purge)
             self._ssh_config.remove(name)
+            if self._forget_nodes is not None:
+                await self._forget_nodes(targets)
             await self._store.remove(name, reason or f"torn down by request {request.id}",
                                      request.id)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
@@ -464,7 +471,8 @@ class ClusterService:
             logger.info("pre-empted queued request", preempted=holder.request_id)
 
     async def _teardown(self, request: RunningRequest, record: ClusterRecord,
-                        purge: bool) -> None:
+                        purge: bool) -> list[SSHTarget]:
+        """Stop, clean up and terminate; returns how its nodes were reached (to forget)."""
         provider = self._providers.get(record.provider)
         handle = (record.handle or {}).get("provider")
         if handle is None:
@@ -473,7 +481,7 @@ class ClusterService:
             if intent is not None:
                 # A launch died around its create call: sweep whatever it may have made.
                 await self._cleanup_cloud(request, record, provider, intent, purge)
-            return
+            return []
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
         except ProvisionError as exc:
@@ -489,6 +497,7 @@ class ClusterService:
                 await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
         await self._access.close(record.name, grace_s=FOLLOWER_GRACE_S)
         await self._cleanup_cloud(request, record, provider, handle, purge)
+        return [node.ssh for node in (info.nodes if info else ()) if node.ssh is not None]
 
     async def _cleanup_cloud(self, request: RunningRequest, record: ClusterRecord,
                              provider: Provider, handle: dict[str, Any], purge: bool) -> None:
@@ -502,6 +511,16 @@ class ClusterService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)
+
+    async def forget_nodes(self, record: ClusterRecord) -> None:
+        """Drop the SSH connections of a cluster found gone (best effort)."""
+        if self._forget_nodes is None or not (record.handle or {}).get("provider"):
+            return
+        try:
+            info = await self.cluster_info(record)
+        except ProtocolError:
+            return
+        await self._forget_nodes([n.ssh for n in info.nodes if n.ssh is not None])
 
 
 def brief(message: str, limit: int = 300) -> str:

@@ -166,6 +166,7 @@ class RefreshService:
         self._backoff.pop(name, None)
         if status is None:
             await self._access.close(name)
+            await self._clusters.forget_nodes(record)
             await self._store.remove(name, reason)
             return
         if status != record.status:
