@@ -95,11 +95,19 @@ def test_ssh_config_file_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert config.count(writer.include_line) == 1
     assert config.index(writer.include_line) < config.index("Host mine")
     text = (tmp_path / "cfg" / "dev").read_text()
-    assert "Host dev\n  HostName 10.0.0.1\n  Port 2201\n  User u1" in text
-    assert "Host dev-worker1\n  HostName 10.0.0.2" in text
-    assert f"UserKnownHostsFile {tmp_path / 'known_hosts'}" in text
+    assert 'Host dev\n  HostName "10.0.0.1"\n  Port 2201\n  User "u1"' in text
+    assert 'Host dev-worker1\n  HostName "10.0.0.2"' in text
+    assert (f'UserKnownHostsFile "{tmp_path / "known_hosts"}" '
+            f'"{tmp_path / "home" / ".ssh" / "known_hosts"}"') in text
+    assert (tmp_path / "cfg").stat().st_mode & 0o777 == 0o700
     writer.remove("dev")
     assert not (tmp_path / "cfg" / "dev").exists()
+    # A value that could end its line (and start another directive) is never written.
+    evil = [NodeInfo("n", "10.0.0.9", NodeStatus.RUNNING,
+                     SSHTarget("10.0.0.9", 22, "u", '/k"\n  ProxyCommand touch /tmp/x'))]
+    with pytest.raises(ValueError, match="cannot be written"):
+        writer.write("evil", evil)
+    assert not (tmp_path / "cfg" / "evil").exists()
 
 
 def _repo(tmp_path: Path) -> Path:
