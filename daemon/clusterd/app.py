@@ -139,6 +139,7 @@ class Daemon:
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,
             settings.agent_autostop_grace_s,
+            max(1, settings.agent_job_retention),
         )
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for)
@@ -176,7 +177,7 @@ class Daemon:
                 taken[SSHTarget.from_handle(host)] = record.name
         return taken
 
-    async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> None:
+    async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> bool:
         """A host key met for the first time (trusted, and pinned): say so where the user
         looks, with the fingerprint to check it against."""
         text = (f"first contact with {target}: its host key {fingerprint} is now pinned; "
@@ -184,10 +185,11 @@ class Daemon:
         logger.warning("new host key pinned", node=str(target), fingerprint=fingerprint)
         request = current_request.get()
         if request is None:
-            return
+            return False  # `check` shows it itself
         await request.progress(text, "ssh")
         if request.cluster is not None and self.store.get(request.cluster) is not None:
             await self.store.add_event(request.cluster, "host_key", text, request.id)
+        return True
 
     async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""
@@ -210,6 +212,7 @@ class Daemon:
             try:
                 await self.store.load()
                 interrupted = await self.request_store.mark_interrupted()
+                await self.request_store.prune(settings.request_retention)
                 for record in interrupted:
                     logger.warning("request interrupted by a daemon restart",
                                    request_id=record.id, op=record.op, cluster=record.cluster)
@@ -239,10 +242,10 @@ class Daemon:
             root.start_soon(self._accept, listener, accepting)
             # The background loops, all in this one place (their periods are in Settings):
             # status refresh (at once on start, then every refresh_interval_s, jittered),
-            # autostop timers (every autostop_check_s), event retention (hourly).
+            # autostop timers (every autostop_check_s), event and request retention (hourly).
             await root.start(self.refresh.run)
             await root.start(self.autostop.run)
-            root.start_soon(self._prune_events)
+            root.start_soon(self._prune_history)
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))
@@ -255,10 +258,11 @@ class Daemon:
                 await self.requests.shutdown(self.settings.shutdown_grace_s)
             root.cancel_scope.cancel()
 
-    async def _prune_events(self) -> None:
+    async def _prune_history(self) -> None:
         while True:
             await anyio.sleep(3600)
             await self.store.prune_events()
+            await self.request_store.prune(self.settings.request_retention)
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
         raise_open_files_limit()

@@ -54,6 +54,8 @@ class Settings:
     max_connections: int = 0
     # Records the daemon keeps of finished requests (`requests --all`); older ones go.
     request_retention: int = 5_000
+    # Job records (with their logs) each cluster's agent keeps; older finished ones go.
+    agent_job_retention: int = 1_000
 
     @property
     def db_path(self) -> Path:
@@ -91,6 +93,7 @@ class Settings:
             "idle_timeout_s": _float_env("CLUSTERD_IDLE_TIMEOUT", 600.0),
             "max_connections": int(_float_env("CLUSTERD_MAX_CONNECTIONS", 0)),
             "request_retention": int(_float_env("CLUSTERD_REQUEST_RETENTION", 5_000)),
+            "agent_job_retention": int(_float_env("CLUSTERD_AGENT_JOB_RETENTION", 1_000)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

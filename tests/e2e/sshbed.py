@@ -134,3 +134,58 @@ def free_port() -> int:
 def port_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+# What another user of the head may try, as plain system Python (it reads nothing of ours):
+# connect to each socket, read each file, list each directory; then, with gRPC and Ray from
+# the cluster's own venv (readable, as code is), call the agent's API on every TCP port the
+# agent's process has (Ray's own, in that process: it is a Ray driver), and join the cluster's
+# Ray as a driver (the way to run code as the cluster's user).
+PROBE = """
+import errno, json, os, socket, subprocess, sys
+spec = json.loads(sys.argv[1])
+found = {}
+def outcome(action, what):
+    try:
+        action(what)
+        return "ok"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno, str(exc.errno))
+for path in spec["sockets"]:
+    found[path] = outcome(lambda p: socket.socket(socket.AF_UNIX).connect(p), path)
+for path in spec["files"]:
+    found[path] = outcome(lambda p: open(p, "rb").read(), path)
+for path in spec["dirs"]:
+    found[path] = outcome(os.listdir, path)
+for name in ("grpc", "ray"):
+    done = subprocess.run([spec["python"], "-c", spec[name], json.dumps(spec)],
+                          capture_output=True, text=True, timeout=150)
+    found[name] = [done.returncode, done.stdout[-2000:], done.stderr[-1500:]]
+print(json.dumps(found))
+"""
+GRPC_PROBE = """
+import grpc, json, sys
+spec = json.loads(sys.argv[1])
+codes = {}
+for port in spec["tcp"]:
+    channel = grpc.insecure_channel(f"{spec['host']}:{port}")
+    for method in ("JobsService/GetJobQueue", "JobsService/AddJob", "HealthService/GetHealth"):
+        call = channel.unary_unary(f"/clusterd.agent.v1.{method}")
+        try:
+            call(b"", timeout=5)
+            codes[f"{port} {method}"] = "OK"
+        except grpc.RpcError as exc:
+            codes[f"{port} {method}"] = exc.code().name
+    channel.close()
+print(json.dumps(codes))
+"""
+RAY_DRIVER = """
+import json, sys
+import ray
+ray.init(address=json.loads(sys.argv[1])["ray_address"], log_to_driver=False)
+@ray.remote
+def whoami():
+    import getpass
+    return getpass.getuser()
+print("RAN AS", ray.get(whoami.remote(), timeout=30))
+"""

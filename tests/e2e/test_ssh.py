@@ -16,7 +16,17 @@ from typing import Any
 import pytest
 
 from clusterd.providers.base import SSHTarget
-from tests.e2e.sshbed import PREFIX, Bed, free_port, port_open, restart_agent, ssh_bed
+from tests.e2e.sshbed import (
+    GRPC_PROBE,
+    PREFIX,
+    PROBE,
+    RAY_DRIVER,
+    Bed,
+    free_port,
+    port_open,
+    restart_agent,
+    ssh_bed,
+)
 from tests.support import make_git_repo, other_user, pid_alive, wait_for
 
 pytestmark = pytest.mark.ray
@@ -236,61 +246,6 @@ def test_tunnel_is_a_private_unix_socket(bed: Bed, duo: str) -> None:
     assert f"pid={bed.daemon.process.pid}," not in listening
 
 
-# What another user of the head may try, as plain system Python (it reads nothing of ours):
-# connect to each socket, read each file, list each directory; then, with gRPC and Ray from
-# the cluster's own venv (readable, as code is), call the agent's API on every TCP port the
-# agent's process has (Ray's own, in that process: it is a Ray driver), and join the cluster's
-# Ray as a driver (the way to run code as the cluster's user).
-PROBE = """
-import errno, json, os, socket, subprocess, sys
-spec = json.loads(sys.argv[1])
-found = {}
-def outcome(action, what):
-    try:
-        action(what)
-        return "ok"
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno, str(exc.errno))
-for path in spec["sockets"]:
-    found[path] = outcome(lambda p: socket.socket(socket.AF_UNIX).connect(p), path)
-for path in spec["files"]:
-    found[path] = outcome(lambda p: open(p, "rb").read(), path)
-for path in spec["dirs"]:
-    found[path] = outcome(os.listdir, path)
-for name in ("grpc", "ray"):
-    done = subprocess.run([spec["python"], "-c", spec[name], json.dumps(spec)],
-                          capture_output=True, text=True, timeout=150)
-    found[name] = [done.returncode, done.stdout[-2000:], done.stderr[-1500:]]
-print(json.dumps(found))
-"""
-GRPC_PROBE = """
-import grpc, json, sys
-spec = json.loads(sys.argv[1])
-codes = {}
-for port in spec["tcp"]:
-    channel = grpc.insecure_channel(f"{spec['host']}:{port}")
-    for method in ("JobsService/GetJobQueue", "JobsService/AddJob", "HealthService/GetHealth"):
-        call = channel.unary_unary(f"/clusterd.agent.v1.{method}")
-        try:
-            call(b"", timeout=5)
-            codes[f"{port} {method}"] = "OK"
-        except grpc.RpcError as exc:
-            codes[f"{port} {method}"] = exc.code().name
-    channel.close()
-print(json.dumps(codes))
-"""
-RAY_DRIVER = """
-import json, sys
-import ray
-ray.init(address=json.loads(sys.argv[1])["ray_address"], log_to_driver=False)
-@ray.remote
-def whoami():
-    import getpass
-    return getpass.getuser()
-print("RAN AS", ray.get(whoami.remote(), timeout=30))
-"""
-
-
 def test_another_user_of_the_head_cannot_reach_the_agent_or_run_jobs(bed: Bed, duo: str
                                                                     ) -> None:
     cloud_name, runtime = bed.runtime(duo)
@@ -448,7 +403,22 @@ def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> No
     finally:
         session.kill()
         session.wait()
-    wait_for(lambda: daemon.cluster("watch") is None, 60, "autodown once the session ended")
+    # Another user's process that merely calls itself a session of the cluster's user must
+    # not keep the cluster up.
+    with other_user("cds") as attacker:
+        fake = subprocess.Popen(
+            ["setpriv", f"--reuid={attacker.uid}", f"--regid={attacker.gid}", "--init-groups",
+             "bash", "-c", f"exec -a 'sshd: {PREFIX}1@pts/9' sleep 300"])
+        try:
+            wait_for(lambda: subprocess.run(["pgrep", "-u", attacker.name, "-f",
+                                             f"^sshd: {PREFIX}1@pts/9"],
+                                            capture_output=True).returncode == 0, 10,
+                     "the fake session")
+            wait_for(lambda: daemon.cluster("watch") is None, 60,
+                     "autodown once the real session ended")
+        finally:
+            fake.kill()
+            fake.wait()
 
 
 def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:

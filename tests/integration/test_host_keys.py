@@ -57,8 +57,9 @@ def connections(tmp_path: Path, announced: list[tuple[SSHTarget, str]]
                 ) -> tuple[SSHConnections, HostKeyStore]:
     store = HostKeyStore(tmp_path / "pins", user_files=[tmp_path / "user_known_hosts"])
 
-    async def on_new(target: SSHTarget, print_: str) -> None:
+    async def on_new(target: SSHTarget, print_: str) -> bool:
         announced.append((target, print_))
+        return False
 
     return SSHConnections(store, on_new_host_key=on_new), store
 

@@ -159,3 +159,30 @@ def test_ssh_target_from_a_recorded_host_and_back() -> None:
     assert str(target) == "cdt1@127.0.0.2:2322"
     pinned = SSHTarget("10.0.0.5", 22, "alice", "/k")
     assert SSHTarget.from_handle(dataclasses.asdict(pinned)) == pinned
+
+
+@pytest.mark.anyio
+async def test_remote_mkdir_takes_home_only_at_the_start_and_ends_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterd.runtime.runner import CommandResult
+    from clusterd.ssh import runner as runner_module
+
+    seen: list[list[str]] = []
+
+    async def run(self: object, argv: list[str], **kwargs: object) -> CommandResult:
+        seen.append(list(argv))
+        return CommandResult(0, b"", b"")
+
+    async def rsync(self: object, *args: object) -> None:
+        return None
+
+    monkeypatch.setattr(runner_module.SSHRunner, "run", run)
+    monkeypatch.setattr(runner_module.SSHRunner, "_rsync", rsync)
+    node = runner_module.SSHRunner(None, SSHTarget("h", 22, "u"), "n", "python3",  # type: ignore[arg-type]
+                                   tmp_path)
+    await node.sync_dir(str(tmp_path), "~/sky_workdir")
+    await node.sync_dir(str(tmp_path), "/data/~/x")
+    await node.put_path(str(tmp_path / "f"), "~/f.txt")
+    await node.put_path(str(tmp_path / "f"), "-rf/x")
+    assert seen == [["mkdir", "-p", "--", "sky_workdir"], ["mkdir", "-p", "--", "/data/~/x"],
+                    ["mkdir", "-p", "--", "."], ["mkdir", "-p", "--", "-rf"]]

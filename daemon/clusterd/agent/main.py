@@ -36,6 +36,7 @@ from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 
 logger = log.get("clusterd.agent")
 RESTART_REASON = "the agent restarted while the job was in progress"
+JOB_PRUNE_S = 60.0
 STOP_REASON = "the cluster's runtime was stopped"
 
 
@@ -59,6 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shutdown-nodes", action="store_true",
                         help="when stopping the cluster on its own, also shut every node's OS "
                              "down (cloud VMs: that stops or terminates the instance)")
+    parser.add_argument("--job-retention", type=int, default=1000,
+                        help="job records (and their logs) kept; the oldest finished ones "
+                             "beyond this are deleted")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
@@ -149,6 +153,18 @@ async def serve(args: argparse.Namespace) -> None:
     if failed:
         logger.warning("failed jobs left over from a previous agent", job_ids=failed)
 
+    async def keep_jobs_bounded() -> None:
+        """Every minute: forget (and delete the logs of) the oldest finished jobs beyond the
+        retention setting, so a long-lived cluster's head does not fill up."""
+        while True:
+            removed = await store.prune(max(1, args.job_retention))
+            for job_id in removed:
+                await anyio.to_thread.run_sync(hub.remove, job_id)
+            if removed:
+                logger.info("forgot old jobs", count=len(removed), oldest_kept=min(
+                    (j.job_id for j in store.all()), default=None))
+            await anyio.sleep(JOB_PRUNE_S)
+
     server = grpc.aio.server(interceptors=[TokenGuard(args.token)], options=SERVER_OPTIONS,
                              maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
@@ -169,6 +185,7 @@ async def serve(args: argparse.Namespace) -> None:
         async with anyio.create_task_group() as group:
             await group.start(scheduler.run)
             group.start_soon(autostop.sample_ssh_sessions)
+            group.start_soon(keep_jobs_bounded)
             group.start_soon(autostop.enforce, args.autostop_grace,
                              min(10.0, max(1.0, args.autostop_grace / 4)), stop_runtime)
 

@@ -283,6 +283,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--ready-file={ready_path}",
         f"--node-run-dir={params.get('node_run_dir', '')}",
         f"--autostop-grace={float(params.get('autostop_grace', 300))}",
+        f"--job-retention={int(params.get('job_retention', 1000))}",
     ]
     if params.get("shutdown_nodes"):
         argv.append("--shutdown-nodes")

@@ -121,13 +121,18 @@ kill_tagged = ray.remote(num_cpus=0, max_retries=0)(kill_tagged_processes)
 
 def _ssh_sessions() -> int:
     """Interactive SSH sessions of this node's user: sshd names a session's process
-    "sshd: USER@pts/N" when it has a terminal. The daemon never asks for a terminal, so its
-    own connections do not count; nor does utmp matter (not every host keeps one)."""
+    "sshd: USER@pts/N" when it has a terminal, and runs it as that user. The daemon never asks
+    for a terminal, so its own connections do not count; nor does utmp matter (not every host
+    keeps one). Only processes of this user count: anyone can name a process "sshd: ...", and
+    another user must not keep the cluster up by doing so."""
     marker = f"{getpass.getuser()}@pts/"
+    uid = os.getuid()
     count = 0
-    for process in psutil.process_iter(["cmdline"]):
+    for process in psutil.process_iter(["cmdline", "uids"]):
         cmdline = " ".join(process.info.get("cmdline") or [])
-        if cmdline.startswith("sshd:") and marker in cmdline:
+        uids = process.info.get("uids")
+        if (cmdline.startswith("sshd:") and marker in cmdline and uids is not None
+                and uids.real == uid and uids.effective == uid):
             count += 1
     return count
 

@@ -245,6 +245,7 @@ class SSHProvider(ProviderDefaults):
                 # Met for the first time here: the key was pinned; show what was trusted.
                 node = await self._connections.get(host)
                 row["host_key"], row["new_host_key"] = node.host_key, node.first_contact
+                node.first_contact = False  # told now
             except ProtocolError as exc:
                 row["error"] = exc.message
 

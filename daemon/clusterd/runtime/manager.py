@@ -105,8 +105,10 @@ class RuntimeManager:
         object_store_bytes: int,
         start_timeout_s: float,
         agent_autostop_grace_s: float = 300.0,
+        agent_job_retention: int = 1000,
     ) -> None:
         self._agent_autostop_grace_s = agent_autostop_grace_s
+        self._agent_job_retention = agent_job_retention
         self._runner_for = runner_for
         self._access = access
         self._wheelhouse = wheelhouse
@@ -196,6 +198,7 @@ class RuntimeManager:
                 # can stop the whole cluster when autostop falls due with no daemon about.
                 "node_run_dir": head_layout.run_dir,
                 "autostop_grace": self._agent_autostop_grace_s,
+                "job_retention": self._agent_job_retention,
                 "shutdown_nodes": info.shutdown_to_stop,
             },
             timeout_s=self._start_timeout_s + 30,

@@ -106,7 +106,7 @@ class Handlers:
         for name in args.clusters:
             require_cluster(self._store, name)
         if args.refresh:
-            await self._refresh.cycle(args.clusters or None, force=True)
+            await self._refresh.refresh_now(args.clusters or None)
         return self._clusters.status(args.clusters, args.verbose)
 
     async def queue(self, call: Call, args: protocol.QueueArgs) -> dict[str, Any]:

@@ -62,6 +62,11 @@ class RefreshService:
         self._backoff: dict[str, tuple[int, float]] = {}
         self.cycles = 0
         self.last_cycle_s = 0.0
+        # Forced refreshes (`status --refresh`) asked for while one runs share the next one.
+        self._forced = anyio.Lock()
+        self._forced_started = 0
+        self._forced_done = 0
+        self._forced_names: set[str] | None = set()  # None: every cluster
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -72,9 +77,37 @@ class RefreshService:
             await self.cycle()
             await anyio.sleep(self.interval_s * random.uniform(1 - JITTER, 1 + JITTER))
 
+    async def refresh_now(self, names: list[str] | None = None) -> None:
+        """A forced refresh of `names` (None: all), merged with others asked for at the same
+        time: all callers waiting while one cycle runs are served by the one cycle after it
+        (it starts after they asked, and covers all their clusters), not one cycle each."""
+        asked_after = self._forced_started
+        if names is None or self._forced_names is None:
+            self._forced_names = None
+        else:
+            self._forced_names |= set(names)
+        async with self._forced:
+            if self._forced_done > asked_after:
+                return  # a cycle that started after we asked has finished
+            self._forced_started += 1
+            number = self._forced_started
+            wanted, self._forced_names = self._forced_names, set()
+            try:
+                await self.cycle(None if wanted is None else sorted(wanted), force=True)
+            except BaseException:
+                # Abandoned (its client left): the callers it served take their turn again.
+                if wanted is None or self._forced_names is None:
+                    self._forced_names = None
+                else:
+                    self._forced_names |= wanted
+                raise
+            self._forced_done = number
+
     async def cycle(self, names: list[str] | None = None, *, force: bool = False) -> None:
         started = time.monotonic()
         now = time.time()
+        for gone in self._backoff.keys() - set(self._store.names()):
+            del self._backoff[gone]
         chosen = [r for r in self._store.all()
                   if (names is None or r.name in names)
                   and (force or self._backoff.get(r.name, (0, 0.0))[1] <= now)]

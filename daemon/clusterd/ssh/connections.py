@@ -34,7 +34,8 @@ WINDOW_BYTES = 8 * 1024 * 1024
 MAX_PACKET_BYTES = 256 * 1024
 
 
-NewKeyListener = Callable[[SSHTarget, str], Awaitable[None]]
+# Told of a key met for the first time; returns whether a user was told (in a request).
+NewKeyListener = Callable[[SSHTarget, str], Awaitable[bool]]
 
 
 @dataclasses.dataclass
@@ -43,7 +44,8 @@ class NodeConnection:
     conn: asyncssh.SSHClientConnection
     slots: anyio.Semaphore
     host_key: str = ""  # its fingerprint
-    first_contact: bool = False  # the key was met (and pinned) by this connection
+    # The key was met (and pinned) by this connection, and no user has been told yet.
+    first_contact: bool = False
 
     @property
     def alive(self) -> bool:
@@ -86,8 +88,9 @@ class SSHConnections:
             node = NodeConnection(target, conn, anyio.Semaphore(CHANNELS_PER_CONNECTION),
                                   key, first)
             self._connections[target] = node
-            if first and self.on_new_host_key is not None:
-                await self.on_new_host_key(target, key)
+            if first and self.on_new_host_key is not None and (
+                    await self.on_new_host_key(target, key)):
+                node.first_contact = False  # announced
             return node
 
     async def run(self, target: SSHTarget, command: str, *, input: bytes | None = None,

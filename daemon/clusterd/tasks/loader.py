@@ -478,8 +478,10 @@ def _file_mounts(value: Any, source: str, cwd: str) -> dict[str, str]:
     mounts: dict[str, str] = {}
     for remote, local in value.items():
         field = f"file_mounts.{remote}"
-        if not isinstance(remote, str) or not remote.strip():
-            raise TaskError(source, "file_mounts", f"{remote!r} is not a path")
+        if not isinstance(remote, str) or not remote.strip() or remote.startswith("-") or any(
+                c in remote for c in "\n\r\0"):
+            raise TaskError(source, "file_mounts", f"{_shown(remote)} is not a path (empty, "
+                                                   "starting with '-', or on several lines)")
         if isinstance(local, dict):
             raise TaskError(source, field, "storage mounts (buckets) are not supported yet; "
                                            "give a local path")
