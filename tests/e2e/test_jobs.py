@@ -144,8 +144,8 @@ def test_secrets_reach_the_job_and_nowhere_else(shared_daemon: Daemon, local_clu
                            text=True, cwd=shared_daemon.root)
     command_lines = ""
     while run.poll() is None:  # what anyone on this machine sees of the running clusterctl
-        command_lines += subprocess.run(["ps", "-eo", "args"], capture_output=True,
-                                        text=True).stdout
+        command_lines += subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
+                                        text=True).stdout  # -ww: whole lines, never cut
         time.sleep(0.2)
     out, err = run.communicate()
     assert run.returncode == 0, err

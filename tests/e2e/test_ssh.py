@@ -322,23 +322,28 @@ def test_agent_of_another_version_is_detected_and_upgraded(bed: Bed, duo: str) -
         ["bash", "-c", f"ls /home/{PREFIX}1/.clusterd/current/lib/python3*/site-packages/"
                        "clusterctl/_version.py"], capture_output=True, text=True,
     ).stdout.strip()
+    original = Path(version_file).read_text()
     Path(version_file).write_text('__version__ = "0.0.1"\n')
-    restart_agent(bed, duo)
-    # A refresh that came by while the agent was restarting may have marked the cluster INIT
-    # for "not answering"; this one finds the other version, as an exec would.
-    assert ctl(bed, "status", "--refresh", duo).returncode == 0
-    cluster = bed.daemon.cluster(duo)
-    assert cluster is not None and cluster["status"] == "INIT"
-    assert "clusterd 0.0.1" in cluster["status_reason"], cluster["status_reason"]
-    refused = ctl(bed, "exec", duo, "--", "true")
-    assert refused.returncode == 1
-    assert "runs clusterd 0.0.1" in refused.stderr
-    assert f"clusterctl launch -c {duo}" in refused.stderr
-    relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
-    assert relaunch.returncode == 0, relaunch.stderr
-    assert "upgrading the runtime" in relaunch.stderr
-    assert "0.0.1" not in Path(version_file).read_text()
-    assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
+    try:
+        restart_agent(bed, duo)
+        # A refresh that came by while the agent was restarting may have marked the cluster INIT
+        # for "not answering"; this one finds the other version, as an exec would.
+        assert ctl(bed, "status", "--refresh", duo).returncode == 0
+        cluster = bed.daemon.cluster(duo)
+        assert cluster is not None and cluster["status"] == "INIT"
+        assert "clusterd 0.0.1" in cluster["status_reason"], cluster["status_reason"]
+        refused = ctl(bed, "exec", duo, "--", "true")
+        assert refused.returncode == 1
+        assert "runs clusterd 0.0.1" in refused.stderr
+        assert f"clusterctl launch -c {duo}" in refused.stderr
+        relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
+        assert relaunch.returncode == 0, relaunch.stderr
+        assert "upgrading the runtime" in relaunch.stderr
+        assert "0.0.1" not in Path(version_file).read_text()
+        assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
+    finally:  # never leave the host's runtime claiming another version to later tests
+        if "0.0.1" in Path(version_file).read_text():
+            Path(version_file).write_text(original)
 
 
 def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:

@@ -23,7 +23,7 @@ from clusterd.agent.auth import AUTH_METADATA, daemon_credential, new_nonce, new
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.agent.wire import AGENT_PROTOCOL, status_from_pb
-from clusterd.runtime.agent_client import AgentClient
+from clusterd.runtime.agent_client import AgentClient, AgentConnections
 from tests.support import pid_alive, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -383,3 +383,25 @@ async def test_the_token_is_on_no_command_line(agent_cluster: AgentCluster) -> N
     socket_path = Path(agent_cluster.endpoint.removeprefix("unix:"))
     assert socket_path.stat().st_mode & 0o777 == 0o600
     assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+
+
+async def test_a_connection_broken_by_an_agent_restart_is_replaced(
+    agent_cluster: AgentCluster,
+) -> None:
+    """After the agent went away for a moment, the old channel waits out gRPC's reconnect
+    back-off, failing every call at once; the daemon takes a fresh one instead."""
+    connections = AgentConnections()
+    try:
+        client = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
+        agent_pid = json.loads((agent_cluster.head_run / "agent.pid").read_text())["pid"]
+        os.kill(agent_pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
+        for _ in range(3):
+            with pytest.raises(ProtocolError):
+                await client.queue()
+        node.start_agent({**agent_cluster.agent_params, "token": None})
+        again = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
+        assert again is not client
+        await again.queue()  # at once, no back-off to wait out
+    finally:
+        await connections.close_all()

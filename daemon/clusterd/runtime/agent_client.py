@@ -106,6 +106,9 @@ class AgentClient:
             options=[
                 ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
                 ("grpc.enable_retries", 0),
+                # A subchannel of its own: gRPC otherwise shares one per address between
+                # channels, and a new channel would inherit an old one's reconnect back-off.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
         self._jobs = pb_grpc.JobsServiceStub(self._channel)
@@ -147,6 +150,14 @@ class AgentClient:
 
     def token_is(self, token: str) -> bool:
         return hmac.compare_digest(self._token, token)
+
+    def usable(self, endpoint: str, token: str) -> bool:
+        """For this endpoint and token, and not waiting out gRPC's reconnect back-off (after
+        the agent went away for a moment: a restart, a dropped tunnel), where every call
+        would fail at once with the old error."""
+        state = self._channel.get_state(try_to_connect=False)
+        return (self.endpoint == endpoint and self.token_is(token)
+                and state != grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Close the channel; with a grace period, calls in flight may first read what has
@@ -234,12 +245,12 @@ class AgentConnections:
 
     async def get(self, cluster: str, endpoint: str, token: str) -> AgentClient:
         client = self._clients.get(cluster)
-        if client is not None and client.endpoint == endpoint and client.token_is(token):
+        if client is not None and client.usable(endpoint, token):
             return client
         lock = self._connecting.setdefault(cluster, anyio.Lock())
         async with lock:
             client = self._clients.get(cluster)
-            if client is not None and client.endpoint == endpoint and client.token_is(token):
+            if client is not None and client.usable(endpoint, token):
                 return client
             if client is not None:
                 await self.close(cluster)

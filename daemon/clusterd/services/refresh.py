@@ -233,8 +233,7 @@ class RefreshService:
             return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
                                         f"nodes running{detail}")
         try:
-            agent = await self._access.client(record)
-            health = await agent.check_version()
+            health = await self._agent_health(record)
         except ProtocolError as exc:
             await self._access.reset(record.name)
             if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
@@ -244,6 +243,18 @@ class RefreshService:
             return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
                                         f"{record.num_nodes} nodes")
         return ClusterStatus.UP, "refresh found every node and the agent healthy"
+
+    async def _agent_health(self, record: ClusterRecord) -> Any:
+        """The agent's health; an agent that does not answer is asked once more on a fresh
+        connection (the old one may have broken when the agent restarted) before it counts
+        as gone."""
+        try:
+            return await (await self._access.client(record)).check_version()
+        except ProtocolError as exc:
+            if exc.code != ErrorCode.AGENT_UNREACHABLE:
+                raise
+        await self._access.reset(record.name)
+        return await (await self._access.client(record)).check_version()
 
     async def _agent_gone(self, record: ClusterRecord, error: ProtocolError
                           ) -> tuple[ClusterStatus | None, str]:
