@@ -79,15 +79,26 @@ class Daemon:
     def log_path(self) -> Path:
         return self.state_dir / "daemon-test.log"
 
-    def start(self, extra_env: dict[str, str] | None = None) -> Daemon:
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+    def start(self, extra_env: dict[str, str] | None = None,
+              open_files: int | None = None) -> Daemon:
+        """Start clusterd; `open_files` lowers its RLIMIT_NOFILE (soft and hard)."""
+        self.state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # As clusterctl's autostart makes it: private to the user.
+        log = os.fdopen(os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600),
+                        "ab")
+        def limit() -> None:
+            if open_files is not None:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
         self.process = subprocess.Popen(
             [*self.wrap, sys.executable, "-m", "clusterd"],
             env={**self.env, **(extra_env or {})},
             stdout=log,
             stderr=log,
             start_new_session=True,
+            preexec_fn=limit if open_files is not None else None,
         )
         log.close()
         wait_for(lambda: connectable(self.socket) or self.process.poll() is not None, 30,
@@ -199,3 +210,52 @@ def make_git_repo(path: Path, first: str, second: str, name: str = "f.txt") -> P
     (path / name).write_text(second)
     subprocess.run([*git, "commit", "-q", "-am", "2"], check=True)
     return path
+
+
+@dataclasses.dataclass(frozen=True)
+class OtherUser:
+    """A second Linux user: the attacker of the security tests."""
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+
+    def run(self, argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        """Run argv as this user (setpriv: no login, no PAM, no inherited groups)."""
+        return subprocess.run(
+            ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--init-groups", *argv],
+            capture_output=True, text=True, timeout=kwargs.pop("timeout", 60),
+            env={"PATH": "/usr/bin:/bin", "HOME": str(self.home), "LANG": "C.UTF-8"},
+            cwd="/", **kwargs,
+        )
+
+    def pids(self) -> list[int]:
+        out = subprocess.run(["ps", "-o", "pid=", "-u", self.name], capture_output=True,
+                             text=True).stdout
+        return [int(word) for word in out.split()]
+
+
+@contextlib.contextmanager
+def other_user(prefix: str = "cdx") -> Iterator[OtherUser]:
+    """A fresh Linux user with a unique name (needs root); its processes are stopped by pid
+    and the user and its home are deleted afterwards."""
+    import pwd
+    import secrets
+
+    if os.getuid() != 0 or shutil.which("useradd") is None:
+        import pytest
+
+        pytest.skip("needs root and useradd to make a second user")
+    name = f"{prefix}{secrets.token_hex(3)}"
+    subprocess.run(["useradd", "-m", "-s", "/bin/bash", "-c", "clusterd test attacker", name],
+                   check=True, capture_output=True, timeout=60)
+    entry = pwd.getpwnam(name)
+    user = OtherUser(name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
+    try:
+        yield user
+    finally:
+        for pid in user.pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["userdel", "-r", name], capture_output=True, timeout=60)

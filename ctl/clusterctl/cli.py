@@ -542,9 +542,11 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
         return ExitCode.SUCCEEDED
     print(f"ssh: node pools from {result.get('pools_file')}")
     rows = [[h["pool"], f"{h['user']}@{h['host']}:{h['port']}",
-             "ok" if h["ok"] else f"UNREACHABLE: {h['error']}", h.get("cluster") or "free"]
+             "ok" if h["ok"] else f"UNREACHABLE: {h['error']}", h.get("cluster") or "free",
+             (h.get("host_key") or "-") + (" (new: pinned now)" if h.get("new_host_key")
+                                           else "")]
             for h in hosts]
-    sys.stdout.write(table(["POOL", "HOST", "SSH", "IN USE BY"], rows))
+    sys.stdout.write(table(["POOL", "HOST", "SSH", "IN USE BY", "HOST KEY"], rows))
     return ExitCode.SUCCEEDED if all(h["ok"] for h in hosts) else ExitCode.ERROR
 
 

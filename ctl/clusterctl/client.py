@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import socket
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,10 +25,12 @@ from types import TracebackType
 from typing import Any
 
 from clusterctl import paths, protocol
+from clusterctl._private import PRIVATE_FILE_MODE, UnsafePath, check_private_dir
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, OpArgs
 
 CLIENT_NAME = f"clusterctl/{__version__}"
+_PEERCRED = struct.Struct("3i")
 AUTOSTART_ENV = "CLUSTERD_NO_AUTOSTART"
 AUTOSTART_TIMEOUT_S = 30.0
 
@@ -127,6 +130,9 @@ class Client:
             return
         try:
             sock = self._open()
+        except UnsafePath as exc:
+            raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
+                                    exc.fix) from None
         except OSError as exc:
             if not self._autostart or exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
                 raise DaemonUnavailable(
@@ -149,28 +155,50 @@ class Client:
             self._sock = None
 
     def _open(self) -> socket.socket:
+        """A connection to the daemon, made only once we know it is our own: the socket's
+        directory is ours and private, and the process listening runs as us (SO_PEERCRED).
+        Nothing is sent before both hold, so a socket planted by another user never sees a
+        request (or a secret)."""
+        directory = os.path.dirname(os.path.abspath(self.socket_path))
+        with contextlib.suppress(FileNotFoundError):  # then connect fails with ENOENT
+            check_private_dir(directory)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout)
             sock.connect(self.socket_path)
             sock.settimeout(None)
+            _pid, uid, _gid = _PEERCRED.unpack(
+                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
         except OSError:
             sock.close()
             raise
+        if uid != os.getuid():
+            sock.close()
+            raise UnsafePath(self.socket_path, f"is served by a process of uid {uid}, not by "
+                             f"your own clusterd (uid {os.getuid()})",
+                             "remove that socket and start your own clusterd")
         return sock
 
     def _start_daemon_and_connect(self) -> socket.socket:
         import subprocess  # only here: every other run of clusterctl is spared the import
 
+        from clusterctl._private import ensure_private_dir
+
         log_dir = paths.state_dir()
-        os.makedirs(log_dir, exist_ok=True)
+        try:
+            ensure_private_dir(log_dir)
+        except UnsafePath as exc:
+            raise DaemonUnavailable(f"cannot start clusterd: {exc.message}", exc.fix) from None
         log_path = os.path.join(log_dir, "clusterd.log")
         if self._on_autostart is not None:
             self._on_autostart(log_path)
         env = dict(os.environ)
         if self.socket_path != paths.socket_path():
             env["CLUSTERD_SOCKET"] = str(self.socket_path)
-        with open(log_path, "ab") as log:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                     PRIVATE_FILE_MODE)
+        os.fchmod(fd, PRIVATE_FILE_MODE)  # one written by an older clusterd may be 0644
+        with os.fdopen(fd, "ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "clusterd"],
                 stdin=subprocess.DEVNULL,
@@ -187,6 +215,9 @@ class Client:
         while True:
             try:
                 return self._open()
+            except UnsafePath as exc:
+                raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
+                                        exc.fix) from None
             except OSError as exc:
                 exited = process.poll()
                 if exited is not None and exited != 0:

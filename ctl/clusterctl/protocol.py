@@ -35,8 +35,14 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
+# Re-exported: clients and the daemon know them as protocol.X.
+from clusterctl._limits import MAX_FRAME_BYTES as MAX_FRAME_BYTES
+from clusterctl._limits import REPLY_LIMITS as REPLY_LIMITS
+from clusterctl._limits import REQUEST_LIMITS as REQUEST_LIMITS
+from clusterctl._limits import DecodeLimits as DecodeLimits
+from clusterctl._limits import TooManyItems, unpack
+
 PROTOCOL_VERSION = 1
-MAX_FRAME_BYTES = 8 * 1024 * 1024
 HEADER = struct.Struct(">I")
 
 HELLO = "hello"
@@ -73,7 +79,10 @@ class ErrorCode(enum.StrEnum):
     AGENT_VERSION_MISMATCH = "AGENT_VERSION_MISMATCH"
     NODE_UNREACHABLE = "NODE_UNREACHABLE"
     HOST_KEY_MISMATCH = "HOST_KEY_MISMATCH"
+    HOST_KEY_UNKNOWN = "HOST_KEY_UNKNOWN"
     SHUTTING_DOWN = "SHUTTING_DOWN"
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+    IDLE_TIMEOUT = "IDLE_TIMEOUT"
     INTERNAL = "INTERNAL"
 
 
@@ -169,12 +178,14 @@ class FrameDecoder:
     """Incremental decoder: feed bytes as they arrive, get whole messages out.
 
     Raises ProtocolError for a declared length over the limit (before buffering the body) and
-    for a body that is not one msgpack map.
+    for a body that is not one msgpack map within `limits`.
     """
 
-    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES,
+                 limits: DecodeLimits = REPLY_LIMITS) -> None:
         self._buffer = bytearray()
         self._max = max_frame_bytes
+        self._limits = limits
 
     @property
     def buffered(self) -> int:
@@ -199,23 +210,39 @@ class FrameDecoder:
             return None
         body = bytes(self._buffer[HEADER.size : end])
         del self._buffer[:end]
-        return decode_body(body)
+        return decode_body(body, self._limits)
 
     def drain(self) -> Iterator[dict[str, Any]]:
         while (message := self.next_message()) is not None:
             yield message
 
 
-def decode_body(body: bytes) -> dict[str, Any]:
+def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, Any]:
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=True)
+        message = unpack(body, limits)
+    except TooManyItems:
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME,
+            f"frame holds more than {limits.max_items} values",
+            "send fewer values per frame",
+        ) from None
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {exc}") from None
+        raise ProtocolError(
+            ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {shown(exc, 200)}"
+        ) from None
     if not isinstance(message, dict):
         raise ProtocolError(
             ErrorCode.BAD_FRAME, f"frame must be a msgpack map, got {type(message).__name__}"
         )
     return message
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """`repr` of a value from the wire, cut to `limit` characters: what a peer sends is echoed
+    in errors and logs, never whole."""
+    text = value if isinstance(value, BaseException) else repr(value)
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------------------------
@@ -524,9 +551,11 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
     types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
+        listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise ProtocolError(
             ErrorCode.INVALID_ARGUMENT,
-            f"{cls.op}: unknown argument {', '.join(unknown)}",
+            f"{cls.op}: unknown argument {listed}{more}",
             f"accepted arguments: {', '.join(types_by_name)}",
         )
     missing = [name for name in required if name not in raw]

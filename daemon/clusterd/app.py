@@ -30,7 +30,7 @@ from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
 from clusterd.provision.launcher import Provisioner
-from clusterd.requests import RequestManager
+from clusterd.requests import RequestManager, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentConnections
 from clusterd.runtime.install import CURRENT_PYTHON, WheelhouseBuilder
@@ -38,7 +38,14 @@ from clusterd.runtime.manager import RuntimeManager
 from clusterd.runtime.runner import CommandRunner, LocalRunner
 from clusterd.server.connection import Connection
 from clusterd.server.handlers import Handlers
-from clusterd.server.listener import open_listener, prepare_directory, remove_socket
+from clusterd.server.listener import (
+    connection_cap,
+    open_listener,
+    prepare_directory,
+    raise_open_files_limit,
+    remove_socket,
+    serve_connections,
+)
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
@@ -110,7 +117,7 @@ class Daemon:
         self.requests = RequestManager(self.request_store)
         self.locks = ClusterLocks(settings.lock_timeout_s, settings.blocked_notice_s)
         self.host_keys = HostKeyStore(settings.state_dir / "known_hosts")
-        self.ssh = SSHConnections(self.host_keys)
+        self.ssh = SSHConnections(self.host_keys, on_new_host_key=self._announce_host_key)
         self.access = AgentAccess(
             AgentConnections(), TunnelManager(self.ssh, settings.runtime_dir / "tunnels"),
             on_tunnel=self._record_tunnel,
@@ -134,6 +141,7 @@ class Daemon:
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,
             settings.agent_autostop_grace_s,
+            max(1, settings.agent_job_retention),
         )
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for)
@@ -143,6 +151,7 @@ class Daemon:
         self.clusters = ClusterService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
+            forget_nodes=self.ssh.forget,
         )
         self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
@@ -174,6 +183,20 @@ class Daemon:
                 taken[SSHTarget.from_handle(host)] = record.name
         return taken
 
+    async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> bool:
+        """A host key met for the first time (trusted, and pinned): say so where the user
+        looks, with the fingerprint to check it against."""
+        text = (f"first contact with {target}: its host key {fingerprint} is now pinned; "
+                "compare it with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_*.pub)")
+        logger.warning("new host key pinned", node=str(target), fingerprint=fingerprint)
+        request = current_request.get()
+        if request is None:
+            return False  # `check` shows it itself
+        await request.progress(text, "ssh")
+        if request.cluster is not None and self.store.get(request.cluster) is not None:
+            await self.store.add_event(request.cluster, "host_key", text, request.id)
+        return True
+
     async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""
         record = self.store.get(cluster)
@@ -188,13 +211,14 @@ class Daemon:
     ) -> None:
         settings = self.settings
         prepare_directory(settings.runtime_dir)
-        (settings.runtime_dir / "agents").mkdir(mode=0o700, exist_ok=True)
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        prepare_directory(settings.runtime_dir / "agents")
+        prepare_directory(settings.state_dir)
         with single_instance(settings.socket_path.with_suffix(".lock")):
             await self.db.open()
             try:
                 await self.store.load()
                 interrupted = await self.request_store.mark_interrupted()
+                await self.request_store.prune(settings.request_retention)
                 for record in interrupted:
                     logger.warning("request interrupted by a daemon restart",
                                    request_id=record.id, op=record.op, cluster=record.cluster)
@@ -228,10 +252,11 @@ class Daemon:
                 # The background loops, all in this one place (their periods are in
                 # Settings): status refresh (at once on start, then every
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
-                # autostop timers (every autostop_check_s), event retention (hourly).
+                # autostop timers (every autostop_check_s), event and request retention
+                # (hourly).
                 await root.start(self.refresh.run)
                 await root.start(self.autostop.run)
-                root.start_soon(self._prune_events)
+                root.start_soon(self._prune_history)
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))
                 task_status.started()
@@ -243,14 +268,19 @@ class Daemon:
                     await self.requests.shutdown(self.settings.shutdown_grace_s)
                 root.cancel_scope.cancel()
 
-    async def _prune_events(self) -> None:
+    async def _prune_history(self) -> None:
         while True:
             await anyio.sleep(3600)
             await self.store.prune_events()
+            await self.request_store.prune(self.settings.request_retention)
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
+        raise_open_files_limit()
+        cap = connection_cap(self.settings.max_connections)
+        logger.info("accepting connections", max_connections=cap)
         with scope:
-            await listener.serve(self._handle)
+            await serve_connections(listener, self._handle, cap)
 
     async def _handle(self, stream: anyio.abc.SocketStream) -> None:
-        await Connection(stream, self.handlers.dispatch, self._server_name).serve()
+        await Connection(stream, self.handlers.dispatch, self._server_name,
+                         self.settings.idle_timeout_s).serve()

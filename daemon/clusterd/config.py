@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -14,9 +15,12 @@ def _float_env(name: str, default: float) -> float:
     if value is None or value == "":
         return default
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise SystemExit(f"clusterd: {name}={value!r} is not a number") from None
+    if not math.isfinite(number) or number < 0 or number > 1e9:
+        raise SystemExit(f"clusterd: {name}={value!r} must be a number from 0 to 1e9")
+    return number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +52,15 @@ class Settings:
     retry_max_gap_s: float = 300.0
     # How long new nodes may take to run and answer SSH before the attempt counts as failed.
     provision_wait_s: float = 900.0
+    # A client connection with no request in flight for this long is closed.
+    idle_timeout_s: float = 600.0
+    # Client connections served at once (0: derived from the open-files limit); more are
+    # told TOO_MANY_CONNECTIONS and closed.
+    max_connections: int = 0
+    # Records the daemon keeps of finished requests (`requests --all`); older ones go.
+    request_retention: int = 5_000
+    # Job records (with their logs) each cluster's agent keeps; older finished ones go.
+    agent_job_retention: int = 1_000
 
     @property
     def db_path(self) -> Path:
@@ -85,6 +98,10 @@ class Settings:
             "retry_gap_s": _float_env("CLUSTERD_RETRY_GAP", 10.0),
             "retry_max_gap_s": _float_env("CLUSTERD_RETRY_MAX_GAP", 300.0),
             "provision_wait_s": _float_env("CLUSTERD_PROVISION_WAIT", 900.0),
+            "idle_timeout_s": _float_env("CLUSTERD_IDLE_TIMEOUT", 600.0),
+            "max_connections": int(_float_env("CLUSTERD_MAX_CONNECTIONS", 0)),
+            "request_retention": int(_float_env("CLUSTERD_REQUEST_RETENTION", 5_000)),
+            "agent_job_retention": int(_float_env("CLUSTERD_AGENT_JOB_RETENTION", 1_000)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import anyio
 
+from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterctl._version import __version__
 from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.app import AlreadyRunning, Daemon
 from clusterd.config import Settings
-from clusterd.server.listener import SocketInUse
+from clusterd.server.listener import SocketInUse, UnsafeListener
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -31,6 +32,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # Everything the daemon writes (state, logs, keys, sockets) is for its user alone.
+    os.umask(PRIVATE_UMASK)
     args = parse_args(argv)
     overrides: dict[str, object] = {"log_level": args.log_level}
     if args.socket is not None:
@@ -48,9 +51,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     # A daemon holds no directory of the user's open; paths it gets are absolute.
     os.chdir("/")
+    try:
+        # Checked before anything is written there: a directory planted or loosened by
+        # someone else is refused, with the path and the fix.
+        for directory in (settings.runtime_dir, settings.state_dir):
+            ensure_private_dir(str(directory))
+    except UnsafePath as exc:
+        sys.exit(f"clusterd: refusing to start: {exc.message}\nhint: {exc.fix}")
     log.configure(settings.log_level, path=args.log_file)
     try:
         anyio.run(Daemon(settings).run)
+    except UnsafeListener as exc:
+        sys.exit(f"clusterd: {exc}")
     except AlreadyRunning as exc:
         # Not an error: a racing autostart found the daemon it wanted already there.
         print(f"clusterd: {exc}", file=sys.stderr)

@@ -7,6 +7,7 @@ work goes on and its record says how it ended. Clients follow a request's progre
 
 from __future__ import annotations
 
+import contextvars
 import itertools
 import time
 from collections import deque
@@ -16,8 +17,9 @@ from typing import Any
 import anyio
 import structlog
 
-from clusterctl.protocol import SECRET_FIELDS, ErrorCode, ProtocolError
+from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.redact import public_args, redact_urls
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 
 logger = log.get("clusterd.requests")
@@ -52,6 +54,7 @@ class RunningRequest:
     async def progress(self, message: str, phase: str = "") -> None:
         """A human-readable step, with the time since the request started."""
         elapsed = time.monotonic() - self.started
+        message = redact_urls(message)
         self.emit("progress", {"phase": phase, "message": message, "elapsed": round(elapsed, 2)})
         logger.info("progress", phase=phase, message=message)
 
@@ -97,14 +100,10 @@ class RunningRequest:
 
 
 Work = Callable[[RunningRequest], Awaitable[dict[str, Any]]]
-
-
-def public_args(args: dict[str, Any]) -> dict[str, Any]:
-    """A request's arguments as they may be stored and shown: secret values removed."""
-    shown = dict(args)
-    for key in SECRET_FIELDS & shown.keys():
-        shown[key] = sorted(shown[key]) if isinstance(shown[key], dict) else "<redacted>"
-    return shown
+# The request whose work is running in this task (and the tasks it starts): lets layers far
+# below (an SSH connection meeting a new host key) tell the user through its progress.
+current_request: contextvars.ContextVar[RunningRequest | None] = contextvars.ContextVar(
+    "current_request", default=None)
 
 
 class RequestManager:
@@ -138,6 +137,7 @@ class RequestManager:
 
     async def _run(self, request: RunningRequest, work: Work) -> None:
         structlog.contextvars.bind_contextvars(request_id=request.id, cluster=request.cluster)
+        current_request.set(request)
         logger.info("request started", op=request.op)
         status = RequestState.CANCELLED  # unless the work ends below, it was cancelled
         try:
@@ -166,7 +166,7 @@ class RequestManager:
                     request.id,
                     status,
                     error_code=str(error.code) if error else None,
-                    error_message=error.message if error else None,
+                    error_message=redact_urls(error.message) if error else None,
                     result=request.result,
                 )
                 del self._running[request.id]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import aiosqlite
@@ -10,7 +12,17 @@ import aiosqlite
 async def connect(path: Path) -> aiosqlite.Connection:
     """A connection in WAL mode with named rows. synchronous=NORMAL in WAL mode survives a
     killed process (only power loss can drop the last commits), which is the crash model."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # SQLite makes the WAL and SHM files with the database file's mode: 0600 from the start
+    # (and an older clusterd's 0644 database is tightened).
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    finally:
+        os.close(fd)
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(f"{path}{suffix}", 0o600)
     conn = await aiosqlite.connect(path)
     conn.row_factory = aiosqlite.Row
     try:

@@ -23,10 +23,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from clusterctl import paths
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
+
+MAX_CONFIG_BYTES = 1024 * 1024
 
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
             "request_timeout"}
@@ -73,8 +74,8 @@ def config_path() -> Path:
 
 def parse(path: Path, text: str) -> UserConfig:
     try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        raw = safe_load(text) or {}
+    except YAMLProblem as exc:
         raise ConfigError(path, "(file)", f"not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise ConfigError(path, "(file)", "expected a map of settings")
@@ -157,7 +158,7 @@ class ConfigFile:
         seen = (stat.st_mtime, stat.st_size)
         if seen != self._seen:
             try:
-                text = self.path.read_text(encoding="utf-8")
+                text = read_regular_file(str(self.path), MAX_CONFIG_BYTES).decode("utf-8")
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(self.path, "(file)", f"cannot read: {exc}") from None
             self._config = parse(self.path, text)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import signal
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, wait_for
+from clusterd.runtime.manager import ray_temp_key
+from tests.support import CLUSTERCTL, Daemon, make_git_repo, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -116,20 +120,69 @@ def test_bad_input_is_a_one_line_error_with_a_hint(shared_daemon: Daemon, local_
 
 def test_secrets_reach_the_job_and_nowhere_else(shared_daemon: Daemon, local_cluster: str,
                                                tmp_path: Path) -> None:
-    secret = "hunter2-" + str(time.time_ns())
+    """A run with `--secret NAME` (its value from the environment), a `secrets:` block, a git
+    token (in `envs`, where it is a secret all the same) and a git workdir; then a run whose
+    workdir URL carries credentials. None of the values may show up anywhere but in the job."""
+    stamp = str(time.time_ns())
+    flag, block, token, in_url = (f"{kind}-{stamp}" for kind in
+                                  ("flag0secret", "yaml0secret", "ghp0token", "url0password"))
+    secrets = (flag, block, token, in_url)
+    digest = hashlib.sha256((flag + block + token).encode()).hexdigest()
+    repo = make_git_repo(tmp_path / "repo", "one\n", "two\n")
     task = tmp_path / "task.yaml"
-    task.write_text("secrets:\n  API_KEY: placeholder\nrun: echo key=$API_KEY\n")
-    result = shared_daemon.ctl("exec", local_cluster, "--secret", f"API_KEY={secret}", str(task))
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == f"key={secret}\n"
-    places = [shared_daemon.state_dir / "state.db", shared_daemon.log_path]
-    places += list(shared_daemon.state_dir.glob("state.db-wal"))
-    places += list(shared_daemon.state_dir.glob("local/*/agent/jobs.db*"))
-    for path in places:
-        assert secret.encode() not in path.read_bytes(), path
-    for args in (("events",), ("status", "--json"), ("requests", "--all", "--json"),
-                 ("queue", local_cluster, "--json")):
-        assert secret not in shared_daemon.ctl(*args).stdout
+    task.write_text(
+        f"workdir:\n  url: file://{repo}\n"
+        f"envs:\n  GIT_TOKEN: {token}\n"
+        f"secrets:\n  API_KEY: placeholder\n  DB_PASS: {block}\n"
+        "run: |\n"
+        '  got=$(printf %s "$API_KEY$DB_PASS$GIT_TOKEN" | sha256sum | cut -c1-64)\n'
+        f'  [ "$got" = {digest} ] && echo secrets-ok; cat f.txt; sleep 3\n'
+    )
+    env = {**shared_daemon.env, "API_KEY": flag}
+    run = subprocess.Popen([CLUSTERCTL, "exec", local_cluster, "--secret", "API_KEY",
+                            str(task)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=shared_daemon.root)
+    command_lines = ""
+    while run.poll() is None:  # what anyone on this machine sees of the running clusterctl
+        command_lines += subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True,
+                                        text=True).stdout  # -ww: whole lines, never cut
+        time.sleep(0.2)
+    out, err = run.communicate()
+    assert run.returncode == 0, err
+    assert out == "secrets-ok\ntwo\n"
+    assert "--secret API_KEY" in command_lines  # ps did see clusterctl at work
+    outputs = [command_lines, out, err]
+    # The same credentials, written into a workdir URL: git fails, and says so without them.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(f"workdir:\n  url: https://alice:{in_url}@127.0.0.1:9/r.git\nrun: echo\n")
+    failed = shared_daemon.ctl("exec", local_cluster, str(bad))
+    assert failed.returncode == 1 and "git fetch failed" in failed.stderr, failed.stderr
+    assert "https://<redacted>@127.0.0.1:9/r.git" in failed.stderr
+    outputs += [failed.stdout, failed.stderr]
+    for args in (("events",), ("events", "--json"), ("status", "--json"), ("status", "-v"),
+                 ("requests", "--all", "--json"), ("queue", local_cluster, "--json"),
+                 ("logs", local_cluster, "--no-follow")):
+        shown = shared_daemon.ctl(*args)
+        outputs += [shown.stdout, shown.stderr]
+    for text in outputs:
+        for secret in secrets:
+            assert secret not in text, (secret, text[-2000:])
+    cluster = shared_daemon.cluster(local_cluster)
+    assert cluster is not None
+    places = [shared_daemon.state_dir, shared_daemon.socket.parent,
+              Path(shared_daemon.env["XDG_CONFIG_HOME"]),
+              # The local agent's runtime (job DB, logs) is under the state dir; Ray's is here.
+              Path(f"/tmp/clusterd-ray-{os.getuid()}") / ray_temp_key(cluster["cloud_name"])]
+    scanned = 0
+    for place in places:
+        for path in [place, *place.rglob("*")] if place.exists() else []:
+            if path.is_symlink() or not path.is_file():
+                continue
+            data = path.read_bytes()
+            scanned += 1
+            for secret in secrets:
+                assert secret.encode() not in data, (secret, path)
+    assert scanned > 20
 
 
 def test_job_waits_pending_for_cpus_then_runs(shared_daemon: Daemon, local_cluster: str,

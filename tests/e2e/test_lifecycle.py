@@ -4,6 +4,7 @@ by side, a daemon killed and restarted, and requests blocked by (and pre-empted 
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -177,3 +178,34 @@ def test_failed_launch_leaves_no_record_and_no_process(daemon: Daemon) -> None:
     assert events[-1]["reason"].startswith("launch failed:")
     local = daemon.state_dir / "local"
     assert not local.exists() or not any(local.iterdir())
+
+
+def test_an_agent_started_by_an_older_clusterd_is_refused_then_replaced(daemon: Daemon
+                                                                        ) -> None:
+    """Runtimes recorded before agents had a token (and on remote heads a TCP port): the daemon
+    will not talk to such an agent; it says so, and a launch replaces it."""
+    assert daemon.ctl("launch", "-c", "old", "--", "echo first").returncode == 0
+    daemon.stop()
+    db = sqlite3.connect(daemon.state_dir / "state.db")
+    try:
+        (raw,) = db.execute("SELECT handle FROM clusters WHERE name = 'old'").fetchone()
+        handle = json.loads(raw)
+        runtime = handle["runtime"]
+        assert runtime.pop("agent_token") and runtime.pop("agent_socket")
+        runtime["agent_port"] = 12345  # as an older daemon recorded it
+        db.execute("UPDATE clusters SET handle = ? WHERE name = 'old'", [json.dumps(handle)])
+        db.commit()
+    finally:
+        db.close()
+    daemon.start()
+    assert daemon.ctl("status", "--refresh", "old").returncode == 0
+    cluster = daemon.cluster("old")
+    assert cluster is not None and cluster["status"] == "INIT"
+    assert "started by an older clusterd" in cluster["status_reason"]
+    refused = daemon.ctl("exec", "old", "--", "true")
+    assert refused.returncode == 1 and "started by an older clusterd" in refused.stderr
+    assert "clusterctl launch -c old" in refused.stderr
+    repaired = daemon.ctl("launch", "-c", "old", "--", "echo repaired")
+    assert repaired.returncode == 0, repaired.stderr
+    assert "upgrading the runtime" in repaired.stderr and repaired.stdout == "repaired\n"
+    assert daemon.ctl("exec", "old", "--", "echo ok").stdout == "ok\n"

@@ -3,12 +3,10 @@ user each, a real two-node Ray cluster across two of them, driven through cluste
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
-import shutil
+import pwd
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -19,69 +17,26 @@ from typing import Any
 import pytest
 
 from clusterd.providers.base import SSHTarget
-from tests.support import Daemon, make_env, make_git_repo, pid_alive, short_tempdir, wait_for
+from tests.e2e.sshbed import (
+    GRPC_PROBE,
+    PREFIX,
+    PROBE,
+    RAY_DRIVER,
+    Bed,
+    free_port,
+    port_open,
+    restart_agent,
+    ssh_bed,
+)
+from tests.support import make_git_repo, other_user, pid_alive, wait_for
 
 pytestmark = pytest.mark.ray
-
-ROOT = Path(__file__).resolve().parents[2]
-TESTBED = ROOT / "scripts" / "testbed"
-PREFIX, PORT = "cdt", 2322
-
-
-@dataclasses.dataclass
-class Bed:
-    dir: Path
-    hosts: list[dict[str, Any]]
-    daemon: Daemon
-
-    @property
-    def key(self) -> str:
-        return str(self.dir / "id_ed25519")
-
-    def ssh(self, index: int, command: str) -> subprocess.CompletedProcess[str]:
-        """Run a command on host `index` (0-based) as its user, with plain OpenSSH."""
-        host = self.hosts[index]
-        return subprocess.run(
-            ["ssh", "-i", self.key, "-p", str(host["port"]), "-o", "BatchMode=yes",
-             "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null",
-             "-o", "LogLevel=ERROR", f"{host['user']}@{host['ip']}", command],
-            capture_output=True, text=True, timeout=60,
-        )
-
-    def user_pids(self, index: int) -> set[int]:
-        out = subprocess.run(["ps", "-o", "pid=,comm=", "-u", self.hosts[index]["user"]],
-                             capture_output=True, text=True).stdout
-        return {int(line.split()[0]) for line in out.splitlines()
-                if line.split() and "sshd" not in line}
 
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
-    if os.getuid() != 0 or not Path("/usr/sbin/sshd").exists():
-        pytest.skip("the test bed needs root and openssh-server")
-    root = short_tempdir("cdssh-")
-    env = make_env(root)
-    home = root / "home"
-    home.mkdir()
-    env["HOME"] = str(home)  # ssh config includes go to a home of the test's own
-    daemon = Daemon(root, env)
-    pools = Path(env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
-    bed_dir = root / "bed"
-    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed_dir),
-                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
-                        capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
-    try:
-        daemon.start()
-        yield Bed(bed_dir, json.loads((bed_dir / "hosts.json").read_text()), daemon)
-    finally:
-        try:
-            daemon.down_all()
-            daemon.stop()
-        finally:
-            subprocess.run([sys.executable, str(TESTBED), "down", "--dir", str(bed_dir),
-                            "--pools-file", str(pools)], timeout=120)
-            shutil.rmtree(root, ignore_errors=True)
+    with ssh_bed() as made:
+        yield made
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +67,12 @@ def test_check_lists_the_pool(bed: Bed) -> None:
     hosts = json.loads(result.stdout)["hosts"]
     assert [(h["host"], h["user"], h["ok"]) for h in hosts] == [
         (h["ip"], h["user"], True) for h in bed.hosts]
+    # First contact: each key is pinned, and shown with its fingerprint.
+    assert all(h["new_host_key"] and h["host_key"].startswith("ssh-ed25519 SHA256:")
+               for h in hosts)
     table = ctl(bed, "check")
     assert "testbed" in table.stdout and "free" in table.stdout
+    assert "(new: pinned now)" not in table.stdout  # pinned by the first check
 
 
 def test_jobs_run_on_both_nodes_as_their_users(bed: Bed, duo: str) -> None:
@@ -216,7 +175,7 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
                          name="hello.sh")
     subprocess.run(["git", "clone", "-q", "--bare", str(work), str(repo)], check=True)
     # A real git server on loopback, as the nodes would reach a remote one.
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen(["git", "daemon", "--export-all", "--reuseaddr",
                                f"--base-path={repo.parent}", "--listen=127.0.0.1",
                                f"--port={port}", str(repo.parent)],
@@ -225,7 +184,7 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
     task.write_text(f"num_nodes: 2\nworkdir:\n  url: git://127.0.0.1:{port}/app.git\n"
                     "  ref: v1\nrun: bash hello.sh\n")
     try:
-        wait_for(lambda: _port_open(port), 10, "git daemon")
+        wait_for(lambda: port_open(port), 10, "git daemon")
         result = ctl(bed, "exec", duo, str(task))
         assert result.returncode == 0, result.stderr
         assert sorted(result.stdout.splitlines()) == ["(head, rank=0) hello from git",
@@ -240,21 +199,6 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
     finally:
         server.terminate()
         server.wait(10)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _port_open(port: int) -> bool:
-    import socket
-
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def test_fifty_concurrent_execs_all_succeed(bed: Bed, duo: str) -> None:
@@ -279,7 +223,12 @@ def test_log_stream_survives_a_killed_ssh_connection(bed: Bed, duo: str) -> None
     assert sessions, "no sshd session for the head's connection"
     for pid in sessions:
         os.kill(int(pid), signal.SIGTERM)
-    rest, err = follower.communicate(timeout=120)
+    # Not communicate(): it reads the pipe, not what readline already buffered (line 2 may
+    # have come with line 1).
+    rest = follower.stdout.read()
+    assert follower.stderr is not None
+    err = follower.stderr.read()
+    follower.wait(120)
     assert follower.returncode == 0, err
     assert ("line 1\n" + rest).splitlines() == [f"line {i}" for i in range(1, 41)]
 
@@ -296,6 +245,52 @@ def test_tunnel_is_a_private_unix_socket(bed: Bed, duo: str) -> None:
     assert bed.daemon.process is not None
     listening = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
     assert f"pid={bed.daemon.process.pid}," not in listening
+
+
+def test_another_user_of_the_head_cannot_reach_the_agent_or_run_jobs(bed: Bed, duo: str
+                                                                    ) -> None:
+    cloud_name, runtime = bed.runtime(duo)
+    head_user = pwd.getpwnam(f"{PREFIX}1")
+    home = Path(head_user.pw_dir)
+    base = home / ".clusterd" / "clusters" / cloud_name
+    agent_pid = json.loads((base / "run" / "agent.pid").read_text())["pid"]
+
+    def listening(flags: str, column: int) -> list[str]:
+        lines = subprocess.run(["ss", flags], capture_output=True, text=True).stdout
+        return [line.split()[column] for line in lines.splitlines()
+                if f"pid={agent_pid}," in line]
+
+    # The agent's API is on one Unix socket; TCP ports in its process are Ray's (a driver's).
+    assert listening("-lxpH", 4) == [runtime["agent_socket"]]
+    agent_tcp = [int(address.rsplit(":", 1)[1]) for address in listening("-ltnpH", 3)]
+    jobs_before = json.loads(ctl(bed, "queue", duo, "--json").stdout)
+    spec = {
+        "sockets": [runtime["agent_socket"]],
+        "files": [str(base / "run" / "agent.token"), str(base / "ray_token"),
+                  str(base / "agent" / "jobs.db")],
+        "dirs": [str(Path(runtime["agent_socket"]).parent), str(base),
+                 f"/tmp/clusterd-ray-{head_user.pw_uid}"],
+        "python": str(home / ".clusterd" / "current" / "bin" / "python"),
+        "host": bed.hosts[0]["ip"],
+        "tcp": sorted({*agent_tcp, *runtime["ports"].values()}),
+        "ray_address": runtime["ray_address"],
+        "grpc": GRPC_PROBE,
+        "ray": RAY_DRIVER,
+    }
+    with other_user("cda") as attacker:
+        probe = attacker.run(["/usr/bin/python3", "-c", PROBE, json.dumps(spec)], timeout=400)
+        assert probe.returncode == 0, probe.stderr
+        found = json.loads(probe.stdout)
+    for path in [*spec["sockets"], *spec["files"], *spec["dirs"]]:
+        assert found[path] == "EACCES", (path, found[path])
+    code, out, err = found["grpc"]
+    assert code == 0, err
+    calls = json.loads(out)
+    assert calls and "OK" not in calls.values(), calls
+    code, out, err = found["ray"]
+    assert code != 0 and "RAN AS" not in out, (out, err)
+    assert "AuthenticationError" in err, err  # Ray's token, not a broken probe, stopped it
+    assert json.loads(ctl(bed, "queue", duo, "--json").stdout) == jobs_before
 
 
 def test_ssh_cluster_by_name(bed: Bed, duo: str) -> None:
@@ -328,43 +323,28 @@ def test_agent_of_another_version_is_detected_and_upgraded(bed: Bed, duo: str) -
         ["bash", "-c", f"ls /home/{PREFIX}1/.clusterd/current/lib/python3*/site-packages/"
                        "clusterctl/_version.py"], capture_output=True, text=True,
     ).stdout.strip()
+    original = Path(version_file).read_text()
     Path(version_file).write_text('__version__ = "0.0.1"\n')
-    _restart_agent(bed, duo)
-    refused = ctl(bed, "exec", duo, "--", "true")
-    assert refused.returncode == 1
-    assert "AGENT_VERSION_MISMATCH" in refused.stderr
-    assert f"clusterctl launch -c {duo}" in refused.stderr
-    relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
-    assert relaunch.returncode == 0, relaunch.stderr
-    assert "upgrading the runtime" in relaunch.stderr
-    assert "0.0.1" not in Path(version_file).read_text()
-    assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
-
-
-def _restart_agent(bed: Bed, cluster: str) -> None:
-    """Restart the head's agent as its node user would (so it loads the code on disk)."""
-    db = sqlite3.connect(bed.daemon.state_dir / "state.db")
     try:
-        cloud_name, handle = db.execute(
-            "SELECT cloud_name, handle FROM clusters WHERE name = ?", [cluster]).fetchone()
-    finally:
-        db.close()
-    runtime = json.loads(handle)["runtime"]
-    base = f"/home/{PREFIX}1/.clusterd/clusters/{cloud_name}"
-    ports = runtime["ports"]
-    params = {
-        "dir": f"{base}/run", "listen": runtime["agent_listen"], "state_dir": f"{base}/agent",
-        "ray_address": runtime["ray_address"], "cluster_name": cluster,
-        "env": {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{base}/ray_token",
-                "AUTOSCALER_METRIC_PORT": str(ports["autoscaler_metric_port"]),
-                "DASHBOARD_METRIC_PORT": str(ports["dashboard_metric_port"])},
-    }
-    helper = ".clusterd/current/bin/python -m clusterd.agent.node"
-    stop = bed.ssh(0, f"{helper} stop - <<'EOF'\n" +
-                   json.dumps({"dir": params["dir"], "parts": ["agent"]}) + "\nEOF")
-    assert stop.returncode == 0, stop.stderr
-    start = bed.ssh(0, f"{helper} start-agent - <<'EOF'\n{json.dumps(params)}\nEOF")
-    assert start.returncode == 0 and "error" not in start.stdout, start.stdout + start.stderr
+        restart_agent(bed, duo)
+        # A refresh that came by while the agent was restarting may have marked the cluster INIT
+        # for "not answering"; this one finds the other version, as an exec would.
+        assert ctl(bed, "status", "--refresh", duo).returncode == 0
+        cluster = bed.daemon.cluster(duo)
+        assert cluster is not None and cluster["status"] == "INIT"
+        assert "clusterd 0.0.1" in cluster["status_reason"], cluster["status_reason"]
+        refused = ctl(bed, "exec", duo, "--", "true")
+        assert refused.returncode == 1
+        assert "runs clusterd 0.0.1" in refused.stderr
+        assert f"clusterctl launch -c {duo}" in refused.stderr
+        relaunch = ctl(bed, "launch", "-c", duo, "--", "echo upgraded")
+        assert relaunch.returncode == 0, relaunch.stderr
+        assert "upgrading the runtime" in relaunch.stderr
+        assert "0.0.1" not in Path(version_file).read_text()
+        assert ctl(bed, "exec", duo, "--num-nodes", "1", "--", "echo ok").stdout == "ok\n"
+    finally:  # never leave the host's runtime claiming another version to later tests
+        if "0.0.1" in Path(version_file).read_text():
+            Path(version_file).write_text(original)
 
 
 def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
@@ -429,7 +409,22 @@ def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> No
     finally:
         session.kill()
         session.wait()
-    wait_for(lambda: daemon.cluster("watch") is None, 60, "autodown once the session ended")
+    # Another user's process that merely calls itself a session of the cluster's user must
+    # not keep the cluster up.
+    with other_user("cds") as attacker:
+        fake = subprocess.Popen(
+            ["setpriv", f"--reuid={attacker.uid}", f"--regid={attacker.gid}", "--init-groups",
+             "bash", "-c", f"exec -a 'sshd: {PREFIX}1@pts/9' sleep 300"])
+        try:
+            wait_for(lambda: subprocess.run(["pgrep", "-u", attacker.name, "-f",
+                                             f"^sshd: {PREFIX}1@pts/9"],
+                                            capture_output=True).returncode == 0, 10,
+                     "the fake session")
+            wait_for(lambda: daemon.cluster("watch") is None, 60,
+                     "autodown once the real session ended")
+        finally:
+            fake.kill()
+            fake.wait()
 
 
 def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:
@@ -452,6 +447,60 @@ def test_killed_during_runtime_install_then_finished(bed: Bed) -> None:
     assert ctl(bed, "down", "-y", "crashy").returncode == 0
 
 
+def _unpin(bed: Bed, index: int) -> str:
+    """Forget host `index`'s pinned key (the daemon must be stopped); returns its pattern."""
+    host = bed.hosts[index]
+    pattern = f"[{host['ip']}]:{host['port']}"
+    pins = bed.daemon.state_dir / "known_hosts"
+    pins.write_text("".join(line + "\n" for line in pins.read_text().splitlines()
+                            if not line.startswith(pattern + " ")))
+    return pattern
+
+
+def test_host_keys_on_first_contact_and_in_strict_pools(bed: Bed) -> None:
+    host = bed.hosts[2]
+    where = f"{host['user']}@{host['ip']}:{host['port']}"
+    original = bed.pools_file.read_text()
+
+    def third_pool(strict: bool) -> None:
+        bed.pools_file.write_text(
+            original + f"third:\n  identity_file: {bed.key}\n  strict_host_key_checking: "
+            f"{'true' if strict else 'false'}\n  hosts:\n    - ip: {host['ip']}\n"
+            f"      user: {host['user']}\n      port: {host['port']}\n")
+
+    try:
+        third_pool(strict=False)
+        bed.daemon.stop()
+        _unpin(bed, 2)
+        bed.daemon.start()
+        first = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "true")
+        assert first.returncode == 0, first.stderr
+        assert f"first contact with {where}: its host key ssh-ed25519 SHA256:" in first.stderr
+        events = json.loads(ctl(bed, "events", "keys", "--json").stdout)
+        assert any(e["kind"] == "host_key" and "SHA256:" in e["reason"] for e in events)
+        assert ctl(bed, "down", "-y", "keys").returncode == 0
+        # Strict: a key the daemon has not pinned and the user's known_hosts lacks is refused.
+        third_pool(strict=True)
+        bed.daemon.stop()
+        _unpin(bed, 2)
+        bed.daemon.start()
+        refused = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "true")
+        assert refused.returncode == 1 and "HOST_KEY_UNKNOWN" in refused.stderr
+        assert "strict_host_key_checking" in refused.stderr and "ssh-keyscan" in refused.stderr
+        assert bed.daemon.cluster("keys") is None
+        scanned = subprocess.run(["ssh-keyscan", "-t", "ed25519", "-p", str(host["port"]),
+                                  host["ip"]], capture_output=True, text=True, timeout=30)
+        user_known = Path(bed.daemon.env["HOME"]) / ".ssh" / "known_hosts"
+        user_known.parent.mkdir(mode=0o700, exist_ok=True)
+        user_known.write_text(scanned.stdout)
+        allowed = ctl(bed, "launch", "-c", "keys", "--infra", "ssh/third", "--", "echo in")
+        assert allowed.returncode == 0 and allowed.stdout == "in\n", allowed.stderr
+        assert "first contact" not in allowed.stderr  # known from ~/.ssh/known_hosts
+        assert ctl(bed, "down", "-y", "keys").returncode == 0
+    finally:
+        bed.pools_file.write_text(original)
+
+
 def test_changed_host_key_is_refused(bed: Bed) -> None:
     result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo first")
     assert result.returncode == 0, result.stderr
@@ -463,11 +512,7 @@ def test_changed_host_key_is_refused(bed: Bed) -> None:
     wait_for(lambda: not pid_alive(pid), 10, "sshd to stop")
     for key in host_dir.glob("ssh_host_ed25519_key*"):
         key.unlink()
-    pools = Path(bed.daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "ssh_node_pools.yaml"
-    up = subprocess.run([sys.executable, str(TESTBED), "up", "3", "--dir", str(bed.dir),
-                         "--prefix", PREFIX, "--port", str(PORT), "--pools-file", str(pools)],
-                        capture_output=True, text=True, timeout=120)
-    assert up.returncode == 0, up.stderr
+    bed.up(3)
     bed.daemon.stop()  # forget the live connection; the pin is on disk
     bed.daemon.start()
     result = ctl(bed, "launch", "-c", "pinned", "--infra", "ssh/testbed", "--", "echo again")

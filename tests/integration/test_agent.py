@@ -13,13 +13,17 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
+import grpc
 import pytest
 
-from clusterctl.protocol import JobStatus
+from clusterctl._version import __version__
+from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError
 from clusterd.agent import node
+from clusterd.agent.auth import AUTH_METADATA, daemon_credential, new_nonce, new_token
 from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.wire import status_from_pb
-from clusterd.runtime.agent_client import AgentClient
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.agent.wire import AGENT_PROTOCOL, status_from_pb
+from clusterd.runtime.agent_client import AgentClient, AgentConnections
 from tests.support import pid_alive, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -31,6 +35,7 @@ class AgentCluster:
     endpoint: str
     head_run: Path
     agent_params: dict[str, object]
+    token: str
 
     def path(self, name: str) -> Path:
         return self.root / "work" / name
@@ -55,16 +60,19 @@ def agent_cluster() -> Iterator[AgentCluster]:
                                   "dashboard_port": dash_port}})
         node.start_ray({**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
                         "node_ip": "127.0.0.3", "head_address": f"127.0.0.2:{gcs}"})
-        agent_params = {"dir": str(head_run), "listen": f"unix:{root}/agent.sock",
+        agent_token = new_token()
+        agent_params = {"dir": str(head_run), "listen": f"unix:{root}/s/agent.sock",
                         "state_dir": str(root / "head" / "agent"),
                         "ray_address": f"127.0.0.2:{gcs}", "cluster_name": "two",
-                        "env": env, "timeout": 90}
-        node.start_agent(agent_params)
+                        "env": env, "timeout": 90, "token": agent_token}
+        started = node.start_agent(agent_params)
+        assert started["socket"] == f"{root}/s/agent.sock"
         (root / "work").mkdir()
-        cluster = AgentCluster(root, f"unix:{root}/agent.sock", head_run, agent_params)
+        cluster = AgentCluster(root, f"unix:{root}/s/agent.sock", head_run, agent_params,
+                               agent_token)
 
         async def two_nodes() -> bool:
-            client = AgentClient("two", cluster.endpoint)
+            client = AgentClient("two", cluster.endpoint, agent_token)
             try:
                 return (await client.health()).ray_nodes_alive == 2
             finally:
@@ -83,7 +91,7 @@ def agent_cluster() -> Iterator[AgentCluster]:
 
 @pytest.fixture
 async def agent(agent_cluster: AgentCluster) -> AsyncIterator[AgentClient]:
-    client = AgentClient("two", agent_cluster.endpoint)
+    client = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
     try:
         yield client
     finally:
@@ -260,7 +268,7 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
     agent_cluster: AgentCluster,
 ) -> None:
     child = agent_cluster.path("orphan")
-    client = AgentClient("two", agent_cluster.endpoint)
+    client = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
     try:
         reply = await client.add_job(spec(f"sleep 300 & echo $! > {child}; wait", nodes=1))
         pid = int(await wait_file(child))
@@ -269,8 +277,9 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
     agent_pid = json.loads((agent_cluster.head_run / "agent.pid").read_text())["pid"]
     os.kill(agent_pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
-    node.start_agent(agent_cluster.agent_params)
-    client = AgentClient("two", agent_cluster.endpoint)
+    # Started again by hand, with no token given: the helper uses the one it keeps on file.
+    node.start_agent({**agent_cluster.agent_params, "token": None})
+    client = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
     try:
         job = await wait_status(client, reply.job_id, {JobStatus.FAILED_DRIVER}, timeout=30)
         assert "agent restarted" in job.failure_reason
@@ -282,3 +291,117 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
         assert status_from_pb(job.status) == JobStatus.SUCCEEDED and log == b"alive\n"
     finally:
         await client.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Who may call the agent
+
+
+async def test_calls_without_the_daemons_credential_are_refused(
+    agent: AgentClient, agent_cluster: AgentCluster
+) -> None:
+    before = len(await agent.queue())
+    forged = daemon_credential(new_token(), new_nonce(), new_nonce())
+    channel = grpc.aio.insecure_channel(agent_cluster.endpoint)
+    try:
+        jobs = pb_grpc.JobsServiceStub(channel)
+        for metadata in ((), ((AUTH_METADATA, forged),), ((AUTH_METADATA, "x.y.z"),)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await jobs.AddJob(pb.AddJobRequest(spec=spec("touch /tmp/never", nodes=1)),
+                                  metadata=metadata, timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                async for _ in jobs.TailLogs(pb.TailLogsRequest(job_id=1), metadata=metadata,
+                                             timeout=10):
+                    pass
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        health = pb_grpc.HealthServiceStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await health.GetHealth(pb.GetHealthRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        await channel.close()
+    assert len(await agent.queue()) == before
+
+
+async def test_a_client_with_the_wrong_token_learns_so_at_the_handshake(
+    agent_cluster: AgentCluster,
+) -> None:
+    client = AgentClient("two", agent_cluster.endpoint, new_token())
+    try:
+        with pytest.raises(ProtocolError) as error:
+            await client.queue()
+        assert error.value.code == ErrorCode.AGENT_UNREACHABLE
+        assert "cannot prove it holds the cluster's token" in error.value.message
+    finally:
+        await client.close()
+
+
+async def test_an_impostor_at_the_socket_is_sent_nothing(agent_cluster: AgentCluster) -> None:
+    """A process answering at the agent's socket path (say, a stale socket someone else
+    took over) cannot prove the token: the daemon sends it no job and no secret."""
+    received: list[object] = []
+
+    class Impostor(pb_grpc.HealthServiceServicer, pb_grpc.JobsServiceServicer):  # type: ignore[misc]
+        async def Handshake(self, request: pb.HandshakeRequest, context: object
+                            ) -> pb.HandshakeResponse:
+            received.append(request)
+            return pb.HandshakeResponse(server_nonce=new_nonce(), proof=b"x" * 32,
+                                        version=__version__, protocol=AGENT_PROTOCOL)
+
+        async def AddJob(self, request: pb.AddJobRequest, context: object
+                         ) -> pb.AddJobResponse:
+            received.append(request)
+            return pb.AddJobResponse(job_id=1)
+
+    path = agent_cluster.root / "impostor.sock"
+    server = grpc.aio.server()
+    pb_grpc.add_HealthServiceServicer_to_server(Impostor(), server)
+    pb_grpc.add_JobsServiceServicer_to_server(Impostor(), server)
+    server.add_insecure_port(f"unix:{path}")
+    await server.start()
+    client = AgentClient("two", f"unix:{path}", agent_cluster.token)
+    try:
+        with pytest.raises(ProtocolError) as error:
+            await client.add_job(spec("echo $TOKEN", nodes=1, secrets_={"TOKEN": "s3cr3t"}))
+        assert error.value.code == ErrorCode.AGENT_UNREACHABLE
+        assert [type(r).__name__ for r in received] == ["HandshakeRequest"]
+        assert agent_cluster.token.encode() not in received[0].SerializeToString()
+    finally:
+        await client.close()
+        await server.stop(None)
+
+
+async def test_the_token_is_on_no_command_line(agent_cluster: AgentCluster) -> None:
+    agent_pid = json.loads((agent_cluster.head_run / "agent.pid").read_text())["pid"]
+    token = agent_cluster.token.encode()
+    assert token not in Path(f"/proc/{agent_pid}/cmdline").read_bytes()
+    assert token not in Path(f"/proc/{agent_pid}/environ").read_bytes()
+    token_file = agent_cluster.head_run / "agent.token"
+    assert token_file.read_bytes() == token
+    assert token_file.stat().st_mode & 0o777 == 0o600
+    socket_path = Path(agent_cluster.endpoint.removeprefix("unix:"))
+    assert socket_path.stat().st_mode & 0o777 == 0o600
+    assert socket_path.parent.stat().st_mode & 0o777 == 0o700
+
+
+async def test_a_connection_broken_by_an_agent_restart_is_replaced(
+    agent_cluster: AgentCluster,
+) -> None:
+    """After the agent went away for a moment, the old channel waits out gRPC's reconnect
+    back-off, failing every call at once; the daemon takes a fresh one instead."""
+    connections = AgentConnections()
+    try:
+        client = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
+        agent_pid = json.loads((agent_cluster.head_run / "agent.pid").read_text())["pid"]
+        os.kill(agent_pid, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
+        for _ in range(3):
+            with pytest.raises(ProtocolError):
+                await client.queue()
+        node.start_agent({**agent_cluster.agent_params, "token": None})
+        again = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
+        assert again is not client
+        await again.queue()  # at once, no back-off to wait out
+    finally:
+        await connections.close_all()

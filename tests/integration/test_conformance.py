@@ -189,6 +189,31 @@ def test_missing_or_mistyped_fields(daemon: Daemon, op: str, args: Any, field: s
     assert client.call(6, "ping", {})["ok"]
 
 
+@pytest.mark.parametrize(
+    ("op", "args", "field"),
+    [
+        ("logs", {"cluster": "dev", "tail": -1}, "tail"),
+        ("logs", {"cluster": "dev", "tail": 10**12}, "tail"),
+        ("logs", {"cluster": "dev", "offset": -5}, "offset"),
+        ("logs", {"cluster": "dev", "job_id": 2**63}, "job_id"),
+        ("logs", {"cluster": "dev", "job_id": 0}, "job_id"),
+        ("cancel", {"cluster": "dev", "job_ids": [-1]}, "job_ids"),
+        ("launch", {"command": "true", "idle_minutes": float("nan")}, "idle_minutes"),
+        ("launch", {"command": "true", "idle_minutes": float("inf")}, "idle_minutes"),
+        ("launch", {"command": "true", "idle_minutes": -1.0}, "idle_minutes"),
+        ("launch", {"command": "true", "num_nodes": 10**9}, "num_nodes"),
+        ("autostop", {"cluster": "dev", "idle_minutes": float("-inf")}, "idle_minutes"),
+    ],
+)
+def test_numbers_out_of_range(daemon: Daemon, op: str, args: Any, field: str) -> None:
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(5, op, args)
+    assert error_of(reply) == "INVALID_ARGUMENT", reply
+    assert field in reply["error"]["message"]
+    assert client.call(6, "ping", {})["ok"]
+
+
 def test_request_without_an_integer_id(daemon: Daemon) -> None:
     client = Raw(daemon.socket)
     client.hello()
@@ -302,3 +327,14 @@ def test_client_of_another_uid_is_refused(daemon: Daemon) -> None:
 def test_socket_and_directory_modes(daemon: Daemon) -> None:
     assert daemon.socket.parent.stat().st_mode & 0o777 == 0o700
     assert daemon.socket.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_fifo_as_task_path_is_refused_at_once(daemon: Daemon, tmp_path: Any) -> None:
+    fifo = tmp_path / "task.yaml"
+    os.mkfifo(fifo)
+    client = Raw(daemon.socket)
+    client.hello()
+    reply = client.call(1, "launch", {"yaml_path": str(fifo), "cluster": "fifo"})
+    assert error_of(reply) == "INVALID_TASK"
+    assert "not a regular file" in reply["error"]["message"]
+    still_serving(daemon)

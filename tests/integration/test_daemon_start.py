@@ -103,8 +103,11 @@ def test_systemd_socket_activate_tool(env: dict[str, str]) -> None:
         pytest.skip("systemd-socket-activate is not installed")
     path = socket_path(env)
     path.parent.mkdir(mode=0o700, parents=True)
-    process = subprocess.Popen([tool, "-l", str(path), sys.executable, "-m", "clusterd"],
-                               env=env, stderr=subprocess.PIPE)
+    # The tool passes its children no environment but what -E names.
+    passed = [f"-E{name}={env[name]}" for name in ("XDG_RUNTIME_DIR", "XDG_STATE_HOME",
+                                                   "XDG_CONFIG_HOME", "HOME") if name in env]
+    process = subprocess.Popen([tool, "-l", str(path), *passed, sys.executable, "-m",
+                                "clusterd"], env=env, stderr=subprocess.PIPE)
     try:
         wait_for(path.exists, 10, "the activation socket")
         assert ping(env)["pid"] == process.pid

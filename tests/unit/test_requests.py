@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,8 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.requests import MAX_BUFFERED_EVENTS, RequestManager, RunningRequest, public_args
+from clusterd.redact import public_args, redact_urls
+from clusterd.requests import MAX_BUFFERED_EVENTS, RequestManager, RunningRequest
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestState, RequestStore
 
@@ -260,3 +262,24 @@ async def test_request_cancelled_by_its_task_group_is_not_recorded_succeeded(
     assert record.status != RequestState.SUCCEEDED
     with pytest.raises(ProtocolError):
         request.outcome()
+
+
+def test_task_yaml_text_is_stored_without_its_secrets() -> None:
+    text = ("name: t\nsecrets:\n  API_KEY: hunter2-yaml\nenvs:\n  A: '1'\n  GIT_TOKEN: ghp-env\n"
+            "workdir:\n  url: https://bob:pat-in-url@git.example.com/r.git\nrun: echo $A\n")
+    shown = public_args({"yaml_text": text, "secrets": {"B": "hunter2-flag"},
+                         "envs": {"GIT_TOKEN": "ghp-flag", "C": "3"},
+                         "command": None, "source": "git clone https://x:y@h/r"})
+    stored = json.dumps(shown)
+    for value in ("hunter2-yaml", "ghp-env", "pat-in-url", "hunter2-flag", "ghp-flag", "x:y@"):
+        assert value not in stored, value
+    assert "API_KEY: <redacted>" in shown["yaml_text"] and "A: '1'" in shown["yaml_text"]
+    assert shown["envs"] == {"GIT_TOKEN": "<redacted>", "C": "3"}
+    assert shown["secrets"] == ["B"]
+    plain = "run: echo hi  # no secrets here\n"
+    assert public_args({"yaml_text": plain})["yaml_text"] == plain  # kept as written
+
+
+def test_url_credentials_are_redacted_wherever_they_are() -> None:
+    assert redact_urls("cloning https://u:p@h.com/r and ssh://tok@h/x, not a@b.c") == (
+        "cloning https://<redacted>@h.com/r and ssh://<redacted>@h/x, not a@b.c")

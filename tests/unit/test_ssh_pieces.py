@@ -95,11 +95,19 @@ def test_ssh_config_file_and_include(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert config.count(writer.include_line) == 1
     assert config.index(writer.include_line) < config.index("Host mine")
     text = (tmp_path / "cfg" / "dev").read_text()
-    assert "Host dev\n  HostName 10.0.0.1\n  Port 2201\n  User u1" in text
-    assert "Host dev-worker1\n  HostName 10.0.0.2" in text
-    assert f"UserKnownHostsFile {tmp_path / 'known_hosts'}" in text
+    assert 'Host dev\n  HostName "10.0.0.1"\n  Port 2201\n  User "u1"' in text
+    assert 'Host dev-worker1\n  HostName "10.0.0.2"' in text
+    assert (f'UserKnownHostsFile "{tmp_path / "known_hosts"}" '
+            f'"{tmp_path / "home" / ".ssh" / "known_hosts"}"') in text
+    assert (tmp_path / "cfg").stat().st_mode & 0o777 == 0o700
     writer.remove("dev")
     assert not (tmp_path / "cfg" / "dev").exists()
+    # A value that could end its line (and start another directive) is never written.
+    evil = [NodeInfo("n", "10.0.0.9", NodeStatus.RUNNING,
+                     SSHTarget("10.0.0.9", 22, "u", '/k"\n  ProxyCommand touch /tmp/x'))]
+    with pytest.raises(ValueError, match="cannot be written"):
+        writer.write("evil", evil)
+    assert not (tmp_path / "cfg" / "evil").exists()
 
 
 def _repo(tmp_path: Path) -> Path:
@@ -128,12 +136,19 @@ def test_git_token_travels_in_the_environment_not_argv(
         return real_run(argv, **kwargs)  # type: ignore[call-overload,no-any-return]
 
     monkeypatch.setattr(node.subprocess, "run", spy)
-    node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "w"),
-                       "token": "s3cret-token"})
+    with pytest.raises(node.HelperError):  # nothing serves https there; the set-up is the point
+        node.git_checkout({"url": "https://git.example.invalid:8443/r.git", "ref": "v1",
+                           "dest": str(tmp_path / "w"), "token": "s3cret-token",
+                           "timeout": 30})
     assert seen and all("s3cret-token" not in " ".join(argv) for argv, _ in seen)
     env = seen[0][1]
-    assert env["GIT_CONFIG_KEY_0"] == "http.extraHeader"
+    assert env["GIT_CONFIG_KEY_0"] == "http.https://git.example.invalid:8443/.extraHeader"
     assert env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
+    seen.clear()
+    done = node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "f"),
+                              "token": "s3cret-token"})
+    assert done["credentials_sent_to"] is None  # not https: the token is not handed to git at all
+    assert all("GIT_CONFIG_KEY_0" not in env for _, env in seen)
 
 
 def test_ssh_target_from_a_recorded_host_and_back() -> None:
@@ -144,3 +159,30 @@ def test_ssh_target_from_a_recorded_host_and_back() -> None:
     assert str(target) == "cdt1@127.0.0.2:2322"
     pinned = SSHTarget("10.0.0.5", 22, "alice", "/k")
     assert SSHTarget.from_handle(dataclasses.asdict(pinned)) == pinned
+
+
+@pytest.mark.anyio
+async def test_remote_mkdir_takes_home_only_at_the_start_and_ends_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from clusterd.runtime.runner import CommandResult
+    from clusterd.ssh import runner as runner_module
+
+    seen: list[list[str]] = []
+
+    async def run(self: object, argv: list[str], **kwargs: object) -> CommandResult:
+        seen.append(list(argv))
+        return CommandResult(0, b"", b"")
+
+    async def rsync(self: object, *args: object) -> None:
+        return None
+
+    monkeypatch.setattr(runner_module.SSHRunner, "run", run)
+    monkeypatch.setattr(runner_module.SSHRunner, "_rsync", rsync)
+    node = runner_module.SSHRunner(None, SSHTarget("h", 22, "u"), "n", "python3",  # type: ignore[arg-type]
+                                   tmp_path)
+    await node.sync_dir(str(tmp_path), "~/sky_workdir")
+    await node.sync_dir(str(tmp_path), "/data/~/x")
+    await node.put_path(str(tmp_path / "f"), "~/f.txt")
+    await node.put_path(str(tmp_path / "f"), "-rf/x")
+    assert seen == [["mkdir", "-p", "--", "sky_workdir"], ["mkdir", "-p", "--", "/data/~/x"],
+                    ["mkdir", "-p", "--", "."], ["mkdir", "-p", "--", "-rf"]]

@@ -121,7 +121,7 @@ def test_load_yaml_path_errors_name_the_file(tmp_path: Path) -> None:
     with pytest.raises(TaskError) as info:
         load_task(yaml_path=str(tmp_path / "bad.yaml"))
     assert info.value.message == (
-        f"{tmp_path / 'bad.yaml'}: num_nodes: must be a whole number ≥ 1, got 0"
+        f"{tmp_path / 'bad.yaml'}: num_nodes: must be a whole number from 1 to 1000, got 0"
     )
 
 
@@ -159,7 +159,7 @@ def test_bad_yaml_reports_line_and_column() -> None:
     assert error.message.startswith("t.yaml: not valid YAML: line 3, column 1: ")
     error = task_error("run: echo\na: b: c\n")
     assert error.message == (
-        "t.yaml: not valid YAML: line 2, column 5: mapping values are not allowed here"
+        "t.yaml: not valid YAML: line 2, column 5: mapping values are not allowed in this context"
     )
 
 
@@ -184,7 +184,8 @@ def test_unsupported_skypilot_field(field: str) -> None:
 @pytest.mark.parametrize("value", ["0", "-1", "'2'", "1.5", "true"])
 def test_num_nodes_must_be_whole_positive(value: str) -> None:
     error = task_error(f"num_nodes: {value}\n")
-    assert error.message.startswith("t.yaml: num_nodes: must be a whole number ≥ 1, got ")
+    assert error.message.startswith(
+        "t.yaml: num_nodes: must be a whole number from 1 to 1000, got ")
 
 
 def test_cpus_error_names_the_field() -> None:
@@ -195,7 +196,7 @@ def test_cpus_error_names_the_field() -> None:
         "t.yaml: resources.cpus: expected a number or a string like '4+', got 'lots'"
     )
     assert task_error("resources:\n  cpus: 0\n").message == (
-        "t.yaml: resources.cpus: must be positive, got 0"
+        "t.yaml: resources.cpus: must be a positive number, got 0"
     )
     assert task_error("resources:\n  cpus: true\n").message == (
         "t.yaml: resources.cpus: expected a number, got a boolean"
@@ -211,7 +212,8 @@ def test_env_with_null_value_hints_the_flag() -> None:
 def test_secret_with_null_value_hints_the_secret_flag() -> None:
     error = task_error("secrets:\n  TOKEN: null\n")
     assert error.message == "t.yaml: secrets.TOKEN: has no value"
-    assert error.hint == "pass it with --secret TOKEN=VALUE"
+    assert error.hint == ("pass it with --secret TOKEN (the value comes from your environment, "
+                          "never the command line)")
 
 
 def test_env_name_and_value_checks() -> None:
@@ -279,7 +281,7 @@ def test_infra_and_legacy_cloud_are_exclusive() -> None:
 def test_other_resource_field_errors() -> None:
     assert task_error("resources: [1]\n").message == "t.yaml: resources: expected a map, got a list"
     assert task_error("resources:\n  disk_size: 1.5\n").message == (
-        "t.yaml: resources.disk_size: expected GB as a whole number, got 1.5"
+        "t.yaml: resources.disk_size: expected GB as a whole number from 1 to 65536, got 1.5"
     )
     assert task_error("resources:\n  use_spot: yes please\n").message == (
         "t.yaml: resources.use_spot: expected true or false, got 'yes please'"
@@ -337,7 +339,7 @@ def test_accelerator_forms(accelerators: str, expected: tuple[str, float]) -> No
         ("[V100, A100]", "choosing among several accelerators is not supported yet; name one"),
         ("{A100: 1, V100: 1}", "name exactly one accelerator, like {A100: 1}"),
         ("A100:x", "count must be a number, got 'x'"),
-        ("A100:0", "expected a name and a positive count, got 'A100:0'"),
+        ("A100:0", "expected a name and a positive count (at most 1024), got 'A100:0'"),
         ("3", "expected a string like 'A100:1', got a number"),
     ],
 )
@@ -537,3 +539,11 @@ def test_resources_display() -> None:
         Resources(), cpus=4.0, memory_gb=16.0, accelerator="A100", accelerator_count=2.0
     )
     assert resources.display(2) == "2x[CPU:4, mem:16GB, A100:2]"
+
+
+def test_git_token_in_envs_is_a_secret() -> None:
+    spec = load("envs:\n  GIT_TOKEN: ghp-x\n  A: '1'\nrun: echo\n")
+    assert spec.envs == {"A": "1"} and spec.secrets == {"GIT_TOKEN": "ghp-x"}
+    spec = load("run: echo\n", env_overrides={"GIT_TOKEN": "from-flag"})
+    assert "GIT_TOKEN" not in spec.envs and spec.secrets == {"GIT_TOKEN": "from-flag"}
+    assert spec.public_view()["secrets"] == ["GIT_TOKEN"]

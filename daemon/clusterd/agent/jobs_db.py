@@ -157,6 +157,25 @@ class JobStore:
     def active(self) -> list[Job]:
         return [job for job in self._jobs.values() if job.active]
 
+    async def prune(self, keep: int) -> list[int]:
+        """Forget the oldest finished jobs beyond `keep` records in all; returns their ids
+        (their logs are the caller's to remove). Active jobs are never forgotten."""
+        excess = len(self._jobs) - keep
+        if excess <= 0:
+            return []
+        victims = sorted(j.job_id for j in self._jobs.values() if not j.active)[:excess]
+        with anyio.CancelScope(shield=True):
+            async with self._lock:
+                for start in range(0, len(victims), 500):
+                    chunk = victims[start:start + 500]
+                    await self._db.execute(
+                        f"DELETE FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})",
+                        chunk)
+                await self._db.commit()
+        for job_id in victims:
+            del self._jobs[job_id]
+        return victims
+
     async def get_setting(self, key: str) -> str | None:
         async with self._db.execute("SELECT value FROM settings WHERE key = ?", (key,)) as c:
             row = await c.fetchone()

@@ -8,6 +8,7 @@ through an in-memory event instead of readers polling the file.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -113,6 +114,11 @@ class LogHub:
         if log is not None:
             log.close()
         self.notify(job_id)
+
+    def remove(self, job_id: int) -> None:
+        """Delete a finished job's log directory (blocking file work: call from a thread)."""
+        if job_id not in self._open:
+            shutil.rmtree(self.log_dir(job_id), ignore_errors=True)
 
     def notify(self, job_id: int) -> None:
         event = self._changed.pop(job_id, None)

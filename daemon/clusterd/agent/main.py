@@ -1,8 +1,10 @@
 """`clusterd-agent`: the gRPC server on a cluster's head node.
 
 Connects to the cluster's Ray as a long-lived driver (so each job costs a placement group and a
-few task submissions, not a new driver), serves the jobs, autostop and health services on
-loopback or a Unix socket, and runs the FIFO scheduler. SIGTERM stops jobs and exits.
+few task submissions, not a new driver), serves the jobs, autostop and health services on a
+Unix socket in a directory only its user can enter, and runs the FIFO scheduler. The cluster's
+token comes on stdin (never argv); every call must carry a credential made from it (guard.py).
+SIGTERM stops jobs and exits.
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import grpc
 import ray
 import structlog
 
+from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd import log
 from clusterd.agent import node, node_tasks
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.autostop_marker import write_marker
+from clusterd.agent.guard import MAX_CONCURRENT_RPCS, SERVER_OPTIONS, TokenGuard
 from clusterd.agent.jobs_db import JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Scheduler
@@ -32,13 +36,14 @@ from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 
 logger = log.get("clusterd.agent")
 RESTART_REASON = "the agent restarted while the job was in progress"
+JOB_PRUNE_S = 60.0
 STOP_REASON = "the cluster's runtime was stopped"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="clusterd-agent", description=__doc__)
     parser.add_argument("--listen", required=True,
-                        help="unix:/path/agent.sock or 127.0.0.1:PORT (loopback only)")
+                        help="unix:/path/agent.sock, in a directory only this user can use")
     parser.add_argument("--state-dir", required=True, type=Path,
                         help="job queue database and job logs")
     parser.add_argument("--ray-address", required=True, help="HOST:PORT of the Ray head (GCS)")
@@ -55,16 +60,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shutdown-nodes", action="store_true",
                         help="when stopping the cluster on its own, also shut every node's OS "
                              "down (cloud VMs: that stops or terminates the instance)")
+    parser.add_argument("--job-retention", type=int, default=1000,
+                        help="job records (and their logs) kept; the oldest finished ones "
+                             "beyond this are deleted")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
 
-def check_listen_address(listen: str) -> None:
-    if listen.startswith("unix:"):
-        return
-    host = listen.rsplit(":", 1)[0].strip("[]")
-    if host not in ("127.0.0.1", "::1", "localhost"):
-        raise SystemExit(f"clusterd-agent: refusing to listen on {listen}: loopback only")
+MAX_SOCKET_PATH = 107  # sun_path, with its terminating NUL
+
+
+def socket_path_of(listen: str) -> Path:
+    """The Unix socket to listen on. Anything else (a TCP port: any user of the host could
+    connect to it) is refused, as is a directory others can use (ensure_private_dir)."""
+    if not listen.startswith("unix:"):
+        raise SystemExit(f"clusterd-agent: refusing to listen on {listen}: only a Unix socket "
+                         "(unix:/path) in a directory of this user's own")
+    path = Path(listen.removeprefix("unix:"))
+    if not path.is_absolute() or len(str(path).encode()) > MAX_SOCKET_PATH:
+        raise SystemExit(f"clusterd-agent: {path}: need an absolute path of at most "
+                         f"{MAX_SOCKET_PATH} bytes")
+    try:
+        ensure_private_dir(str(path.parent))
+    except UnsafePath as exc:
+        raise SystemExit(f"clusterd-agent: {exc.message}; {exc.fix}") from None
+    return path
+
+
+def read_token() -> str:
+    """The cluster's token, the first line on stdin."""
+    token = sys.stdin.readline().strip()
+    if len(token) < 32:
+        raise SystemExit("clusterd-agent: expected the cluster's token on stdin")
+    return token
 
 
 def connect_ray(address: str, timeout_s: float) -> None:
@@ -125,19 +153,30 @@ async def serve(args: argparse.Namespace) -> None:
     if failed:
         logger.warning("failed jobs left over from a previous agent", job_ids=failed)
 
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)])
+    async def keep_jobs_bounded() -> None:
+        """Every minute: forget (and delete the logs of) the oldest finished jobs beyond the
+        retention setting, so a long-lived cluster's head does not fill up."""
+        while True:
+            removed = await store.prune(max(1, args.job_retention))
+            for job_id in removed:
+                await anyio.to_thread.run_sync(hub.remove, job_id)
+            if removed:
+                logger.info("forgot old jobs", count=len(removed), oldest_kept=min(
+                    (j.job_id for j in store.all()), default=None))
+            await anyio.sleep(JOB_PRUNE_S)
+
+    server = grpc.aio.server(interceptors=[TokenGuard(args.token)], options=SERVER_OPTIONS,
+                             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
     pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
-    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler, contact), server)
-    if args.listen.startswith("unix:"):
-        socket_path = Path(args.listen.removeprefix("unix:"))
-        socket_path.parent.mkdir(parents=True, exist_ok=True)
-        socket_path.unlink(missing_ok=True)
-    if server.add_insecure_port(args.listen) == 0:
-        raise SystemExit(f"clusterd-agent: cannot listen on {args.listen}")
+    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler, contact, args.token),
+                                                server)
+    socket_path: Path = args.socket_path
+    socket_path.unlink(missing_ok=True)
+    if server.add_insecure_port(f"unix:{socket_path}") == 0:
+        raise SystemExit(f"clusterd-agent: cannot listen on {socket_path}")
     await server.start()
-    if args.listen.startswith("unix:"):
-        os.chmod(socket_path, 0o600)
+    os.chmod(socket_path, 0o600)
     logger.info("agent serving", listen=args.listen, pid=os.getpid())
     if args.ready_file is not None:
         args.ready_file.write_text(str(os.getpid()))
@@ -146,6 +185,7 @@ async def serve(args: argparse.Namespace) -> None:
         async with anyio.create_task_group() as group:
             await group.start(scheduler.run)
             group.start_soon(autostop.sample_ssh_sessions)
+            group.start_soon(keep_jobs_bounded)
             group.start_soon(autostop.enforce, args.autostop_grace,
                              min(10.0, max(1.0, args.autostop_grace / 4)), stop_runtime)
 
@@ -163,13 +203,14 @@ async def serve(args: argparse.Namespace) -> None:
                 await server.stop(grace=1.0)
             group.cancel_scope.cancel()
     await store.close()
-    if args.listen.startswith("unix:"):
-        socket_path.unlink(missing_ok=True)
+    socket_path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
+    os.umask(PRIVATE_UMASK)  # job DB, logs, socket: this user's alone
     args = parse_args(argv)
-    check_listen_address(args.listen)
+    args.socket_path = socket_path_of(args.listen)
+    args.token = read_token()
     log.configure(args.log_level)
     structlog.contextvars.bind_contextvars(cluster=args.cluster_name)
     connect_ray(args.ray_address, args.ray_connect_timeout)

@@ -12,6 +12,7 @@ them) and recorded in pid files with their start times, so a recycled pid is nev
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -19,14 +20,22 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from clusterctl._private import (
+    PRIVATE_UMASK,
+    UnsafePath,
+    ensure_private_dir,
+    write_private_file,
+)
 from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.processes import find, terminate_tree
+from clusterd.redact import redact_urls
 
 MARKER = ".clusterd-runtime"
 RAY_PORT_FLAGS = {
@@ -80,18 +89,25 @@ def _env(params: dict[str, Any]) -> dict[str, str]:
             for key, value in params.get("env", {}).items()}
 
 
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None) -> int:
+def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
+           stdin: bytes | None = None) -> int:
+    """Start a process in a session of its own; `stdin` is written to it (then closed), so a
+    secret it needs never shows in its argv or environment."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             argv,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
             env={**os.environ, **(env or {})},
         )
+    if process.stdin is not None:
+        # A process that dies at once is reported by whoever waits for it to be ready.
+        with contextlib.suppress(BrokenPipeError), process.stdin:
+            process.stdin.write(stdin or b"")
     return process.pid
 
 
@@ -126,10 +142,26 @@ def _connectable(address: str) -> bool:
 # -- commands -----------------------------------------------------------------------------------
 
 
+RAY_TEMP_ROOT = "/tmp/clusterd-ray-{uid}"
+
+
 def ray_temp_dir(key: str) -> Path:
     # Ray puts Unix sockets under its temp dir and their paths must stay under 107 bytes, so
-    # it gets a short path of its own, per user (several users may share a host).
-    return Path(f"/tmp/clusterd-ray-{os.getuid()}") / key
+    # it gets a short path of its own, per user (several users may share a host). Ray makes
+    # its subdirectories 0777: they are safe only inside a directory of ours that nobody
+    # else can enter (see private_ray_root).
+    return Path(RAY_TEMP_ROOT.format(uid=os.getuid())) / key
+
+
+def private_ray_root() -> Path:
+    """The parent of this user's Ray temp dirs, made (0700) or checked: in a shared /tmp,
+    another user could have made it first to read (or plant) Ray's sockets and logs."""
+    root = RAY_TEMP_ROOT.format(uid=os.getuid())
+    try:
+        ensure_private_dir(root)
+    except UnsafePath as exc:
+        raise HelperError(f"{exc.message}; {exc.fix}") from None
+    return Path(root)
 
 
 def read_token(params: dict[str, Any]) -> dict[str, Any]:
@@ -155,8 +187,9 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     if existing is not None:
         return {"started": False, "pid": existing.pid}
     ray_bin = str(Path(sys.executable).with_name("ray"))
+    private_ray_root()
     temp_dir = ray_temp_dir(params["temp_key"])
-    temp_dir.mkdir(parents=True, exist_ok=True)
+    temp_dir.mkdir(mode=0o700, exist_ok=True)
     (temp_dir / MARKER).touch()
     argv = [
         ray_bin, "start", "--block", "--disable-usage-stats",
@@ -196,15 +229,45 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     return {"started": True, "pid": pid}
 
 
+def agent_socket(listen: str) -> Path:
+    """The agent's socket path (`unix:~/...` expanded), in a directory made private (0700)
+    or checked to be: other users of the host must not reach (or plant) the agent's socket."""
+    if not listen.startswith("unix:"):
+        raise HelperError(f"the agent listens only on a Unix socket, not {listen}")
+    path = Path(listen.removeprefix("unix:")).expanduser()
+    if len(str(path).encode()) > 107:
+        raise HelperError(f"the agent's socket path {path} is longer than 107 bytes")
+    try:
+        ensure_private_dir(str(path.parent))
+    except UnsafePath as exc:
+        raise HelperError(f"{exc.message}; {exc.fix}") from None
+    return path
+
+
 def start_agent(params: dict[str, Any]) -> dict[str, Any]:
+    """Start the cluster's agent unless it runs with the same token. The token (in `params`,
+    which come on stdin) goes to a 0600 file beside its pid file and to the agent's stdin;
+    without one in `params`, the file's is used (a restart by hand)."""
     run_dir = Path(params["dir"]).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "agent.pid", run_dir / "agent.log"
-    ready_path = run_dir / "agent.ready"
+    ready_path, token_path = run_dir / "agent.ready", run_dir / "agent.token"
+    socket_path = agent_socket(params["listen"])
+    token = params.get("token")
+    try:
+        recorded = token_path.read_text().strip()
+    except FileNotFoundError:
+        recorded = None
+    token = token or recorded
+    if not token:
+        raise HelperError(f"no token for the agent: none given and {token_path} is missing")
     existing = _read_pidfile(pid_path)
-    if existing is not None:
-        return {"started": False, "pid": existing.pid}
+    if existing is not None and recorded == token:
+        return {"started": False, "pid": existing.pid, "socket": str(socket_path)}
+    if existing is not None:  # it runs with another token: the daemon could not use it
+        _terminate(pid_path, float(params.get("agent_grace", 25)))
+    write_private_file(str(token_path), token.encode())
     # A killed agent's socket can accept connections for a moment after its death, so only
     # the new agent's own word (its pid in the ready file) says it is serving.
     ready_path.unlink(missing_ok=True)
@@ -212,7 +275,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
     clear_marker(Path(params["state_dir"]).expanduser())
     argv = [
         sys.executable, "-m", "clusterd.agent.main",
-        f"--listen={params['listen']}",
+        f"--listen=unix:{socket_path}",
         f"--state-dir={Path(params['state_dir']).expanduser()}",
         f"--ray-address={params['ray_address']}",
         f"--cluster-name={params['cluster_name']}",
@@ -220,10 +283,11 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--ready-file={ready_path}",
         f"--node-run-dir={params.get('node_run_dir', '')}",
         f"--autostop-grace={float(params.get('autostop_grace', 300))}",
+        f"--job-retention={int(params.get('job_retention', 1000))}",
     ]
     if params.get("shutdown_nodes"):
         argv.append("--shutdown-nodes")
-    pid = _spawn(argv, log_path, _env(params))
+    pid = _spawn(argv, log_path, _env(params), stdin=f"{token}\n".encode())
     _write_pidfile(pid_path, pid)
 
     def serving() -> bool:
@@ -233,7 +297,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
             return False
 
     _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(params.get("timeout", 90)))
-    return {"started": True, "pid": pid}
+    return {"started": True, "pid": pid, "socket": str(socket_path)}
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
@@ -291,21 +355,61 @@ def cleanup(params: dict[str, Any]) -> dict[str, Any]:
     return {"removed": removed}
 
 
+def git_origin(url: str) -> str | None:
+    """`https://host[:port]/` of an https URL (its credentials dropped); None otherwise."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() != "https" or not parts.hostname:
+        return None
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    port = f":{parts.port}" if parts.port else ""
+    return f"https://{host}{port}/"
+
+
+def split_credentials(url: str) -> tuple[str, str | None]:
+    """The URL without `user:password@`, and that userinfo (decoded), if it had one."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, None
+    userinfo, _, host = parts.netloc.rpartition("@")
+    return (urllib.parse.urlunsplit(parts._replace(netloc=host)),
+            urllib.parse.unquote(userinfo))
+
+
 def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     """Make `dest` a checkout of `url` at `ref` (a branch, tag or commit; default HEAD).
-    A token for HTTPS arrives on stdin and reaches git through its environment, never argv."""
+
+    Credentials never reach argv or the checkout's .git/config: a token (GIT_TOKEN, on stdin)
+    or the `user:password@` of the URL (taken out of it) reach git through its environment, as
+    an Authorization header scoped to the URL's own origin (`http.<origin>.extraHeader`), and
+    only over https: git sends them nowhere else (curl drops the header on a redirect to another
+    host), and never in the clear. `--` keeps a URL or ref from being read as an option."""
     dest = Path(params["dest"]).expanduser()
+    url, ref = str(params["url"]), params.get("ref") or "HEAD"
+    if url.startswith("-") or str(ref).startswith("-"):
+        raise HelperError("a git URL or ref may not start with '-'")
+    url, userinfo = split_credentials(url)
+    origin = git_origin(url)
+    if userinfo is not None and origin is None:
+        raise HelperError(f"{redact_urls(params['url'])}: credentials in a URL are sent only "
+                          "over https; use an https URL (or GIT_TOKEN)")
+    if userinfo is not None:
+        basic = userinfo if ":" in userinfo else f"{userinfo}:"
+    elif params.get("token"):
+        basic = f"x-access-token:{params['token']}"
+    else:
+        basic = None
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
-    if params.get("token"):
-        basic = base64.b64encode(f"x-access-token:{params['token']}".encode()).decode()
-        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
-                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {basic}")
+    if basic is not None and origin is not None:
+        header = base64.b64encode(basic.encode()).decode()
+        env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0=f"http.{origin}.extraHeader",
+                   GIT_CONFIG_VALUE_0=f"Authorization: Basic {header}")
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(dest), *args], env=env, capture_output=True,
                               text=True, timeout=float(params.get("timeout", 600)))
         if done.returncode != 0:
-            raise HelperError(f"git {args[0]} failed: {done.stderr.strip()[-500:]}")
+            raise HelperError(f"git {args[0]} failed: "
+                              f"{redact_urls(done.stderr.strip()[-500:])}")
         return done.stdout.strip()
 
     if not (dest / ".git").is_dir():
@@ -313,13 +417,14 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
             shutil.rmtree(dest)
         dest.mkdir(parents=True)
         git("init", "-q")
-        git("remote", "add", "origin", params["url"])
+        git("remote", "add", "--", "origin", url)
     else:
-        git("remote", "set-url", "origin", params["url"])
-    git("fetch", "-q", "--depth", "1", "origin", params.get("ref") or "HEAD")
-    git("checkout", "-q", "--force", "FETCH_HEAD")
+        git("remote", "set-url", "--", "origin", url)
+    git("fetch", "-q", "--depth", "1", "--", "origin", str(ref))
+    git("checkout", "-q", "--force", "FETCH_HEAD", "--")
     git("clean", "-q", "-ffdx")
-    return {"commit": git("rev-parse", "HEAD")}
+    return {"commit": git("rev-parse", "HEAD"),
+            "credentials_sent_to": origin if basic is not None else None}
 
 
 def free_ports(params: dict[str, Any]) -> dict[str, Any]:
@@ -358,6 +463,9 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    # What the helper writes (pid files, logs, tokens) and what it starts (Ray, the agent)
+    # is for this user alone. Jobs get the usual umask back (agent/node_tasks.py).
+    os.umask(PRIVATE_UMASK)
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] not in COMMANDS:
         print(json.dumps({"error": f"usage: node.py {{{','.join(COMMANDS)}}} JSON"}))

@@ -30,6 +30,7 @@ MAX_CHUNK_BYTES = 4 * 1024 * 1024
 PIPE_BYTES = 1024 * 1024
 KILL_GRACE_S = 3.0
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
+JOB_UMASK = 0o022
 
 
 def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[str, Any]]:
@@ -54,6 +55,9 @@ def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[st
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so cancel reaches every child
+            # Ray and the agent run with umask 077 (their files are private); the user's
+            # own job makes files the way a login shell would.
+            umask=JOB_UMASK,
         )
         assert process.stdout is not None
         started = psutil.Process(process.pid).create_time()
@@ -117,13 +121,18 @@ kill_tagged = ray.remote(num_cpus=0, max_retries=0)(kill_tagged_processes)
 
 def _ssh_sessions() -> int:
     """Interactive SSH sessions of this node's user: sshd names a session's process
-    "sshd: USER@pts/N" when it has a terminal. The daemon never asks for a terminal, so its
-    own connections do not count; nor does utmp matter (not every host keeps one)."""
+    "sshd: USER@pts/N" when it has a terminal, and runs it as that user. The daemon never asks
+    for a terminal, so its own connections do not count; nor does utmp matter (not every host
+    keeps one). Only processes of this user count: anyone can name a process "sshd: ...", and
+    another user must not keep the cluster up by doing so."""
     marker = f"{getpass.getuser()}@pts/"
+    uid = os.getuid()
     count = 0
-    for process in psutil.process_iter(["cmdline"]):
+    for process in psutil.process_iter(["cmdline", "uids"]):
         cmdline = " ".join(process.info.get("cmdline") or [])
-        if cmdline.startswith("sshd:") and marker in cmdline:
+        uids = process.info.get("uids")
+        if (cmdline.startswith("sshd:") and marker in cmdline and uids is not None
+                and uids.real == uid and uids.effective == uid):
             count += 1
     return count
 

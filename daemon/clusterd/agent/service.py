@@ -17,6 +17,7 @@ import ray
 import structlog
 
 from clusterctl._version import __version__
+from clusterd.agent.auth import NONCE_BYTES, agent_proof, new_nonce
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
@@ -213,10 +214,25 @@ class AutostopService(pb_grpc.AutostopServiceServicer):
 
 
 class HealthService(pb_grpc.HealthServiceServicer):
-    def __init__(self, scheduler: Scheduler, contact: ContactClock) -> None:
+    def __init__(self, scheduler: Scheduler, contact: ContactClock, token: str) -> None:
         self.contact = contact
         self._scheduler = scheduler
+        self._token = token
         self._started_at = time.time()
+
+    async def Handshake(self, request: pb.HandshakeRequest, context: Any
+                        ) -> pb.HandshakeResponse:
+        """Prove we hold the cluster's token (see auth.py); needs no credential."""
+        if len(request.client_nonce) != NONCE_BYTES:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"client_nonce must be {NONCE_BYTES} bytes")
+        server_nonce = new_nonce()
+        return pb.HandshakeResponse(
+            server_nonce=server_nonce,
+            proof=agent_proof(self._token, request.client_nonce, server_nonce),
+            version=__version__,
+            protocol=AGENT_PROTOCOL,
+        )
 
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
         self.contact.touch()

@@ -7,7 +7,8 @@ from clusterctl.protocol import JobStatus
 from clusterd.agent.v1 import agent_pb2 as pb
 
 # Bumped when the agent's API changes incompatibly; the daemon checks it at connect time.
-AGENT_PROTOCOL = 1
+# 2: a Unix socket only, a token, and the Handshake call.
+AGENT_PROTOCOL = 2
 # gRPC metadata key carrying the daemon's request id into the agent's log lines.
 REQUEST_ID_METADATA = "x-clusterd-request-id"
 # The caller's version: an agent of another version refuses every call but GetHealth, so a

@@ -79,12 +79,16 @@ class SSHTarget:
     # other instances, and may change when it starts again).
     host_key_alias: str | None = None
     proxy_command: str | None = None
+    # Refuse a host key that is not known already (ssh_node_pools.yaml's
+    # strict_host_key_checking). Not part of the host's identity: a pool may change it.
+    strict_host_keys: bool = dataclasses.field(default=False, compare=False)
 
     @classmethod
     def from_handle(cls, host: dict[str, Any]) -> SSHTarget:
         """A host as a cluster's handle records it (other keys, such as cpus, are ignored)."""
         return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"),
-                   host.get("host_key_alias"), host.get("proxy_command"))
+                   host.get("host_key_alias"), host.get("proxy_command"),
+                   bool(host.get("strict_host_keys", False)))
 
     @property
     def key_name(self) -> str:

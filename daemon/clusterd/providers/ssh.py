@@ -239,7 +239,8 @@ class SSHProvider(ProviderDefaults):
         hosts = [(pool.name, host) for pool in self.pools().values() for host in pool.hosts]
         rows: list[dict[str, Any]] = [
             {"pool": pool, "host": host.host, "port": host.port, "user": host.user,
-             "cluster": taken.get(host), "ok": False, "error": ""}
+             "cluster": taken.get(host), "ok": False, "error": "", "host_key": "",
+             "new_host_key": False}
             for pool, host in hosts
         ]
 
@@ -247,6 +248,10 @@ class SSHProvider(ProviderDefaults):
             try:
                 done = await self._connections.run(host, "true", timeout_s=REACH_TIMEOUT_S)
                 row["ok"] = done.exit_code == 0
+                # Met for the first time here: the key was pinned; show what was trusted.
+                node = await self._connections.get(host)
+                row["host_key"], row["new_host_key"] = node.host_key, node.first_contact
+                node.first_contact = False  # told now
             except ProtocolError as exc:
                 row["error"] = exc.message
 

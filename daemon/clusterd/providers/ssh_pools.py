@@ -4,6 +4,7 @@
       user: ubuntu                   # defaults for the pool's hosts
       identity_file: ~/.ssh/id_ed25519
       port: 22
+      strict_host_key_checking: true  # refuse hosts whose key ~/.ssh/known_hosts lacks
       hosts:
         - 10.0.0.5                   # just an address
         - ip: 10.0.0.6               # or with its own settings
@@ -17,17 +18,32 @@ Errors name the file and the field.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.providers.base import SSHTarget
+from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
-POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password"}
-HOST_FIELDS = {"ip", "user", "identity_file", "port", "password"}
+POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password", "strict_host_key_checking"}
+HOST_FIELDS = {"ip", "user", "identity_file", "port", "password", "strict_host_key_checking"}
+MAX_POOLS_BYTES = 1024 * 1024
+# Addresses and names end up in ssh's config and on command lines: a DNS name or an IP
+# address, and a POSIX-ish user name; nothing that could be read as an option or a second line.
+HOSTNAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})"
+                      r"(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?$")
+USER_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?$")
+
+
+def valid_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+        return True
+    except ValueError:
+        return bool(HOSTNAME.fullmatch(text))
 
 
 class PoolFileError(ProtocolError):
@@ -46,12 +62,14 @@ class Pool:
 
 def load_pools(path: Path) -> dict[str, Pool]:
     try:
-        text = path.read_text()
+        text = read_regular_file(str(path), MAX_POOLS_BYTES).decode("utf-8")
     except FileNotFoundError:
         return {}
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PoolFileError(path, "(file)", f"cannot read: {exc}") from None
     try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
+        raw = safe_load(text) or {}
+    except YAMLProblem as exc:
         raise PoolFileError(path, "(file)", f"not valid YAML: {exc}") from None
     if not isinstance(raw, dict):
         raise PoolFileError(path, "(file)", "expected a map of pool name to pool")
@@ -74,7 +92,8 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
     hosts = value.get("hosts")
     if not isinstance(hosts, list) or not hosts:
         raise PoolFileError(path, f"{name}.hosts", "expected a non-empty list of hosts")
-    defaults = {k: value.get(k) for k in ("user", "identity_file", "port")}
+    defaults = {k: value.get(k) for k in ("user", "identity_file", "port",
+                                          "strict_host_key_checking")}
     targets = []
     for index, host in enumerate(hosts):
         field = f"{name}.hosts[{index}]"
@@ -82,19 +101,30 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
         if not isinstance(entry, dict) or not isinstance(entry.get("ip"), str):
             raise PoolFileError(path, field, "expected an address, or a map with ip")
         _check_fields(path, field, entry, HOST_FIELDS)
+        if not valid_address(entry["ip"]):
+            raise PoolFileError(path, f"{field}.ip", f"not a host name or IP address: "
+                                                     f"{entry['ip'][:80]!r}")
         merged = {**{k: v for k, v in defaults.items() if v is not None},
                   **{k: v for k, v in entry.items() if v is not None}}
         user = merged.get("user") or os.environ.get("USER") or "root"
+        if not isinstance(user, str) or not USER_NAME.fullmatch(user):
+            raise PoolFileError(path, f"{field}.user", f"not a user name: {str(user)[:80]!r}")
         port = merged.get("port", 22)
         if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
             raise PoolFileError(path, f"{field}.port", f"not a port number: {port!r}")
         identity = merged.get("identity_file")
         if identity is not None:
-            identity = os.path.expanduser(str(identity))
+            if not isinstance(identity, str) or any(c in identity for c in '"\n\r\0'):
+                raise PoolFileError(path, f"{field}.identity_file", "expected a file path")
+            identity = os.path.expanduser(identity)
             if not os.path.exists(identity):
                 raise PoolFileError(path, f"{field}.identity_file", f"{identity} does not exist")
+        strict = merged.get("strict_host_key_checking", False)
+        if not isinstance(strict, bool):
+            raise PoolFileError(path, f"{field}.strict_host_key_checking",
+                                f"expected true or false, got {str(strict)[:40]!r}")
         targets.append(SSHTarget(host=merged["ip"], port=port, user=str(user),
-                                 identity_file=identity))
+                                 identity_file=identity, strict_host_keys=strict))
     if len(set(targets)) != len(targets):
         raise PoolFileError(path, f"{name}.hosts", "lists a host twice")
     return Pool(name, tuple(targets))

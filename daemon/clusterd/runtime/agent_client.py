@@ -1,13 +1,16 @@
 """The daemon's client of a cluster's agent (gRPC over a local Unix socket: the agent's own
 for `local` clusters, an SSH tunnel's otherwise).
 
-gRPC errors are translated here, at the boundary, into ProtocolErrors with stable codes.
-Version skew is checked once, when a connection is made.
+A connection starts with the handshake (agent/auth.py): the agent proves it holds the
+cluster's token, or nothing else is sent to it; then every call carries the daemon's
+credential. gRPC errors are translated here, at the boundary, into ProtocolErrors with stable
+codes. Version skew is checked once, at the handshake.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -17,6 +20,7 @@ import structlog
 
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.agent.auth import AUTH_METADATA, daemon_credential, new_nonce, proof_is_valid
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.agent.wire import (
@@ -28,6 +32,9 @@ from clusterd.agent.wire import (
 
 T = TypeVar("T")
 CALL_TIMEOUT_S = 30.0
+HANDSHAKE_TIMEOUT_S = 5.0
+# The most the daemon takes in one reply (a long queue listing): the agent's own bound, with room.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
@@ -40,9 +47,17 @@ def request_metadata() -> tuple[tuple[str, str], ...]:
     return tuple(metadata)
 
 
+def version_mismatch(cluster: str, detail: str) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.AGENT_VERSION_MISMATCH,
+        f"the agent of cluster {cluster} is of another version: {detail}",
+        f"re-launch to upgrade it: clusterctl launch -c {cluster}",
+    )
+
+
 def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
     code = error.code()
-    details = error.details() or str(code)
+    details = (error.details() or str(code))[:500]
     # CANCELLED here means our side closed the channel under a call (a stop or down).
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
                 grpc.StatusCode.CANCELLED):
@@ -57,11 +72,20 @@ def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
                              f"see `clusterctl queue {cluster}`")
     if code == grpc.StatusCode.FAILED_PRECONDITION and details.startswith(
             VERSION_MISMATCH_PREFIX):
+        return version_mismatch(cluster, details.removeprefix(VERSION_MISMATCH_PREFIX).strip())
+    if code == grpc.StatusCode.UNIMPLEMENTED:
+        return version_mismatch(cluster, f"it lacks a call this daemon makes ({details})")
+    if code == grpc.StatusCode.UNAUTHENTICATED:
         return ProtocolError(
-            ErrorCode.AGENT_VERSION_MISMATCH,
-            f"the agent of cluster {cluster} is of another version: "
-            f"{details.removeprefix(VERSION_MISMATCH_PREFIX).strip()}",
-            f"re-launch to upgrade it: clusterctl launch -c {cluster}",
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the agent of cluster {cluster} refused the daemon's credential: {details}",
+            f"`clusterctl launch -c {cluster}` restarts the runtime with a new token",
+        )
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the agent of cluster {cluster} is at its limit: {details}",
+            "fewer followed logs at once, or try again in a moment",
         )
     if code == grpc.StatusCode.FAILED_PRECONDITION:
         return ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE, f"{cluster}: {details}",
@@ -72,19 +96,68 @@ def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
 
 
 class AgentClient:
-    def __init__(self, cluster: str, endpoint: str) -> None:
+    def __init__(self, cluster: str, endpoint: str, token: str) -> None:
         self.cluster = cluster
         self.endpoint = endpoint
+        self._token = token
+        self._credential: str | None = None
         self._channel = grpc.aio.insecure_channel(
             endpoint,
             options=[
-                ("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                ("grpc.max_receive_message_length", MAX_REPLY_BYTES),
                 ("grpc.enable_retries", 0),
+                # A subchannel of its own: gRPC otherwise shares one per address between
+                # channels, and a new channel would inherit an old one's reconnect back-off.
+                ("grpc.use_local_subchannel_pool", 1),
             ],
         )
         self._jobs = pb_grpc.JobsServiceStub(self._channel)
         self._autostop = pb_grpc.AutostopServiceStub(self._channel)
         self._health = pb_grpc.HealthServiceStub(self._channel)
+
+    async def handshake(self) -> None:
+        """Make the agent prove it holds the cluster's token (then check its version): until
+        it has, nothing but a nonce is sent to whatever answers at the endpoint."""
+        nonce = new_nonce()
+        try:
+            reply = await self._health.Handshake(pb.HandshakeRequest(client_nonce=nonce),
+                                                 timeout=HANDSHAKE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise version_mismatch(
+                    self.cluster, "it was started by an older clusterd (it has no handshake)"
+                ) from None
+            raise translate(error, self.cluster) from None
+        if not proof_is_valid(self._token, nonce, reply.server_nonce, reply.proof):
+            raise ProtocolError(
+                ErrorCode.AGENT_UNREACHABLE,
+                f"what answers at the agent socket of cluster {self.cluster} cannot prove it "
+                "holds the cluster's token, so it is not that cluster's agent (a stale socket "
+                "someone else answers?); nothing was sent to it",
+                f"`clusterctl launch -c {self.cluster}` restarts the runtime",
+            )
+        if reply.version != __version__ or reply.protocol != AGENT_PROTOCOL:
+            raise version_mismatch(
+                self.cluster, f"it runs clusterd {reply.version} (protocol {reply.protocol}); "
+                f"this daemon is {__version__} (protocol {AGENT_PROTOCOL})")
+        self._credential = daemon_credential(self._token, nonce, reply.server_nonce)
+
+    async def _metadata(self) -> tuple[tuple[str, str], ...]:
+        if self._credential is None:
+            await self.handshake()
+        assert self._credential is not None
+        return (*request_metadata(), (AUTH_METADATA, self._credential))
+
+    def token_is(self, token: str) -> bool:
+        return hmac.compare_digest(self._token, token)
+
+    def usable(self, endpoint: str, token: str) -> bool:
+        """For this endpoint and token, and not waiting out gRPC's reconnect back-off (after
+        the agent went away for a moment: a restart, a dropped tunnel), where every call
+        would fail at once with the old error."""
+        state = self._channel.get_state(try_to_connect=False)
+        return (self.endpoint == endpoint and self.token_is(token)
+                and state != grpc.ChannelConnectivity.TRANSIENT_FAILURE)
 
     async def close(self, grace_s: float | None = None) -> None:
         """Close the channel; with a grace period, calls in flight may first read what has
@@ -94,8 +167,9 @@ class AgentClient:
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
                     timeout_s: float = CALL_TIMEOUT_S) -> T:
+        metadata = await self._metadata()
         try:
-            return await method(request, timeout=timeout_s, metadata=request_metadata())
+            return await method(request, timeout=timeout_s, metadata=metadata)
         except grpc.aio.AioRpcError as error:
             raise translate(error, self.cluster) from None
 
@@ -103,6 +177,7 @@ class AgentClient:
         return await self._call(self._health.GetHealth, pb.GetHealthRequest(), timeout_s)
 
     async def check_version(self) -> pb.GetHealthResponse:
+        """The agent's health, once it has proved itself and its version (the handshake)."""
         health = await self.health()
         if health.version != __version__ or health.protocol != AGENT_PROTOCOL:
             raise ProtocolError(
@@ -141,7 +216,7 @@ class AgentClient:
             pb.TailLogsRequest(
                 job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
             ),
-            metadata=request_metadata(),
+            metadata=await self._metadata(),
         )
         try:
             async for message in call:
@@ -162,25 +237,26 @@ class AgentClient:
 
 
 class AgentConnections:
-    """One client per cluster, made (and version-checked) on first use."""
+    """One client per cluster, made (handshake and version check) on first use."""
 
     def __init__(self) -> None:
         self._clients: dict[str, AgentClient] = {}
         self._connecting: dict[str, anyio.Lock] = {}
 
-    async def get(self, cluster: str, endpoint: str) -> AgentClient:
+    async def get(self, cluster: str, endpoint: str, token: str) -> AgentClient:
         client = self._clients.get(cluster)
-        if client is not None and client.endpoint == endpoint:
+        if client is not None and client.usable(endpoint, token):
             return client
         lock = self._connecting.setdefault(cluster, anyio.Lock())
         async with lock:
             client = self._clients.get(cluster)
-            if client is not None and client.endpoint == endpoint:
+            if client is not None and client.usable(endpoint, token):
                 return client
             if client is not None:
                 await self.close(cluster)
-            client = AgentClient(cluster, endpoint)
+            client = AgentClient(cluster, endpoint, token)
             try:
+                await client.handshake()
                 await client.check_version()
             except BaseException:
                 await client.close()
@@ -190,6 +266,9 @@ class AgentConnections:
 
     async def close(self, cluster: str, grace_s: float | None = None) -> None:
         client = self._clients.pop(cluster, None)
+        lock = self._connecting.get(cluster)
+        if lock is not None and not lock.locked():
+            del self._connecting[cluster]
         if client is not None:
             await client.close(grace_s)
 

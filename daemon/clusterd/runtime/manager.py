@@ -3,6 +3,10 @@
 `up` is idempotent and doubles as repair: what is already running is kept, what died is
 started again, and the cluster is ready only once the agent answers and sees every node.
 On remote nodes it first installs the runtime (once per version, in parallel).
+
+The agent listens on a Unix socket in a 0700 directory of the head's user (`~/.clusterd/s/`,
+short: socket paths end at 107 bytes) and holds the runtime's token (agent/auth.py), made here
+and recorded with the runtime before anything starts.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
 from clusterd.providers.base import ClusterInfo, NodeInfo
@@ -48,7 +53,6 @@ HEAD_PORTS = (
     "runtime_env_agent_port",
     "autoscaler_metric_port",
     "dashboard_metric_port",
-    "agent_port",
 )
 WORKER_PORTS = (
     "node_manager_port",
@@ -58,8 +62,10 @@ WORKER_PORTS = (
     "metrics_export_port",
     "runtime_env_agent_port",
 )
-# Passed to Ray as environment, not flags; and ours.
-NOT_RAY_FLAGS = ("gcs_port", "agent_port", "autoscaler_metric_port", "dashboard_metric_port")
+# Passed to Ray as environment, not flags.
+NOT_RAY_FLAGS = ("gcs_port", "autoscaler_metric_port", "dashboard_metric_port")
+# Where the agent's socket lives on a remote head (its directory is made 0700 there).
+REMOTE_AGENT_SOCKET = "~/.clusterd/s/{key}.sock"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +106,10 @@ class RuntimeManager:
         object_store_bytes: int,
         start_timeout_s: float,
         agent_autostop_grace_s: float = 300.0,
+        agent_job_retention: int = 1000,
     ) -> None:
         self._agent_autostop_grace_s = agent_autostop_grace_s
+        self._agent_job_retention = agent_job_retention
         self._runner_for = runner_for
         self._access = access
         self._wheelhouse = wheelhouse
@@ -149,18 +157,22 @@ class RuntimeManager:
             ports = await self._free_ports(head, HEAD_PORTS)
             worker_ports = {}
             token = secrets.token_hex(32)
+        # The agent's token stays what it was (an agent still running keeps it), unless the
+        # runtime is replaced.
+        agent_token = (previous or {}).get("agent_token") if not fresh else None
+        agent_token = agent_token or new_token()
         for node in info.nodes[1:]:
             if _node_key(node) not in worker_ports:
                 worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
         address = f"{head.internal_ip}:{ports['gcs_port']}"
         listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
-                  else f"127.0.0.1:{ports['agent_port']}")
+                  else "unix:" + REMOTE_AGENT_SOCKET.format(key=ray_temp_key(cloud_name)))
         handle: dict[str, Any] = {
             "ports": ports,
             "worker_ports": worker_ports,
             "ray_address": address,
             "agent_listen": listen,
-            "agent_port": ports["agent_port"],
+            "agent_token": agent_token,
         }
         if head.ssh is None:
             handle["agent_endpoint"] = listen
@@ -171,12 +183,13 @@ class RuntimeManager:
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
         await self._start_ray(cloud_name, info, ports, worker_ports, token, address)
         await progress("starting the agent on the head node", "agent")
-        await node_helper.call(
+        started = await node_helper.call(
             head_runner,
             "start-agent",
             {
                 "dir": head_layout.run_dir,
                 "listen": listen,
+                "token": agent_token,
                 "state_dir": head_layout.agent_state,
                 "ray_address": address,
                 "cluster_name": cluster,
@@ -186,14 +199,16 @@ class RuntimeManager:
                 # can stop the whole cluster when autostop falls due with no daemon about.
                 "node_run_dir": head_layout.run_dir,
                 "autostop_grace": self._agent_autostop_grace_s,
+                "job_retention": self._agent_job_retention,
                 "shutdown_nodes": info.shutdown_to_stop,
             },
             timeout_s=self._start_timeout_s + 30,
         )
+        handle["agent_socket"] = str(started["socket"])
         await fault_point("launch.after_agent")
         await self._access.reset(cluster)
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
-        await self._wait_for_nodes(cluster, endpoint, len(info.nodes))
+        await self._wait_for_nodes(cluster, endpoint, agent_token, len(info.nodes))
         return handle
 
     async def _install(self, nodes: list[NodeInfo], progress: Progress, force: bool) -> None:
@@ -287,9 +302,11 @@ class RuntimeManager:
             params["head_address"] = address
         await node_helper.call(runner, "start-ray", params, timeout_s=self._start_timeout_s + 30)
 
-    async def _wait_for_nodes(self, cluster: str, endpoint: str, expected: int) -> None:
-        client = AgentClient(cluster, endpoint)
+    async def _wait_for_nodes(self, cluster: str, endpoint: str, token: str,
+                              expected: int) -> None:
+        client = AgentClient(cluster, endpoint, token)
         seen = 0
+        last: ProtocolError | None = None
         try:
             with anyio.fail_after(self._start_timeout_s):
                 while True:
@@ -301,8 +318,11 @@ class RuntimeManager:
                     except ProtocolError as exc:
                         if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
                             raise
+                        last = exc
                     await anyio.sleep(0.25)
         except TimeoutError:
+            if last is not None and not seen:
+                raise last from None
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
                 f"only {seen} of {expected} nodes joined the Ray cluster within "

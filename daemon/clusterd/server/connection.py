@@ -25,6 +25,10 @@ from clusterd import log
 logger = log.get("clusterd.connection")
 
 HELLO_TIMEOUT_S = 10.0
+# A connection with no request in flight and no frame for this long is closed (Settings).
+IDLE_TIMEOUT_S = 600.0
+# A client that reads nothing for this long while the daemon has a frame for it is gone.
+SEND_TIMEOUT_S = 60.0
 RECEIVE_BYTES = 256 * 1024
 MAX_IN_FLIGHT = 256
 CLIENT_GONE = (anyio.BrokenResourceError, anyio.ClosedResourceError, ConnectionError)
@@ -55,19 +59,25 @@ def peer_uid(stream: anyio.abc.SocketStream) -> int | None:
 
 class Connection:
     def __init__(self, stream: anyio.abc.SocketStream, dispatch: Dispatch,
-                 server_name: str) -> None:
+                 server_name: str, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
         self._stream = stream
         self._dispatch = dispatch
         self._server_name = server_name
-        self._decoder = protocol.FrameDecoder()
+        self._decoder = protocol.FrameDecoder(limits=protocol.REQUEST_LIMITS)
         self._send_lock = anyio.Lock()
         self._in_flight: dict[int, anyio.CancelScope] = {}
-        self._closed = False
+        self._idle_timeout_s = idle_timeout_s
+        self._last_activity = 0.0
 
     async def send(self, message: dict[str, Any]) -> None:
         frame = protocol.encode_frame(message)
         async with self._send_lock:
-            await self._stream.send(frame)
+            try:
+                with anyio.fail_after(SEND_TIMEOUT_S):
+                    await self._stream.send(frame)
+            except TimeoutError:
+                logger.info("client stopped reading; dropping it")
+                raise anyio.BrokenResourceError from None
 
     async def serve(self) -> None:
         try:
@@ -76,6 +86,8 @@ class Connection:
                     return
                 async with anyio.create_task_group() as group:
                     try:
+                        self._last_activity = anyio.current_time()
+                        group.start_soon(self._close_when_idle, group.cancel_scope)
                         await self._read_loop(group)
                     finally:
                         # The client is gone: stop relaying to it (detach, never kill).
@@ -86,6 +98,25 @@ class Connection:
             # One broken connection must never take the listener (and the daemon) with it.
             logger.exception("connection failed")
 
+    async def _close_when_idle(self, scope: anyio.CancelScope) -> None:
+        """Close the connection once it has had no request in flight and sent no frame for
+        the idle timeout: idle connections would otherwise hold the daemon's descriptors."""
+        while True:
+            remaining = self._last_activity + self._idle_timeout_s - anyio.current_time()
+            if remaining > 0:
+                await anyio.sleep(remaining)
+                continue
+            if self._in_flight:
+                self._last_activity = anyio.current_time()
+                continue
+            logger.info("closing an idle connection", idle_s=self._idle_timeout_s)
+            await self._fail(ProtocolError(
+                ErrorCode.IDLE_TIMEOUT,
+                f"no request for {self._idle_timeout_s:g} s; closing the connection",
+                "connect again when you have something to ask"))
+            scope.cancel()
+            return
+
     async def _fail(self, error: ProtocolError) -> None:
         try:
             with anyio.fail_after(2):
@@ -95,7 +126,13 @@ class Connection:
 
     async def _authorize(self) -> bool:
         uid = peer_uid(self._stream)
-        if uid is not None and uid != os.getuid():
+        if uid is None:  # not a Unix socket: nobody can say who is there
+            logger.warning("refused a client whose uid cannot be known")
+            await self._fail(ProtocolError(
+                ErrorCode.PERMISSION_DENIED, "clusterd serves only its own user over a Unix "
+                "socket", "connect to clusterd's Unix socket"))
+            return False
+        if uid != os.getuid():
             logger.warning("refused a client of another user", peer_uid=uid)
             await self._fail(ProtocolError(
                 ErrorCode.PERMISSION_DENIED,
@@ -140,7 +177,8 @@ class Connection:
         if version != protocol.PROTOCOL_VERSION:
             await self._fail(ProtocolError(
                 ErrorCode.UNSUPPORTED_VERSION,
-                f"protocol version {version!r} is not supported; this clusterd speaks "
+                f"protocol version {protocol.shown(version, 40)} is not supported; this "
+                "clusterd speaks "
                 f"{protocol.PROTOCOL_VERSION}",
                 "upgrade the client or the daemon so they match",
             ))
@@ -164,16 +202,23 @@ class Connection:
                 return
             if message is None:
                 return
+            self._last_activity = anyio.current_time()
             kind = message.get("type")
             if kind == protocol.REQUEST:
                 await self._start_request(group, message)
             elif kind == protocol.CANCEL:
-                scope = self._in_flight.get(message.get("id"))  # type: ignore[arg-type]
+                request_id = message.get("id")
+                if not isinstance(request_id, int) or isinstance(request_id, bool):
+                    await self.send(protocol.connection_error(ProtocolError(
+                        ErrorCode.INVALID_ARGUMENT, "a cancel needs the integer id of a "
+                        f"request, got {protocol.shown(request_id, 40)}")))
+                    continue
+                scope = self._in_flight.get(request_id)
                 if scope is not None:
                     scope.cancel()
             else:
                 await self._reply_error(message.get("id"), ProtocolError(
-                    ErrorCode.BAD_FRAME, f"unexpected message type {kind!r}",
+                    ErrorCode.BAD_FRAME, f"unexpected message type {protocol.shown(kind, 40)}",
                     "send request or cancel frames after the hello",
                 ))
 
@@ -202,7 +247,7 @@ class Connection:
         op_type = protocol.OPS.get(op) if isinstance(op, str) else None
         if op_type is None:
             await self._reply_error(request_id, ProtocolError(
-                ErrorCode.UNKNOWN_OP, f"unknown op {op!r}",
+                ErrorCode.UNKNOWN_OP, f"unknown op {protocol.shown(op, 40)}",
                 f"known ops: {', '.join(sorted(protocol.OPS))}"))
             return
         try:
@@ -241,3 +286,4 @@ class Connection:
             pass
         finally:
             self._in_flight.pop(request_id, None)
+            self._last_activity = anyio.current_time()

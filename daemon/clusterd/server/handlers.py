@@ -4,6 +4,7 @@ result; long work runs as a daemon-owned request the client merely follows."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,13 +25,26 @@ from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestStore
-from clusterd.tasks.loader import load_task, parse_resources
+from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, parse_resources
 from clusterd.tasks.spec import Autostop, TaskSpec
 
 from .connection import Call
 
 Handler = Callable[[Call, Any], Awaitable[dict[str, Any]]]
 MAX_EVENTS_LIMIT = 10_000
+# Job ids and byte offsets travel as protobuf int64 to the agent.
+MAX_ID = 2**62
+MAX_TAIL_LINES = 1_000_000
+
+
+def check_range(name: str, value: float | None, low: float, high: float) -> None:
+    """INVALID_ARGUMENT for a number that is not finite or not within [low, high]."""
+    if value is None:
+        return
+    if not math.isfinite(value) or not low <= value <= high:
+        raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                            f"{name} must be a number from {low:g} to {high:g}, got "
+                            f"{protocol.shown(value, 30)}")
 
 
 class Handlers:
@@ -96,7 +110,7 @@ class Handlers:
         for name in args.clusters:
             require_cluster(self._store, name)
         if args.refresh:
-            await self._refresh.cycle(args.clusters or None, force=True)
+            await self._refresh.refresh_now(args.clusters or None)
         result = self._clusters.status(args.clusters, args.verbose)
         if not args.clusters:
             result["orphans"] = self._orphans.views()
@@ -106,9 +120,14 @@ class Handlers:
         return await self._jobs.queue(args.cluster, args.skip_finished)
 
     async def cancel(self, call: Call, args: protocol.CancelArgs) -> dict[str, Any]:
+        for job_id in args.job_ids:
+            check_range("job_ids", job_id, 1, MAX_ID)
         return await self._jobs.cancel(args.cluster, args.job_ids, args.all)
 
     async def logs(self, call: Call, args: protocol.LogsArgs) -> dict[str, Any]:
+        check_range("job_id", args.job_id, 1, MAX_ID)
+        check_range("tail", args.tail, 0, MAX_TAIL_LINES)
+        check_range("offset", args.offset, 0, MAX_ID)
         return await self._jobs.stream_logs(
             args.cluster, args.job_id, follow=args.follow, tail=args.tail, offset=args.offset,
             emit=call.emit,
@@ -141,8 +160,7 @@ class Handlers:
                 raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                     "autostop needs idle minutes, or cancel",
                                     "e.g. clusterctl autostop dev -i 10, or --cancel")
-            if args.idle_minutes < 0:
-                raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "idle minutes must be ≥ 0")
+            check_range("idle_minutes", args.idle_minutes, 0, MAX_IDLE_MINUTES)
             if args.wait_for not in WAIT_FOR_CHOICES:
                 raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                     f"wait_for must be one of {', '.join(WAIT_FOR_CHOICES)}")
@@ -191,7 +209,8 @@ class Handlers:
 
     async def launch(self, call: Call, args: protocol.LaunchArgs) -> dict[str, Any]:
         name = check_name(args.cluster) if args.cluster else generated_name()
-        task = _load(args)
+        check_range("idle_minutes", args.idle_minutes, 0, MAX_IDLE_MINUTES)
+        task = await _load(args)
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
             lambda r: self._clusters.launch(r, name, args, task),
@@ -202,7 +221,7 @@ class Handlers:
         if not args.cluster:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "exec needs a cluster name")
         require_cluster(self._store, args.cluster)
-        task = _load(args)
+        task = await _load(args)
         if not task.run:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
                                 "exec runs the task's run commands; give some")
@@ -259,20 +278,25 @@ async def _follow(call: Call, request: RunningRequest) -> dict[str, Any]:
     return {**request.outcome(), "request_id": request.id}
 
 
-def _load(args: protocol.TaskArgs) -> TaskSpec:
-    task = load_task(
-        yaml_path=args.yaml_path,
-        yaml_text=args.yaml_text,
-        command=args.command,
-        source=args.source,
-        cwd=args.cwd,
-        env_overrides=args.envs,
-        secret_overrides=args.secrets,
-    )
+async def _load(args: protocol.TaskArgs) -> TaskSpec:
+    """The task, read and parsed in a thread when it is YAML: a big (or hostile) file must
+    not hold up the event loop. (The reading never blocks: see safe_yaml.)"""
+    check_range("num_nodes", args.num_nodes, 1, MAX_NUM_NODES)
+
+    def load() -> TaskSpec:
+        return load_task(
+            yaml_path=args.yaml_path,
+            yaml_text=args.yaml_text,
+            command=args.command,
+            source=args.source,
+            cwd=args.cwd,
+            env_overrides=args.envs,
+            secret_overrides=args.secrets,
+        )
+
+    task = load() if args.command is not None else await anyio.to_thread.run_sync(load)
     changes: dict[str, Any] = {}
     if args.num_nodes is not None:
-        if args.num_nodes < 1:
-            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "num_nodes must be ≥ 1")
         changes["num_nodes"] = args.num_nodes
     if args.name:
         changes["name"] = args.name

@@ -72,9 +72,12 @@ class ClusterService:
         jobs: JobService,
         ssh_config: SSHConfigWriter,
         provisioner: Provisioner,
+        forget_nodes: Callable[[list[SSHTarget]], Awaitable[None]] | None = None,
     ) -> None:
         self._ssh_config = ssh_config
         self._provisioner = provisioner
+        # Drops a torn-down cluster's SSH connections (and its cloud instances' pinned keys).
+        self._forget_nodes = forget_nodes
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
@@ -279,7 +282,7 @@ class ClusterService:
             # Not purged: if what it made cannot be removed now, the record stays (INIT,
             # saying why) so that nothing it made is lost track of.
             with anyio.fail_after(600):
-                await self._teardown(request, record, purge=False)
+                targets = await self._teardown(request, record, purge=False)
         except Exception as exc:
             why = brief(exc.message if isinstance(exc, ProtocolError) else repr(exc))
             logger.warning("cleanup after failed launch failed", error=why)
@@ -287,6 +290,8 @@ class ClusterService:
                 name, ClusterStatus.INIT, f"launch failed ({reason}) and cleanup failed "
                 f"({why}): `clusterctl down {name}` tries again", request.id)
             return
+        if self._forget_nodes is not None:
+            await self._forget_nodes(targets)
         self._ssh_config.remove(name)
         await self._store.remove(name, f"launch failed: {reason}", request.id)
 
@@ -491,8 +496,10 @@ class ClusterService:
                         "skipped": why}
             await request.progress(f"tearing down {name}", "down")
             await fault_point("down.mid_teardown")
-            await self._teardown(request, record, purge=purge)
+            targets = await self._teardown(request, record, purge=purge)
             self._ssh_config.remove(name)
+            if self._forget_nodes is not None:
+                await self._forget_nodes(targets)
             await self._store.remove(name, reason or f"torn down by request {request.id}",
                                      request.id)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
@@ -503,7 +510,8 @@ class ClusterService:
             logger.info("pre-empted queued request", preempted=holder.request_id)
 
     async def _teardown(self, request: RunningRequest, record: ClusterRecord,
-                        purge: bool) -> None:
+                        purge: bool) -> list[SSHTarget]:
+        """Stop, clean up and terminate; returns how its nodes were reached (to forget)."""
         provider = self._providers.get(record.provider)
         handle = (record.handle or {}).get("provider")
         if handle is None:
@@ -512,12 +520,13 @@ class ClusterService:
             if intent is not None:
                 # A launch died around its create call: sweep whatever it may have made.
                 await self._cleanup_cloud(request, record, provider, intent, purge)
-            return
+            return []
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
         except ProvisionError as exc:
             info = None
             await request.progress(f"warning: cannot reach the nodes: {exc.message}", "down")
+        every = info
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
         if info is not None:
@@ -530,6 +539,7 @@ class ClusterService:
                 await request.progress(f"warning: runtime cleanup failed: {exc.message}", "down")
         await self._access.close(record.name, grace_s=FOLLOWER_GRACE_S)
         await self._cleanup_cloud(request, record, provider, handle, purge)
+        return [node.ssh for node in (every.nodes if every else ()) if node.ssh is not None]
 
     async def _reachable_part(self, record: ClusterRecord, provider: Provider,
                               handle: dict[str, Any], info: ClusterInfo) -> ClusterInfo | None:
@@ -567,6 +577,15 @@ class ClusterService:
     def forget_config(self, name: str) -> None:
         """The cluster is gone: so is its `ssh CLUSTER` configuration."""
         self._ssh_config.remove(name)
+    async def forget_nodes(self, record: ClusterRecord) -> None:
+        """Drop the SSH connections of a cluster found gone (best effort)."""
+        if self._forget_nodes is None or not (record.handle or {}).get("provider"):
+            return
+        try:
+            info = await self.cluster_info(record)
+        except ProtocolError:
+            return
+        await self._forget_nodes([n.ssh for n in info.nodes if n.ssh is not None])
 
 
 def brief(message: str, limit: int = 300) -> str:
@@ -633,9 +652,7 @@ def _check_compatible(record: ClusterRecord, override: Infra | None,
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
-    if args.idle_minutes is not None:
-        if args.idle_minutes < 0:
-            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "idle minutes must be ≥ 0")
+    if args.idle_minutes is not None:  # checked (finite, in range) by the handler
         return Autostop(args.idle_minutes, args.down)
     if task.resources.autostop is not None:
         setting = task.resources.autostop

@@ -134,7 +134,8 @@ class JobService:
             await request.progress(f"syncing workdir {task.workdir}", "sync")
         if task.file_mounts:
             await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
-        token = task.secrets.get("GIT_TOKEN") or task.envs.get("GIT_TOKEN")
+        # The loader keeps GIT_TOKEN among the secrets wherever the task wrote it.
+        token = task.secrets.get("GIT_TOKEN")
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
@@ -200,7 +201,7 @@ class JobService:
         If the agent goes away mid-stream (a restarted agent, a dropped tunnel), the stream
         resumes from the last byte offset it relayed, so no line is lost or repeated.
         """
-        if tail < 0:
+        if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
         record = require_up(require_cluster(self._store, name))
         position = offset or 0

@@ -70,6 +70,11 @@ class RefreshService:
         self.cycles = 0
         self.last_cycle_s = 0.0
         self._cycling = anyio.Lock()
+        # Forced refreshes (`status --refresh`) asked for while one runs share the next one.
+        self._forced = anyio.Lock()
+        self._forced_started = 0
+        self._forced_done = 0
+        self._forced_names: set[str] | None = set()  # None: every cluster
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -82,6 +87,32 @@ class RefreshService:
                 await self.orphans.scan()
             await anyio.sleep(self.interval_s * random.uniform(1 - JITTER, 1 + JITTER))
 
+    async def refresh_now(self, names: list[str] | None = None) -> None:
+        """A forced refresh of `names` (None: all), merged with others asked for at the same
+        time: all callers waiting while one cycle runs are served by the one cycle after it
+        (it starts after they asked, and covers all their clusters), not one cycle each."""
+        asked_after = self._forced_started
+        if names is None or self._forced_names is None:
+            self._forced_names = None
+        else:
+            self._forced_names |= set(names)
+        async with self._forced:
+            if self._forced_done > asked_after:
+                return  # a cycle that started after we asked has finished
+            self._forced_started += 1
+            number = self._forced_started
+            wanted, self._forced_names = self._forced_names, set()
+            try:
+                await self.cycle(None if wanted is None else sorted(wanted), force=True)
+            except BaseException:
+                # Abandoned (its client left): the callers it served take their turn again.
+                if wanted is None or self._forced_names is None:
+                    self._forced_names = None
+                else:
+                    self._forced_names |= wanted
+                raise
+            self._forced_done = number
+
     async def cycle(self, names: list[str] | None = None, *, force: bool = False) -> None:
         # One cycle at a time: two settling the same cluster at once would both record its
         # change (a forced refresh waits for the periodic one, then looks again).
@@ -91,6 +122,8 @@ class RefreshService:
     async def _cycle(self, names: list[str] | None, force: bool) -> None:
         started = time.monotonic()
         now = time.time()
+        for gone in self._backoff.keys() - set(self._store.names()):
+            del self._backoff[gone]
         chosen = [r for r in self._store.all()
                   if (names is None or r.name in names)
                   and (force or self._backoff.get(r.name, (0, 0.0))[1] <= now)]
@@ -184,6 +217,7 @@ class RefreshService:
             return
         self._backoff.pop(name, None)
         if status is None:
+            await self._clusters.forget_nodes(record)
             await self._store.remove(name, reason)
             return
         if status != record.status or (status == ClusterStatus.INIT
@@ -236,8 +270,7 @@ class RefreshService:
             return ClusterStatus.INIT, (f"refresh found {running} of {record.num_nodes} "
                                         f"nodes running{detail}")
         try:
-            agent = await self._access.client(record)
-            health = await agent.check_version()
+            health = await self._agent_health(record)
         except ProtocolError as exc:
             await self._access.reset(record.name)
             if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
@@ -247,6 +280,18 @@ class RefreshService:
             return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
                                         f"{record.num_nodes} nodes")
         return ClusterStatus.UP, "refresh found every node and the agent healthy"
+
+    async def _agent_health(self, record: ClusterRecord) -> Any:
+        """The agent's health; an agent that does not answer is asked once more on a fresh
+        connection (the old one may have broken when the agent restarted) before it counts
+        as gone."""
+        try:
+            return await (await self._access.client(record)).check_version()
+        except ProtocolError as exc:
+            if exc.code != ErrorCode.AGENT_UNREACHABLE:
+                raise
+        await self._access.reset(record.name)
+        return await (await self._access.client(record)).check_version()
 
     async def _agent_gone(self, record: ClusterRecord, error: ProtocolError
                           ) -> tuple[ClusterStatus | None, str]:

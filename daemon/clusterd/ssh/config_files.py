@@ -1,12 +1,22 @@
 """`ssh CLUSTER` and `ssh CLUSTER-worker1`: an OpenSSH config file per cluster, included from
-~/.ssh/config, with the same pinned host keys the daemon uses. Removed on down."""
+~/.ssh/config, with the same host keys the daemon checks (its pins, then the user's own
+known_hosts). Removed on down. Values are quoted; one that could break out of its line (a
+newline, a quote) is refused, never written."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from clusterctl._private import ensure_private_dir
 from clusterd.providers.base import NodeInfo
+
+
+def quoted(value: str) -> str:
+    """A value for ssh_config, in double quotes (OpenSSH splits its lines as a shell would)."""
+    if any(c in value for c in '"\n\r\0'):
+        raise ValueError(f"{value[:80]!r} cannot be written to an ssh config file")
+    return f'"{value}"'
 
 
 class SSHConfigWriter:
@@ -26,22 +36,26 @@ class SSHConfigWriter:
             alias = cluster if index == 0 else f"{cluster}-worker{index}"
             lines = [
                 f"Host {alias}",
-                f"  HostName {node.ssh.host}",
-                f"  Port {node.ssh.port}",
-                f"  User {node.ssh.user}",
-                f"  UserKnownHostsFile {self._known_hosts}",
+                f"  HostName {quoted(node.ssh.host)}",
+                f"  Port {int(node.ssh.port)}",
+                f"  User {quoted(node.ssh.user)}",
+                f"  UserKnownHostsFile {quoted(str(self._known_hosts))} "
+                f"{quoted(os.path.expanduser('~/.ssh/known_hosts'))}",
                 "  StrictHostKeyChecking yes",
             ]
             if node.ssh.host_key_alias:
-                lines.append(f"  HostKeyAlias {node.ssh.host_key_alias}")
+                lines.append(f"  HostKeyAlias {quoted(node.ssh.host_key_alias)}")
             if node.ssh.proxy_command:
+                # The rest of the line is the command, as written (quotes would be its own).
+                quoted(node.ssh.proxy_command)  # no newline: it cannot end the line early
                 lines.append(f"  ProxyCommand {node.ssh.proxy_command}")
             if node.ssh.identity_file:
-                lines += [f"  IdentityFile {node.ssh.identity_file}", "  IdentitiesOnly yes"]
+                lines += [f"  IdentityFile {quoted(node.ssh.identity_file)}",
+                          "  IdentitiesOnly yes"]
             blocks.append("\n".join(lines))
         if not blocks:
             return
-        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        ensure_private_dir(str(self.directory))
         path = self.directory / cluster
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:

@@ -3,6 +3,9 @@
 Connections are made on first use, kept alive with keepalives, and remade (with backoff)
 when they die. Each carries a bound on concurrent channels below OpenSSH's MaxSessions
 (default 10), so fifty concurrent commands queue for a slot instead of being refused.
+Host keys are checked as host_keys.py says; a key met for the first time is announced
+(`on_new_host_key`) with its fingerprint. A torn-down cluster's connections are dropped
+(`forget`), with the pinned keys of cloud instances (their ids are never reused).
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import anyio
 import asyncssh
@@ -19,7 +23,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
 from clusterd.runtime.runner import CommandResult
-from clusterd.ssh.host_keys import HostKeyStore
+from clusterd.ssh.host_keys import HostKeyStore, KnownKeys, fingerprint
 
 logger = log.get("clusterd.ssh")
 
@@ -31,11 +35,18 @@ WINDOW_BYTES = 8 * 1024 * 1024
 MAX_PACKET_BYTES = 256 * 1024
 
 
+# Told of a key met for the first time; returns whether a user was told (in a request).
+NewKeyListener = Callable[[SSHTarget, str], Awaitable[bool]]
+
+
 @dataclasses.dataclass
 class NodeConnection:
     target: SSHTarget
     conn: asyncssh.SSHClientConnection
     slots: anyio.Semaphore
+    host_key: str = ""  # its fingerprint
+    # The key was met (and pinned) by this connection, and no user has been told yet.
+    first_contact: bool = False
 
     @property
     def alive(self) -> bool:
@@ -65,10 +76,12 @@ def connection_lost(target: SSHTarget, exc: BaseException) -> ProtocolError:
 
 
 class SSHConnections:
-    def __init__(self, host_keys: HostKeyStore) -> None:
+    def __init__(self, host_keys: HostKeyStore,
+                 on_new_host_key: NewKeyListener | None = None) -> None:
         self._host_keys = host_keys
         self._connections: dict[SSHTarget, NodeConnection] = {}
         self._connecting: dict[SSHTarget, anyio.Lock] = {}
+        self.on_new_host_key = on_new_host_key
 
     async def get(self, target: SSHTarget) -> NodeConnection:
         existing = self._connections.get(target)
@@ -79,9 +92,13 @@ class SSHConnections:
             existing = self._connections.get(target)
             if existing is not None and existing.alive:
                 return existing
-            node = NodeConnection(target, await self._connect(target),
-                                  anyio.Semaphore(CHANNELS_PER_CONNECTION))
+            conn, key, first = await self._connect(target)
+            node = NodeConnection(target, conn, anyio.Semaphore(CHANNELS_PER_CONNECTION),
+                                  key, first)
             self._connections[target] = node
+            if first and self.on_new_host_key is not None and (
+                    await self.on_new_host_key(target, key)):
+                node.first_contact = False  # announced
             return node
 
     async def run(self, target: SSHTarget, command: str, *, input: bytes | None = None,
@@ -108,13 +125,15 @@ class SSHConnections:
         stderr = done.stderr if isinstance(done.stderr, bytes) else b""
         return CommandResult(code, stdout, stderr)
 
-    async def _connect(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
+    async def _connect(self, target: SSHTarget
+                       ) -> tuple[asyncssh.SSHClientConnection, str, bool]:
         delay = 0.5
         for attempt in range(1, CONNECT_ATTEMPTS + 1):
             try:
                 return await self._connect_once(target)
             except ProtocolError as exc:
-                if exc.code == ErrorCode.HOST_KEY_MISMATCH or attempt == CONNECT_ATTEMPTS:
+                if exc.code in (ErrorCode.HOST_KEY_MISMATCH, ErrorCode.HOST_KEY_UNKNOWN) or (
+                        attempt == CONNECT_ATTEMPTS):
                     raise
                 logger.info("ssh connect failed; retrying", node=str(target),
                             attempt=attempt, error=exc.message)
@@ -122,13 +141,27 @@ class SSHConnections:
             delay *= 2
         raise AssertionError("unreachable")
 
-    async def _connect_once(self, target: SSHTarget) -> asyncssh.SSHClientConnection:
+    async def _connect_once(self, target: SSHTarget
+                            ) -> tuple[asyncssh.SSHClientConnection, str, bool]:
+        """A connection, the fingerprint of the host key it accepted, and whether that key was
+        met for the first time (and pinned)."""
         pinned = self._host_keys.pinned(target.key_name, target.port)
-        options = {
+        # A cloud instance is known by its id (the alias), which no file of the user's names.
+        user = (self._host_keys.known_by_user(target.host, target.port)
+                if not pinned and not target.host_key_alias else None)
+        if pinned:
+            known_hosts: Any = (pinned, [], list(user.revoked) if user else [])
+        elif user:
+            known_hosts = (list(user.keys), list(user.authorities), list(user.revoked))
+        elif target.strict_host_keys:
+            known_hosts = ([], [], [])  # nothing is known, and nothing may be trusted
+        else:
+            known_hosts = None  # first contact: trusted, then pinned and announced
+        options: dict[str, Any] = {
             "port": target.port,
             "username": target.user,
             "client_keys": [target.identity_file] if target.identity_file else (),
-            "known_hosts": (pinned, [], []) if pinned else None,
+            "known_hosts": known_hosts,
             "keepalive_interval": KEEPALIVE_INTERVAL_S,
             "keepalive_count_max": 3,
             "agent_path": None,
@@ -145,12 +178,7 @@ class SSHConnections:
             with anyio.fail_after(CONNECT_TIMEOUT_S + 5):
                 conn = await asyncssh.connect(target.host, **options)
         except asyncssh.HostKeyNotVerifiable:
-            raise ProtocolError(
-                ErrorCode.HOST_KEY_MISMATCH,
-                f"the host key of {target.host}:{target.port} is not the one pinned on first "
-                "contact; refusing to connect (someone may be impersonating the host)",
-                f"if the host was rebuilt, delete its line from {self._host_keys.path}",
-            ) from None
+            raise await self._refused_key(target, bool(pinned), user) from None
         except asyncssh.PermissionDenied as exc:
             raise ProtocolError(
                 ErrorCode.NODE_UNREACHABLE,
@@ -164,16 +192,62 @@ class SSHConnections:
                 f"cannot reach {target}: {reason}",
                 "check that the host is up and its sshd listens on that port",
             ) from None
-        if not pinned:
-            key = conn.get_server_host_key()
-            if key is not None:
-                self._host_keys.pin(target.key_name, target.port, key)
-                logger.info("pinned host key", node=str(target))
+        key = conn.get_server_host_key()
+        first = False
+        by_authority = user is not None and bool(user) and key is not None and not any(
+            k.get_fingerprint() == key.get_fingerprint() for k in user.keys)
+        if key is not None and not pinned and not by_authority:
+            # A host vouched for by a CA's certificate is checked against it every time:
+            # nothing to pin (its certificates, and keys, may change).
+            self._host_keys.pin(target.key_name, target.port, key)
+            first = not user
+            logger.info("pinned host key", node=str(target),
+                        fingerprint=fingerprint(key), seen_before=not first)
         logger.info("ssh connected", node=str(target))
-        return conn
+        return conn, fingerprint(key) if key is not None else "", first
+
+    async def _refused_key(self, target: SSHTarget, pinned: bool,
+                           user: KnownKeys | None) -> ProtocolError:
+        where = f"{target.host}:{target.port}"
+        offered = ""
+        with contextlib.suppress(Exception), anyio.move_on_after(10):
+            key = await asyncssh.get_server_host_key(
+                target.host, target.port,
+                proxy_command=expand_proxy_command(target) if target.proxy_command else ())
+            if key is not None:
+                offered = f" (it offers {fingerprint(key)})"
+        if pinned or user:
+            source = (f"the one pinned on first contact ({self._host_keys.path})" if pinned
+                      else "the one your known_hosts files give it")
+            return ProtocolError(
+                ErrorCode.HOST_KEY_MISMATCH,
+                f"the host key of {where}{offered} is not {source}; refusing to connect "
+                "(someone may be impersonating the host)",
+                f"if the host was rebuilt, delete its line from {self._host_keys.path}"
+                if pinned else "if the host was rebuilt, update ~/.ssh/known_hosts "
+                f"(ssh-keygen -R {target.host})",
+            )
+        return ProtocolError(
+            ErrorCode.HOST_KEY_UNKNOWN,
+            f"the host key of {where}{offered} is not known, and its pool has "
+            "strict_host_key_checking: true",
+            f"check the key out of band, then add it: ssh-keyscan -p {target.port} "
+            f"{target.host} >> ~/.ssh/known_hosts",
+        )
+
+    async def forget(self, targets: list[SSHTarget]) -> None:
+        """A cluster is gone: drop its nodes' connections, and the pinned keys of cloud
+        instances (known by their ids, which are never reused)."""
+        for target in targets:
+            await self.drop(target)
+            if target.host_key_alias:
+                self._host_keys.forget(target.key_name, target.port)
 
     async def drop(self, target: SSHTarget) -> None:
         node = self._connections.pop(target, None)
+        lock = self._connecting.get(target)
+        if lock is not None and not lock.locked():
+            del self._connecting[target]
         if node is not None:
             node.conn.close()
             with anyio.move_on_after(5, shield=True):

@@ -114,16 +114,24 @@ class SSHRunner:
     # -- files ------------------------------------------------------------------------------
 
     async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
-        await self.run(["mkdir", "-p", destination.replace("~/", "", 1)], timeout_s=60)
+        await self._mkdir(destination)
         await self._rsync(
             ["-a", "--delete", *ignore_filters(source), source.rstrip("/") + "/",
              f"node:{_remote_path(destination)}/"],
             source, timeout_s,
         )
 
+    async def _mkdir(self, path: str) -> None:
+        """`mkdir -p` on the node: relative to the login directory for `~/...` (only at the
+        start of the path), `--` before the path."""
+        done = await self.run(["mkdir", "-p", "--", _remote_path(path) or "."], timeout_s=60)
+        if done.exit_code != 0:
+            raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                                f"mkdir {path} on {self.node_name} failed: {done.error_tail(3)}")
+
     async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
         parent = destination.rstrip("/").rsplit("/", 1)[0] if "/" in destination else "."
-        await self.run(["mkdir", "-p", parent.replace("~/", "", 1) or "/"], timeout_s=60)
+        await self._mkdir(parent or "/")
         remote = f"node:{_remote_path(destination)}"
         if Path(source).is_dir():
             await self._rsync(["-a", source.rstrip("/") + "/", remote + "/"], source, timeout_s)
@@ -190,5 +198,8 @@ async def _pump_in(stream: anyio.abc.ByteReceiveStream,
 
 
 def _remote_path(path: str) -> str:
-    # rsync's remote side resolves paths from the login directory: "~/" is implied.
+    """A path as the node's login directory sees it: `~` (and `~/` at the start only) is
+    that directory."""
+    if path == "~":
+        return "."
     return path[2:] if path.startswith("~/") else path

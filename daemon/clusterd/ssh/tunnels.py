@@ -1,9 +1,9 @@
-"""Tunnels to agents: per cluster, a local Unix socket forwarded to the agent's loopback port
-on the head node, over the daemon's SSH connection to the head.
+"""Tunnels to agents: per cluster, a local Unix socket forwarded to the agent's Unix socket on
+the head node (an SSH stream-local forward), over the daemon's SSH connection to the head.
 
-A Unix socket in a 0700 directory, itself 0600: no TCP port on this machine that another local
-user could reach. One tunnel per cluster, however many requests ask at once; reopened when its
-connection has died; closed on stop, down and daemon shutdown.
+Unix sockets at both ends, each in a 0700 directory of its user: no TCP port, here or on the
+head, that another user could reach. One tunnel per cluster, however many requests ask at
+once; reopened when its connection has died; closed on stop, down and daemon shutdown.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import asyncssh
 
+from clusterctl._private import ensure_private_dir
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
@@ -31,7 +32,7 @@ class Tunnel:
     cluster: str
     path: Path
     target: SSHTarget
-    remote_port: int
+    remote_path: str
     node: NodeConnection
     listener: asyncssh.SSHListener
     opened_at: float
@@ -45,7 +46,7 @@ class Tunnel:
         return {
             "socket": str(self.path),
             "head": str(self.target),
-            "remote": f"127.0.0.1:{self.remote_port}",
+            "remote": self.remote_path,
             "alive": self.alive,
             "opened_at": self.opened_at,
             "reopened": self.reopened,
@@ -68,34 +69,31 @@ class TunnelManager:
         return tunnel.describe() if tunnel else None
 
     async def ensure(self, cluster: str, cloud_name: str, target: SSHTarget,
-                     remote_port: int) -> str:
+                     remote_path: str) -> str:
         """A live tunnel's endpoint (`unix:PATH`), opening or reopening it as needed."""
         tunnel = self._tunnels.get(cluster)
-        if tunnel is not None and tunnel.alive and tunnel.remote_port == remote_port:
+        if tunnel is not None and tunnel.alive and tunnel.remote_path == remote_path:
             return f"unix:{tunnel.path}"
         lock = self._locks.setdefault(cluster, anyio.Lock())
         async with lock:
             tunnel = self._tunnels.get(cluster)
-            if tunnel is not None and tunnel.alive and tunnel.remote_port == remote_port:
+            if tunnel is not None and tunnel.alive and tunnel.remote_path == remote_path:
                 return f"unix:{tunnel.path}"
             if tunnel is not None:
                 await self.close(cluster)
                 self._reopens[cluster] = self._reopens.get(cluster, 0) + 1
-            tunnel = await self._open(cluster, cloud_name, target, remote_port)
+            tunnel = await self._open(cluster, cloud_name, target, remote_path)
             self._tunnels[cluster] = tunnel
             return f"unix:{tunnel.path}"
 
     async def _open(self, cluster: str, cloud_name: str, target: SSHTarget,
-                    remote_port: int) -> Tunnel:
-        self._socket_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(self._socket_dir, 0o700)
+                    remote_path: str) -> Tunnel:
+        ensure_private_dir(str(self._socket_dir))
         path = self.path_for(cloud_name)
         path.unlink(missing_ok=True)
         node = await self._connections.get(target)
         try:
-            listener = await node.conn.forward_local_path_to_port(
-                str(path), "127.0.0.1", remote_port
-            )
+            listener = await node.conn.forward_local_path(str(path), remote_path)
         except (OSError, asyncssh.Error) as exc:
             await self._connections.drop(target)
             raise ProtocolError(
@@ -104,13 +102,17 @@ class TunnelManager:
                 f"`clusterctl launch -c {cluster}` repairs the runtime",
             ) from None
         os.chmod(path, 0o600)
-        logger.info("tunnel opened", cluster=cluster, socket=str(path), port=remote_port)
-        return Tunnel(cluster, path, target, remote_port, node, listener, time.time(),
+        logger.info("tunnel opened", cluster=cluster, socket=str(path), remote=remote_path)
+        return Tunnel(cluster, path, target, remote_path, node, listener, time.time(),
                       self._reopens.get(cluster, 0))
 
     async def close(self, cluster: str) -> None:
         """Close the cluster's tunnel; a failure to close is only worth a warning."""
         tunnel = self._tunnels.pop(cluster, None)
+        lock = self._locks.get(cluster)
+        if lock is not None and not lock.locked():  # not mid-reopen: forget the cluster
+            del self._locks[cluster]
+            self._reopens.pop(cluster, None)
         if tunnel is None:
             return
         try:

@@ -17,6 +17,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from clusterctl.protocol import ClusterStatus
+from clusterd.redact import redact_urls
 from clusterd.state.db import Database, dumps, loads
 
 # Bound on the events table; the oldest beyond it are pruned on start and every so often.
@@ -117,8 +118,8 @@ class ClusterStore:
             raise KeyError(f"cluster {record.name} already exists")
         row = record.to_row()
         placeholders = ", ".join("?" for _ in _COLUMNS)
-        event = (record.created_at, record.name, "status", None, str(record.status), reason,
-                 request_id)
+        event = (record.created_at, record.name, "status", None, str(record.status),
+                 redact_urls(reason), request_id)
         event_id = await self._db.write(
             [
                 (f"INSERT INTO clusters ({', '.join(_COLUMNS)}) VALUES ({placeholders})",
@@ -166,6 +167,7 @@ class ClusterStore:
         """Move a cluster to `status`, with other field changes, and record why, atomically."""
         record = self._require(name)
         now = time.time()
+        reason = redact_urls(reason)
         updated = dataclasses.replace(
             record, status=status, status_reason=reason, status_updated_at=now, **fields
         )
@@ -195,7 +197,7 @@ class ClusterStore:
         """The cluster is terminated: its record leaves the live table, its events stay."""
         record = self._require(name)
         event = (time.time(), name, "status", str(record.status),
-                 str(ClusterStatus.TERMINATED), reason, request_id)
+                 str(ClusterStatus.TERMINATED), redact_urls(reason), request_id)
         event_id = await self._db.write(
             [("DELETE FROM clusters WHERE name = ?", [name]), (_INSERT_EVENT, event)]
         )
@@ -208,7 +210,7 @@ class ClusterStore:
         """An event that is not a status change (a decision, a finding)."""
         record = self._records.get(name)
         status = str(record.status) if record else None
-        event = (time.time(), name, kind, status, status, reason, request_id)
+        event = (time.time(), name, kind, status, status, redact_urls(reason), request_id)
         event_id = await self._db.write([(_INSERT_EVENT, event)])
         self._publish(event_id, *event)
 

@@ -76,6 +76,17 @@ class RequestStore:
             )
         return [self._from_row(row) for row in rows]
 
+    async def prune(self, keep: int) -> int:
+        """Forget finished requests beyond the newest `keep` (as events are pruned); returns
+        how many went."""
+        rows = await self._db.fetchall("SELECT MAX(id) AS top FROM requests")
+        top = rows[0]["top"] if rows and rows[0]["top"] is not None else 0
+        before = await self._db.fetchall("SELECT COUNT(*) AS n FROM requests")
+        await self._db.write([("DELETE FROM requests WHERE id <= ? AND status != ?",
+                               [top - keep, RequestState.RUNNING])])
+        after = await self._db.fetchall("SELECT COUNT(*) AS n FROM requests")
+        return int(before[0]["n"]) - int(after[0]["n"])
+
     async def recent(self, limit: int = 50) -> list[RequestRecord]:
         rows = await self._db.fetchall("SELECT * FROM requests ORDER BY id DESC LIMIT ?", [limit])
         return [self._from_row(row) for row in rows]

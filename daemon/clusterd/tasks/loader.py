@@ -6,15 +6,16 @@ or a string like '4+', got a list``.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
+from clusterd.redact import SECRET_ENV_NAMES
+from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 from clusterd.tasks.spec import (
     Autostop,
     GitWorkdir,
@@ -41,12 +42,26 @@ RESOURCE_FIELDS = {
 # SkyPilot's lists of alternatives: any of them (cheapest first), or in the user's order.
 CHOICE_FIELDS = ("any_of", "ordered")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Beyond these a number is a mistake (or an attack), not a request.
+MAX_NUM_NODES = 1000
+MAX_CPUS = 10_000.0
+MAX_MEMORY_GB = 1_000_000.0
+MAX_ACCELERATORS = 1024.0
+MAX_DISK_GB = 65_536
+# Ten years: "never" is `autostop: false`.
+MAX_IDLE_MINUTES = 10 * 365 * 24 * 60.0
+MAX_LABELS = 256
+MAX_PORTS = 1024
 
 
 class TaskError(ProtocolError):
     def __init__(self, source: str, field: str, message: str, hint: str = "") -> None:
         where = f"{source}: {field}: " if field else f"{source}: "
         super().__init__(ErrorCode.INVALID_TASK, where + message, hint)
+
+
+def _scalar(value: Any) -> bool:
+    return isinstance(value, str | int | float | bool)
 
 
 def _kind(value: Any) -> str:
@@ -84,12 +99,9 @@ def load_task(
         if len(yaml_text.encode()) > MAX_TASK_BYTES:
             raise TaskError(source, "", f"task file is larger than {MAX_TASK_BYTES} bytes")
         try:
-            raw = yaml.safe_load(yaml_text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-            problem = getattr(exc, "problem", None) or str(exc)
-            raise TaskError(source, "", f"not valid YAML: {where}{problem}") from None
+            raw = safe_load(yaml_text)
+        except YAMLProblem as exc:
+            raise TaskError(source, "", f"not valid YAML: {exc}") from None
         if raw is None:
             raw = {}
         if not isinstance(raw, dict):
@@ -98,10 +110,11 @@ def load_task(
 
 
 def _read(path: Path, source: str) -> str:
+    """The task file's text; never blocks (a FIFO or device is refused)."""
     try:
         if path.stat().st_size > MAX_TASK_BYTES:
             raise TaskError(source, "", f"task file is larger than {MAX_TASK_BYTES} bytes")
-        return path.read_text(encoding="utf-8")
+        return read_regular_file(str(path), MAX_TASK_BYTES).decode("utf-8")
     except FileNotFoundError:
         raise TaskError(source, "", "file not found") from None
     except IsADirectoryError:
@@ -109,7 +122,7 @@ def _read(path: Path, source: str) -> str:
     except UnicodeDecodeError:
         raise TaskError(source, "", "is not UTF-8 text") from None
     except OSError as exc:
-        raise TaskError(source, "", f"cannot read: {exc.strerror}") from None
+        raise TaskError(source, "", f"cannot read: {exc.strerror or exc}") from None
 
 
 def _build(
@@ -131,11 +144,16 @@ def _build(
     run = _script(raw, "run", source)
     setup = _script(raw, "setup", source)
     num_nodes = raw.get("num_nodes", 1)
-    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
-        raise TaskError(source, "num_nodes", f"must be a whole number ≥ 1, got {num_nodes!r}")
+    if (not isinstance(num_nodes, int) or isinstance(num_nodes, bool)
+            or not 1 <= num_nodes <= MAX_NUM_NODES):
+        raise TaskError(source, "num_nodes", f"must be a whole number from 1 to "
+                                             f"{MAX_NUM_NODES}, got {_shown(num_nodes)}")
     resources, choices, ordered = parse_resource_choices(raw.get("resources"), source)
     envs = _env_map(raw, "envs", source, env_overrides, "--env")
     secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
+    for secret in SECRET_ENV_NAMES & envs.keys():
+        # A secret wherever it was written: the job still sees it, nothing stores it.
+        secrets.setdefault(secret, envs.pop(secret))
     return TaskSpec(
         name=name,
         run=run,
@@ -150,6 +168,11 @@ def _build(
         secrets=secrets,
         source=source,
     )
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _optional_str(raw: Mapping[Any, Any], key: str, source: str,
@@ -198,13 +221,16 @@ def _env_map(
     if missing:
         raise TaskError(
             source, f"{key}.{missing[0]}", "has no value",
-            f"pass it with {flag} {missing[0]}=VALUE",
+            f"pass it with {flag} {missing[0]} (the value comes from your environment, "
+            "never the command line)" if flag == "--secret"
+            else f"pass it with {flag} {missing[0]}=VALUE",
         )
     return {n: v for n, v in result.items() if v is not None}
 
 
-def _number(value: Any, source: str, field: str, what: str) -> tuple[float, bool]:
-    """`4`, `4.5`, `"4"`, `"4+"` → (4.0, at_least)."""
+def _number(value: Any, source: str, field: str, what: str,
+            limit: float) -> tuple[float, bool]:
+    """`4`, `4.5`, `"4"`, `"4+"` → (4.0, at_least); positive, finite and at most `limit`."""
     if isinstance(value, bool):
         raise TaskError(source, field, f"expected {what}, got a boolean")
     if isinstance(value, int | float):
@@ -219,12 +245,14 @@ def _number(value: Any, source: str, field: str, what: str) -> tuple[float, bool
             amount = float(text)
         except ValueError:
             raise TaskError(source, field, f"expected {what} or a string like '4+', "
-                                           f"got {value!r}") from None
+                                           f"got {_shown(value)}") from None
     else:
         raise TaskError(source, field, f"expected {what} or a string like '4+', "
                                        f"got {_kind(value)}")
-    if amount <= 0:
-        raise TaskError(source, field, f"must be positive, got {value!r}")
+    if not math.isfinite(amount) or amount <= 0:
+        raise TaskError(source, field, f"must be a positive number, got {_shown(value)}")
+    if amount > limit:
+        raise TaskError(source, field, f"must be at most {limit:g}, got {_shown(value)}")
     return amount, at_least
 
 
@@ -243,6 +271,8 @@ def _accelerators(value: Any, source: str, prefix: str = "resources"
             raise TaskError(source, field, "name exactly one accelerator, like {A100: 1}")
         ((name, count),) = value.items()
         count = 1 if count is None else count
+        if not _scalar(name) or not _scalar(count):
+            raise TaskError(source, field, "expected {NAME: COUNT}, like {A100: 1}")
     elif isinstance(value, str):
         name, _, count_text = value.partition(":")
         count = count_text or 1
@@ -251,9 +281,11 @@ def _accelerators(value: Any, source: str, prefix: str = "resources"
     try:
         amount = float(count)
     except (TypeError, ValueError):
-        raise TaskError(source, field, f"count must be a number, got {count!r}") from None
-    if amount <= 0 or not str(name).strip():
-        raise TaskError(source, field, f"expected a name and a positive count, got {value!r}")
+        raise TaskError(source, field, f"count must be a number, got {_shown(count)}") from None
+    if (not math.isfinite(amount) or not 0 < amount <= MAX_ACCELERATORS
+            or not str(name).strip()):
+        raise TaskError(source, field, f"expected a name and a positive count (at most "
+                                       f"{MAX_ACCELERATORS:g}), got {_shown(value)}")
     return str(name).strip(), amount
 
 
@@ -264,21 +296,23 @@ def parse_autostop(value: Any, source: str, field: str = "resources.autostop") -
     if value is True:
         return Autostop(idle_minutes=5)
     if isinstance(value, int | float | str) and not isinstance(value, bool):
-        minutes, _ = _number(value, source, field, "minutes")
+        minutes, _ = _number(value, source, field, "minutes", MAX_IDLE_MINUTES)
         return Autostop(idle_minutes=minutes)
     if isinstance(value, dict):
         unknown = set(value) - {"idle_minutes", "down", "wait_for"}
         if unknown:
             raise TaskError(source, f"{field}.{sorted(unknown)[0]}", "unknown field")
         minutes = value.get("idle_minutes", 5)
-        minutes_value, _ = _number(minutes, source, f"{field}.idle_minutes", "minutes")
+        minutes_value, _ = _number(minutes, source, f"{field}.idle_minutes", "minutes",
+                                   MAX_IDLE_MINUTES)
         down = value.get("down", False)
         if not isinstance(down, bool):
             raise TaskError(source, f"{field}.down", f"expected true or false, got {down!r}")
         wait_for = value.get("wait_for", "jobs_and_ssh")
-        if wait_for not in WAIT_FOR_CHOICES:
+        if not isinstance(wait_for, str) or wait_for not in WAIT_FOR_CHOICES:
             raise TaskError(source, f"{field}.wait_for",
-                            f"must be one of {', '.join(WAIT_FOR_CHOICES)}, got {wait_for!r}")
+                            f"must be one of {', '.join(WAIT_FOR_CHOICES)}, "
+                            f"got {_shown(wait_for)}")
         return Autostop(minutes_value, down, wait_for)
     raise TaskError(source, field, f"expected true, minutes or a map, got {_kind(value)}")
 
@@ -328,6 +362,9 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
         raise TaskError(source, f"{prefix}.infra", f"expected a string like 'aws/us-east-1', "
                                                    f"got {_kind(infra_text)}")
     legacy = [value.get(k) for k in ("cloud", "region", "zone")]
+    for key, item in zip(("cloud", "region", "zone"), legacy, strict=True):
+        if item is not None and not isinstance(item, str):
+            raise TaskError(source, f"resources.{key}", f"expected a name, got {_kind(item)}")
     if infra_text and any(legacy):
         raise TaskError(source, f"{prefix}.infra", "give either infra or cloud/region/zone")
     if any(legacy):
@@ -338,20 +375,17 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
     cpus = memory = None
     cpus_plus = memory_plus = False
     if value.get("cpus") is not None:
-        cpus, cpus_plus = _number(value["cpus"], source, f"{prefix}.cpus", "a number")
+        cpus, cpus_plus = _number(value["cpus"], source, f"{prefix}.cpus", "a number", MAX_CPUS)
     if value.get("memory") is not None:
-        memory, memory_plus = _number(value["memory"], source, f"{prefix}.memory", "a size in GB")
+        memory, memory_plus = _number(value["memory"], source, f"{prefix}.memory",
+                                      "a size in GB", MAX_MEMORY_GB)
     accelerator, count = _accelerators(value.get("accelerators"), source, prefix)
-    ports = value.get("ports") or []
-    if isinstance(ports, int | str):
-        ports = [ports]
-    if not isinstance(ports, list):
-        raise TaskError(source, f"{prefix}.ports", f"expected a port, range or list, "
-                                                   f"got {_kind(ports)}")
+    ports = _ports(value.get("ports"), source, prefix)
     disk = value.get("disk_size")
-    if disk is not None and (not isinstance(disk, int) or isinstance(disk, bool) or disk <= 0):
-        raise TaskError(source, f"{prefix}.disk_size", f"expected GB as a whole number, "
-                                                       f"got {disk!r}")
+    if disk is not None and (not isinstance(disk, int) or isinstance(disk, bool)
+                             or not 0 < disk <= MAX_DISK_GB):
+        raise TaskError(source, f"{prefix}.disk_size", f"expected GB as a whole number from 1 "
+                                                       f"to {MAX_DISK_GB}, got {_shown(disk)}")
     use_spot = value.get("use_spot", False)
     if not isinstance(use_spot, bool):
         raise TaskError(source, f"{prefix}.use_spot", f"expected true or false, got {use_spot!r}")
@@ -359,6 +393,12 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
     labels = value.get("labels") or {}
     if not isinstance(labels, dict):
         raise TaskError(source, f"{prefix}.labels", f"expected a map, got {_kind(labels)}")
+    if len(labels) > MAX_LABELS:
+        raise TaskError(source, f"{prefix}.labels", f"at most {MAX_LABELS} labels")
+    for key, item in labels.items():
+        if not isinstance(key, str) or not _scalar(item):
+            raise TaskError(source, f"{prefix}.labels.{_shown(key, 40)}",
+                            f"expected NAME: value (a string), got {_kind(item)}")
     return Resources(
         infra=infra,
         cpus=cpus,
@@ -370,12 +410,40 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
         instance_type=_optional_str(value, "instance_type", source, f"{prefix}.instance_type"),
         use_spot=use_spot,
         disk_size_gb=disk,
-        ports=tuple(str(p) for p in ports),
+        ports=ports,
         image_id=image_id,
         region_images=region_images,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         autostop=parse_autostop(value.get("autostop"), source, f"{prefix}.autostop"),
     )
+
+
+PORT_RANGE = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?$")
+
+
+def _ports(value: Any, source: str, prefix: str = "resources") -> tuple[str, ...]:
+    """`8080`, `"8000-8010"`, or a list of those; each a port (or range) from 1 to 65535."""
+    field = f"{prefix}.ports"
+    if value is None:
+        return ()
+    items = [value] if _scalar(value) else value
+    if not isinstance(items, list):
+        raise TaskError(source, field, f"expected a port, range or list, got {_kind(value)}")
+    if len(items) > MAX_PORTS:
+        raise TaskError(source, field, f"at most {MAX_PORTS} ports or ranges")
+    ports = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int | str):
+            raise TaskError(source, field, f"expected a port or a range like '8000-8010', "
+                                           f"got {_kind(item)}")
+        text = str(item).strip()
+        match = PORT_RANGE.fullmatch(text)
+        low, high = (int(match[1]), int(match[2] or match[1])) if match else (0, 0)
+        if not match or not 1 <= low <= high <= 65535:
+            raise TaskError(source, field, f"{_shown(item)} is not a port (1-65535) or a "
+                                           "range of them")
+        ports.append(text)
+    return tuple(ports)
 
 
 def _image_id(value: Any, source: str, prefix: str = "resources"
@@ -412,10 +480,22 @@ def _workdir(value: Any, source: str, cwd: str) -> str | GitWorkdir | None:
         if unknown:
             raise TaskError(source, f"workdir.{sorted(unknown)[0]}", "unknown field")
         url = value.get("url")
-        if not isinstance(url, str) or not url:
+        if not isinstance(url, str) or not url.strip():
             raise TaskError(source, "workdir.url", "a git workdir needs a url")
+        if url.startswith("-") or any(c.isspace() for c in url):
+            raise TaskError(source, "workdir.url", "not a repository URL (it starts with '-' "
+                                                   "or holds spaces)")
         ref = value.get("ref")
-        return GitWorkdir(url, None if ref is None else str(ref))
+        if ref is not None and not isinstance(ref, str | int | float):
+            raise TaskError(source, "workdir.ref", f"expected a branch, tag or commit, "
+                                                   f"got {_kind(ref)}")
+        ref_text = None if ref is None else str(ref)
+        if ref_text is not None and (not ref_text or ref_text.startswith("-")
+                                     or any(c.isspace() or c == "\0" for c in ref_text)):
+            raise TaskError(source, "workdir.ref", f"{_shown(ref_text)} is not a branch, tag "
+                                                   "or commit (it is empty, starts with '-' or "
+                                                   "holds spaces)")
+        return GitWorkdir(url, ref_text)
     if not isinstance(value, str):
         raise TaskError(source, "workdir", f"expected a path or {{url, ref}}, got {_kind(value)}")
     path = _local_path(value, cwd)
@@ -433,8 +513,10 @@ def _file_mounts(value: Any, source: str, cwd: str) -> dict[str, str]:
     mounts: dict[str, str] = {}
     for remote, local in value.items():
         field = f"file_mounts.{remote}"
-        if not isinstance(remote, str) or not remote.strip():
-            raise TaskError(source, "file_mounts", f"{remote!r} is not a path")
+        if not isinstance(remote, str) or not remote.strip() or remote.startswith("-") or any(
+                c in remote for c in "\n\r\0"):
+            raise TaskError(source, "file_mounts", f"{_shown(remote)} is not a path (empty, "
+                                                   "starting with '-', or on several lines)")
         if isinstance(local, dict):
             raise TaskError(source, field, "storage mounts (buckets) are not supported yet; "
                                            "give a local path")

@@ -299,3 +299,21 @@ class GetHealthResponse(_message.Message):
     started_at: float
     pid: int
     def __init__(self, version: _Optional[str] = ..., protocol: _Optional[int] = ..., ray_connected: _Optional[bool] = ..., ray_nodes_alive: _Optional[int] = ..., started_at: _Optional[float] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class HandshakeRequest(_message.Message):
+    __slots__ = ("client_nonce",)
+    CLIENT_NONCE_FIELD_NUMBER: _ClassVar[int]
+    client_nonce: bytes
+    def __init__(self, client_nonce: _Optional[bytes] = ...) -> None: ...
+
+class HandshakeResponse(_message.Message):
+    __slots__ = ("server_nonce", "proof", "version", "protocol")
+    SERVER_NONCE_FIELD_NUMBER: _ClassVar[int]
+    PROOF_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    server_nonce: bytes
+    proof: bytes
+    version: str
+    protocol: int
+    def __init__(self, server_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., version: _Optional[str] = ..., protocol: _Optional[int] = ...) -> None: ...

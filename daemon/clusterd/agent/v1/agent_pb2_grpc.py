@@ -527,6 +527,11 @@ class HealthServiceStub:
                 request_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthRequest.SerializeToString,
                 response_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthResponse.FromString,
                 _registered_method=True)
+        self.Handshake = channel.unary_unary(
+                '/clusterd.agent.v1.HealthService/Handshake',
+                request_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.SerializeToString,
+                response_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.FromString,
+                _registered_method=True)
 
 
 class HealthServiceServicer:
@@ -538,6 +543,13 @@ class HealthServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Handshake(self, request, context):
+        """The only call that needs no credential.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_HealthServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -545,6 +557,11 @@ def add_HealthServiceServicer_to_server(servicer, server):
                     servicer.GetHealth,
                     request_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthRequest.FromString,
                     response_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthResponse.SerializeToString,
+            ),
+            'Handshake': grpc.unary_unary_rpc_method_handler(
+                    servicer.Handshake,
+                    request_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.FromString,
+                    response_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -574,6 +591,33 @@ class HealthService:
             '/clusterd.agent.v1.HealthService/GetHealth',
             clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthRequest.SerializeToString,
             clusterd_dot_agent_dot_v1_dot_agent__pb2.GetHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Handshake(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterd.agent.v1.HealthService/Handshake',
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.SerializeToString,
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,181 @@
+"""Every field of a SkyPilot task file, and what clusterd does with it: the one table.
+
+The loader reads it (unknown fields, refusals, warnings), the launch reads it (fields that
+apply on some providers only), and docs/skypilot-compatibility.md is made from it
+(`python -m clusterd.tasks.fields > docs/skypilot-compatibility.md`; a test keeps them equal),
+so the three cannot disagree. Nothing in a task file is dropped without a word: a field is
+honoured, or refused by name, or accepted with a warning that names it and says why it has no
+effect (`--strict` turns those warnings into refusals).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+
+
+class Support(enum.StrEnum):
+    HONOURED = "honoured"
+    SOME = "honoured on some providers"
+    WARNED = "accepted with a warning (no effect)"
+    REFUSED = "refused"
+    PLANNED = "refused (planned)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    path: str  # "resources.disk_tier"
+    support: Support
+    note: str  # what clusterd does with it: one line, for the docs and for messages
+    # With Support.SOME: where it is honoured; elsewhere it is `elsewhere`, saying why.
+    providers: tuple[str, ...] = ()
+    elsewhere: Support = Support.WARNED
+    why_elsewhere: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[-1]
+
+    def applies_on(self, provider: str) -> bool:
+        return self.support != Support.SOME or provider in self.providers
+
+
+FIELDS: tuple[Field, ...] = (
+    # -- the task ------------------------------------------------------------------------
+    Field("name", Support.HONOURED, "the job's name"),
+    Field("workdir", Support.HONOURED,
+          "a local directory synced to ~/sky_workdir (.skyignore, else .gitignore), or a git "
+          "repository {url, ref}; ${VAR} is filled from envs"),
+    Field("num_nodes", Support.HONOURED, "nodes of the cluster, and of each job"),
+    Field("resources", Support.HONOURED, "per-node resources (below)"),
+    Field("envs", Support.HONOURED, "the job's environment; --env overrides, and fills nulls"),
+    Field("secrets", Support.HONOURED,
+          "like envs, but never stored, logged or shown; --secret overrides"),
+    Field("file_mounts", Support.HONOURED,
+          "local files and directories copied to every node; ${VAR} is filled from envs in "
+          "sources and targets. Bucket sources (s3://, {source, mode}) are refused"),
+    Field("setup", Support.HONOURED, "run on every node before the job (launch only)"),
+    Field("run", Support.HONOURED, "run on every node, with the SKYPILOT_* environment"),
+    Field("volumes", Support.PLANNED, "SkyPilot volumes are not offered yet"),
+    Field("config", Support.REFUSED,
+          "per-task overrides of SkyPilot's config: put settings in clusterd's config file "
+          "(~/.config/clusterd/config.yaml) instead"),
+    Field("service", Support.REFUSED, "SkyServe services are not something clusterd runs"),
+    Field("pool", Support.REFUSED, "SkyPilot worker pools are not something clusterd runs"),
+    Field("experimental", Support.REFUSED, "SkyPilot's experimental overrides"),
+    Field("event_callback", Support.REFUSED, "SkyPilot's event callbacks"),
+    Field("inputs", Support.WARNED,
+          "a hint to SkyPilot's optimizer about data transfer; clusterd has no such optimizer"),
+    Field("outputs", Support.WARNED,
+          "a hint to SkyPilot's optimizer about data transfer; clusterd has no such optimizer"),
+    # -- resources -----------------------------------------------------------------------
+    Field("resources.infra", Support.HONOURED,
+          "provider[/region[/zone]]: local, ssh/POOL, aws, aws/REGION, aws/REGION/ZONE"),
+    Field("resources.cloud", Support.HONOURED, "the older form of infra (with region, zone)"),
+    Field("resources.region", Support.HONOURED, "with cloud: the region"),
+    Field("resources.zone", Support.HONOURED, "with cloud: the zone"),
+    Field("resources.accelerators", Support.HONOURED,
+          "NAME:COUNT, {NAME: COUNT}; several (a map or a list) are alternatives, tried "
+          "cheapest first"),
+    Field("resources.gpus", Support.HONOURED, "SkyPilot's alias of accelerators"),
+    Field("resources.accelerator_args", Support.WARNED,
+          "arguments for TPUs (runtime_version, tpu_name, ...), which no provider here offers"),
+    Field("resources.cpus", Support.HONOURED, "vCPUs per node: 4 exactly, 4+ at least"),
+    Field("resources.memory", Support.HONOURED, "GiB per node: 32 exactly, 32+ at least"),
+    Field("resources.instance_type", Support.SOME, "the instance type to launch",
+          ("aws",), Support.REFUSED, "there are no instance types to choose from"),
+    Field("resources.use_spot", Support.SOME, "spot instances (cheaper, may be preempted)",
+          ("aws",), Support.WARNED, "these machines are not spot instances"),
+    Field("resources.job_recovery", Support.WARNED,
+          "how SkyPilot's managed jobs recover from preemption; clusterd runs no managed jobs"),
+    Field("resources.spot_recovery", Support.WARNED,
+          "the old name of job_recovery; clusterd runs no managed jobs"),
+    Field("resources.disk_size", Support.SOME, "GB of the root disk (default 256)",
+          ("aws",), Support.WARNED, "the disks of these machines are what they are"),
+    Field("resources.disk_tier", Support.SOME,
+          "low, medium (the default), high, ultra, best: the EBS volume type and IOPS, as "
+          "SkyPilot sets them (standard; gp3 3,500; gp3 7,000; io2 20,000)",
+          ("aws",), Support.WARNED, "the disks of these machines are what they are"),
+    Field("resources.network_tier", Support.WARNED,
+          "SkyPilot's high-performance networking (GPUDirect, EFA) is not set up by clusterd"),
+    Field("resources.max_hourly_cost", Support.HONOURED,
+          "places costing more per node and hour (catalog prices) are not tried; your own "
+          "machines cost nothing"),
+    Field("resources.image_id", Support.SOME,
+          "aws: an AMI, or a map of region to AMI (which also limits the regions); "
+          "docker:IMAGE anywhere: the job runs in that container where the node has a "
+          "container runtime (docker, podman)",
+          ("aws",), Support.REFUSED,
+          "a machine image cannot apply to machines that exist already (docker:IMAGE can)"),
+    Field("resources.ports", Support.SOME, "opened in the cluster's security group",
+          ("aws", "local"), Support.WARNED,
+          "clusterd keeps no firewall in front of these hosts (nothing to open)"),
+    Field("resources.labels", Support.SOME, "tags on the instances and their volumes",
+          ("aws",), Support.WARNED, "there is nothing to label"),
+    Field("resources.autostop", Support.HONOURED,
+          "true, minutes, or {idle_minutes, down, wait_for}"),
+    Field("resources.autostop.idle_minutes", Support.HONOURED, "idle minutes before stopping"),
+    Field("resources.autostop.down", Support.HONOURED, "tear down instead of stopping"),
+    Field("resources.autostop.wait_for", Support.HONOURED,
+          "jobs_and_ssh (default), jobs, or none"),
+    Field("resources.autostop.hook", Support.PLANNED,
+          "a script to run before autostop is not offered yet"),
+    Field("resources.autostop.hook_timeout", Support.PLANNED,
+          "a script to run before autostop is not offered yet"),
+    Field("resources.any_of", Support.HONOURED,
+          "alternatives (each merged over the rest), tried cheapest first"),
+    Field("resources.ordered", Support.HONOURED, "alternatives, tried in the order given"),
+)
+
+BY_PATH: dict[str, Field] = {f.path: f for f in FIELDS}
+
+
+def children(prefix: str) -> dict[str, Field]:
+    """The fields directly under `prefix` ("" for the task itself), by name."""
+    depth = prefix.count(".") + 1 if prefix else 0
+    return {f.name: f for f in FIELDS if f.path.count(".") == depth
+            and (f.path.startswith(prefix + ".") if prefix else True)}
+
+
+def known_names(prefix: str) -> list[str]:
+    """What may be written under `prefix`: every field clusterd honours there."""
+    return sorted(name for name, f in children(prefix).items()
+                  if f.support in (Support.HONOURED, Support.SOME, Support.WARNED))
+
+
+def markdown() -> str:
+    lines = [
+        "# SkyPilot task files in clusterd",
+        "",
+        "clusterd reads SkyPilot's task YAML. Every field SkyPilot defines is listed here with "
+        "what clusterd does with it; nothing is dropped without a word. A field *accepted with "
+        "a warning* has no effect here: the launch (or exec) prints a warning naming it and "
+        "records an event, and `--strict` (or `strict: true` in the config file) refuses it "
+        "instead.",
+        "",
+        "This page is generated from the table in `daemon/clusterd/tasks/fields.py` "
+        "(`python -m clusterd.tasks.fields`), which the loader and its error messages also "
+        "read.",
+        "",
+        "| Field | clusterd | What it does |",
+        "|---|---|---|",
+    ]
+    for field in FIELDS:
+        support = str(field.support)
+        note = field.note
+        if field.support == Support.SOME:
+            support = f"honoured on {', '.join(field.providers)}"
+            note += f". Elsewhere {field.elsewhere.value.split(' (')[0]}: {field.why_elsewhere}"
+        lines.append(f"| `{field.path}` | {support} | {note} |")
+    lines += [
+        "",
+        "Multi-document files (SkyPilot pipelines, tasks separated by `---`) are refused with "
+        "what the file holds: run each task with `clusterctl launch` or `exec` in turn.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
