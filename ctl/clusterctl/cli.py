@@ -51,6 +51,8 @@ def _add_task_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-nodes", type=int, help="override the task's num_nodes")
     parser.add_argument("--cpus", help="override the task's CPUs per node, e.g. 2 or 4+")
     parser.add_argument("--name", help="override the task's name")
+    parser.add_argument("--strict", action="store_true",
+                        help="refuse task fields that would have no effect (else: warnings)")
     parser.add_argument("entrypoint", nargs="*", metavar="TASK.yaml | COMMAND",
                         help="a SkyPilot task YAML, or a shell command to run (put it after "
                              "-- if it has options of its own)")
@@ -239,6 +241,7 @@ def _task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
         cpus=args.cpus,
         detach=args.detach,
         name=args.name,
+        strict=args.strict,
         **source,
         **extra,
     )

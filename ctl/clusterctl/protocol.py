@@ -358,6 +358,8 @@ class TaskArgs(OpArgs):
     cpus: str | None = None
     detach: bool = False
     name: str | None = None
+    # Refuse task fields that would be accepted without effect (else: warnings).
+    strict: bool = False
 
 
 class LaunchArgs(TaskArgs):

@@ -20,6 +20,7 @@ import anyio
 import anyio.abc
 
 from clusterctl._version import __version__
+from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
@@ -165,8 +166,15 @@ class Daemon:
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.aws_provider, self.refresh, self.autostop, self.orphans,
+            strict_by_default=self._strict_by_default,
         )
         self._server_name = f"clusterd/{__version__}"
+
+    def _strict_by_default(self) -> bool:
+        try:
+            return self.config.get().strict
+        except ProtocolError:
+            return False  # a broken config file is reported where its AWS settings are used
 
     def runner_for(self, node: NodeInfo) -> CommandRunner:
         if node.ssh is None:

@@ -96,6 +96,19 @@ def safe_load(text: str) -> Any:
         loader.dispose()
 
 
+def count_documents(text: str) -> int:
+    """How many YAML documents `text` holds (from the parser's events: nothing is built);
+    0 if it is not YAML at all."""
+    count = 0
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.DocumentStartEvent):
+                count += 1
+    except yaml.YAMLError:
+        return count
+    return count
+
+
 def read_regular_file(path: str, max_bytes: int) -> bytes:
     """The bytes of a regular file of at most `max_bytes`. Never blocks on a FIFO, socket or
     device: those are refused (OSError with a message). FileNotFoundError,

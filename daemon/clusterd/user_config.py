@@ -4,6 +4,7 @@ It follows SkyPilot's `~/.sky/config.yaml` layout for the keys clusterd reads, s
 settings carry over:
 
     catalog_dir: ~/.sky/catalogs/v7     # a catalog in SkyPilot's CSV format (DIR/aws/vms.csv)
+    strict: true                        # refuse task fields without effect (--strict)
     aws:
       vpc_name: my-vpc                  # instances go in this VPC (default: the default VPC)
       use_internal_ips: true            # reach nodes by private IP (no public IPs)
@@ -31,7 +32,7 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
             "request_timeout"}
-TOP_LEVEL_KEYS = {"catalog_dir", "aws"}
+TOP_LEVEL_KEYS = {"catalog_dir", "aws", "strict"}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
                      "kubernetes", "gcp", "azure", "api_server", "workspaces", "provision"}
@@ -65,6 +66,8 @@ class UserConfig:
     path: Path
     catalog_dir: Path | None = None
     aws: AWSConfig = dataclasses.field(default_factory=AWSConfig)
+    # Refuse task fields that would be accepted without effect (as --strict does).
+    strict: bool = False
 
 
 def config_path() -> Path:
@@ -85,10 +88,14 @@ def parse(path: Path, text: str) -> UserConfig:
     catalog = raw.get("catalog_dir")
     if catalog is not None and not isinstance(catalog, str):
         raise ConfigError(path, "catalog_dir", "expected a directory path")
+    strict = raw.get("strict", False)
+    if not isinstance(strict, bool):
+        raise ConfigError(path, "strict", "expected true or false")
     return UserConfig(
         path=path,
         catalog_dir=Path(os.path.expanduser(catalog)) if catalog else None,
         aws=_aws(path, raw.get("aws")),
+        strict=strict,
     )
 
 

@@ -166,6 +166,10 @@ async def test_create_query_stop_start_terminate(provider: AWSProvider, moto: st
     assert all(i["PrivateIpAddress"].startswith("127.1.") for i in instances)
     assert all(i["Placement"]["AvailabilityZone"] == placement.zone for i in instances)
     assert handle["nodes"][0]["role"] == "head"
+    # The root volumes: SkyPilot's default disk tier (medium: gp3).
+    volumes = ec2(moto, "us-east-1").describe_volumes(Filters=[
+        {"Name": "attachment.instance-id", "Values": [i["InstanceId"] for i in instances]}])
+    assert {v["VolumeType"] for v in volumes["Volumes"]} == {"gp3"}
     # The security group: SSH and the task's ports.
     group = ec2(moto, "us-east-1").describe_security_groups(
         GroupIds=[handle["security_group"]])["SecurityGroups"][0]
@@ -192,6 +196,42 @@ async def test_create_query_stop_start_terminate(provider: AWSProvider, moto: st
     assert groups == []
     gone = await provider.query(want.cloud_name, handle)
     assert {n.status for n in gone} == {NodeStatus.TERMINATED}
+
+
+async def test_disk_tier_and_max_hourly_cost(provider: AWSProvider, moto: str) -> None:
+    sent: list[dict[str, Any]] = []
+    client = await provider.api.client("ec2", "us-east-1")
+    client.meta.events.register("provide-client-params.ec2.RunInstances",
+                                lambda params, **_: sent.append(params))
+    for tier, volume_type in (("low", "standard"), ("high", "gp3")):
+        want = request(f"tier-{tier}", cpus=2, infra="aws/us-east-1", disk_tier=tier,
+                       disk_size=64)
+        handle = await provider.create(want, (await provider.placements(want))[0])
+        volumes = ec2(moto, "us-east-1").describe_volumes(Filters=[
+            {"Name": "attachment.instance-id", "Values": [n["id"] for n in handle["nodes"]]}])
+        assert [(v["VolumeType"], v["Size"]) for v in volumes["Volumes"]] == [
+            (volume_type, 64)]
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+    # moto keeps no IOPS (and so cannot make io2, the ultra tier): what was asked shows them.
+    assert sent[-1]["BlockDeviceMappings"][0]["Ebs"] == {
+        "VolumeSize": 64, "DeleteOnTermination": True, "VolumeType": "gp3", "Iops": 7000,
+        "Throughput": 437}
+    # max_hourly_cost leaves out what costs more (per node and hour, the catalog's price).
+    from clusterd.providers.registry import ProviderRegistry
+    from clusterd.provision.candidates import candidates, plan
+
+    registry = ProviderRegistry([provider])
+    cheap = request("cheap", accelerators="A10G:1", max_hourly_cost=0.5).resources
+    found = await candidates((cheap,), None, registry)
+    with pytest.raises(ProvisionError) as too_dear:  # the only candidate: its refusal as is
+        await plan(found, registry, "cheap", "cheap-1", 1, False, False)
+    assert "resources.max_hourly_cost: every place costs more than $0.5" in (
+        too_dear.value.message)
+    enough = request("ok", accelerators="A10G:1", max_hourly_cost=1.2).resources
+    found = await candidates((enough,), None, registry)
+    options, _ = await plan(found, registry, "ok", "ok-1", 1, False, False)
+    assert options and all(o.placement.price_per_hour <= 1.2 for o in options)
 
 
 async def test_one_describe_per_region_answers_many_clusters(provider: AWSProvider) -> None:
@@ -248,3 +288,26 @@ async def test_check_is_fast_and_clear_without_credentials(
 def test_requests_are_dataclasses() -> None:
     # The request given to create carries the autostop choice for the shutdown behaviour.
     assert "autostop_down" in {f.name for f in dataclasses.fields(ClusterRequest)}
+
+
+async def test_accelerator_choices_are_candidates_cheapest_first(provider: AWSProvider) -> None:
+    from clusterd.providers.registry import ProviderRegistry
+    from clusterd.provision.candidates import candidates, plan
+    from clusterd.tasks.loader import load_task
+
+    registry = ProviderRegistry([provider])
+    task = load_task(yaml_text="resources:\n  infra: aws\n  accelerators: {H100: 8, L4: 1}\n",
+                     source="t.yaml")
+    found = await candidates(task.resource_options(), None, registry)
+    options, refusals = await plan(found, registry, "acc", "acc-1", 1, False, False)
+    assert refusals == [] and options[0].placement.accelerator == "L4"
+    assert {o.placement.accelerator for o in options} == {"L4", "H100"}
+    # Nothing fits: every candidate says why, and the table lists them all.
+    none = load_task(yaml_text="resources:\n  infra: aws\n  accelerators: {A100: 3, B200: 8}\n",
+                     source="t.yaml")
+    found = await candidates(none.resource_options(), None, registry)
+    options, refusals = await plan(found, registry, "none", "none-1", 1, False, False)
+    assert options == []
+    assert [r.resources for r in refusals] == ["1x[CPU:0.5, A100:3]", "1x[CPU:0.5, B200:8]"]
+    assert "nearest: A100:8 on p4d.24xlarge" in refusals[0].reason
+    assert "no instance type has B200" in refusals[1].reason

@@ -448,6 +448,14 @@ def mark(params: dict[str, Any]) -> dict[str, Any]:
     return {"dir": str(path)}
 
 
+def container_runtime(params: dict[str, Any]) -> dict[str, Any]:
+    """Which container runtime answers on this node (for docker:IMAGE tasks), or why none."""
+    from clusterd.agent.containers import find_runtime
+
+    runtime, why = find_runtime()
+    return {"runtime": runtime, "why": why}
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "start-ray": start_ray,
     "start-agent": start_agent,
@@ -459,6 +467,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "mark": mark,
     "free-ports": free_ports,
     "git-checkout": git_checkout,
+    "container-runtime": container_runtime,
 }
 
 

@@ -20,6 +20,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from clusterd.agent import containers
 from clusterd.agent.processes import stop_processes, terminate_tree
 
 READ_BYTES = 64 * 1024
@@ -33,9 +34,11 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 JOB_UMASK = 0o022
 
 
-def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[str, Any]]:
-    """Run `script` with bash; yield ("started", {pid, create_time}), then ("output", bytes)
-    as it arrives, then ("exit", code). Codes follow the shell: 128 + N for signal N."""
+def _run_script(script: str, env: dict[str, str], cwd: str,
+                image: str = "") -> Iterator[tuple[str, Any]]:
+    """Run `script` with bash (in container `image`, if given); yield ("started", {pid,
+    create_time}), then ("output", bytes) as it arrives, then ("exit", code). Codes follow
+    the shell: 128 + N for signal N."""
     workdir = os.path.expanduser(cwd) if cwd else os.path.expanduser("~")
     # As SkyPilot's ~/sky_workdir: there even when the task syncs no workdir.
     os.makedirs(workdir, exist_ok=True)
@@ -46,9 +49,20 @@ def _run_script(script: str, env: dict[str, str], cwd: str) -> Iterator[tuple[st
     with tempfile.NamedTemporaryFile("w", prefix="clusterd-", suffix=".sh", delete=False) as f:
         f.write(script)
         script_path = f.name
+    argv = ["/bin/bash", script_path]
+    if image:
+        runtime, why = containers.find_runtime()
+        if runtime is None:
+            os.unlink(script_path)
+            yield "output", (f"clusterd: resources.image_id: docker:{image} needs a container "
+                             f"runtime on this node: {why}\n").encode()
+            yield "exit", 127
+            return
+        os.chmod(script_path, 0o644)
+        argv = containers.command(runtime, image, script_path, workdir, list(env))
     try:
         process = subprocess.Popen(
-            ["/bin/bash", script_path],
+            argv,
             cwd=workdir,
             env=full_env,
             stdin=subprocess.DEVNULL,

@@ -195,6 +195,7 @@ class JobRun:
         gpus = float(self.job.spec.get("resources", {}).get("gpus", 0) or 0)
         envs = {**self.job.spec.get("envs", {}), **self._secrets}
         workdir = self.job.spec.get("workdir", "")
+        image = self.job.spec.get("container_image", "")
         async with anyio.create_task_group() as group:
             for slot in self._slots:
                 env = {**envs, **skypilot_env(self.job, self._slots, slot.rank, phase=phase,
@@ -203,7 +204,7 @@ class JobRun:
                     self._pg, placement_group_bundle_index=slot.bundle_index
                 )
                 stream = node_tasks.run_script.options(scheduling_strategy=strategy).remote(
-                    script, env, workdir
+                    script, env, workdir, image
                 )
                 group.start_soon(self._consume, slot, stream, results, fail_fast)
         return results

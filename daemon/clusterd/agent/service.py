@@ -69,6 +69,7 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
         "user": spec.user,
         "cluster_name": spec.cluster_name,
         "resources_display": spec.resources_display,
+        "container_image": spec.container_image,
     }
 
 

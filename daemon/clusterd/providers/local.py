@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import anyio
 import psutil
 
+from clusterd.agent import containers
 from clusterd.providers.base import (
     BlockScope,
     ClusterInfo,
@@ -63,6 +64,13 @@ class LocalProvider(ProviderDefaults):
                             "no accelerators")
         if resources.instance_type:
             problems.append("instance types mean nothing on the local provider")
+        image = containers.image_of(resources.image_id)
+        if image:
+            runtime, why = await anyio.to_thread.run_sync(containers.find_runtime)
+            if runtime is None:
+                problems.append(f"resources.image_id: docker:{image} runs the job in a "
+                                f"container, and this machine has no container runtime that "
+                                f"answers ({why})")
         if problems:
             raise ProvisionError(
                 "the local provider cannot run this task: " + "; ".join(problems),

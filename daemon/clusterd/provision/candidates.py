@@ -14,6 +14,7 @@ import anyio
 from clusterd.providers.base import BlockScope, ClusterRequest, ProvisionError
 from clusterd.providers.registry import PROVIDER_ORDER, ProviderRegistry
 from clusterd.provision.failover import Attempt, Option, order_options
+from clusterd.tasks import fields
 from clusterd.tasks.spec import Infra, Resources
 
 
@@ -47,25 +48,44 @@ async def candidates(options: tuple[Resources, ...], infra: Infra | None,
 
 
 async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, cloud_name: str,
-               num_nodes: int, autostop_down: bool, ordered: bool
+               num_nodes: int, autostop_down: bool, ordered: bool, strict: bool = False
                ) -> tuple[list[Option], list[Attempt]]:
     """Every candidate's placements, in the order to try them, and the candidates their
     provider refused outright (as attempts, for the final table). With a single candidate,
-    its provider's refusal is raised as it is: it says best what is wrong."""
+    its provider's refusal is raised as it is: it says best what is wrong. A task field that
+    cannot apply on a candidate's provider refuses it there (with `strict`, so does a field
+    that would merely have no effect there)."""
     options: list[Option] = []
     refusals: list[tuple[int, Attempt, ProvisionError]] = []
 
     async def one(index: int, candidate: Candidate) -> None:
         request = ClusterRequest(name, cloud_name, num_nodes, candidate.resources,
                                  autostop_down=autostop_down)
+        warnings, refused = fields.on_provider(candidate.resources, candidate.provider)
+        if strict:
+            refused += [f"{w} (refused: strict)" for w in warnings]
         try:
+            if refused:
+                raise ProvisionError("; ".join(refused), BlockScope.PROVIDER)
             placements = await providers.get(candidate.provider).placements(request)
         except ProvisionError as exc:
             infra = str(candidate.resources.infra)
             refusals.append((index, Attempt(infra, candidate.resources.display(num_nodes),
                                             exc.message, str(exc.scope)), exc))
             return
-        options.extend(Option(p, request, candidate.rank) for p in placements)
+        cap = candidate.resources.max_hourly_cost
+        affordable = [p for p in placements if cap is None or p.price_per_hour <= cap]
+        if placements and not affordable:
+            costly = ProvisionError(
+                f"resources.max_hourly_cost: every place costs more than ${cap:g} per node "
+                f"and hour here (the cheapest: ${min(p.price_per_hour for p in placements):g})",
+                BlockScope.PROVIDER)
+            refusals.append((index, Attempt(str(candidate.resources.infra),
+                                            candidate.resources.display(num_nodes),
+                                            costly.message, str(costly.scope)), costly))
+            return
+        options.extend(Option(p, request, candidate.rank, tuple(warnings))
+                       for p in affordable)
 
     async with anyio.create_task_group() as group:
         for index, candidate in enumerate(found):

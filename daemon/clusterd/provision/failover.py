@@ -25,6 +25,8 @@ class Option:
     placement: Placement
     request: ClusterRequest
     rank: int = 0  # the candidate's position in an `ordered` list (0 otherwise)
+    # Fields of the task that have no effect on this option's provider (see tasks.fields).
+    warnings: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return self.placement.describe()

@@ -42,6 +42,7 @@ class Provisioned:
     provider: Provider
     handle: dict[str, Any]
     resources: Resources  # what the winning option asked for (its candidate's resources)
+    warnings: tuple[str, ...] = ()  # task fields without effect where it landed
 
 
 class Provisioner:
@@ -141,7 +142,8 @@ class Provisioner:
             self.provider_seconds += time.monotonic() - started
             self.decision_seconds.append(deciding)
             failover.succeeded(option, started)
-            return Provisioned(record, provider, handle, option.request.resources)
+            return Provisioned(record, provider, handle, option.request.resources,
+                               option.warnings)
         noted = time.monotonic()
         self.provider_seconds += noted - started
         line = failover.failed(option, error, started)

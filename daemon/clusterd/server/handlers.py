@@ -26,7 +26,7 @@ from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestStore
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, parse_resources
-from clusterd.tasks.spec import Autostop, TaskSpec
+from clusterd.tasks.spec import Autostop, Resources, TaskSpec
 
 from .connection import Call
 
@@ -60,7 +60,9 @@ class Handlers:
         refresh: RefreshService,
         autostop: AutostopService,
         orphans: OrphanWatch,
+        strict_by_default: Callable[[], bool] = lambda: False,
     ) -> None:
+        self._strict_by_default = strict_by_default
         self._orphans = orphans
         self._providers = providers
         self._aws = aws
@@ -210,6 +212,7 @@ class Handlers:
     async def launch(self, call: Call, args: protocol.LaunchArgs) -> dict[str, Any]:
         name = check_name(args.cluster) if args.cluster else generated_name()
         check_range("idle_minutes", args.idle_minutes, 0, MAX_IDLE_MINUTES)
+        args.strict = args.strict or self._strict_by_default()
         task = await _load(args)
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
@@ -221,6 +224,7 @@ class Handlers:
         if not args.cluster:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "exec needs a cluster name")
         require_cluster(self._store, args.cluster)
+        args.strict = args.strict or self._strict_by_default()
         task = await _load(args)
         if not task.run:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
@@ -295,6 +299,10 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
         )
 
     task = load() if args.command is not None else await anyio.to_thread.run_sync(load)
+    if args.strict and task.warnings:
+        raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: {task.warnings[0]}",
+                            "refused under --strict (or strict: true in the config); drop the "
+                            "field, or run without --strict to take it as a warning")
     changes: dict[str, Any] = {}
     if args.num_nodes is not None:
         changes["num_nodes"] = args.num_nodes
@@ -302,7 +310,11 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
         changes["name"] = args.name
     if args.cpus is not None:
         cpus = parse_resources({"cpus": args.cpus}, "--cpus")
-        changes["resources"] = dataclasses.replace(
-            task.resources, cpus=cpus.cpus, cpus_at_least=cpus.cpus_at_least
-        )
+
+        def with_cpus(resources: Resources) -> Resources:
+            return dataclasses.replace(resources, cpus=cpus.cpus,
+                                       cpus_at_least=cpus.cpus_at_least)
+
+        changes["resources"] = with_cpus(task.resources)
+        changes["resource_choices"] = tuple(with_cpus(r) for r in task.resource_choices)
     return dataclasses.replace(task, **changes) if changes else task

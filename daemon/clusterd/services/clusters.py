@@ -42,7 +42,7 @@ from clusterd.provision.launcher import (
 from clusterd.requests import RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
-from clusterd.services.common import cloud_name_for, require_cluster
+from clusterd.services.common import announce_warnings, cloud_name_for, require_cluster
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -160,9 +160,12 @@ class ClusterService:
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
                                     on_blocked=request.blocked) as grant:
             record = self._store.get(name)
+            warnings = list(task.warnings)
             if record is None:
-                record, resources = await self._provision_new(
-                    request, name, task, override, autostop, args.retry_until_up)
+                record, resources, landed = await self._provision_new(
+                    request, name, task, override, autostop, args.retry_until_up,
+                    args.strict)
+                warnings += landed
             else:
                 resources = _check_compatible(record, override, task)
                 provider = self._providers.get(record.provider)
@@ -170,6 +173,7 @@ class ClusterService:
                                                        args.retry_until_up)
             if autostop is not None:
                 record = await self.apply_autostop(record, autostop, request.id)
+            await announce_warnings(request, self._store, name, warnings)
             grant.downgrade()
             job_task = dataclasses.replace(task, resources=resources, resource_choices=())
             result = await self._jobs.submit(request, record, job_task, run_setup=True)
@@ -177,8 +181,8 @@ class ClusterService:
 
     async def _provision_new(
         self, request: RunningRequest, name: str, task: TaskSpec, override: Infra | None,
-        autostop: Autostop | None, retry_until_up: bool,
-    ) -> tuple[ClusterRecord, Resources]:
+        autostop: Autostop | None, retry_until_up: bool, strict: bool,
+    ) -> tuple[ClusterRecord, Resources, tuple[str, ...]]:
         cloud_name = cloud_name_for(name)
         autostop_down = bool(autostop and autostop.down)
         found = await candidates(task.resource_options(), override, self._providers)
@@ -187,7 +191,7 @@ class ClusterService:
 
         async def planner() -> tuple[list[Option], list[Attempt]]:
             return await plan(found, self._providers, name, cloud_name, task.num_nodes,
-                              autostop_down, task.choices_ordered)
+                              autostop_down, task.choices_ordered, strict)
 
         first = await planner()
         for refusal in first[1]:
@@ -217,7 +221,7 @@ class ClusterService:
                                                      retry_until_up=retry_until_up)
             record = await self._start_runtime(request, done.record, done.provider,
                                                done.handle, "launched")
-            return record, done.resources
+            return record, done.resources, done.warnings
         except anyio.get_cancelled_exc_class():
             # The daemon is shutting down: keep the intent; the next start reconciles it.
             with anyio.CancelScope(shield=True):

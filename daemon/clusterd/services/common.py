@@ -5,8 +5,10 @@ from __future__ import annotations
 import getpass
 import re
 import secrets
+from collections.abc import Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 
 # SkyPilot's rule for cluster names, with its length cap.
@@ -63,3 +65,11 @@ def require_up(record: ClusterRecord) -> ClusterRecord:
             hint,
         )
     return record
+
+
+async def announce_warnings(request: RunningRequest, store: ClusterStore, name: str,
+                            warnings: Iterable[str]) -> None:
+    """Task fields accepted without effect: said in the request's output, kept as events."""
+    for warning in dict.fromkeys(warnings):
+        await request.progress(f"warning: {warning}", "warning")
+        await store.add_event(name, "warning", warning, request.id)

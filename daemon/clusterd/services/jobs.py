@@ -10,18 +10,19 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError, exit_code_for_job
 from clusterd import log
+from clusterd.agent import containers
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
-from clusterd.providers.base import ClusterInfo
+from clusterd.providers.base import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RunnerFactory
-from clusterd.services.common import require_cluster, require_up
+from clusterd.services.common import announce_warnings, require_cluster, require_up
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.spec import GitWorkdir, TaskSpec
 
@@ -78,6 +79,7 @@ class JobService:
         async with self._locks.hold(name, LockMode.SHARED, request.id, "exec",
                                     on_blocked=request.blocked):
             record = require_up(require_cluster(self._store, name))
+            await announce_warnings(request, self._store, name, task.warnings)
             return await self.submit(request, record, task, run_setup=False)
 
     async def submit(
@@ -96,6 +98,9 @@ class JobService:
                 f"{len(info.nodes)}",
                 "launch a cluster with more nodes under another name",
             )
+        image = containers.image_of(task.resources.image_id)
+        if image:
+            await self._require_container_runtime(info, image)
         await self._sync_files(request, info, task)
         resources = task.resources
         spec = pb.JobSpec(
@@ -115,6 +120,7 @@ class JobService:
             user=getpass.getuser(),
             cluster_name=record.name,
             resources_display=resources.display(task.num_nodes),
+            container_image=image or "",
         )
         agent = await self._access.client(record)
         await fault_point("exec.during_submit")
@@ -122,6 +128,24 @@ class JobService:
         request.emit("job", {"job_id": reply.job_id, "cluster": record.name})
         logger.info("job submitted", job_id=reply.job_id)
         return {"cluster": record.name, "job_id": reply.job_id, "task_id": reply.task_id}
+
+    async def _require_container_runtime(self, info: ClusterInfo, image: str) -> None:
+        """docker:IMAGE runs only where a container runtime answers: on every node."""
+        async def check(node: NodeInfo) -> None:
+            found = await node_helper.call(self._runner_for(node), "container-runtime", {},
+                                           timeout_s=60)
+            if not found.get("runtime"):
+                raise ProtocolError(
+                    ErrorCode.INVALID_TASK,
+                    f"resources.image_id: docker:{image} runs the job in a container, and "
+                    f"{node.node_id} has no container runtime that answers: {found.get('why')}",
+                    "install docker or podman on the nodes, or drop image_id to run on the "
+                    "node itself")
+
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    group.start_soon(check, node)
 
     async def _sync_files(self, request: RunningRequest, info: ClusterInfo,
                           task: TaskSpec) -> None:

@@ -2,7 +2,7 @@
 
 The loader reads it (unknown fields, refusals, warnings), the launch reads it (fields that
 apply on some providers only), and docs/skypilot-compatibility.md is made from it
-(`python -m clusterd.tasks.fields > docs/skypilot-compatibility.md`; a test keeps them equal),
+(`scripts/gen-docs`; a test keeps them equal),
 so the three cannot disagree. Nothing in a task file is dropped without a word: a field is
 honoured, or refused by name, or accepted with a warning that names it and says why it has no
 effect (`--strict` turns those warnings into refusals).
@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import sys
+from collections.abc import Callable
+
+from clusterd.tasks.spec import Resources
 
 
 class Support(enum.StrEnum):
@@ -144,6 +146,35 @@ def known_names(prefix: str) -> list[str]:
                   if f.support in (Support.HONOURED, Support.SOME, Support.WARNED))
 
 
+# Whether a task asks for a field that applies on some providers only (by what it set).
+_ASKED: dict[str, Callable[[Resources], bool]] = {
+    "resources.instance_type": lambda r: r.instance_type is not None,
+    "resources.use_spot": lambda r: r.use_spot,
+    "resources.disk_size": lambda r: r.disk_size_gb is not None,
+    "resources.disk_tier": lambda r: r.disk_tier is not None,
+    # docker:IMAGE applies wherever the node has a container runtime (checked on the node).
+    "resources.image_id": lambda r: bool(r.region_images) or bool(
+        r.image_id and not r.image_id.startswith("docker:")),
+    "resources.ports": lambda r: bool(r.ports),
+    "resources.labels": lambda r: bool(r.labels),
+}
+
+
+def on_provider(resources: Resources, provider: str) -> tuple[list[str], list[str]]:
+    """What the fields a task set mean on `provider`: warnings (accepted, no effect there)
+    and refusals (they cannot apply there), each naming the field and saying why."""
+    warnings, refusals = [], []
+    for path, asked in _ASKED.items():
+        field = BY_PATH[path]
+        if not asked(resources) or field.applies_on(provider):
+            continue
+        if field.elsewhere == Support.REFUSED:
+            refusals.append(f"{path}: cannot apply on {provider}: {field.why_elsewhere}")
+        else:
+            warnings.append(f"{path}: has no effect on {provider}: {field.why_elsewhere}")
+    return warnings, refusals
+
+
 def markdown() -> str:
     lines = [
         "# SkyPilot task files in clusterd",
@@ -155,8 +186,7 @@ def markdown() -> str:
         "instead.",
         "",
         "This page is generated from the table in `daemon/clusterd/tasks/fields.py` "
-        "(`python -m clusterd.tasks.fields`), which the loader and its error messages also "
-        "read.",
+        "(`scripts/gen-docs`), which the loader and its error messages also read.",
         "",
         "| Field | clusterd | What it does |",
         "|---|---|---|",
@@ -176,6 +206,3 @@ def markdown() -> str:
     ]
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    sys.stdout.write(markdown())

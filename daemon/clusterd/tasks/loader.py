@@ -6,16 +6,19 @@ or a string like '4+', got a list``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
+import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
 from clusterd.redact import SECRET_ENV_NAMES
-from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
+from clusterd.safe_yaml import YAMLProblem, count_documents, read_regular_file, safe_load
+from clusterd.tasks import fields
 from clusterd.tasks.spec import (
     Autostop,
     GitWorkdir,
@@ -25,22 +28,10 @@ from clusterd.tasks.spec import (
 )
 
 MAX_TASK_BYTES = 4 * 1024 * 1024
-TOP_LEVEL = {
-    "name", "run", "setup", "num_nodes", "resources", "workdir", "file_mounts", "envs",
-    "secrets",
-}
-# Known to SkyPilot but not offered here yet: a clear "unsupported" beats "unknown field".
-UNSUPPORTED_TOP_LEVEL = {
-    "service", "config", "experimental", "event_callback", "inputs", "outputs", "volumes",
-    "pool",
-}
-RESOURCE_FIELDS = {
-    "infra", "cloud", "region", "zone", "cpus", "memory", "accelerators", "instance_type",
-    "use_spot", "disk_size", "ports", "image_id", "labels", "autostop", "disk_tier",
-    "network_tier", "job_recovery", "accelerator_args",
-}
 # SkyPilot's lists of alternatives: any of them (cheapest first), or in the user's order.
 CHOICE_FIELDS = ("any_of", "ordered")
+DISK_TIERS = ("low", "medium", "high", "ultra", "best")
+NETWORK_TIERS = ("standard", "best")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Beyond these a number is a mistake (or an attack), not a request.
 MAX_NUM_NODES = 1000
@@ -101,6 +92,13 @@ def load_task(
         try:
             raw = safe_load(yaml_text)
         except YAMLProblem as exc:
+            documents = count_documents(yaml_text)
+            if documents > 1:
+                raise TaskError(
+                    source, "", f"is a SkyPilot pipeline of {documents} tasks (documents "
+                    "separated by ---); clusterd runs one task at a time",
+                    "put each task in a file of its own and run them in turn with "
+                    "`clusterctl launch` (then `clusterctl exec`)") from None
             raise TaskError(source, "", f"not valid YAML: {exc}") from None
         if raw is None:
             raw = {}
@@ -132,12 +130,7 @@ def _build(
     env_overrides: Mapping[str, str],
     secret_overrides: Mapping[str, str],
 ) -> TaskSpec:
-    for key in raw:
-        if key in UNSUPPORTED_TOP_LEVEL:
-            raise TaskError(source, str(key), "is a SkyPilot field clusterd does not support yet")
-        if key not in TOP_LEVEL:
-            raise TaskError(source, str(key), "unknown field",
-                            f"known fields: {', '.join(sorted(TOP_LEVEL))}")
+    warnings = _check_fields(raw, "", source)
     name = _optional_str(raw, "name", source)
     if name is not None and not name.strip():
         name = None
@@ -148,7 +141,8 @@ def _build(
             or not 1 <= num_nodes <= MAX_NUM_NODES):
         raise TaskError(source, "num_nodes", f"must be a whole number from 1 to "
                                              f"{MAX_NUM_NODES}, got {_shown(num_nodes)}")
-    resources, choices, ordered = parse_resource_choices(raw.get("resources"), source)
+    resources, choices, ordered, more = parse_task_resources(raw.get("resources"), source)
+    warnings += more
     envs = _env_map(raw, "envs", source, env_overrides, "--env")
     secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
     for secret in SECRET_ENV_NAMES & envs.keys():
@@ -162,12 +156,40 @@ def _build(
         resources=resources,
         resource_choices=choices,
         choices_ordered=ordered,
-        workdir=_workdir(raw.get("workdir"), source, cwd),
-        file_mounts=_file_mounts(raw.get("file_mounts"), source, cwd),
+        workdir=_workdir(raw.get("workdir"), source, cwd, envs),
+        file_mounts=_file_mounts(raw.get("file_mounts"), source, cwd, envs),
         envs=envs,
         secrets=secrets,
         source=source,
+        warnings=tuple(warnings),
     )
+
+
+def _check_fields(raw: Mapping[Any, Any], prefix: str, source: str,
+                  where: str | None = None) -> list[str]:
+    """Refuse what clusterd refuses (by name, saying why) and what is unknown (with what is
+    known); the warnings for what it accepts without effect. `prefix` names the fields in
+    the table, `where` (default: the same) names them in messages."""
+    table = fields.children(prefix)
+    where = prefix if where is None else where
+    warnings = []
+    for key in raw:
+        path = f"{where}.{key}" if where else str(key)
+        field = table.get(key) if isinstance(key, str) else None
+        if field is None:
+            raise TaskError(source, _shown_path(path), "unknown field",
+                            f"known fields: {', '.join(fields.known_names(prefix))}")
+        if field.support == fields.Support.PLANNED:
+            raise TaskError(source, path, f"not supported yet: {field.note}")
+        if field.support == fields.Support.REFUSED:
+            raise TaskError(source, path, f"not supported: {field.note}")
+        if field.support == fields.Support.WARNED:
+            warnings.append(f"{path}: has no effect: {field.note}")
+    return warnings
+
+
+def _shown_path(path: str) -> str:
+    return path if len(path) <= 80 else path[:77] + "..."
 
 
 def _shown(value: Any, limit: int = 60) -> str:
@@ -257,27 +279,33 @@ def _number(value: Any, source: str, field: str, what: str,
 
 
 def _accelerators(value: Any, source: str, prefix: str = "resources"
-                  ) -> tuple[str | None, float]:
+                  ) -> list[tuple[str | None, float]]:
+    """`A100:8`, `{A100: 8}`; several (`{H100: 8, H200: 8}`, or a list of either form) are
+    alternatives, as SkyPilot means them: any of them will do."""
     field = f"{prefix}.accelerators"
     if value is None:
-        return None, 0
+        return [(None, 0)]
     if isinstance(value, list):
-        if len(value) != 1:
-            raise TaskError(source, field, "choosing among several accelerators is not "
-                                           "supported yet; name one")
-        value = value[0]
-    if isinstance(value, dict):
-        if len(value) != 1:
-            raise TaskError(source, field, "name exactly one accelerator, like {A100: 1}")
-        ((name, count),) = value.items()
-        count = 1 if count is None else count
-        if not _scalar(name) or not _scalar(count):
+        if not value:
+            raise TaskError(source, field, "the list of accelerators is empty")
+        found = [one for item in value for one in _accelerators(item, source, prefix)]
+    elif isinstance(value, dict):
+        if not value:
             raise TaskError(source, field, "expected {NAME: COUNT}, like {A100: 1}")
+        found = [_one_accelerator(name, 1 if count is None else count, value, source, field)
+                 for name, count in value.items()]
     elif isinstance(value, str):
         name, _, count_text = value.partition(":")
-        count = count_text or 1
+        found = [_one_accelerator(name, count_text or 1, value, source, field)]
     else:
         raise TaskError(source, field, f"expected a string like 'A100:1', got {_kind(value)}")
+    return list(dict.fromkeys(found))
+
+
+def _one_accelerator(name: Any, count: Any, value: Any, source: str,
+                     field: str) -> tuple[str | None, float]:
+    if not _scalar(name) or not _scalar(count) or isinstance(count, bool):
+        raise TaskError(source, field, "expected {NAME: COUNT}, like {A100: 1}")
     try:
         amount = float(count)
     except (TypeError, ValueError):
@@ -299,9 +327,7 @@ def parse_autostop(value: Any, source: str, field: str = "resources.autostop") -
         minutes, _ = _number(value, source, field, "minutes", MAX_IDLE_MINUTES)
         return Autostop(idle_minutes=minutes)
     if isinstance(value, dict):
-        unknown = set(value) - {"idle_minutes", "down", "wait_for"}
-        if unknown:
-            raise TaskError(source, f"{field}.{sorted(unknown)[0]}", "unknown field")
+        _check_fields(value, "resources.autostop", source, where=field)
         minutes = value.get("idle_minutes", 5)
         minutes_value, _ = _number(minutes, source, f"{field}.idle_minutes", "minutes",
                                    MAX_IDLE_MINUTES)
@@ -317,24 +343,37 @@ def parse_autostop(value: Any, source: str, field: str = "resources.autostop") -
     raise TaskError(source, field, f"expected true, minutes or a map, got {_kind(value)}")
 
 
-def parse_resource_choices(value: Any, source: str
-                           ) -> tuple[Resources, tuple[Resources, ...], bool]:
-    """`resources`, with SkyPilot's `any_of` or `ordered`: the base, and each alternative
-    merged over it (its own fields win); the flag says whether the order is the user's."""
-    if not isinstance(value, dict) or not any(k in value for k in CHOICE_FIELDS):
-        return parse_resources(value, source), (), False
-    if all(k in value for k in CHOICE_FIELDS):
+def parse_task_resources(value: Any, source: str
+                         ) -> tuple[Resources, tuple[Resources, ...], bool, list[str]]:
+    """`resources`: the base; its alternatives (SkyPilot's `any_of` or `ordered`, each merged
+    over the base, and several accelerators, any of which will do), whether their order is
+    the user's, and the warnings for fields accepted without effect."""
+    if value is None:
+        return Resources(), (), False, []
+    if not isinstance(value, dict):
+        raise TaskError(source, "resources", f"expected a map, got {_kind(value)}")
+    value = _unaliased(value, source, "resources")
+    warnings = _check_fields(value, "resources", source)
+    keys = [k for k in CHOICE_FIELDS if k in value]
+    if not keys:
+        options = _with_accelerators(value, source, "resources")
+        if len(options) == 1:
+            return options[0], (), False, warnings
+        return _base(value, source), tuple(options), False, warnings
+    if len(keys) == 2:
         raise TaskError(source, "resources", "give any_of or ordered, not both")
-    key = "any_of" if "any_of" in value else "ordered"
+    key = keys[0]
     items = value[key]
     if not isinstance(items, list) or not items:
         raise TaskError(source, f"resources.{key}", "expected a non-empty list of resources")
     base = {k: v for k, v in value.items() if k != key}
-    choices = []
+    choices: list[Resources] = []
     for index, item in enumerate(items):
         field = f"resources.{key}[{index}]"
         if not isinstance(item, dict):
             raise TaskError(source, field, f"expected a map of resources, got {_kind(item)}")
+        item = _unaliased(item, source, field)
+        warnings += _check_fields(item, "resources", source, where=field)
         merged = dict(base)
         if "infra" in item:  # an alternative's place replaces the base's, in either form
             for legacy in ("cloud", "region", "zone"):
@@ -342,8 +381,34 @@ def parse_resource_choices(value: Any, source: str
         if any(k in item for k in ("cloud", "region", "zone")):
             merged.pop("infra", None)
         merged.update(item)
-        choices.append(parse_resources(merged, source, field))
-    return parse_resources(base, source), tuple(choices), key == "ordered"
+        choices += _with_accelerators(merged, source, field)
+    return _base(base, source), tuple(dict.fromkeys(choices)), key == "ordered", warnings
+
+
+def _unaliased(value: dict[Any, Any], source: str, where: str) -> dict[Any, Any]:
+    """SkyPilot's alias: `gpus` is `accelerators`."""
+    if "gpus" not in value:
+        return value
+    if "accelerators" in value:
+        raise TaskError(source, f"{where}.gpus", "give accelerators or gpus (its alias), not "
+                                                 "both")
+    return {("accelerators" if k == "gpus" else k): v for k, v in value.items()}
+
+
+def _with_accelerators(raw: dict[Any, Any], source: str, where: str) -> list[Resources]:
+    """The resources, once per accelerator they accept."""
+    plain = parse_resources({k: v for k, v in raw.items() if k != "accelerators"}, source,
+                            where)
+    return [dataclasses.replace(plain, accelerator=name, accelerator_count=count)
+            for name, count in _accelerators(raw.get("accelerators"), source, where)]
+
+
+def _base(raw: dict[Any, Any], source: str) -> Resources:
+    """The resources shared by every alternative (their one accelerator, if one)."""
+    options = _with_accelerators(raw, source, "resources")
+    return options[0] if len(options) == 1 else dataclasses.replace(options[0],
+                                                                    accelerator=None,
+                                                                    accelerator_count=0)
 
 
 def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resources:
@@ -354,9 +419,8 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
     for key in value:
         if key in CHOICE_FIELDS:
             raise TaskError(source, f"{prefix}.{key}", "alternatives cannot be nested")
-        if key not in RESOURCE_FIELDS:
-            raise TaskError(source, f"{prefix}.{key}", "unknown field",
-                            f"known fields: {', '.join(sorted(RESOURCE_FIELDS))}")
+    if prefix != "resources":  # the top level was checked by parse_task_resources
+        _check_fields(value, "resources", source, where=prefix)
     infra_text = value.get("infra")
     if infra_text is not None and not isinstance(infra_text, str):
         raise TaskError(source, f"{prefix}.infra", f"expected a string like 'aws/us-east-1', "
@@ -379,7 +443,16 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
     if value.get("memory") is not None:
         memory, memory_plus = _number(value["memory"], source, f"{prefix}.memory",
                                       "a size in GB", MAX_MEMORY_GB)
-    accelerator, count = _accelerators(value.get("accelerators"), source, prefix)
+    choices = _accelerators(value.get("accelerators"), source, prefix)
+    if len(choices) > 1:
+        raise TaskError(source, f"{prefix}.accelerators", "name one accelerator here")
+    ((accelerator, count),) = choices
+    disk_tier = _choice(value, "disk_tier", DISK_TIERS, source, prefix)
+    _choice(value, "network_tier", NETWORK_TIERS, source, prefix)
+    max_cost = value.get("max_hourly_cost")
+    if max_cost is not None:
+        max_cost, _ = _number(max_cost, source, f"{prefix}.max_hourly_cost", "dollars",
+                              1_000_000.0)
     ports = _ports(value.get("ports"), source, prefix)
     disk = value.get("disk_size")
     if disk is not None and (not isinstance(disk, int) or isinstance(disk, bool)
@@ -415,7 +488,20 @@ def parse_resources(value: Any, source: str, prefix: str = "resources") -> Resou
         region_images=region_images,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         autostop=parse_autostop(value.get("autostop"), source, f"{prefix}.autostop"),
+        disk_tier=disk_tier,
+        max_hourly_cost=max_cost,
     )
+
+
+def _choice(value: Mapping[Any, Any], key: str, allowed: tuple[str, ...], source: str,
+            prefix: str) -> str | None:
+    item = value.get(key)
+    if item is None:
+        return None
+    if not isinstance(item, str) or item.lower() not in allowed:
+        raise TaskError(source, f"{prefix}.{key}",
+                        f"must be one of {', '.join(allowed)}, got {_shown(item)}")
+    return item.lower()
 
 
 PORT_RANGE = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?$")
@@ -472,7 +558,13 @@ def _local_path(value: str, cwd: str) -> str:
     return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
 
 
-def _workdir(value: Any, source: str, cwd: str) -> str | GitWorkdir | None:
+def _expand(text: str, envs: Mapping[str, str]) -> str:
+    """SkyPilot fills `${VAR}` and `$VAR` in paths from the task's envs (after --env)."""
+    return string.Template(text).safe_substitute(envs)
+
+
+def _workdir(value: Any, source: str, cwd: str,
+             envs: Mapping[str, str]) -> str | GitWorkdir | None:
     if value is None:
         return None
     if isinstance(value, dict):
@@ -498,33 +590,36 @@ def _workdir(value: Any, source: str, cwd: str) -> str | GitWorkdir | None:
         return GitWorkdir(url, ref_text)
     if not isinstance(value, str):
         raise TaskError(source, "workdir", f"expected a path or {{url, ref}}, got {_kind(value)}")
-    path = _local_path(value, cwd)
+    path = _local_path(_expand(value, envs), cwd)
     if not os.path.isdir(path):
         raise TaskError(source, "workdir", f"{path} is not a directory")
     return path
 
 
-def _file_mounts(value: Any, source: str, cwd: str) -> dict[str, str]:
+def _file_mounts(value: Any, source: str, cwd: str,
+                 envs: Mapping[str, str]) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
         raise TaskError(source, "file_mounts", f"expected a map of remote: local, "
                                                f"got {_kind(value)}")
     mounts: dict[str, str] = {}
-    for remote, local in value.items():
-        field = f"file_mounts.{remote}"
+    for written, local in value.items():
+        field = f"file_mounts.{written}"
+        remote = _expand(written, envs) if isinstance(written, str) else written
         if not isinstance(remote, str) or not remote.strip() or remote.startswith("-") or any(
                 c in remote for c in "\n\r\0"):
             raise TaskError(source, "file_mounts", f"{_shown(remote)} is not a path (empty, "
                                                    "starting with '-', or on several lines)")
         if isinstance(local, dict):
-            raise TaskError(source, field, "storage mounts (buckets) are not supported yet; "
-                                           "give a local path")
+            raise TaskError(source, field, "storage mounts (buckets, {source, mode}) are not "
+                                           "supported; give a local path")
         if not isinstance(local, str):
             raise TaskError(source, field, f"expected a local path, got {_kind(local)}")
         if "://" in local:
-            raise TaskError(source, field, f"{local}: only local paths are supported yet")
-        path = _local_path(local, cwd)
+            raise TaskError(source, field, f"{_shown(local)}: bucket sources are not supported; "
+                                           "give a local path")
+        path = _local_path(_expand(local, envs), cwd)
         if not os.path.exists(path):
             raise TaskError(source, field, f"{path} does not exist")
         mounts[remote] = path

@@ -70,6 +70,8 @@ class Resources:
     region_images: tuple[tuple[str, str], ...] = ()
     labels: tuple[tuple[str, str], ...] = ()
     autostop: Autostop | None = None
+    disk_tier: str | None = None  # low, medium, high, ultra, best (SkyPilot's tiers)
+    max_hourly_cost: float | None = None  # per node and hour, as the catalog prices it
 
     @property
     def job_cpus(self) -> float:
@@ -137,6 +139,8 @@ class TaskSpec:
     envs: dict[str, str] = dataclasses.field(default_factory=dict)
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
     source: str = "<task>"
+    # Fields accepted without effect, each naming the field and why (shown by launch/exec).
+    warnings: tuple[str, ...] = ()
 
     def resource_options(self) -> tuple[Resources, ...]:
         """What the task can run on: its alternatives, or its one set of resources."""

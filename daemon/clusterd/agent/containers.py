@@ -1,0 +1,59 @@
+"""Jobs in a container (SkyPilot's `image_id: docker:IMAGE`), on nodes that have a runtime.
+
+The node's own runtime runs the job's scripts in the image: docker if its daemon answers, else
+podman. The container shares the node's network (Ray, the other nodes, the ports the task
+opened) and sees the job's working directory at the same path. The job's environment reaches
+it by name only (`-e NAME`, the value taken from the runtime's own environment), so no value,
+secrets included, is ever on a command line.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+DOCKER_PREFIX = "docker:"
+RUNTIMES = ("docker", "podman")
+PROBE_TIMEOUT_S = 15.0
+# Bash where the image has it (SkyPilot's scripts assume it), else its sh.
+SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash "$0"; else exec sh "$0"; fi'
+
+
+def image_of(image_id: str | None) -> str | None:
+    """The container image a task's image_id names, or None (not a docker image)."""
+    if image_id and image_id.startswith(DOCKER_PREFIX):
+        return image_id[len(DOCKER_PREFIX):].strip() or None
+    return None
+
+
+def find_runtime() -> tuple[str | None, str]:
+    """The first runtime on this node that answers (`docker info`, `podman info`), and if
+    none does, why (for the refusal)."""
+    problems = []
+    for name in RUNTIMES:
+        path = shutil.which(name)
+        if path is None:
+            problems.append(f"no {name}")
+            continue
+        try:
+            done = subprocess.run([path, "info"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problems.append(f"{name}: {exc}")
+            continue
+        if done.returncode == 0:
+            return path, ""
+        last = (done.stderr or done.stdout).strip().splitlines()
+        problems.append(f"{name} does not answer ({last[-1][:160] if last else 'no output'})")
+    return None, "; ".join(problems)
+
+
+def command(runtime: str, image: str, script_path: str, workdir: str,
+            env_names: list[str]) -> list[str]:
+    """The runtime's argv that runs the script file in the image."""
+    argv = [runtime, "run", "--rm", "--network", "host",
+            "-v", f"{workdir}:{workdir}", "-v", f"{script_path}:{script_path}:ro",
+            "-w", workdir]
+    for name in sorted(env_names):
+        argv += ["-e", name]
+    return [*argv, image, "sh", "-c", SHELL, script_path]

@@ -1,0 +1,120 @@
+"""SkyPilot task fields end to end on local clusters: warnings for fields without effect (in
+the output and as events), --strict refusing them, and docker:IMAGE jobs run in a container
+by the node's container runtime (podman here, with an image made from a busybox rootfs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Daemon, running_daemon, short_tempdir
+
+pytestmark = pytest.mark.ray
+
+IMAGE = "localhost/clusterd-test:1"
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+netns = "host"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+runtime = "runc"
+"""
+
+
+def test_fields_without_effect_are_warned_and_refused_under_strict(
+        shared_daemon: Daemon, local_cluster: str) -> None:
+    task = shared_daemon.root / "warned.yaml"
+    task.write_text("resources:\n  job_recovery: none\n  disk_tier: high\nrun: echo ran\n")
+    result = shared_daemon.ctl("launch", "-c", "warned", "--infra", "local", str(task))
+    try:
+        assert result.returncode == 0, result.stderr
+        assert "ran" in result.stdout
+        assert "warning: resources.job_recovery: has no effect: how SkyPilot's managed jobs" in (
+            result.stderr)
+        assert "warning: resources.disk_tier: has no effect on local" in result.stderr
+        events = json.loads(shared_daemon.ctl("events", "warned", "--json").stdout)
+        assert {e["reason"].split(":")[0] for e in events if e["kind"] == "warning"} == {
+            "resources.job_recovery", "resources.disk_tier"}
+        # exec says it too.
+        exec_task = shared_daemon.root / "exec-warned.yaml"
+        exec_task.write_text("resources:\n  network_tier: best\nrun: echo again\n")
+        again = shared_daemon.ctl("exec", "warned", str(exec_task))
+        assert again.returncode == 0 and "warning: resources.network_tier" in again.stderr
+    finally:
+        shared_daemon.ctl("down", "-y", "warned")
+    strict = shared_daemon.ctl("launch", "-c", "strict", "--strict", str(task))
+    assert strict.returncode == 1 and "[INVALID_TASK]" in strict.stderr
+    assert "resources.job_recovery: has no effect" in strict.stderr
+    assert shared_daemon.cluster("strict") is None
+    # Only a provider-bound field: strict refuses that provider, naming the field.
+    tier = shared_daemon.root / "tier.yaml"
+    tier.write_text("resources:\n  infra: local\n  disk_tier: high\nrun: echo x\n")
+    refused = shared_daemon.ctl("launch", "-c", "tier", "--strict", str(tier))
+    assert refused.returncode == 1
+    assert "resources.disk_tier: has no effect on local" in refused.stderr
+    assert "(refused: strict)" in refused.stderr
+
+
+def test_a_machine_image_cannot_apply_to_local_and_says_so(shared_daemon: Daemon) -> None:
+    task = shared_daemon.root / "ami.yaml"
+    task.write_text("resources:\n  infra: local\n  image_id: ami-0123456789\nrun: echo x\n")
+    refused = shared_daemon.ctl("launch", "-c", "ami", str(task))
+    assert refused.returncode == 1
+    assert "resources.image_id: cannot apply on local" in refused.stderr
+
+
+@pytest.fixture(scope="module")
+def podman() -> Iterator[dict[str, str]]:
+    """A container runtime that works here (podman with runc, no cgroup management), and a
+    small image of its own: busybox, and a file saying where it is."""
+    if not (shutil.which("podman") and shutil.which("runc") and Path("/bin/busybox").exists()):
+        pytest.skip("needs podman, runc and busybox-static (scripts/test installs them)")
+    root = short_tempdir("cdpod-")
+    conf = root / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+    rootfs = root / "rootfs"
+    (rootfs / "bin").mkdir(parents=True)
+    (rootfs / "etc").mkdir()
+    (rootfs / "tmp").mkdir()
+    shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
+    for tool in ("sh", "cat", "echo", "ls", "id", "env"):
+        (rootfs / "bin" / tool).symlink_to("busybox")
+    (rootfs / "etc" / "clusterd-test-image").write_text("inside the image\n")
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(root / "rootfs.tar"), "."], check=True)
+    subprocess.run(["podman", "import", str(root / "rootfs.tar"), IMAGE], env=env, check=True,
+                   capture_output=True, timeout=120)
+    try:
+        yield {"CONTAINERS_CONF": str(conf)}
+    finally:
+        subprocess.run(["podman", "rmi", "-f", IMAGE], env=env, capture_output=True,
+                       timeout=120)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_docker_image_runs_the_job_in_that_container(podman: dict[str, str]) -> None:
+    with running_daemon("cdimg-") as daemon:
+        daemon.stop()
+        daemon.env.update(podman)
+        daemon.start()
+        workdir = daemon.root / "wd"
+        workdir.mkdir()
+        (workdir / "data.txt").write_text("synced\n")
+        task = daemon.root / "box.yaml"
+        task.write_text(f"resources:\n  image_id: docker:{IMAGE}\nworkdir: wd\n"
+                        "secrets:\n  TOKEN:\n"
+                        "run: |\n  cat /etc/clusterd-test-image\n  cat data.txt\n"
+                        "  echo rank=$SKYPILOT_NODE_RANK token=$TOKEN\n")
+        result = daemon.ctl("launch", "-c", "box", str(task), "--secret", "TOKEN=t0k3n")
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert result.stdout.splitlines() == ["inside the image", "synced", "rank=0 token=t0k3n"]
+        # Without the image the same job runs on the node itself.
+        plain = daemon.ctl("exec", "box", "--", "test -e /etc/clusterd-test-image || echo host")
+        assert plain.stdout.strip() == "host"
