@@ -92,6 +92,8 @@ def safe_load(text: str) -> Any:
         raise YAMLProblem(f"{_where(mark)}{problem}") from None
     except RecursionError:
         raise YAMLProblem(f"nested more than {MAX_DEPTH} levels deep") from None
+    except (ValueError, OverflowError) as exc:  # PyYAML lets these out on hostile escapes
+        raise YAMLProblem(f"not valid YAML: {exc}") from None
     finally:
         loader.dispose()
 
@@ -104,7 +106,8 @@ def count_documents(text: str) -> int:
         for event in yaml.parse(text, Loader=yaml.SafeLoader):
             if isinstance(event, yaml.DocumentStartEvent):
                 count += 1
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, OverflowError, RecursionError):
+        # PyYAML's scanner lets a few of these out on hostile escapes ("\U7fffffff").
         return count
     return count
 

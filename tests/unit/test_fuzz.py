@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 
 from clusterctl import protocol
 from clusterctl.protocol import ProtocolError
-from clusterd.tasks import TaskSpec, load_task
-from clusterd.tasks.loader import RESOURCE_FIELDS, TOP_LEVEL
+from clusterd.tasks import TaskSpec, fields, load_task
+
+TOP_LEVEL = set(fields.children(""))
+RESOURCE_FIELDS = set(fields.children("resources"))
 
 # Derandomized (the same inputs every run: CI must not flake) and with no example database.
 FAST = settings(max_examples=300, deadline=None, derandomize=True, database=None,
