@@ -109,7 +109,7 @@ class EC2Bed:
 @contextlib.contextmanager
 def ec2_bed() -> Iterator[EC2Bed]:
     bed_dir = short_tempdir("cdec2-")
-    netns = f"cdtest-{os.getpid()}"
+    netns = f"cde2e-{os.getpid()}"  # not the bed integration tests' name (same process)
     up = subprocess.run([sys.executable, TESTBED, "ec2", "up", "--dir", str(bed_dir),
                          "--netns", netns, "--regions", REGIONS, "--runtime-image"],
                         capture_output=True, text=True, timeout=900)

@@ -89,7 +89,11 @@ def test_a_quota_error_skips_the_whole_region(ec2: EC2Bed, fo: Daemon) -> None:
 
 def test_bad_credentials_on_aws_fall_over_to_local(ec2: EC2Bed, fo: Daemon) -> None:
     ec2.fault("--code", "UnauthorizedOperation", "--action", "RunInstances")
-    alternatives = task(ec2, "  ordered:\n    - infra: aws\n    - infra: local\n      cpus: 1\n")
+    images = "".join(f"        {region}: {ami}\n" for region, ami in
+                     ec2.runtime_images().items())
+    aws = "    - infra: aws\n" + (f"      image_id:\n{images}" if images else "")
+    alternatives = ("resources:\n  cpus: 2\n  ordered:\n" + aws
+                    + "    - infra: local\n      cpus: 1\nrun: echo landed\n")
     result = launch(fo, "cred", alternatives)
     assert result.returncode == 0, result.stderr + fo.log()[-3000:]
     tried = attempts(result.stderr)
@@ -99,7 +103,7 @@ def test_bad_credentials_on_aws_fall_over_to_local(ec2: EC2Bed, fo: Daemon) -> N
     assert "landed" in result.stdout
     down(fo, ec2, "cred")
     # Cheapest first (any_of): this machine costs nothing, so aws is not even tried.
-    cheapest = task(ec2, "  any_of:\n    - infra: aws\n    - infra: local\n      cpus: 1\n")
+    cheapest = alternatives.replace("ordered:", "any_of:")
     result = launch(fo, "cheap", cheapest)
     assert result.returncode == 0 and attempts(result.stderr) == []
     assert fo.cluster("cheap")["infra"] == "local"  # type: ignore[index]
