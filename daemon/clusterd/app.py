@@ -22,6 +22,7 @@ import anyio.abc
 from clusterctl._version import __version__
 from clusterctl.protocol import ProtocolError
 from clusterd import log
+from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
 from clusterd.providers.aws import AWSProvider
@@ -277,10 +278,13 @@ class Daemon:
                 root.cancel_scope.cancel()
 
     async def _prune_history(self) -> None:
-        while True:
-            await anyio.sleep(3600)
+        async def prune() -> None:
             await self.store.prune_events()
             await self.request_store.prune(self.settings.request_retention)
+
+        while True:
+            await anyio.sleep(3600)
+            await survive("retention", prune)
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
         raise_open_files_limit()

@@ -1,9 +1,12 @@
-"""Helpers for structured concurrency: errors out of task groups as users should see them."""
+"""Helpers for structured concurrency: errors out of task groups as users should see them,
+and background loops that outlive a failing step."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+
+import structlog
 
 from clusterctl.protocol import ProtocolError
 
@@ -30,3 +33,21 @@ def first_error() -> Iterator[None]:
             if isinstance(leaf, ProtocolError):
                 raise leaf from group
         raise
+
+
+async def survive(what: str, step: Callable[[], Awaitable[None]]) -> bool:
+    """Run one step of a background loop; an error in it is logged, not fatal.
+
+    The loops (refresh, orphan scans, autostop, retention) run beside every client: one of
+    them failing on something passing (out of file descriptors, a full disk, a provider's
+    library misbehaving) must cost that step, not the daemon. Cancellation still ends them.
+    Returns whether the step succeeded.
+    """
+    try:
+        await step()
+    except Exception as exc:  # the loop's next period is the retry
+        structlog.get_logger("clusterd").error(
+            "a background step failed; trying again next period", step=what,
+            error=f"{type(exc).__name__}: {exc}"[:500], exc_info=exc)
+        return False
+    return True

@@ -92,7 +92,10 @@ def test_running_out_of_descriptors_is_survived() -> None:
         wait_for(lambda: "cannot accept a connection" in daemon.log(), 20, "EMFILE")
         assert daemon.process is not None and daemon.process.poll() is None
         # The idle ones time out, the backlog drains, and the daemon serves again.
-        wait_for(lambda: _pings(daemon), 60, "the daemon to serve again", interval=0.5)
+        try:
+            wait_for(lambda: _pings(daemon), 60, "the daemon to serve again", interval=0.5)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n--- the daemon's log:\n{daemon.log()[-6000:]}") from None
         for sock in clients:
             sock.close()
         still_serving(daemon)

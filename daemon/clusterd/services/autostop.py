@@ -18,6 +18,7 @@ import anyio.abc
 
 from clusterctl.protocol import ClusterStatus, ProtocolError
 from clusterd import log
+from clusterd.concurrency import survive
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
@@ -78,7 +79,7 @@ class AutostopService:
                   ) -> None:
         task_status.started()
         while True:
-            await self.check()
+            await survive("autostop", self.check)
             await anyio.sleep(self.check_s)
 
     async def check(self) -> None:

@@ -21,7 +21,7 @@ import anyio.lowlevel
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.concurrency import first_error
+from clusterd.concurrency import first_error, survive
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.providers.base import NodeInfo, NodeStatus, ProvisionError
 from clusterd.providers.registry import ProviderRegistry
@@ -82,9 +82,9 @@ class RefreshService:
         every interval, with jitter."""
         task_status.started()
         while True:
-            await self.cycle()
+            await survive("refresh", self.cycle)
             if self.orphans is not None and (self.cycles - 1) % ORPHAN_SCAN_EVERY == 0:
-                await self.orphans.scan()
+                await survive("orphan scan", self.orphans.scan)
             await anyio.sleep(self.interval_s * random.uniform(1 - JITTER, 1 + JITTER))
 
     async def refresh_now(self, names: list[str] | None = None) -> None:
