@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_aws import bench_aws_launch, bench_aws_refresh, bench_failover  # noqa: E402
+from bench_aws import bench_aws_launch, bench_aws_refresh, bench_failover
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
