@@ -46,9 +46,6 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    launched = daemon.ctl("launch", "-c", "web", "--", "echo ready")
-    assert launched.returncode == 0, launched.stderr + daemon.log()[-3000:]
-    job_id = submit_ticker(daemon, "web")
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
@@ -63,9 +60,30 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
         def shot(name: str) -> None:
             assert browser.save_screenshot(str(shots / f"{name}.png"))
 
-        # The clusters page: the printed URL lets us in, and the cluster is there, UP.
+        # The printed URL lets us in (the token is traded for a cookie, dropped from the bar).
         browser.get(dashboard.url)
-        assert "token=" not in browser.current_url  # traded for a cookie, dropped from the bar
+        assert "token=" not in browser.current_url
+        wait.until(lambda b: "No clusters" in b.find_element(By.ID, "clusters").text)
+
+        # A launch from the terminal: the page shows it in flight, with its progress.
+        launch = daemon.popen_ctl("launch", "-c", "web", "--", "echo ready")
+        request_row = 'tr[data-request] td:nth-child(2)'
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, request_row).text == "launch")
+        progress_cell = 'tr[data-request] td:nth-child(5)'
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, progress_cell).text
+                   not in ("", "-"))  # its latest step, e.g. "starting Ray on 1 node(s)"
+        shot("clusters-launching")
+        click(By.CSS_SELECTOR, "tr[data-request] a")  # its own page: every step, live
+        wait.until(lambda b: "checking where web can run" in
+                   b.find_element(By.ID, "progress").text)
+        wait.until(lambda b: "Finished: web" in b.find_element(By.ID, "outcome").text)
+        assert "cluster web is UP" in browser.find_element(By.ID, "progress").text
+        shot("request")
+        assert launch.wait(120) == 0, launch.communicate()
+        job_id = submit_ticker(daemon, "web")
+
+        # The clusters page: the cluster is there, UP.
+        click(By.LINK_TEXT, "Clusters")
         wait.until(lambda b: "UP" in b.find_element(By.CSS_SELECTOR,
                                                      'tr[data-cluster="web"]').text)
         wait.until(lambda b: "local" in b.find_element(By.CSS_SELECTOR,
@@ -128,7 +146,8 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
 
         errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
         assert not errors, errors  # CSP violations and script errors land here
-    for name in ("clusters", "cluster", "job", "job-cancelled", "events", "clusters-after-down"):
+    for name in ("clusters-launching", "request", "clusters", "cluster", "job", "job-cancelled",
+                 "events", "clusters-after-down"):
         assert (shots / f"{name}.png").stat().st_size > 1000, name
 
 

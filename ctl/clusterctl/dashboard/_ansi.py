@@ -14,12 +14,13 @@ import codecs
 import html
 import re
 
-# CSI: ESC [ params intermediates final; OSC: ESC ] ... (BEL | ESC \); other: ESC + one char.
+# CSI: ESC [ params intermediates final; OSC: ESC ] ... (BEL | ESC \); a character set
+# (ESC ( B and the like); other: ESC + one char.
 _SEQUENCE = re.compile(
-    r"\x1b(?:\[([0-?]*)[ -/]*([@-~])|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])"
+    r"\x1b(?:\[([0-?]*)[ -/]*([@-~])|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()*+#][ -~]|[@-Z\\-_])"
 )
 # An escape sequence cut off at the end of a chunk: wait for the rest.
-_UNFINISHED = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*|\][^\x07]*\x1b)?$")
+_UNFINISHED = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*|\][^\x07]*\x1b|[()*+#])?$")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 # An unfinished sequence longer than this is not one: show it (escaped) rather than wait.
 MAX_PENDING = 256
@@ -76,6 +77,7 @@ class AnsiToHtml:
         self._fg: int | None = None
         self._bg: int | None = None
         self._flags: set[str] = set()
+        self._opened = False  # a span is open in the HTML being written
         self.lines = 0  # newlines converted so far
 
     def feed(self, data: bytes, final: bool = False) -> str:
@@ -87,38 +89,40 @@ class AnsiToHtml:
                 self._pending = text[tail.start():]
                 text = text[:tail.start()]
         out: list[str] = []
-        opened = self._open(out)
+        self._opened = False
         position = 0
         for match in _SEQUENCE.finditer(text):
             self._text(text[position:match.start()], out)
             position = match.end()
             if match.group(2) == "m":
-                if opened:
-                    out.append("</span>")
+                self._close(out)
                 self._apply(match.group(1))
-                opened = self._open(out)
         self._text(text[position:], out)
-        if opened:
-            out.append("</span>")
+        self._close(out)
         return "".join(out)
 
     def _text(self, text: str, out: list[str]) -> None:
         if not text:
             return
         text = _CONTROL.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
+        if not text:
+            return
+        if not self._opened:  # spans only around text: no empty ones
+            classes = sorted(self._flags)
+            if self._fg is not None:
+                classes.append(f"f{self._fg}")
+            if self._bg is not None:
+                classes.append(f"b{self._bg}")
+            if classes:
+                out.append(f'<span class="{" ".join(classes)}">')
+                self._opened = True
         self.lines += text.count("\n")
         out.append(html.escape(text, quote=False))
 
-    def _open(self, out: list[str]) -> bool:
-        classes = sorted(self._flags)
-        if self._fg is not None:
-            classes.append(f"f{self._fg}")
-        if self._bg is not None:
-            classes.append(f"b{self._bg}")
-        if not classes:
-            return False
-        out.append(f'<span class="{" ".join(classes)}">')
-        return True
+    def _close(self, out: list[str]) -> None:
+        if self._opened:
+            out.append("</span>")
+            self._opened = False
 
     def _apply(self, params: str) -> None:
         codes = [int(p) if p.isdigit() else 0 for p in params.replace(":", ";").split(";")]

@@ -328,8 +328,8 @@ def _request_progress(request_id: int) -> Producer:
             async with board.link.stream(protocol.FollowRequestArgs(request_id=request_id)
                                          ) as stream:
                 async for event, data in stream:
-                    html = board.render("_progress.html", event=event, data=data)
-                    if html.strip():
+                    html = board.render("_progress.html", event=event, data=data).strip()
+                    if html:
                         await live.send("append", {"id": "progress", "html": html})
             outcome = {"result": stream.result or {}, "error": None}
         except ClusterdError as exc:
