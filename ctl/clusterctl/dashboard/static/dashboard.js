@@ -21,6 +21,9 @@
       const ts = parseFloat(el.dataset.since);
       el.textContent = ts ? ageText(now - ts) + " ago" : "-";
     }
+    for (const el of document.querySelectorAll("[data-elapsed]")) {
+      el.textContent = ageText(now - parseFloat(el.dataset.elapsed));
+    }
     for (const el of document.querySelectorAll("[data-deadline]")) {
       const left = parseFloat(el.dataset.deadline) - now;
       el.textContent = left <= 0 ? "due" : "in " + ageText(left);
@@ -168,12 +171,27 @@
     }
   }
 
+  // Cluster actions name only what they do; the cluster is the enclosing data-cluster's.
+  const CLUSTER_ACTIONS = {
+    stop: (name) => `Stop cluster ${name}? Its nodes stop; their disks are kept.`,
+    start: (name) => `Start cluster ${name}?`,
+    down: (name) => `Tear down cluster ${name}? Its nodes and disks are deleted.`,
+  };
+
   document.addEventListener("click", (event) => {
-    const button = event.target.closest("button[data-action]");
+    const button = event.target.closest("button[data-action], button[data-do]");
     if (!button) return;
     event.preventDefault();
+    let url = button.dataset.action;
+    let question = button.dataset.confirm || "Proceed?";
+    const verb = button.dataset.do;
+    if (verb && CLUSTER_ACTIONS[verb]) {
+      const name = button.closest("[data-cluster]").dataset.cluster;
+      url = `/api/clusters/${encodeURIComponent(name)}/${verb}`;
+      question = CLUSTER_ACTIONS[verb](name);
+    }
     const payload = button.dataset.body ? JSON.parse(button.dataset.body) : {};
-    confirmThen(button.dataset.confirm || "Proceed?", () => post(button.dataset.action, payload));
+    confirmThen(question, () => post(url, payload));
   });
 
   document.addEventListener("submit", (event) => {
