@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import stat
 from pathlib import Path
@@ -99,6 +100,34 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
             By.CSS_SELECTOR, f'tr[data-job="{job_id}"]').text)
         shot("cluster")
 
+        # Autostop, set and cancelled from the page (each confirmed): the summary follows.
+        minutes = browser.find_element(By.NAME, "idle_minutes")
+        minutes.clear()
+        minutes.send_keys("45")
+        click(By.XPATH, '//button[text()="Set autostop"]')
+        wait.until(lambda b: "after 45 idle minutes?" in b.find_element(By.ID, "confirm").text)
+        click(By.ID, "confirm-yes")
+        wait.until(lambda b: "stop after 45m idle" in b.find_element(By.ID, "summary").text)
+        assert daemon.cluster("web")["autostop_minutes"] == 45  # type: ignore[index]
+        wait.until(lambda b: re.search(r"in (44|45)m", b.find_element(By.ID, "summary").text))
+        shot("cluster-autostop")
+        click(By.XPATH, '//button[text()="Cancel autostop"]')
+        click(By.ID, "confirm-yes")
+        wait.until(lambda b: "after 45m" not in b.find_element(By.ID, "summary").text)
+        assert daemon.cluster("web")["autostop_minutes"] is None  # type: ignore[index]
+
+        # An action the daemon refuses: its message and hint, on the page.
+        browser.execute_script(
+            "document.getElementById('summary').insertAdjacentHTML('beforeend',"
+            "'<div data-cluster=\"ghost\"><button id=\"ghost\" data-do=\"stop\">"
+            "Stop</button></div>')")
+        click(By.ID, "ghost")
+        click(By.ID, "confirm-yes")
+        notice = wait.until(lambda b: b.find_element(By.CSS_SELECTOR, ".notice.error"))
+        assert "cluster ghost does not exist [CLUSTER_NOT_FOUND]" in notice.text
+        assert "hint: see `clusterctl status`" in notice.text
+        shot("cluster-error")
+
         # The job: its log grows while we watch (no reload), in colour.
         click(By.CSS_SELECTOR, f'tr[data-job="{job_id}"] a')
         log = wait.until(lambda b: b.find_element(By.ID, "log"))  # never replaced
@@ -144,10 +173,11 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
         shot("clusters-after-down")
         assert daemon.cluster("web") is None
 
-        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+        errors = [entry for entry in browser.get_log("browser") if entry["level"] == "SEVERE"
+                  and "/api/clusters/ghost/" not in entry["message"]]  # the refusal above
         assert not errors, errors  # CSP violations and script errors land here
-    for name in ("clusters-launching", "request", "clusters", "cluster", "job", "job-cancelled",
-                 "events", "clusters-after-down"):
+    for name in ("clusters-launching", "request", "clusters", "cluster", "cluster-autostop",
+                 "cluster-error", "job", "job-cancelled", "events", "clusters-after-down"):
         assert (shots / f"{name}.png").stat().st_size > 1000, name
 
 

@@ -188,7 +188,7 @@ async def cluster(request: web.Request) -> web.StreamResponse:
 def _cluster_parts(name: str) -> Producer:
     async def produce(board: Dashboard, live: Live) -> None:
         nodes_at = -NODES_POLL_S
-        events_seen = board.events.latest.version
+        version, newest = board.events.latest.version, board.events.latest.value
         loop = asyncio.get_running_loop()
         while True:
             try:
@@ -212,9 +212,11 @@ def _cluster_parts(name: str) -> Producer:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLUSTER_POLL_S):
                     while True:  # until an event of this cluster (or the timeout)
-                        events_seen = await board.events.latest.next(events_seen)
-                        if board.events.after(events_seen - 1, name):
-                            nodes_at = -NODES_POLL_S
+                        version = await board.events.latest.next(version)
+                        mine = board.events.after(newest, name)
+                        newest = board.events.latest.value
+                        if mine:
+                            nodes_at = -NODES_POLL_S  # a change of status: look at them now
                             break
     return produce
 
