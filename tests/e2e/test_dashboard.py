@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -294,3 +296,23 @@ def test_port_option_and_a_taken_port(shared_daemon: Daemon) -> None:
         assert chosen.port == port and chosen.url.startswith(f"http://127.0.0.1:{port}/")
     finally:
         stop_dashboard(chosen)
+
+
+def test_another_local_user_is_refused_even_with_the_token(shared_daemon: Daemon) -> None:
+    if os.getuid() != 0:
+        pytest.skip("needs root to act as another user")
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that another user can run")
+    code = ("import http.client, sys\n"
+            "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)\n"
+            "c.request('GET', '/?token=' + sys.argv[2])\n"
+            "r = c.getresponse()\n"
+            "print(r.status, r.read().decode().strip())\n")
+    with running_dashboard(shared_daemon) as dashboard:
+        args = [python, "-c", code, str(dashboard.port), dashboard.token]
+        intruder = subprocess.run(args, user=65534, capture_output=True, text=True, timeout=60)
+        assert intruder.stdout.startswith("403"), intruder.stdout + intruder.stderr
+        assert "belongs to another user" in intruder.stdout
+        mine = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert mine.stdout.startswith("302"), mine.stdout + mine.stderr

@@ -8,6 +8,9 @@ loopback address, from its own pages.
   localhost:PORT): a DNS-rebinding page's requests carry its own host name, and are refused.
 * Requests that change something (any method but GET and HEAD) and WebSocket upgrades must
   carry an Origin of this very server.
+* On Linux, a connection from another local user's process is refused whatever it carries
+  (a cookie can leak: browsers send it to every port of 127.0.0.1): the kernel's table of TCP
+  sockets names the owner of the peer's end, as SO_PEERCRED does for the daemon's socket.
 * Every answer forbids framing, sniffing, caching and referrers, and allows scripts, styles
   and connections to this origin only.
 """
@@ -15,7 +18,9 @@ loopback address, from its own pages.
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
+import socket
 from collections.abc import Awaitable, Callable
 
 from aiohttp import hdrs, web
@@ -31,6 +36,32 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
+
+
+TCP_TABLE = "/proc/net/tcp"
+
+
+def _hex_address(address: tuple[str, int]) -> str:
+    """An IPv4 address as /proc/net/tcp writes it: the address in host byte order, then the
+    port, in hex."""
+    packed = socket.inet_aton(address[0])
+    return f"{int.from_bytes(packed, 'little'):08X}:{address[1]:04X}"
+
+
+def peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The uid owning the other end of the TCP connection peer → local on this machine, or
+    None where the kernel does not say (no /proc, or no such socket)."""
+    want = (_hex_address(peer), _hex_address(local))
+    try:
+        with open(TCP_TABLE) as table:
+            next(table, None)
+            for line in table:
+                fields = line.split()
+                if len(fields) > 7 and (fields[1], fields[2]) == want:
+                    return int(fields[7])
+    except OSError:
+        return None
+    return None
 
 
 class Guard:
@@ -53,6 +84,8 @@ class Guard:
 
     @web.middleware
     async def middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not self._own_user(request):
+            return self._forbidden("this dashboard belongs to another user")
         host = request.headers.get(hdrs.HOST, "")
         if host not in self.hosts:
             return self._forbidden("this dashboard answers only to 127.0.0.1 on its own port")
@@ -76,6 +109,15 @@ class Guard:
             raise redirect
         return self._forbidden(
             "open the URL that `clusterctl dashboard` printed (it carries the token)")
+
+    def _own_user(self, request: web.Request) -> bool:
+        transport = request.transport
+        if transport is None or not os.path.exists(TCP_TABLE):
+            return transport is not None  # not Linux: the token and cookie must do
+        peer, local = transport.get_extra_info("peername"), transport.get_extra_info("sockname")
+        if not peer or not local:
+            return False
+        return peer_uid(peer[:2], local[:2]) == os.getuid()
 
     def _without_token(self, request: web.Request) -> web.HTTPFound:
         query = {k: v for k, v in request.query.items() if k != "token"}
