@@ -152,6 +152,50 @@ def bench_dashboard_logs(bench: Any, lines: int = LOG_LINES) -> None:
                  received=received, printed=lines, lag_s=round(lag, 2),
                  cli_lines_per_s=round(cli_rate))
 
+    # Opening the page of that (large, finished) job: its last lines, not all of it.
+    with dashboard(bench) as page:
+        opened, tail_lines = [], 0
+        for _ in range(5):
+            started = time.perf_counter()
+            tail_lines = _open_job_page(page, cluster, job_id)
+            opened.append(time.perf_counter() - started)
+    tailed = []
+    for _ in range(5):
+        started = time.perf_counter()
+        subprocess.run([str(VENV_BIN / "clusterctl"), "logs", cluster, str(job_id), "--tail",
+                        "1000", "--no-follow"], env=bench.env, capture_output=True)
+        tailed.append(time.perf_counter() - started)
+    ms = 1000
+    p50 = statistics.median(opened) * ms
+    bench.record("dashboard_log_open_ms", p50, "ms", baseline=statistics.median(tailed) * ms,
+                 baseline_name="clusterctl logs --tail 1000 --no-follow",
+                 target=f"≤ 500 ms for {lines} lines", ok=p50 <= 500 and tail_lines == 1000,
+                 lines_shown=tail_lines)
+
+
+def _open_job_page(page: Page, cluster: str, job_id: int) -> int:
+    """A browser opening a finished job's page: the page, then its live stream up to `done`
+    (the log's last lines); how many lines it showed."""
+    status, _, _ = page.get(f"/clusters/{cluster}/jobs/{job_id}")
+    if status != 200:
+        raise SystemExit(f"job page: {status}")
+    connection = page.connection()
+    try:
+        connection.request("GET", f"/live/clusters/{cluster}/jobs/{job_id}",
+                           headers={"Cookie": page.cookie})
+        response = connection.getresponse()
+        shown, event = 0, ""
+        while line := response.readline():
+            if line.startswith(b"event: "):
+                event = line[7:].strip().decode()
+            elif line.startswith(b"data: ") and event == "log":
+                shown += json.loads(line[6:])["html"].count("\n")
+            elif line.startswith(b"data: ") and event == "done":
+                return shown
+        raise SystemExit("the live stream ended without `done`")
+    finally:
+        connection.close()
+
 
 def _follow_job_page(page: Page, cluster: str, job_id: int) -> tuple[int, float, float]:
     """The job page's live stream from the log's first byte (as a browser resuming at offset

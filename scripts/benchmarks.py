@@ -606,7 +606,7 @@ def main() -> None:
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
-             "lag_s", "cli_lines_per_s")
+             "lag_s", "cli_lines_per_s", "lines_shown")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
