@@ -1,6 +1,6 @@
 """An asyncio client for the clusterd control socket, for tools that live in an event loop
-(the dashboard is one). The same protocol as `clusterctl.Client`, with many requests and
-streams in flight on one connection at once:
+(the dashboard is one). The same protocol and the same checks before connecting as
+`clusterctl.Client`, with many requests and streams in flight on one connection at once:
 
     async with AsyncClient() as client:
         print(await client.call(StatusArgs()))
@@ -24,7 +24,8 @@ from types import TracebackType
 from typing import Any
 
 from clusterctl import paths, protocol
-from clusterctl.client import CLIENT_NAME, ClusterdError, DaemonUnavailable
+from clusterctl._private import UnsafePath
+from clusterctl.client import CLIENT_NAME, Client, ClusterdError, DaemonUnavailable
 from clusterctl.protocol import ErrorCode, OpArgs
 
 __all__ = ["AsyncClient", "AsyncStream"]
@@ -109,15 +110,28 @@ class AsyncClient:
         return self._writer is not None and not self.closed.is_set()
 
     async def connect(self) -> None:
+        # The blocking client's checks, as they are: the socket's directory is ours and
+        # private, and the daemon runs as us; nothing is sent before both hold.
+        opener = Client(self.socket_path, autostart=False, connect_timeout=self._connect_timeout)
+        try:
+            sock = await asyncio.to_thread(opener._open)
+        except UnsafePath as exc:
+            raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
+                                    exc.fix) from None
+        except OSError as exc:
+            raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",
+                                    "start it with `clusterd`, or run `clusterctl status`"
+                                    ) from None
         try:
             async with asyncio.timeout(self._connect_timeout):
                 self._reader, self._writer = await asyncio.open_unix_connection(
-                    self.socket_path, limit=protocol.MAX_FRAME_BYTES + protocol.HEADER.size)
+                    sock=sock, limit=protocol.MAX_FRAME_BYTES + protocol.HEADER.size)
                 await self._write(protocol.hello(self._client_name))
                 decoder = protocol.FrameDecoder()
                 hello = await self._read_frame(decoder)
         except (OSError, TimeoutError) as exc:
             await self.close()
+            sock.close()  # if no writer took it over
             raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",
                                     "start it with `clusterd`, or run `clusterctl status`"
                                     ) from None

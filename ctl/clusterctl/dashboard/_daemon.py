@@ -71,7 +71,14 @@ class DaemonLink:
 
     async def call(self, args: protocol.OpArgs) -> dict[str, Any]:
         client = await self._client()
-        return await client.call(args)
+        try:
+            return await client.call(args)
+        except ClusterdError as exc:
+            if client.connected or exc.code not in ("DAEMON_UNAVAILABLE", "IDLE_TIMEOUT"):
+                raise
+        # The connection closed under the call (the daemon closes idle ones): once more, on
+        # a new one (every call the dashboard makes may be made twice).
+        return await (await self._client()).call(args)
 
     @contextlib.asynccontextmanager
     async def stream(self, args: protocol.OpArgs) -> AsyncIterator[AsyncStream]:

@@ -79,7 +79,10 @@ class Instance:
     def publish(self, url: str, port: int) -> None:
         """Write the state file (0600, atomically): only its owner may read the token."""
         temporary = f"{self.state_path}.{os.getpid()}"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with contextlib.suppress(FileNotFoundError):  # left by a dashboard that died
+            os.unlink(temporary)
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump({"pid": os.getpid(), "url": url, "port": port,
                        "started_at": time.time()}, f)
