@@ -322,6 +322,7 @@ def build_app(board: Dashboard) -> web.Application:
     app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
     app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
     app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.on_response_prepare.append(board.guard.headers)
     app.on_shutdown.append(_stop_live)
     return app
 

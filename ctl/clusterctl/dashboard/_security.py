@@ -99,9 +99,7 @@ class Guard:
         if cookie and hmac.compare_digest(cookie, self._session):
             if token:  # a bookmarked URL with the token: drop it from the address bar
                 raise self._without_token(request)
-            response = await handler(request)
-            response.headers.update(HEADERS)
-            return response
+            return await handler(request)
         if token and hmac.compare_digest(token, self.token) and request.method in SAFE_METHODS:
             redirect = self._without_token(request)
             redirect.set_cookie(self.cookie_name, self._session, httponly=True,
@@ -109,6 +107,10 @@ class Guard:
             raise redirect
         return self._forbidden(
             "open the URL that `clusterctl dashboard` printed (it carries the token)")
+
+    async def headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        """Every answer's headers (streams too: this runs as each one is prepared)."""
+        response.headers.update(HEADERS)
 
     def _own_user(self, request: web.Request) -> bool:
         transport = request.transport
