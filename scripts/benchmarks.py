@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_aws import bench_aws_launch, bench_aws_refresh, bench_failover
+from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -61,6 +62,7 @@ class Bench:
         self.daemon: subprocess.Popen[bytes] | None = None
         self.rows: list[dict[str, Any]] = []
         self.bed: Path | None = None
+        self.loadtest = 0  # load-test records in the daemon (see loadtest_clusters)
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -132,6 +134,20 @@ class Bench:
                 return True
             except OSError:
                 return False
+
+    def loadtest_clusters(self, count: int) -> None:
+        """`count` clusters of the in-memory load-test provider, made once per run: records
+        go straight into the database (as a crash would leave them to be reconciled), the
+        daemon is restarted with the provider switched on, and one refresh settles them."""
+        if self.loadtest == count:
+            return
+        self._restart_daemon(extra={"CLUSTERD_TEST_PROVIDERS": "loadtest"}, before=lambda: (
+            _insert_loadtest_records(self.root / "state" / "clusterd" / "state.db", count)))
+        from clusterctl import Client, StatusArgs
+
+        with Client(self.socket, autostart=False) as client:
+            client.call(StatusArgs(refresh=True))
+        self.loadtest = count
 
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([CLUSTERCTL, *args], env=self.env, capture_output=True, text=True,
@@ -444,12 +460,8 @@ def bench_scale(self: Bench, clusters: int = 1000, seconds: float = 5.0,
 
     from clusterctl import Client, PingArgs, StatusArgs
 
-    # Records go straight into the database (as a crash would leave them to be reconciled);
-    # the daemon is restarted with the load-test provider switched on.
-    self._restart_daemon(extra={"CLUSTERD_TEST_PROVIDERS": "loadtest"}, before=lambda: (
-        _insert_loadtest_records(self.root / "state" / "clusterd" / "state.db", clusters)))
+    self.loadtest_clusters(clusters)
     with Client(self.socket, autostart=False) as client:
-        client.call(StatusArgs(refresh=True))  # settles the INIT records once
         cycles = []
         for _ in range(3):
             client.call(StatusArgs(refresh=True))
@@ -562,6 +574,8 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "aws_launch": bench_aws_launch,
     "aws_refresh": bench_aws_refresh,
     "failover": bench_failover,
+    "dashboard_page": bench_dashboard_page,
+    "dashboard_logs": bench_dashboard_logs,
 }
 
 
@@ -591,7 +605,8 @@ def main() -> None:
           f"{'target':<24} details")
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
-             "max_ms")
+             "max_ms", "total_p50_ms", "page_kib", "received", "printed",
+             "lag_s", "cli_lines_per_s", "lines_shown")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

@@ -1,7 +1,10 @@
 """clusterctl: the client of clusterd, and the one definition of its wire protocol.
 
-Other local tools import `Client` and the argument types from here.
+Other local tools import `Client` and the argument types from here; `AsyncClient` (asyncio)
+too, imported on first use (clusterctl itself never pays for asyncio).
 """
+
+from typing import Any
 
 from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
@@ -16,9 +19,11 @@ from clusterctl.protocol import (
     EventsArgs,
     ExecArgs,
     ExitCode,
+    FollowRequestArgs,
     JobStatus,
     LaunchArgs,
     LogsArgs,
+    NodesArgs,
     PingArgs,
     QueueArgs,
     RequestsArgs,
@@ -41,9 +46,11 @@ __all__ = [
     "EventsArgs",
     "ExecArgs",
     "ExitCode",
+    "FollowRequestArgs",
     "JobStatus",
     "LaunchArgs",
     "LogsArgs",
+    "NodesArgs",
     "PingArgs",
     "QueueArgs",
     "RequestsArgs",
@@ -53,3 +60,11 @@ __all__ = [
     "Stream",
     "__version__",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("AsyncClient", "AsyncStream"):
+        from clusterctl import aio
+
+        return getattr(aio, name)
+    raise AttributeError(f"module 'clusterctl' has no attribute {name!r}")

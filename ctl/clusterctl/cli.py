@@ -173,6 +173,9 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                   _show_gpus_options),
     "autostop": ("stop (or tear down) a cluster after it has been idle a while",
                  _autostop_options),
+    # Its package (and its web libraries) are imported only when this verb runs.
+    "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
+                  lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),
 }
 
 
@@ -628,6 +631,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.verb == "dashboard":  # a server of its own, not one call: it manages its client
+        from clusterctl.dashboard import main as dashboard
+
+        sys.exit(dashboard(args))
     autostart = False if args.no_autostart else None
 
     def announce(log_path: Any) -> None:

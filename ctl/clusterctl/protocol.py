@@ -83,6 +83,7 @@ class ErrorCode(enum.StrEnum):
     SHUTTING_DOWN = "SHUTTING_DOWN"
     TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
     IDLE_TIMEOUT = "IDLE_TIMEOUT"
+    REQUEST_NOT_FOUND = "REQUEST_NOT_FOUND"
     INTERNAL = "INTERNAL"
 
 
@@ -469,8 +470,27 @@ class ShowGpusArgs(OpArgs):
 
 
 class RequestsArgs(OpArgs):
+    """Requests the daemon is working on (each with its latest progress), and with
+    `active_only` false the newest finished ones too."""
+
     op = "requests"
     active_only: bool = True
+
+
+class FollowRequestArgs(OpArgs):
+    """Follow a daemon-owned request any client started: its events from the start, then
+    live, and its outcome; one that has ended answers with its outcome at once."""
+
+    op = "follow_request"
+    streams = True
+    request_id: int
+
+
+class NodesArgs(OpArgs):
+    """A cluster's nodes as its provider reports them now (the head first)."""
+
+    op = "nodes"
+    cluster: str
 
 
 OPS: dict[str, type[OpArgs]] = {
@@ -491,6 +511,8 @@ OPS: dict[str, type[OpArgs]] = {
         CheckArgs,
         AutostopArgs,
         ShowGpusArgs,
+        FollowRequestArgs,
+        NodesArgs,
     )
 }
 

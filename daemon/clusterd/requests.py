@@ -34,6 +34,9 @@ class RunningRequest:
         self.op = record.op
         self.cluster = record.cluster
         self.started = time.monotonic()
+        # The latest step and wait, for listings of what is in flight (`requests`).
+        self.last_progress: dict[str, Any] | None = None
+        self.last_blocked: str | None = None
         self._events: deque[tuple[str, dict[str, Any]]] = deque()
         self._base = 0  # absolute index of _events[0]; older events were dropped
         self._changed = anyio.Event()
@@ -45,6 +48,10 @@ class RunningRequest:
     # -- used by the work -----------------------------------------------------------------
 
     def emit(self, name: str, data: dict[str, Any]) -> None:
+        if name == "progress":
+            self.last_progress, self.last_blocked = data, None
+        elif name == "blocked":
+            self.last_blocked = data.get("message")
         self._events.append((name, data))
         if len(self._events) > MAX_BUFFERED_EVENTS:
             self._events.popleft()
@@ -96,6 +103,9 @@ class RunningRequest:
             "op": self.op,
             "cluster": self.cluster,
             "running_for": round(time.monotonic() - self.started, 1),
+            "started_at": self.record.created_at,
+            "progress": self.last_progress,
+            "blocked": self.last_blocked,
         }
 
 

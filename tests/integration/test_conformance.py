@@ -338,3 +338,78 @@ def test_a_fifo_as_task_path_is_refused_at_once(daemon: Daemon, tmp_path: Any) -
     assert error_of(reply) == "INVALID_TASK"
     assert "not a regular file" in reply["error"]["message"]
     still_serving(daemon)
+
+
+def test_new_ops_check_their_arguments(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    assert {"follow_request", "nodes"} <= set(client.hello()["ops"])
+    assert error_of(client.call(1, "nodes", {})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(2, "follow_request", {"request_id": "7"})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(5, "follow_request", {"request_id": -1})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(3, "nodes", {"cluster": "ghost"})) == "CLUSTER_NOT_FOUND"
+    reply = client.call(4, "follow_request", {"request_id": 999_999})
+    assert error_of(reply) == "REQUEST_NOT_FOUND" and "999999" in reply["error"]["message"]
+
+
+def frames_until_reply(client: Raw, request_id: int) -> tuple[list[dict[str, Any]],
+                                                                dict[str, Any]]:
+    events = []
+    while True:
+        message = client.recv()
+        assert message is not None, "the daemon closed the connection"
+        if message.get("id") != request_id:
+            continue
+        if message["type"] == "reply":
+            return events, message
+        events.append(message)
+
+
+def test_follow_a_request_another_client_started(daemon: Daemon) -> None:
+    """A launch started on one connection, followed from another while it runs: its progress
+    from the start, live, then its result; `requests` shows its latest step meanwhile; once it
+    has ended, following it answers from its record; its cluster's nodes are listed."""
+    launcher = Raw(daemon.socket)
+    launcher.hello()
+    launcher.send({"type": "request", "id": 1, "op": "launch",
+                   "args": {"cluster": "follow", "command": "echo followed", "detach": True}})
+    first = launcher.recv()
+    assert first is not None and first["event"] == "request", first
+    request_id = first["data"]["request_id"]
+    follower = Raw(daemon.socket)
+    follower.sock.settimeout(120)
+    follower.hello()
+    follower.send({"type": "request", "id": 5, "op": "follow_request",
+                   "args": {"request_id": request_id}})
+    watcher = Raw(daemon.socket)
+    watcher.hello()
+    listed = watcher.call(1, "requests", {})["result"]["running"]
+    mine = next(r for r in listed if r["id"] == request_id)
+    assert mine["op"] == "launch" and mine["cluster"] == "follow"
+    assert mine["started_at"] > 0 and "blocked" in mine
+    try:
+        events, reply = frames_until_reply(follower, 5)
+        names = [e["event"] for e in events]
+        assert names[0] == "request" and events[0]["data"]["request_id"] == request_id
+        assert "progress" in names and "job" in names, names
+        # The very first step is there, though the follower came in after it.
+        progress = [e["data"] for e in events if e["event"] == "progress"]
+        assert progress[0]["message"].startswith("checking where follow can run")
+        assert reply["ok"], reply
+        result = reply["result"]
+        assert result["request_id"] == request_id and result["cluster"] == "follow"
+        assert isinstance(result["job_id"], int)
+        launched = frames_until_reply(launcher, 1)[1]
+        assert launched["ok"] and launched["result"]["job_id"] == result["job_id"]
+
+        again = follower.call(6, "follow_request", {"request_id": request_id})
+        assert again["ok"] and again["result"]["job_id"] == result["job_id"]
+        assert again["result"]["request_id"] == request_id
+
+        nodes = watcher.call(2, "nodes", {"cluster": "follow"})["result"]
+        assert nodes["cluster"] == "follow"
+        assert [(n["role"], n["status"], n["internal_ip"], n["ssh"]) for n in nodes["nodes"]
+                ] == [("head", "running", "127.0.0.1", None)]
+    finally:
+        result = daemon.ctl("down", "-y", "follow")
+        assert result.returncode == 0, result.stderr
+    assert error_of(watcher.call(3, "nodes", {"cluster": "follow"})) == "CLUSTER_NOT_FOUND"

@@ -220,7 +220,8 @@ def test_parse_args_list_of_str() -> None:
 def test_every_op_is_registered_under_its_name() -> None:
     assert set(protocol.OPS) == {
         "ping", "status", "launch", "exec", "queue", "logs", "cancel", "stop", "start",
-        "down", "events", "requests", "check", "autostop", "show_gpus",
+        "down", "events", "requests", "check", "autostop", "show_gpus", "follow_request",
+        "nodes",
     }
     for name, cls in protocol.OPS.items():
         assert cls.op == name

@@ -21,10 +21,11 @@ from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.common import check_name, generated_name, require_cluster
 from clusterd.services.jobs import JobService
+from clusterd.services.nodes import node_views
 from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
-from clusterd.state.requests import RequestStore
+from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, parse_resources
 from clusterd.tasks.spec import Autostop, Resources, TaskSpec
 
@@ -89,6 +90,8 @@ class Handlers:
             protocol.CheckArgs.op: self.check,
             protocol.AutostopArgs.op: self.autostop,
             protocol.ShowGpusArgs.op: self.show_gpus,
+            protocol.FollowRequestArgs.op: self.follow_request,
+            protocol.NodesArgs.op: self.nodes,
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -207,6 +210,23 @@ class Handlers:
             result["recent"] = [r.to_wire() for r in await self._request_store.recent()]
         return result
 
+    async def follow_request(self, call: Call,
+                             args: protocol.FollowRequestArgs) -> dict[str, Any]:
+        check_range("request_id", args.request_id, 1, MAX_ID)
+        running = self._requests.get(args.request_id)
+        if running is not None:
+            return await _follow(call, running)
+        record = await self._request_store.get(args.request_id)
+        if record is None:
+            raise ProtocolError(ErrorCode.REQUEST_NOT_FOUND,
+                                f"request {args.request_id} does not exist",
+                                "see `clusterctl requests --all`")
+        return _ended(record)
+
+    async def nodes(self, call: Call, args: protocol.NodesArgs) -> dict[str, Any]:
+        record = require_cluster(self._store, args.cluster)
+        return {"cluster": record.name, "nodes": await node_views(self._providers, record)}
+
     # -- long-running ops -----------------------------------------------------------------
 
     async def launch(self, call: Call, args: protocol.LaunchArgs) -> dict[str, Any]:
@@ -280,6 +300,17 @@ async def _follow(call: Call, request: RunningRequest) -> dict[str, Any]:
     async for name, data in request.follow():
         await call.emit(name, data)
     return {**request.outcome(), "request_id": request.id}
+
+
+def _ended(record: RequestRecord) -> dict[str, Any]:
+    """The outcome of a request that is over, from its record: its result, or its error."""
+    if record.status == RequestState.SUCCEEDED:
+        return {**(record.result or {}), "request_id": record.id}
+    # Requests left RUNNING by a daemon that died are marked INTERRUPTED on the next start.
+    code = record.error_code or ErrorCode.SHUTTING_DOWN
+    raise ProtocolError(ErrorCode(code) if code in ErrorCode.__members__ else ErrorCode.INTERNAL,
+                        record.error_message or f"request {record.id} ended {record.status}",
+                        f"request {record.id} ({record.op}) is over: {record.status}")
 
 
 async def _load(args: protocol.TaskArgs) -> TaskSpec:

@@ -1,0 +1,376 @@
+"""The dashboard's web application: pages (server-rendered), assets, actions, and the server's
+life (bind 127.0.0.1, print the URL, serve until Ctrl-C or SIGTERM).
+
+Pages draw what the daemon says now; `_live.py` keeps them current over server-sent events.
+Actions are JSON POSTs that make one daemon call each; errors come back with the daemon's
+code, message and hint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from importlib import resources as package_files
+from typing import Any
+
+from aiohttp import web
+
+from clusterctl import protocol
+from clusterctl.client import ClusterdError
+from clusterctl.protocol import ErrorCode
+
+from . import _ansi, _live
+from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
+from ._security import Guard
+from ._views import environment
+
+NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+ASSETS = {"dashboard.js": "application/javascript", "dashboard.css": "text/css"}
+DONE_WORDS = {"stop": "stopped", "start": "started", "down": "torn down"}
+DOING_WORDS = {"stop": "Stopping", "start": "Starting", "down": "Tearing down"}
+ACTION_START_TIMEOUT_S = 30.0
+EVENTS_SHOWN = 200
+
+
+class Dashboard:
+    """Everything a request handler needs: the daemon link, the feeds, the templates."""
+
+    def __init__(self, link: DaemonLink, guard: Guard) -> None:
+        self.link = link
+        self.guard = guard
+        self.overview = OverviewFeed(link)
+        self.events = EventsFeed(link, self.overview)
+        self.notices = Notices()
+        self.templates = environment()
+        self.actions: set[asyncio.Task[None]] = set()
+        self.live_tasks: set[asyncio.Task[Any]] = set()
+        self._assets: dict[str, bytes] = {}
+
+    def render(self, name: str, **values: Any) -> str:
+        return self.templates.get_template(name).render(**values)
+
+    def page(self, name: str, live: str, status: int = 200, **values: Any) -> web.Response:
+        text = self.render(name, live=live, **values)
+        return web.Response(text=text, status=status, content_type="text/html")
+
+    def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
+        if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
+                          ErrorCode.REQUEST_NOT_FOUND):
+            status = 404
+        return self.page("error.html", "", status=status, error=error)
+
+    def asset(self, name: str) -> bytes:
+        if name not in self._assets:
+            if name == "ansi.css":
+                self._assets[name] = _ansi.stylesheet().encode()
+            else:
+                files = package_files.files("clusterctl.dashboard") / "static" / name
+                self._assets[name] = files.read_bytes()
+        return self._assets[name]
+
+
+def _name(request: web.Request) -> str:
+    name = request.match_info["name"]
+    if not NAME.match(name) or len(name) > 63:
+        raise web.HTTPNotFound(text="no such cluster name")
+    return name
+
+
+# -- pages ------------------------------------------------------------------------------------
+
+
+async def clusters_page(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    try:
+        overview = await board.overview.fresh()
+    except ClusterdError as exc:
+        return board.error_page(exc)
+    return board.page("clusters.html", "/live/clusters", overview=overview, nav="clusters")
+
+
+async def cluster_page(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    try:
+        status, events = await asyncio.gather(
+            board.link.call(protocol.StatusArgs(clusters=[name], verbose=True)),
+            board.link.call(protocol.EventsArgs(cluster=name, limit=50)))
+    except ClusterdError as exc:
+        return board.error_page(exc)
+    cluster = status["clusters"][0]
+    jobs, nodes = await asyncio.gather(_live.jobs_of(board, cluster),
+                                       _live.nodes_of(board, name))
+    shown = list(reversed(events.get("events", [])))
+    after = shown[0]["id"] if shown else 0
+    return board.page("cluster.html", f"/live/clusters/{name}?after={after}", cluster=cluster,
+                      events=shown, nav="clusters", jobs_part=jobs, nodes_part=nodes)
+
+
+async def job_page(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    job_id = int(request.match_info["job_id"])
+    try:
+        queue = await board.link.call(protocol.QueueArgs(cluster=name))
+    except ClusterdError as exc:
+        return board.error_page(exc)
+    job = next((j for j in queue.get("jobs", []) if j["job_id"] == job_id), None)
+    if job is None:
+        return board.error_page(ClusterdError(ErrorCode.JOB_NOT_FOUND,
+                                              f"cluster {name} has no job {job_id}",
+                                              f"see the jobs of {name}"))
+    return board.page("job.html", f"/live/clusters/{name}/jobs/{job_id}", cluster=name,
+                      job=job, nav="clusters", tail=_live.LOG_TAIL_LINES)
+
+
+async def job_log_text(request: web.Request) -> web.StreamResponse:
+    """The whole log as plain text (escape sequences removed), streamed."""
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    job_id = int(request.match_info["job_id"])
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    try:
+        async with board.link.stream(protocol.LogsArgs(cluster=name, job_id=job_id,
+                                                       follow=False)) as stream:
+            async for event, data in stream:
+                if event == "log":
+                    if not response.prepared:
+                        await response.prepare(request)
+                    await response.write(_ansi.strip(data["data"]).encode())
+    except ClusterdError as exc:
+        if response.prepared:
+            await response.write(f"\n[{exc.code}] {exc.message}\n".encode())
+        else:
+            return board.error_page(exc)
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response
+
+
+async def events_page(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    try:
+        result = await board.link.call(protocol.EventsArgs(limit=EVENTS_SHOWN))
+    except ClusterdError as exc:
+        return board.error_page(exc)
+    events = list(reversed(result.get("events", [])))
+    after = events[0]["id"] if events else 0
+    return board.page("events.html", f"/live/events?after={after}", events=events,
+                      nav="events")
+
+
+async def request_page(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    request_id = int(request.match_info["request_id"])
+    try:
+        result = await board.link.call(protocol.RequestsArgs(active_only=False))
+    except ClusterdError as exc:
+        return board.error_page(exc)
+    running = next((r for r in result.get("running", []) if r["id"] == request_id), None)
+    record = next((r for r in result.get("recent", []) if r["id"] == request_id), None)
+    return board.page("request.html", f"/live/requests/{request_id}", request_id=request_id,
+                      running=running, record=record, nav="clusters")
+
+
+async def asset(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    name = request.match_info["file"]
+    kind = ASSETS.get(name) or ("text/css" if name == "ansi.css" else None)
+    if kind is None:
+        raise web.HTTPNotFound()
+    return web.Response(body=board.asset(name), content_type=kind)
+
+
+# -- actions ----------------------------------------------------------------------------------
+
+
+def _json_error(error: ClusterdError, status: int = 400) -> web.Response:
+    if error.code == "DAEMON_UNAVAILABLE":
+        status = 502
+    return web.json_response({"ok": False, "error": {"code": error.code, "message":
+                                                     error.message, "hint": error.hint}},
+                             status=status)
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text="send JSON")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return body
+
+
+async def lifecycle_action(request: web.Request) -> web.Response:
+    """stop, start or down: started here, followed in the background; how it ended becomes a
+    notice on every open page. Answers once the daemon has taken the request."""
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    verb = request.match_info["verb"]
+    await _body(request)
+    args: protocol.OpArgs = {"stop": protocol.StopArgs, "start": protocol.StartArgs,
+                             "down": protocol.DownArgs}[verb](cluster=name)
+    taken: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(_follow_action(board, args, verb, name, taken))
+    board.actions.add(task)
+    task.add_done_callback(board.actions.discard)
+    try:
+        async with asyncio.timeout(ACTION_START_TIMEOUT_S):
+            request_id = await asyncio.shield(taken)
+    except ClusterdError as exc:
+        return _json_error(exc)
+    except TimeoutError:
+        return _json_error(ClusterdError(ErrorCode.INTERNAL, "clusterd did not take the "
+                                         "request in time", "see `clusterctl requests`"), 504)
+    return web.json_response({"ok": True, "request_id": request_id,
+                              "message": f"{DOING_WORDS[verb]} {name} (request {request_id})."})
+
+
+async def _follow_action(board: Dashboard, args: protocol.OpArgs, verb: str, name: str,
+                         taken: asyncio.Future[int | None]) -> None:
+    try:
+        async with board.link.stream(args) as stream:
+            async for event, data in stream:
+                if event == "request" and not taken.done():
+                    taken.set_result(int(data["request_id"]))
+        if not taken.done():
+            taken.set_result(None)
+        result = stream.result or {}
+        done = DONE_WORDS[verb]
+        if verb == "stop" and result.get("changed") is False:
+            done = "already stopped"
+        board.notices.add("ok", f"Cluster {name} {done}.")
+    except ClusterdError as exc:
+        if not taken.done():
+            taken.set_exception(exc)
+        else:
+            board.notices.add("error", f"{verb} {name}: {exc.message} [{exc.code}]", exc.hint)
+    board.overview.poke()
+
+
+async def autostop_action(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    body = await _body(request)
+    cancel = bool(body.get("cancel"))
+    minutes = body.get("idle_minutes")
+    if not cancel:
+        try:
+            minutes = float(minutes)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return _json_error(ClusterdError(ErrorCode.INVALID_ARGUMENT,
+                                             "idle minutes must be a number", "e.g. 30"))
+    try:
+        result = await board.link.call(protocol.AutostopArgs(
+            cluster=name, idle_minutes=None if cancel else minutes,
+            down=bool(body.get("down")), cancel=cancel))
+    except ClusterdError as exc:
+        return _json_error(exc)
+    board.overview.poke()
+    setting = result.get("autostop")
+    message = (f"Autostop of {name} cancelled." if setting is None else
+               f"{name}: {'tear down' if setting['down'] else 'stop'} after "
+               f"{setting['idle_minutes']:g} idle minutes.")
+    return web.json_response({"ok": True, "message": message})
+
+
+async def cancel_action(request: web.Request) -> web.Response:
+    board: Dashboard = request.app["board"]
+    name = _name(request)
+    job_id = int(request.match_info["job_id"])
+    await _body(request)
+    try:
+        result = await board.link.call(protocol.CancelArgs(cluster=name, job_ids=[job_id]))
+    except ClusterdError as exc:
+        return _json_error(exc)
+    message = (f"Job {job_id} on {name} cancelled." if job_id in result.get("cancelled", [])
+               else f"Job {job_id} on {name} had already finished.")
+    return web.json_response({"ok": True, "message": message})
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+def build_app(board: Dashboard) -> web.Application:
+    app = web.Application(middlewares=[board.guard.middleware], client_max_size=64 * 1024)
+    app["board"] = board
+    job = r"/clusters/{name}/jobs/{job_id:\d{1,18}}"
+    get: list[tuple[str, Callable[[web.Request], Awaitable[web.StreamResponse]]]] = [
+        ("/", clusters_page),
+        ("/clusters/{name}", cluster_page),
+        (job, job_page),
+        (job + "/log.txt", job_log_text),
+        ("/events", events_page),
+        (r"/requests/{request_id:\d{1,18}}", request_page),
+        ("/static/{file}", asset),
+        ("/live/clusters", _live.clusters),
+        ("/live/clusters/{name}", _live.cluster),
+        ("/live" + job, _live.job),
+        ("/live/events", _live.events),
+        (r"/live/requests/{request_id:\d{1,18}}", _live.request),
+    ]
+    for path, handler in get:
+        app.router.add_get(path, handler, allow_head=False)
+    app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
+    app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
+    app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.on_response_prepare.append(board.guard.headers)
+    app.on_shutdown.append(_stop_live)
+    return app
+
+
+async def _stop_live(app: web.Application) -> None:
+    board: Dashboard = app["board"]
+    for task in [*board.live_tasks, *board.actions]:
+        task.cancel()
+
+
+def bind(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(socket_path: str, sock: socket.socket,
+                started: Callable[[str, int], None]) -> None:
+    """Serve on `sock` until SIGINT or SIGTERM; `started(url, port)` once it accepts."""
+    port = int(sock.getsockname()[1])
+    guard = Guard(port)
+    link = DaemonLink(socket_path)
+    board = Dashboard(link, guard)
+    runner = web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        async with asyncio.TaskGroup() as group:
+            feeds = [group.create_task(board.overview.run()),
+                     group.create_task(board.events.run())]
+            await web.SockSite(runner, sock).start()
+            started(guard.url, port)
+            await stop.wait()
+            for task in feeds:
+                task.cancel()
+    finally:
+        with contextlib.suppress(Exception):
+            await runner.cleanup()
+        await link.close()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

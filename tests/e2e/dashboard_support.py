@@ -1,0 +1,143 @@
+"""A real `clusterctl dashboard` process and a real headless Chromium for the dashboard tests."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import os
+import re
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import CLUSTERCTL, Daemon
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+URL = re.compile(r"http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]+)")
+
+
+@dataclass
+class Dashboard:
+    process: subprocess.Popen[str]
+    url: str
+    port: int
+    token: str
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def http(self, method: str, path: str, headers: dict[str, str] | None = None,
+             body: str | None = None) -> tuple[int, dict[str, str], str]:
+        """One request, as is (no redirects followed, no cookies kept): status, headers,
+        body. The Host header is ours unless `headers` names one."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+            sent = {"Host": f"127.0.0.1:{self.port}", **(headers or {})}
+            if body is not None:
+                sent.setdefault("Content-Type", "application/json")
+                sent["Content-Length"] = str(len(body.encode()))
+            for name, value in sent.items():
+                connection.putheader(name, value)
+            connection.endheaders(body.encode() if body is not None else None)
+            response = connection.getresponse()
+            text = response.read(64 * 1024).decode(errors="replace")
+            return response.status, {k.lower(): v for k, v in response.getheaders()}, text
+        finally:
+            connection.close()
+
+    def cookie(self) -> str:
+        """Trade the token for the session cookie, as a browser's first visit does."""
+        status, headers, _ = self.http("GET", f"/?token={self.token}")
+        assert status == 302, status
+        return headers["set-cookie"].split(";", 1)[0]
+
+
+def start_dashboard(daemon: Daemon, *extra: str) -> Dashboard:
+    process = subprocess.Popen(
+        [CLUSTERCTL, "dashboard", "--no-browser", *extra], env=daemon.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=daemon.root,
+        start_new_session=True,
+    )
+    assert process.stdout is not None
+    lines = []
+    for line in process.stdout:  # the URL comes on the second line, once it accepts
+        lines.append(line)
+        match = URL.search(line)
+        if match:
+            return Dashboard(process, match.group(0), int(match.group(1)), match.group(2))
+        if len(lines) > 5:
+            break
+    process.kill()
+    _, err = process.communicate(timeout=10)
+    raise AssertionError(f"no URL from the dashboard: {''.join(lines)}{err}")
+
+
+def stop_dashboard(dashboard: Dashboard) -> int:
+    """Ctrl-C, as a user stops it; its exit code."""
+    if dashboard.process.poll() is None:
+        dashboard.process.send_signal(signal.SIGINT)
+    try:
+        return dashboard.process.wait(20)
+    except subprocess.TimeoutExpired:
+        dashboard.process.kill()
+        dashboard.process.wait()
+        raise AssertionError("the dashboard ignored Ctrl-C for 20 s") from None
+
+
+@contextlib.contextmanager
+def running_dashboard(daemon: Daemon) -> Iterator[Dashboard]:
+    dashboard = start_dashboard(daemon)
+    try:
+        yield dashboard
+    finally:
+        stop_dashboard(dashboard)
+
+
+def browser_missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not Path(path).exists():
+            return f"{path} is missing (apt-get install chromium chromium-driver)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[dev]')"
+    return None
+
+
+@contextlib.contextmanager
+def chromium(profile: Path) -> Iterator[Any]:
+    """Debian's headless Chromium through its own chromedriver: an explicit Service, so
+    selenium-manager never looks for (or downloads) a browser; flags that keep it off the
+    network (there is none here but loopback)."""
+    missing = browser_missing()
+    if missing:
+        if os.environ.get("CI"):  # scripts/test installs them: missing there is a failure
+            raise AssertionError(missing)
+        pytest.skip(missing)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+                 "--window-size=1300,1000", f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    try:
+        driver.set_page_load_timeout(60)
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
