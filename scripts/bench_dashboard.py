@@ -94,7 +94,7 @@ def dashboard(bench: Any) -> Iterator[Page]:
 
 
 def bench_dashboard_page(bench: Any, clusters: int = 1000, runs: int = 30) -> None:
-    print(f"(j) dashboard: clusters page with {clusters} clusters vs a status call",
+    print(f"(m) dashboard: clusters page with {clusters} clusters vs a status call",
           file=sys.stderr)
     from clusterctl import Client, StatusArgs
 
@@ -127,7 +127,7 @@ def bench_dashboard_page(bench: Any, clusters: int = 1000, runs: int = 30) -> No
 
 
 def bench_dashboard_logs(bench: Any, lines: int = LOG_LINES) -> None:
-    print(f"(k) dashboard: a job page following a job that prints {lines} lines as fast as "
+    print(f"(n) dashboard: a job page following a job that prints {lines} lines as fast as "
           "it can", file=sys.stderr)
     cluster = "bench"
     command = f'seq -f "line %g of a job that prints as fast as it can" 1 {lines}'
