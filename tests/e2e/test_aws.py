@@ -147,6 +147,19 @@ def test_exec_runs_on_both_nodes(bed: Bed, duo: str) -> None:
         "0", "1"]
 
 
+def test_jobs_see_where_they_run_in_skypilot_cluster_info(bed: Bed, duo: str) -> None:
+    """Task files written for SkyPilot read `.cloud`, `.region` and `.zone` from it."""
+    result = bed.daemon.ctl(
+        "exec", duo, "--", "python3 -c 'import json, os; i = json.loads(os.environ"
+        "[\"SKYPILOT_CLUSTER_INFO\"]); print(i[\"cluster_name\"], i[\"cloud\"], "
+        "i[\"region\"], i[\"zone\"])'")
+    assert result.returncode == 0, result.stderr
+    status = bed.daemon.cluster(duo)
+    assert status is not None
+    assert result.stdout.split() == [duo, "AWS", "us-east-1", status["zone"]]
+    assert status["zone"].startswith("us-east-1")
+
+
 def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
         bed: Bed, duo: str) -> None:
     name = cloud_name(bed, duo)

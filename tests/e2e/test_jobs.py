@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import json
 import os
@@ -47,6 +48,12 @@ def test_exec_streams_output_with_skypilot_env(shared_daemon: Daemon, local_clus
     assert line.startswith("hello rank=0 n=1 ips=127.0.0.1 task=sky-")
     assert line.endswith(f"_{local_cluster}_{submitted_id(result.stderr)}")
     assert "SUCCEEDED" in result.stderr
+    info = shared_daemon.ctl("exec", local_cluster, "--",
+                             "echo $SKYPILOT_USER; echo \"$SKYPILOT_CLUSTER_INFO\"")
+    user, info_json = info.stdout.split("\n", 1)
+    assert user == getpass.getuser()
+    assert json.loads(info_json) == {"cluster_name": local_cluster, "cloud": "Local",
+                                       "region": None, "zone": None, "num_nodes": 1}
 
 
 def test_failed_job_exits_100_with_the_reason(shared_daemon: Daemon, local_cluster: str) -> None:

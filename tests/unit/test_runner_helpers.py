@@ -62,14 +62,19 @@ def test_node_slot_labels() -> None:
 
 
 def test_skypilot_env_for_run() -> None:
-    job = make_job(num_nodes=3)
+    job = make_job(num_nodes=3, spec={"cluster_name": "dev", "cloud": "AWS",
+                                      "region": "us-east-1", "zone": "us-east-1a"})
     env = skypilot_env(job, SLOTS, 1, phase="run", gpus_per_node=2.0)
     assert env["SKYPILOT_NODE_RANK"] == "1"
     assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1\n10.0.0.2\n10.0.0.3"
     assert env["SKYPILOT_NUM_NODES"] == "3"
     assert env["SKYPILOT_NUM_GPUS_PER_NODE"] == "2"
     assert env["SKYPILOT_TASK_ID"] == "sky-2024-01-01-00-00-00-000000_dev_4"
-    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {"cluster_name": "dev", "num_nodes": 3}
+    # SkyPilot's keys, which task files read (`jq .cloud`, `cluster_info["region"]`).
+    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {
+        "cluster_name": "dev", "cloud": "AWS", "region": "us-east-1", "zone": "us-east-1a",
+        "num_nodes": 3}
+    assert env["SKYPILOT_USER"] == "alice"
     assert "SKYPILOT_SETUP_NODE_RANK" not in env
     assert "SKYPILOT_SETUP_NODE_IPS" not in env
 
@@ -89,7 +94,8 @@ def test_skypilot_env_fractional_gpus_and_single_node() -> None:
     assert env["SKYPILOT_NUM_GPUS_PER_NODE"] == "0.5"
     assert env["SKYPILOT_NODE_IPS"] == "10.0.0.1"
     assert env["SKYPILOT_NUM_NODES"] == "1"
-    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {"cluster_name": "", "num_nodes": 1}
+    assert json.loads(env["SKYPILOT_CLUSTER_INFO"]) == {
+        "cluster_name": "", "cloud": None, "region": None, "zone": None, "num_nodes": 1}
 
 
 def test_kill_tagged_processes_finds_a_job_by_its_environment() -> None:

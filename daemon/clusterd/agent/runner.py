@@ -74,9 +74,9 @@ def skypilot_env(
         # Inherited by everything the job starts, even what leaves its session: the handle
         # by which a restarted agent finds a dead agent's jobs (see node_tasks.kill_tagged).
         JOB_TAG: job.task_id,
-        "SKYPILOT_CLUSTER_INFO": json.dumps(
-            {"cluster_name": job.spec.get("cluster_name", ""), "num_nodes": len(slots)}
-        ),
+        "SKYPILOT_CLUSTER_INFO": json.dumps(cluster_info(job.spec, len(slots))),
+        # Who submitted the job on the laptop (SkyPilot sets it; the node's user may differ).
+        "SKYPILOT_USER": job.user,
     }
     if phase == "setup":
         env["SKYPILOT_SETUP_NODE_RANK"] = str(rank)
@@ -86,6 +86,18 @@ def skypilot_env(
     else:
         env["SKYPILOT_NODE_RANK"] = str(rank)
     return env
+
+
+def cluster_info(spec: dict[str, Any], num_nodes: int) -> dict[str, Any]:
+    """SKYPILOT_CLUSTER_INFO as SkyPilot writes it (task files read `.cloud`, `.region` and
+    `.zone` from it; null where the provider has none), plus the node count."""
+    return {
+        "cluster_name": spec.get("cluster_name", ""),
+        "cloud": spec.get("cloud") or None,
+        "region": spec.get("region") or None,
+        "zone": spec.get("zone") or None,
+        "num_nodes": num_nodes,
+    }
 
 
 def _count(value: float) -> str:

@@ -70,6 +70,9 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
         "cluster_name": spec.cluster_name,
         "resources_display": spec.resources_display,
         "container_image": spec.container_image,
+        "cloud": spec.cloud,
+        "region": spec.region,
+        "zone": spec.zone,
     }
 
 

@@ -121,6 +121,7 @@ class JobService:
             cluster_name=record.name,
             resources_display=resources.display(task.num_nodes),
             container_image=image or "",
+            **_where(record),
         )
         agent = await self._access.client(record)
         await fault_point("exec.during_submit")
@@ -274,3 +275,16 @@ class JobService:
                 await anyio.sleep(0.5)
                 record = self._still_up(name, current)
 
+
+# What SkyPilot calls each provider in SKYPILOT_CLUSTER_INFO's "cloud" (its own names where
+# it has the provider).
+CLOUD_NAMES = {"aws": "AWS", "kubernetes": "Kubernetes", "ssh": "SSH", "local": "Local"}
+
+
+def _where(record: ClusterRecord) -> dict[str, str]:
+    placed = record.launched_resources or {}
+    return {
+        "cloud": CLOUD_NAMES.get(record.provider, record.provider),
+        "region": str(placed.get("region") or ""),
+        "zone": str(placed.get("zone") or ""),
+    }

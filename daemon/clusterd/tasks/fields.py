@@ -203,6 +203,22 @@ def markdown() -> str:
         "Multi-document files (SkyPilot pipelines, tasks separated by `---`) are refused with "
         "what the file holds: run each task with `clusterctl launch` or `exec` in turn.",
         "",
+        "## Environment variables",
+        "",
+        "Every job's setup and run see SkyPilot's variables, with SkyPilot's formats:",
+        "",
+        "| Variable | Value |",
+        "|---|---|",
+        "| `SKYPILOT_NODE_RANK` | this node's rank, 0 on the head |",
+        "| `SKYPILOT_NODE_IPS` | the job's nodes' IPs, one per line, head first |",
+        "| `SKYPILOT_NUM_NODES` | how many nodes the job runs on |",
+        "| `SKYPILOT_NUM_GPUS_PER_NODE` | accelerators per node the job asked for (0 if none) |",
+        "| `SKYPILOT_TASK_ID` | `sky-YYYY-MM-DD-HH-MM-SS-micros_CLUSTER_JOBID` |",
+        "| `SKYPILOT_CLUSTER_INFO` | JSON: `cluster_name`, `cloud` (`AWS`, `Kubernetes`, "
+        "`SSH`, `Local`), `region` and `zone` (null where the provider has none), `num_nodes` |",
+        "| `SKYPILOT_USER` | who submitted the job |",
+        "| `SKYPILOT_SETUP_NODE_RANK`, `SKYPILOT_SETUP_NODE_IPS` | in setup: as above |",
+        "",
     ]
     return "\n".join(lines)
 

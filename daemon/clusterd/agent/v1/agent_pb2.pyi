@@ -54,7 +54,7 @@ class NodeResources(_message.Message):
     def __init__(self, cpus: _Optional[float] = ..., gpus: _Optional[float] = ..., memory_gb: _Optional[float] = ..., accelerator: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "setup", "run", "envs", "secrets", "num_nodes", "resources", "workdir", "user", "cluster_name", "resources_display", "container_image")
+    __slots__ = ("name", "setup", "run", "envs", "secrets", "num_nodes", "resources", "workdir", "user", "cluster_name", "resources_display", "container_image", "cloud", "region", "zone")
     class EnvsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,9 @@ class JobSpec(_message.Message):
     CLUSTER_NAME_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_DISPLAY_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    CLOUD_FIELD_NUMBER: _ClassVar[int]
+    REGION_FIELD_NUMBER: _ClassVar[int]
+    ZONE_FIELD_NUMBER: _ClassVar[int]
     name: str
     setup: str
     run: str
@@ -93,7 +96,10 @@ class JobSpec(_message.Message):
     cluster_name: str
     resources_display: str
     container_image: str
-    def __init__(self, name: _Optional[str] = ..., setup: _Optional[str] = ..., run: _Optional[str] = ..., envs: _Optional[_Mapping[str, str]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., num_nodes: _Optional[int] = ..., resources: _Optional[_Union[NodeResources, _Mapping]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., cluster_name: _Optional[str] = ..., resources_display: _Optional[str] = ..., container_image: _Optional[str] = ...) -> None: ...
+    cloud: str
+    region: str
+    zone: str
+    def __init__(self, name: _Optional[str] = ..., setup: _Optional[str] = ..., run: _Optional[str] = ..., envs: _Optional[_Mapping[str, str]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., num_nodes: _Optional[int] = ..., resources: _Optional[_Union[NodeResources, _Mapping]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., cluster_name: _Optional[str] = ..., resources_display: _Optional[str] = ..., container_image: _Optional[str] = ..., cloud: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
 
 class AddJobRequest(_message.Message):
     __slots__ = ("spec",)
