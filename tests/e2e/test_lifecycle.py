@@ -70,6 +70,17 @@ def test_launch_stop_start_down(daemon: Daemon, tmp_path: Path) -> None:
     again = daemon.ctl("stop", "-y", "life")
     assert again.returncode == 0 and "already stopped" in again.stdout
 
+    # `launch -c NAME` without a task (as `sky launch -c NAME`) brings it up, runs nothing.
+    relaunch = daemon.ctl("launch", "-c", "life")
+    assert relaunch.returncode == 0, relaunch.stderr
+    assert "Cluster life is ready" in relaunch.stderr
+    assert daemon.cluster("life")["status"] == "UP"  # type: ignore[index]
+    assert daemon.ctl("stop", "-y", "life").returncode == 0
+    nothing = daemon.ctl("launch", "-c", "nosuch")
+    assert nothing.returncode == 1 and "INVALID_ARGUMENT" in nothing.stderr
+    assert "launch needs a task" in nothing.stderr and "-- CMD" in nothing.stderr
+    assert daemon.cluster("nosuch") is None
+
     start = daemon.ctl("start", "life")
     assert start.returncode == 0, start.stderr
     assert daemon.cluster("life")["status"] == "UP"  # type: ignore[index]
@@ -87,7 +98,7 @@ def test_launch_stop_start_down(daemon: Daemon, tmp_path: Path) -> None:
     assert not any(pid_alive(p) for p in pids)
     assert status_events(daemon, "life") == [
         (None, "INIT"), ("INIT", "UP"), ("UP", "STOPPED"), ("STOPPED", "UP"),
-        ("UP", "TERMINATED"),
+        ("UP", "STOPPED"), ("STOPPED", "UP"), ("UP", "TERMINATED"),
     ]
     gone = daemon.ctl("down", "-y", "life")
     assert gone.returncode == 102

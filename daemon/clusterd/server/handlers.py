@@ -233,7 +233,19 @@ class Handlers:
         name = check_name(args.cluster) if args.cluster else generated_name()
         check_range("idle_minutes", args.idle_minutes, 0, MAX_IDLE_MINUTES)
         args.strict = args.strict or self._strict_by_default()
-        task = await _load(args)
+        if args.yaml_path is None and args.yaml_text is None and args.command is None:
+            # As `sky launch -c NAME`: bring an existing cluster up, run nothing.
+            if self._store.get(name) is None:
+                raise ProtocolError(
+                    ErrorCode.INVALID_ARGUMENT,
+                    f"launch needs a task to create cluster {name}",
+                    f"give a task YAML or a command: `clusterctl launch -c {name} task.yaml` "
+                    f"or `clusterctl launch -c {name} -- CMD`")
+            task = await _load(protocol.LaunchArgs(**{**protocol.to_wire(args),
+                                                      "yaml_text": "{}",
+                                                      "source": "<no task>"}))
+        else:
+            task = await _load(args)
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
             lambda r: self._clusters.launch(r, name, args, task),
