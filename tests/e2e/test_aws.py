@@ -187,6 +187,7 @@ def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
 def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
         bed: Bed, duo: str) -> None:
     name = cloud_name(bed, duo)
+    jobs_before = len(json.loads(bed.daemon.ctl("queue", duo, "--json").stdout))
     worker = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "worker")
     terminate = ("import boto3; boto3.client('ec2', region_name='us-east-1')"
                  f".terminate_instances(InstanceIds=['{worker['id']}'])")
@@ -198,6 +199,19 @@ def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
     assert cluster["status"] == "INIT"
     assert "1 of 2 nodes running, 1 gone" in cluster["status_reason"]
     assert "User initiated" in cluster["status_reason"]
+
+    # `launch -c NAME` (the hint's command) makes the lost node again where the cluster
+    # lives; the head keeps its Ray and agent, so the job queue is still there.
+    relaunch = bed.daemon.ctl("launch", "-c", duo, timeout=900)
+    assert relaunch.returncode == 0, relaunch.stderr + bed.daemon.log()[-3000:]
+    assert f"{duo} lost nodes; making them again in aws/us-east-1/" in relaunch.stderr
+    assert "stopping" not in relaunch.stderr  # nothing of the head was restarted
+    running = [i for i in bed.instances(name) if i["state"] == "running"]
+    assert len(running) == 2 and len({i["zone"] for i in running}) == 1
+    assert len(json.loads(bed.daemon.ctl("queue", duo, "--json").stdout)) == jobs_before
+    ranks = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--", "echo $SKYPILOT_NODE_RANK")
+    assert ranks.returncode == 0, ranks.stderr
+    assert sorted(line.split()[-1] for line in ranks.stdout.splitlines()) == ["0", "1"]
 
 
 def test_down_leaves_no_instance_and_no_security_group(bed: Bed, duo: str) -> None:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
+import psutil
 import pytest
 
 from clusterctl.protocol import JobStatus
+from clusterd.agent import node
 from clusterd.agent.jobs_db import Job
 from clusterd.agent.runner import NodeSlot, describe_exit, skypilot_env
+from tests.support import wait_for
 
 
 def make_job(**fields: object) -> Job:
@@ -100,7 +105,6 @@ def test_skypilot_env_fractional_gpus_and_single_node() -> None:
 
 def test_kill_tagged_processes_finds_a_job_by_its_environment() -> None:
     import os
-    import subprocess
     import time
 
     from clusterd.agent.node_tasks import JOB_TAG, kill_tagged_processes
@@ -120,3 +124,20 @@ def test_kill_tagged_processes_finds_a_job_by_its_environment() -> None:
         for process in (mine, other):
             process.kill()
             process.wait()
+
+
+def test_status_names_the_address_a_running_head_really_serves() -> None:
+    """A head whose record lost its ports is recognised by its own command line."""
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "--head",
+            "--node-ip-address=127.9.9.9", "--port=6399"]
+    head = subprocess.Popen(argv)
+    worker = subprocess.Popen([*argv[:3], "--address=127.9.9.9:6399"])
+    try:
+        wait_for(lambda: "--head" in psutil.Process(head.pid).cmdline(), 10, "the head")
+        wait_for(lambda: len(psutil.Process(worker.pid).cmdline()) > 3, 10, "the worker")
+        assert node._head_address(psutil.Process(head.pid)) == "127.9.9.9:6399"
+        assert node._head_address(psutil.Process(worker.pid)) is None
+    finally:
+        for process in (head, worker):
+            process.kill()
+            process.wait(timeout=10)

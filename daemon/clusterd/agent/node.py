@@ -67,6 +67,20 @@ def _read_pidfile(path: Path) -> psutil.Process | None:
         return None
 
 
+def _head_address(process: psutil.Process) -> str | None:
+    """`IP:PORT` a running `ray start --head` serves its GCS on, from its own command line
+    (what it really listens on, whatever a record says); None for a worker or unknown."""
+    try:
+        argv = process.cmdline()
+    except psutil.Error:
+        return None
+    if "--head" not in argv:
+        return None
+    flags = dict(arg.split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+    ip, port = flags.get("--node-ip-address"), flags.get("--port")
+    return f"{ip}:{port}" if ip and port else None
+
+
 def _write_pidfile(path: Path, pid: int) -> None:
     record = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
     tmp = path.with_suffix(".tmp")
@@ -338,6 +352,8 @@ def status(params: dict[str, Any]) -> dict[str, Any]:
     for name in ("ray", "agent"):
         process = _read_pidfile(run_dir / f"{name}.pid")
         result[name] = {"alive": process is not None, "pid": process.pid if process else None}
+    ray = _read_pidfile(run_dir / "ray.pid")
+    result["ray"]["address"] = _head_address(ray) if ray is not None else None
     # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
     result["autostopped"] = read_marker(run_dir.parent / "agent")
     return result

@@ -143,8 +143,17 @@ class RuntimeManager:
         head_runner = self._runner_for(head)
         head_layout = NodeLayout(head.runtime_dir)
         state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
-        head_alive = bool(state["ray"]["alive"]) and bool(previous and previous.get("ports"))
-        if not head_alive and state["agent"]["alive"]:
+        running_at = state["ray"].get("address")  # None: not known (an older helper)
+        head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.get("ports"))
+                      and running_at in (None, (previous or {}).get("ray_address")))
+        if not head_alive and state["ray"]["alive"]:
+            # A Ray head on ports other than recorded (or none recorded): starting anew on
+            # fresh ports beside it would leave it holding the head (start-ray keeps a live
+            # one) and new workers dialling ports it never opened. Stop it, and its workers.
+            await progress("stopping a Ray head whose ports are not the recorded ones", "ray")
+            await self._access.close(cluster)
+            await self.stop(info)
+        elif not head_alive and state["agent"]["alive"]:
             # An agent outliving its Ray head is a driver of a cluster that is gone.
             await node_helper.call(head_runner, "stop",
                                    {"dir": head_layout.run_dir, "parts": ["agent"]})

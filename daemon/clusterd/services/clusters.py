@@ -245,9 +245,12 @@ class ClusterService:
         verb: str,
         *,
         fresh: bool = False,
+        previous: dict[str, Any] | None = None,
     ) -> ClusterRecord:
+        """Ray and the agent up on the cluster's nodes; `previous` is the runtime handle of
+        what may still run there (else the record's)."""
         info = await provider.cluster_info(record.cloud_name, provider_handle)
-        previous = (record.handle or {}).get("runtime")
+        previous = previous or (record.handle or {}).get("runtime")
         async def checkpoint(runtime: dict[str, Any]) -> None:
             await self._store.update(record.name, handle={"provider": provider_handle,
                                                           "runtime": runtime})
@@ -379,8 +382,11 @@ class ClusterService:
                                                      retry_until_up=retry_until_up)
         except ProtocolError as exc:
             raise _not_where_it_lives(record, exc) from None
+        # The nodes that survived still run Ray and the agent (with the job queue): keep them,
+        # on the ports recorded before provisioning rewrote the handle; only new nodes start.
         return await self._start_runtime(request, done.record, done.provider, done.handle,
-                                         "repaired")
+                                         "repaired",
+                                         previous=(record.handle or {}).get("runtime"))
 
     async def _runtime_health(
         self, record: ClusterRecord
