@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 from collections.abc import AsyncIterator
 from types import TracebackType
@@ -83,10 +84,14 @@ class AsyncStream:
 
 class AsyncClient:
     def __init__(self, socket_path: str | os.PathLike[str] | None = None, *,
-                 client_name: str = CLIENT_NAME, connect_timeout: float = 5.0) -> None:
+                 client_name: str = CLIENT_NAME, connect_timeout: float = 5.0,
+                 autostart: bool | None = False) -> None:
+        """`autostart`: start clusterd when nobody listens, as clusterctl does (None: unless
+        CLUSTERD_NO_AUTOSTART is set); off by default for programs."""
         self.socket_path = os.fspath(socket_path) if socket_path else paths.socket_path()
         self._client_name = client_name
         self._connect_timeout = connect_timeout
+        self._autostart = autostart
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._read_task: asyncio.Task[None] | None = None
@@ -112,16 +117,20 @@ class AsyncClient:
     async def connect(self) -> None:
         # The blocking client's checks, as they are: the socket's directory is ours and
         # private, and the daemon runs as us; nothing is sent before both hold.
-        opener = Client(self.socket_path, autostart=False, connect_timeout=self._connect_timeout)
+        opener = Client(self.socket_path, autostart=self._autostart,
+                        connect_timeout=self._connect_timeout)
         try:
             sock = await asyncio.to_thread(opener._open)
         except UnsafePath as exc:
             raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
                                     exc.fix) from None
         except OSError as exc:
-            raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",
-                                    "start it with `clusterd`, or run `clusterctl status`"
-                                    ) from None
+            if not opener.autostarts or exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+                raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",
+                                        "start it with `clusterd`, or run `clusterctl status`"
+                                        ) from None
+            # Race-safe (a lock file): many waiting callers still start one daemon.
+            sock = await asyncio.to_thread(opener._start_daemon_and_connect)
         try:
             async with asyncio.timeout(self._connect_timeout):
                 self._reader, self._writer = await asyncio.open_unix_connection(

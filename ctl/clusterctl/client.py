@@ -125,6 +125,11 @@ class Client:
     ) -> None:
         self.close()
 
+    @property
+    def autostarts(self) -> bool:
+        """Whether a connect with nobody listening starts clusterd."""
+        return self._autostart
+
     def connect(self) -> None:
         if self._sock is not None:
             return

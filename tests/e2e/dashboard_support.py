@@ -61,9 +61,10 @@ class Dashboard:
         return headers["set-cookie"].split(";", 1)[0]
 
 
-def start_dashboard(daemon: Daemon, *extra: str) -> Dashboard:
+def start_dashboard(daemon: Daemon, *extra: str, env: dict[str, str] | None = None
+                    ) -> Dashboard:
     process = subprocess.Popen(
-        [CLUSTERCTL, "dashboard", "--no-browser", *extra], env=daemon.env,
+        [CLUSTERCTL, "dashboard", "--no-browser", *extra], env=env or daemon.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=daemon.root,
         start_new_session=True,
     )

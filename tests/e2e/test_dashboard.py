@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from clusterctl.client import Client
+from clusterctl.protocol import PingArgs
 from tests.e2e.dashboard_support import (
     chromium,
     running_dashboard,
@@ -279,6 +282,27 @@ def test_one_dashboard_per_daemon(shared_daemon: Daemon) -> None:
         assert third.http("GET", "/", {"Cookie": third.cookie()})[0] == 200
     finally:
         stop_dashboard(third)
+
+
+def test_a_daemon_that_went_away_is_started_again(daemon: Daemon) -> None:
+    """As for clusterctl's commands: the next call starts clusterd (unless autostart is off)."""
+    env = {k: v for k, v in daemon.env.items() if k != "CLUSTERD_NO_AUTOSTART"}
+    board = start_dashboard(daemon, env=env)
+    restarted: int | None = None
+    try:
+        cookie = board.cookie()
+        old_pid = daemon.process.pid if daemon.process else None
+        assert daemon.stop() == 0
+        status, _, body = board.http("GET", "/", {"Cookie": cookie})
+        assert status == 200 and "<h1>Clusters</h1>" in body, body[:2000]
+        with Client(str(daemon.socket), autostart=False) as client:
+            restarted = int(client.call(PingArgs())["pid"])
+        assert restarted != old_pid
+    finally:
+        stop_dashboard(board)
+        if restarted is not None:
+            os.kill(restarted, signal.SIGTERM)
+            wait_for(lambda: not pid_alive(restarted), 30, "the restarted clusterd to stop")
 
 
 def test_port_option_and_a_taken_port(shared_daemon: Daemon) -> None:

@@ -84,7 +84,8 @@ def main(args: argparse.Namespace) -> int:
             if not args.no_browser:
                 _open_browser(url)
 
-        asyncio.run(_app.serve(socket_path, sock, started))
+        asyncio.run(_app.serve(socket_path, sock, started,
+                               autostart=False if args.no_autostart else None))
     finally:
         instance.release()
     print("Dashboard stopped.", file=sys.stderr)

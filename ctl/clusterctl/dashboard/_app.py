@@ -347,11 +347,12 @@ def bind(port: int) -> socket.socket:
 
 
 async def serve(socket_path: str, sock: socket.socket,
-                started: Callable[[str, int], None]) -> None:
-    """Serve on `sock` until SIGINT or SIGTERM; `started(url, port)` once it accepts."""
+                started: Callable[[str, int], None], autostart: bool | None = None) -> None:
+    """Serve on `sock` until SIGINT or SIGTERM; `started(url, port)` once it accepts.
+    `autostart` as for clusterctl (None: unless CLUSTERD_NO_AUTOSTART is set)."""
     port = int(sock.getsockname()[1])
     guard = Guard(port)
-    link = DaemonLink(socket_path)
+    link = DaemonLink(socket_path, autostart)
     board = Dashboard(link, guard)
     runner = web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0)
     await runner.setup()

@@ -51,8 +51,10 @@ class Broadcast(Generic[T]):
 
 
 class DaemonLink:
-    def __init__(self, socket_path: str) -> None:
+    def __init__(self, socket_path: str, autostart: bool | None = None) -> None:
         self.socket_path = socket_path
+        # A daemon that went away comes back on the next call, as for clusterctl's commands.
+        self._autostart = autostart
         self._shared: AsyncClient | None = None
         self._lock = asyncio.Lock()
         # Whether clusterd answers, and if not, why (every page shows it).
@@ -64,7 +66,8 @@ class DaemonLink:
                 if self._shared is not None:
                     await self._shared.close()
                     self._shared = None
-                client = AsyncClient(self.socket_path, client_name=CLIENT_NAME)
+                client = AsyncClient(self.socket_path, client_name=CLIENT_NAME,
+                                     autostart=self._autostart)
                 await client.connect()
                 self._shared = client
             return self._shared
@@ -83,7 +86,8 @@ class DaemonLink:
     @contextlib.asynccontextmanager
     async def stream(self, args: protocol.OpArgs) -> AsyncIterator[AsyncStream]:
         """A stream on a connection of its own, closed with it."""
-        client = AsyncClient(self.socket_path, client_name=CLIENT_NAME)
+        client = AsyncClient(self.socket_path, client_name=CLIENT_NAME,
+                             autostart=self._autostart)
         await client.connect()
         try:
             async with client.stream(args) as stream:
