@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
 
 from clusterctl import paths, protocol
-from clusterctl._private import UnsafePath
-from clusterctl.client import CLIENT_NAME, Client, ClusterdError, DaemonUnavailable
+from clusterctl.client import CLIENT_NAME, Client, ClusterdError, DaemonUnavailable, result_of
 from clusterctl.protocol import ErrorCode, OpArgs
 
 __all__ = ["AsyncClient", "AsyncStream"]
@@ -119,18 +117,7 @@ class AsyncClient:
         # private, and the daemon runs as us; nothing is sent before both hold.
         opener = Client(self.socket_path, autostart=self._autostart,
                         connect_timeout=self._connect_timeout)
-        try:
-            sock = await asyncio.to_thread(opener._open)
-        except UnsafePath as exc:
-            raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
-                                    exc.fix) from None
-        except OSError as exc:
-            if not opener.autostarts or exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
-                raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",
-                                        "start it with `clusterd`, or run `clusterctl status`"
-                                        ) from None
-            # Race-safe (a lock file): many waiting callers still start one daemon.
-            sock = await asyncio.to_thread(opener._start_daemon_and_connect)
+        sock = await asyncio.to_thread(opener.open_socket)
         try:
             async with asyncio.timeout(self._connect_timeout):
                 self._reader, self._writer = await asyncio.open_unix_connection(
@@ -204,10 +191,7 @@ class AsyncClient:
 
     def _finish(self, request_id: int, message: dict[str, Any]) -> dict[str, Any]:
         self._pending.pop(request_id, None)
-        if message.get("ok"):
-            result: dict[str, Any] = message.get("result") or {}
-            return result
-        raise ClusterdError.from_wire(message.get("error"))
+        return result_of(message)
 
     async def _write(self, message: dict[str, Any]) -> None:
         assert self._writer is not None

@@ -58,6 +58,14 @@ class ClusterdError(Exception):
         return f"{self.message} [{self.code}]"
 
 
+def result_of(reply: dict[str, Any]) -> dict[str, Any]:
+    """A final reply's result, or its error raised."""
+    if reply.get("ok"):
+        result: dict[str, Any] = reply.get("result") or {}
+        return result
+    raise ClusterdError.from_wire(reply.get("error"))
+
+
 class DaemonUnavailable(ClusterdError):
     def __init__(self, message: str, hint: str = "") -> None:
         super().__init__("DAEMON_UNAVAILABLE", message, hint)
@@ -125,16 +133,12 @@ class Client:
     ) -> None:
         self.close()
 
-    @property
-    def autostarts(self) -> bool:
-        """Whether a connect with nobody listening starts clusterd."""
-        return self._autostart
-
-    def connect(self) -> None:
-        if self._sock is not None:
-            return
+    def open_socket(self) -> socket.socket:
+        """A checked connection to our own daemon (see `_open`), starting it first if nobody
+        listens and autostart is on; DaemonUnavailable otherwise. The asyncio client opens
+        its connections here too."""
         try:
-            sock = self._open()
+            return self._open()
         except UnsafePath as exc:
             raise DaemonUnavailable(f"refusing to use clusterd's socket: {exc.message}",
                                     exc.fix) from None
@@ -144,8 +148,13 @@ class Client:
                     f"cannot reach clusterd at {self.socket_path}: {exc.strerror}",
                     "start it with `clusterd` or `systemctl --user start clusterd.socket`",
                 ) from None
-            sock = self._start_daemon_and_connect()
-        self._sock = sock
+            # Race-safe (a lock file): many callers at once still start one daemon.
+            return self._start_daemon_and_connect()
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        self._sock = self.open_socket()
         self._send(protocol.hello(CLIENT_NAME))
         reply = self._read_frame()
         if reply.get("type") == protocol.ERROR:
@@ -281,10 +290,7 @@ class Client:
 
     def _finish(self, request_id: int, message: dict[str, Any]) -> dict[str, Any]:
         self._pending.pop(request_id, None)
-        if message.get("ok"):
-            result: dict[str, Any] = message.get("result") or {}
-            return result
-        raise ClusterdError.from_wire(message.get("error"))
+        return result_of(message)
 
     # -- requests -----------------------------------------------------------------------------
 
