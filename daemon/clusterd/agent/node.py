@@ -352,8 +352,8 @@ def status(params: dict[str, Any]) -> dict[str, Any]:
     for name in ("ray", "agent"):
         process = _read_pidfile(run_dir / f"{name}.pid")
         result[name] = {"alive": process is not None, "pid": process.pid if process else None}
-    ray = _read_pidfile(run_dir / "ray.pid")
-    result["ray"]["address"] = _head_address(ray) if ray is not None else None
+        if name == "ray":
+            result[name]["address"] = _head_address(process) if process is not None else None
     # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
     result["autostopped"] = read_marker(run_dir.parent / "agent")
     return result

@@ -133,9 +133,7 @@ class RuntimeManager:
         `checkpoint` gets the handle before anything starts, so a daemon killed mid-way
         restarts knowing the ports and the agent's address of what it may have started."""
         if fresh:
-            await progress("stopping the old runtime", "ray")
-            await self._access.close(cluster)
-            await self.stop(info)
+            await self._stop_running(cluster, info, progress, "stopping the old runtime")
         remote = [node for node in info.nodes if node.ssh is not None]
         if remote:
             await self._install(remote, progress, force=fresh)
@@ -150,9 +148,8 @@ class RuntimeManager:
             # A Ray head on ports other than recorded (or none recorded): starting anew on
             # fresh ports beside it would leave it holding the head (start-ray keeps a live
             # one) and new workers dialling ports it never opened. Stop it, and its workers.
-            await progress("stopping a Ray head whose ports are not the recorded ones", "ray")
-            await self._access.close(cluster)
-            await self.stop(info)
+            await self._stop_running(cluster, info, progress,
+                                     "stopping a Ray head whose ports are not the recorded ones")
         elif not head_alive and state["agent"]["alive"]:
             # An agent outliving its Ray head is a driver of a cluster that is gone.
             await node_helper.call(head_runner, "stop",
@@ -219,6 +216,13 @@ class RuntimeManager:
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
         await self._wait_for_nodes(cluster, endpoint, agent_token, len(info.nodes))
         return handle
+
+    async def _stop_running(self, cluster: str, info: ClusterInfo, progress: Progress,
+                            why: str) -> None:
+        """Stop what runs on the nodes before a fresh start, the daemon's agent link first."""
+        await progress(why, "ray")
+        await self._access.close(cluster)
+        await self.stop(info)
 
     async def _install(self, nodes: list[NodeInfo], progress: Progress, force: bool) -> None:
         started = time.monotonic()
