@@ -3,6 +3,10 @@
 No nodes answer SSH here (the EC2 test bed's end-to-end tests do that): these drive the
 provider's EC2 calls directly, found the standard way (AWS_ENDPOINT_URL_EC2 and a throw-away
 credentials file) and check what they leave in moto.
+
+Like every cloud test, they run in a network namespace with only `lo`, so that no bug can
+send a packet to a real address: test_aws_provider_isolated.py runs this module in one
+(`unshare --net`); run directly, outside one, it skips.
 """
 
 from __future__ import annotations
@@ -29,7 +33,13 @@ from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
 from tests.support import wait_for
 
-pytestmark = pytest.mark.anyio
+IN_NETNS = "CLUSTERD_TEST_IN_NETNS"
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not os.environ.get(IN_NETNS),
+                       reason="runs in a network namespace of its own, through "
+                       "test_aws_provider_isolated.py"),
+]
 REGIONS = {"us-east-1": 1, "us-west-2": 4}
 
 
@@ -41,6 +51,8 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    interfaces = sorted(name for _, name in socket.if_nameindex())
+    assert interfaces == ["lo"], f"not in a namespace with only lo: {interfaces}"
     port = free_port()
     scratch = tmp_path_factory.mktemp("moto")
     # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.

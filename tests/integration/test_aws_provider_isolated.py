@@ -1,0 +1,31 @@
+"""Runs test_aws_provider.py in a network namespace with only `lo` (`unshare --net`): the
+provider talks to moto's server on 127.0.0.1, and a connect to any other address fails at
+once instead of leaving the machine."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MODULE = "tests/integration/test_aws_provider.py"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare (util-linux) for a network namespace")
+def test_the_aws_provider_against_moto_in_a_namespace_with_only_lo() -> None:
+    script = ('ip link set lo up && exec "$0" -m pytest -p no:cacheprovider -q -rs '
+              f'"{MODULE}"')
+    result = subprocess.run(
+        ["unshare", "--net", "sh", "-c", script, sys.executable], cwd=ROOT,
+        env={**os.environ, "CLUSTERD_TEST_IN_NETNS": "1"}, capture_output=True, text=True,
+        timeout=900)
+    output = result.stdout[-8000:] + result.stderr[-4000:]
+    assert result.returncode == 0, output
+    summary = result.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "skipped" not in summary, output
