@@ -194,8 +194,8 @@ def test_git_workdir_is_cloned_on_every_node(bed: Bed, duo: str, tmp_path: Path)
                         "run: bash hello.sh\n")
         result = ctl(bed, "exec", duo, str(task))
         assert result.returncode == 0, result.stderr
-        assert set(result.stdout.split(") ")[1:]) <= {"second version\n(worker1, rank=1",
-                                                      "second version\n"}
+        assert sorted(result.stdout.splitlines()) == ["(head, rank=0) second version",
+                                                      "(worker1, rank=1) second version"]
     finally:
         server.terminate()
         server.wait(10)
