@@ -333,7 +333,8 @@ def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
     r = bed.ssh(a["private_ip"], f"echo kept > ~/disk; echo lost > /tmp/scratch; "
                                  f"nohup setsid {marker} >/dev/null 2>&1 & echo started")
     assert r.returncode == 0, r.stderr
-    assert node_processes(marker)
+    # The background sleep may still be between fork and exec when ssh returns.
+    wait_for(lambda: bool(node_processes(marker)), 10, "the node's sleep to start")
     bed.py(f"ec2().stop_instances(InstanceIds=['{a['id']}']); out(1)")
     bed.wait_node(a["id"], "none", "stopped")
     wait_for(lambda: not node_processes(marker), 5, "the node's processes to die")
