@@ -182,11 +182,16 @@ async def test_create_query_stop_start_terminate(provider: AWSProvider, moto: st
     volumes = ec2(moto, "us-east-1").describe_volumes(Filters=[
         {"Name": "attachment.instance-id", "Values": [i["InstanceId"] for i in instances]}])
     assert {v["VolumeType"] for v in volumes["Volumes"]} == {"gp3"}
-    # The security group: SSH and the task's ports.
+    # The security group: SSH and the task's ports from anywhere, everything from its members.
     group = ec2(moto, "us-east-1").describe_security_groups(
         GroupIds=[handle["security_group"]])["SecurityGroups"][0]
-    assert {(p["FromPort"], p["ToPort"]) for p in group["IpPermissions"]} == {
-        (22, 22), (8080, 8080), (9000, 9010)}
+    tcp = [p for p in group["IpPermissions"] if p["IpProtocol"] == "tcp"]
+    assert {(p["FromPort"], p["ToPort"]) for p in tcp} == {(22, 22), (8080, 8080), (9000, 9010)}
+    assert all(p["IpRanges"] == [{"CidrIp": "0.0.0.0/0"}] for p in tcp)
+    members = [p for p in group["IpPermissions"] if p["IpProtocol"] == "-1"]
+    assert [[pair["GroupId"] for pair in p["UserIdGroupPairs"]] for p in members] == [
+        [handle["security_group"]]]
+    assert all(not p.get("IpRanges") for p in members)
     # Create again (a resumed launch): the same instances, none added.
     again = await provider.create(want, placement)
     assert {n["id"] for n in again["nodes"]} == {n["id"] for n in handle["nodes"]}

@@ -1,5 +1,9 @@
 """What a cluster's instances need around them: the key pair, the VPC and subnet they go in,
-and a security group of their own (SSH and the task's ports), removed with the cluster."""
+and a security group of their own, removed with the cluster.
+
+The group lets in SSH and the task's ports from anywhere, and everything from its own members:
+on EC2 a security group also governs traffic between the instances that share it, and Ray's
+GCS, object manager and worker ports (chosen per cluster) must be reachable between nodes."""
 
 from __future__ import annotations
 
@@ -41,6 +45,17 @@ def port_ranges(ports: tuple[str, ...]) -> list[tuple[int, int]]:
 def _ingress(ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
     return [{"IpProtocol": "tcp", "FromPort": first, "ToPort": last,
              "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for first, last in ranges]
+
+
+def self_rule(group: str) -> dict[str, Any]:
+    """All protocols, from the group's own members (SkyPilot's rule for its clusters)."""
+    return {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}
+
+
+def _lets_members_in(permissions: list[dict[str, Any]], group: str) -> bool:
+    return any(p.get("IpProtocol") == "-1"
+               and any(pair.get("GroupId") == group for pair in p.get("UserIdGroupPairs", []))
+               for p in permissions)
 
 
 class ClusterNetwork:
@@ -115,23 +130,41 @@ class ClusterNetwork:
                     raise
                 return await self.ensure_security_group(region, vpc, cloud_name, tags, ports)
             group = str(created["GroupId"])
-        await self.open_ports(region, group, [(SSH_PORT, SSH_PORT), *port_ranges(ports)])
+        await self.open_ports(region, group, [(SSH_PORT, SSH_PORT), *port_ranges(ports)],
+                              members=True)
         return group
 
-    async def open_ports(self, region: str, group: str, ranges: list[tuple[int, int]]) -> None:
+    async def open_ports(self, region: str, group: str, ranges: list[tuple[int, int]],
+                         members: bool = False) -> None:
+        """Let in ranges (TCP, from anywhere) and, with members, all traffic from the
+        group's own members; only what the group lacks is added."""
         described = (await self._api.call(region, "DescribeSecurityGroups",
                                           GroupIds=[group])).get("SecurityGroups", [])
-        have = {(p.get("FromPort"), p.get("ToPort")) for g in described
-                for p in g.get("IpPermissions", []) if p.get("IpProtocol") == "tcp"}
-        missing = [r for r in dict.fromkeys(ranges) if r not in have]
+        permissions = [p for g in described for p in g.get("IpPermissions", [])]
+        have = {(p.get("FromPort"), p.get("ToPort")) for p in permissions
+                if p.get("IpProtocol") == "tcp"
+                and any(r.get("CidrIp") == "0.0.0.0/0" for r in p.get("IpRanges", []))}
+        missing = _ingress([r for r in dict.fromkeys(ranges) if r not in have])
+        if members and not _lets_members_in(permissions, group):
+            missing.append(self_rule(group))
         if not missing:
             return
+        if not await self._authorize(region, group, missing) and len(missing) > 1:
+            # EC2 adds none of a batch when one of it is there already (added meanwhile).
+            for permission in missing:
+                await self._authorize(region, group, [permission])
+
+    async def _authorize(self, region: str, group: str,
+                         permissions: list[dict[str, Any]]) -> bool:
+        """Add the permissions; False if EC2 says one of them is there already."""
         try:
             await self._api.call(region, "AuthorizeSecurityGroupIngress", GroupId=group,
-                                 IpPermissions=_ingress(missing))
+                                 IpPermissions=permissions)
         except ProvisionError as exc:
             if "InvalidPermission.Duplicate" not in exc.message:
                 raise
+            return False
+        return True
 
     async def remove_security_groups(self, region: str, cloud_name: str) -> None:
         groups = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
