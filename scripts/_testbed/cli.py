@@ -14,7 +14,7 @@ from _testbed import hosts
 from _testbed.common import Failure
 
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
-EC2_COMMANDS = "{up,down,exec,env,status,preempt,calls,fault}"
+EC2_COMMANDS = "{up,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
 
 
 def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -79,6 +79,15 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     pre = esub.add_parser("preempt", parents=[bed], allow_abbrev=False,
                           help="interrupt a spot instance (terminated by EC2)")
     pre.add_argument("instance_id", metavar="INSTANCE_ID")
+    part = esub.add_parser("partition", parents=[bed], allow_abbrev=False,
+                           help="cut an instance's network link (its processes live on; it "
+                                "stays cut across stop/start until `heal`)")
+    part.add_argument("instance_id", metavar="INSTANCE_ID")
+    heal = esub.add_parser("heal", parents=[bed], allow_abbrev=False,
+                           help="restore an instance's network link")
+    heal.add_argument("instance_id", metavar="INSTANCE_ID")
+    esub.add_parser("firewall", parents=[bed, as_json], allow_abbrev=False,
+                    help="the nftables rules that enforce the security groups now")
     calls = esub.add_parser("calls", parents=[bed, as_json], allow_abbrev=False,
                             help="API calls by service, action and region")
     calls.add_argument("--reset", action="store_true", help="and start counting from zero")
@@ -180,6 +189,10 @@ def run_ec2(args: argparse.Namespace, regions: list[str]) -> int:
         return reports.cmd_status(args)
     if cmd == "preempt":
         return reports.cmd_preempt(args)
+    if cmd in ("partition", "heal"):
+        return reports.cmd_partition(args)
+    if cmd == "firewall":
+        return reports.cmd_firewall(args)
     if cmd == "calls":
         return reports.cmd_calls(args)
     return reports.cmd_fault(args)

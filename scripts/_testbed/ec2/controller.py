@@ -1,11 +1,13 @@
 """The EC2 test bed's controller: the one long-lived process in the bed's network namespace
 (started by `scripts/testbed ec2 up` as `ip netns exec NAME python -m _testbed.ec2.controller`).
 
-It runs moto in-process on 127.0.0.1:5000, the API endpoint clients call on 127.0.0.1:4566
-(proxy.py), the regions and their images (regions.py; the runtime images' templates come from
-the command line), the watcher that boots a node per running instance (watcher.py), and answers
-the command line on DIR/control.sock (control.py). It is ready once that socket answers `ping`.
-SIGTERM stops it, and every node with it.
+It runs moto in-process on 127.0.0.1:5000 (with EC2's fresh address on a start: renumber.py),
+the API endpoint clients call on 127.0.0.1:4566 (proxy.py), the regions and their images
+(regions.py; the runtime images' templates come from the command line), a bridge per VPC
+(network.py), the watcher that boots a node per running instance (watcher.py), the firewall
+that enforces security groups (firewall.py), and answers the command line on DIR/control.sock
+(control.py). It is ready once that socket answers `ping`. SIGTERM stops it, and every node
+with it.
 """
 
 from __future__ import annotations
@@ -21,8 +23,10 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
+from _testbed.ec2 import network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
+from _testbed.ec2.firewall import Firewall
 from _testbed.ec2.layout import (
     ACCESS_KEY_ID,
     ACCOUNT_ID,
@@ -55,6 +59,7 @@ class Bed:
         self._lock = threading.Lock()
         self.endpoint = Endpoint(self.subnet_zone)
         self.watcher = Watcher(paths, self.backends, self.api)
+        self.firewall = Firewall(lambda: list(self.regions), self.api)
         self._wanted = regions
         # the runtime images: key -> its template (the last one is the current one), and
         # key -> {region: AMI id}
@@ -67,6 +72,7 @@ class Bed:
         import moto.server
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+        renumber.install()
         self.moto = moto.server.ThreadedMotoServer(ip_address=assert_loopback(MOTO_IP),
                                                    port=MOTO_PORT, verbose=False)
         self.moto.start()
@@ -74,12 +80,14 @@ class Bed:
         self.api_server = ApiServer((assert_loopback(API_IP), API_PORT), (MOTO_IP, MOTO_PORT),
                                     self.endpoint)
         threading.Thread(target=self.api_server.serve_forever, name="api", daemon=True).start()
+        self.firewall.start()
         self.watcher.start()
         log.info("moto on %s, the API on http://%s:%d", MOTO_URL, API_IP, API_PORT)
 
     def stop(self) -> None:
         self.endpoint.stopping.set()
         self.watcher.stop()
+        self.firewall.stop()
         self.api_server.shutdown()
         self.moto.stop()
 
@@ -126,9 +134,14 @@ class Bed:
         if op == "ping":
             return {"pid": os.getpid(), "regions": self.regions}
         if op == "status":
-            return {"regions": self.status(), "runtime_images": self.runtime_images()}
+            return {"regions": self.status(), "runtime_images": self.runtime_images(),
+                    "firewall": self.firewall.status()}
         if op == "preempt":
             return self.preempt(str(args.get("instance_id")))
+        if op in ("partition", "heal"):
+            return self.partition(str(args.get("instance_id")), cut=op == "partition")
+        if op == "firewall":
+            return {**self.firewall.status(), "ruleset": self.firewall.rules()}
         if op == "calls":
             return {"calls": self.endpoint.calls(reset=bool(args.get("reset")))}
         if op == "add_regions":
@@ -160,6 +173,7 @@ class Bed:
             if region in self.regions:
                 continue
             bed_regions.setup_region(self.api(region), self.backend(region), region)
+            network.ensure_bridge(region)
             self.regions.append(region)
             added.append(region)
             for key in self._templates:
@@ -208,6 +222,7 @@ class Bed:
                     "shutdown_behavior": inst.instance_initiated_shutdown_behavior,
                     "tags": dict(backend.tags.get(inst.id, {})),
                     "node": node, "node_pid": pid,
+                    "partitioned": self.watcher.partitioned(inst.id),
                 })
             out[region] = rows
         return out
@@ -227,10 +242,13 @@ class Bed:
         log.info("preempted spot instance %s in %s", instance_id, region)
         return {"instance_id": instance_id, "region": region, "state": inst.state}
 
-
-def only_loopback() -> list[str]:
-    """The network interfaces this process sees (ip netns exec remounts /sys for the namespace)."""
-    return sorted(os.listdir("/sys/class/net"))
+    def partition(self, instance_id: str, cut: bool) -> dict[str, Any]:
+        region, inst = self.find(instance_id)
+        if inst.state in ("shutting-down", "terminated"):
+            raise RequestError(f"{instance_id} is {inst.state}")
+        now = self.watcher.partition(instance_id, cut)
+        return {"instance_id": instance_id, "region": region, "state": inst.state,
+                "partitioned": cut, "link_changed": now}
 
 
 def main(argv: list[str]) -> int:
@@ -240,11 +258,12 @@ def main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    interfaces = only_loopback()
+    interfaces = network.interfaces()
     if interfaces != ["lo"]:
         log.error("refusing to run: this network namespace has interfaces %s, not only lo",
                   interfaces)
         return 1
+    network.setup_bed_namespace()
     paths = BedPaths(os.path.abspath(args.dir))
     bed = Bed(paths, args.regions.split(","))
     stopping = threading.Event()

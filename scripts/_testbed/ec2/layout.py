@@ -35,6 +35,7 @@ NODE_USER = "ubuntu"
 NODE_HOME = "/home/ubuntu"
 NODE_MOUNT = "/run/clusterd-testbed-node"  # an instance's control directory, on the node
 SHUTDOWN_REQUEST = "shutdown-request"  # written there by the shutdown stubs
+NODE_READY = "ready"  # written there by the node's init once its sshd answers
 VPC_NAME = "clusterd-testbed"
 
 STATE_FILE = "state.json"
@@ -103,6 +104,11 @@ class InstancePaths:
     @property
     def shutdown_request(self) -> str:
         return os.path.join(self.control, SHUTDOWN_REQUEST)
+
+    @property
+    def ready(self) -> str:
+        """Written by the node once its sshd of this boot answers."""
+        return os.path.join(self.control, NODE_READY)
 
     @property
     def node_pid(self) -> str:

@@ -51,7 +51,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         if not rows:
             continue
         _table([[r["id"], r["state"], r["state_reason"] or "-", r["private_ip"] or "-",
-                 r["type"], r["lifecycle"], r["zone"], r["node"],
+                 r["type"], r["lifecycle"], r["zone"],
+                 r["node"] + (" (cut)" if r.get("partitioned") else ""),
                  ",".join(f"{k}={v}" for k, v in sorted(r["tags"].items())) or "-"]
                 for r in rows],
                ["INSTANCE", "STATE", "REASON", "IP", "TYPE", "MARKET", "ZONE", "NODE", "TAGS"])
@@ -64,6 +65,29 @@ def cmd_preempt(args: argparse.Namespace) -> int:
     reply = request(paths.control_sock, "preempt", instance_id=args.instance_id)
     log(f"preempted spot instance {reply['instance_id']} in {reply['region']}: "
         f"{reply['state']} (Server.SpotInstanceTermination)")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    """`partition` and `heal`."""
+    paths = _paths(args)
+    require_bed(paths)
+    reply = request(paths.control_sock, args.ec2_command, instance_id=args.instance_id)
+    what = "cut" if reply["partitioned"] else "restored"
+    when = "now" if reply["link_changed"] else "from its next boot (it has no node now)"
+    log(f"{reply['instance_id']} in {reply['region']} ({reply['state']}): link {what} {when}")
+    return 0
+
+
+def cmd_firewall(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    require_bed(paths)
+    reply = request(paths.control_sock, "firewall")
+    if args.json:
+        log(json.dumps(reply, indent=2))
+    else:
+        log(f"# generation {reply['generation']}, {reply['rules']} rule(s)")
+        log(reply["ruleset"].rstrip("\n"))
     return 0
 
 

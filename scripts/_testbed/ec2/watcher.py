@@ -1,5 +1,6 @@
-"""The watcher: keeps one EC2 node (sshd in a PID and mount namespace of its own) per running
-instance in moto, polling moto's backend every POLL_S seconds.
+"""The watcher: keeps one EC2 node (sshd in a network, PID and mount namespace of its own, on
+its VPC's bridge: network.py) per running instance in moto, polling moto's backend every POLL_S
+seconds.
 
   running, no node              -> boot a node (first boot: the key pair's key on the disk, and
                                    for a runtime image, its template's files as hard links)
@@ -30,10 +31,10 @@ from _testbed.common import (
     ensure_keygen,
     getpw,
     read_text,
-    ssh_banner,
     sshd_config,
     write_file,
 )
+from _testbed.ec2 import network
 from _testbed.ec2.layout import (
     NODE_HOME,
     NODE_INIT_MODULE,
@@ -43,6 +44,7 @@ from _testbed.ec2.layout import (
     BedPaths,
     InstancePaths,
 )
+from _testbed.ec2.regions import vpc_cidr
 
 log = logging.getLogger("testbed.ec2.watcher")
 
@@ -90,6 +92,7 @@ class Watcher:
         self._nodes: dict[str, Node] = {}
         self._templates: dict[str, str] = {}  # runtime image id -> its template home
         self._gone: set[str] = set()  # terminated instances already cleaned up
+        self._partitioned: set[str] = set()  # instances whose link is cut
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="watcher", daemon=True)
@@ -101,6 +104,28 @@ class Watcher:
         self._stop.set()
         self._thread.join(timeout=10)
         self.stop_all()
+
+    def partition(self, instance_id: str, cut: bool) -> bool:
+        """Cut an instance's link (cut) or restore it; it stays so across the node's boots.
+        True if a live node's link changed now."""
+        with self._lock:
+            if cut:
+                self._partitioned.add(instance_id)
+            else:
+                self._partitioned.discard(instance_id)
+            node = self._nodes.get(instance_id)
+            changed = node is not None and node.alive() and network.set_link(instance_id,
+                                                                              not cut)
+            if changed and not cut:
+                assert node is not None
+                network.forget_neighbour(node.ip)  # its failed ARP entry would linger seconds
+        log.info("instance %s: link %s%s", instance_id, "cut" if cut else "restored",
+                 "" if changed else " (from its next boot)")
+        return changed
+
+    def partitioned(self, instance_id: str) -> bool:
+        with self._lock:
+            return instance_id in self._partitioned
 
     def node_state(self, instance_id: str, instance_state: str) -> tuple[str, int | None]:
         """("booting" | "up" | "down" | "none", the node's pid)."""
@@ -144,7 +169,7 @@ class Watcher:
             if node is None or not node.alive():
                 self._boot_when_due(region, backend, inst, node)
             else:
-                if not node.up and ssh_banner(node.ip, 22, timeout=0.5):
+                if not node.up and os.path.exists(self.paths.instance(iid).ready):
                     node.up, node.deaths = True, 0
                     log.info("node %s is up: ssh ubuntu@%s", iid, node.ip)
                 self._check_shutdown_request(region, inst, node)
@@ -186,7 +211,7 @@ class Watcher:
         if node is None:
             node = self._nodes[inst.id] = Node(inst.id, region, assert_loopback(ip))
         try:
-            node.proc = self._boot(backend, inst, node.ip)
+            node.proc = self._boot(backend, inst, node.ip, region)
         except Exception:
             log.exception("could not boot a node for %s", inst.id)
             node.deaths += 1
@@ -194,7 +219,7 @@ class Watcher:
 
     # ------------------------------------------------------------------------ nodes
 
-    def _boot(self, backend: Any, inst: Any, ip: str) -> subprocess.Popen[bytes]:
+    def _boot(self, backend: Any, inst: Any, ip: str, region: str) -> subprocess.Popen[bytes]:
         ipaths = self.paths.instance(inst.id)
         pw = getpw(NODE_USER)
         if pw is None:
@@ -211,14 +236,17 @@ class Watcher:
                            NODE_USER)
         if read_text(ipaths.sshd_config) != want:
             write_file(ipaths.sshd_config, want, 0o644)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(ipaths.shutdown_request)  # a request from before this boot is moot
-        cmd = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--kill-child=SIGKILL",
+        for stale in (ipaths.shutdown_request, ipaths.ready):  # from before this boot: moot
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
+               "--kill-child=SIGKILL",
                "--", sys.executable, "-m", NODE_INIT_MODULE, "--instance-id", inst.id,
                "--home", ipaths.home, "--tmp", ipaths.tmp, "--control", ipaths.control,
                "--sbin", self.paths.node_sbin, "--node-mount", NODE_MOUNT,
                "--home-mount", NODE_HOME,
-               "--sshd-config", os.path.join(NODE_MOUNT, os.path.basename(ipaths.sshd_config))]
+               "--sshd-config", os.path.join(NODE_MOUNT, os.path.basename(ipaths.sshd_config)),
+               "--ip", ip, "--prefix", vpc_cidr(region).split("/")[1]]
         with open(ipaths.node_log, "ab") as lf:
             lf.write(f"--- testbed: booting {inst.id} ({ip}) at "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -229,7 +257,14 @@ class Watcher:
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "PYTHONPATH": SCRIPTS,
                      "LANG": "C.UTF-8"})
         write_file(ipaths.node_pid, f"{proc.pid}\n", 0o644)
-        log.info("booting node %s at %s (pid %d)", inst.id, ip, proc.pid)
+        try:
+            link = network.attach(inst.id, region, proc.pid,
+                                  link_up=inst.id not in self._partitioned)
+        except BaseException:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            raise
+        log.info("booting node %s at %s (pid %d, link %s)", inst.id, ip, proc.pid, link)
         return proc
 
     def _first_boot(self, backend: Any, inst: Any, ipaths: InstancePaths, uid: int,
