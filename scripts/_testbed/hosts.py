@@ -19,6 +19,7 @@ import subprocess
 import time
 from typing import Any
 
+from _testbed import requirements
 from _testbed.common import (
     SSH,
     SSH_KEYGEN,
@@ -319,6 +320,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     d = os.path.abspath(args.dir)
     n, port, prefix, pool = args.n, args.port, args.prefix, args.pool
     pools_file = os.path.abspath(args.pools_file)
+    requirements.ensure_debian_packages(requirements.HOSTS_PACKAGES)
     if not os.path.exists(SSHD):
         raise Failure(f"{SSHD} not found (apt-get install openssh-server)")
     for tool in (SSH_KEYGEN, SSH, "useradd", "userdel", "usermod", "ps"):

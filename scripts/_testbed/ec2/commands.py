@@ -31,6 +31,7 @@ from _testbed.common import (
     warn,
     write_file,
 )
+from _testbed import requirements
 from _testbed.ec2 import host_setup, runtime_image
 from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
@@ -90,13 +91,14 @@ def last_line(path: str) -> str:
 
 def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
-    tools = ["ip", "unshare", "useradd", "userdel", "usermod", "visudo", "sudo", "ssh-keygen",
+    requirements.ensure_debian_packages(requirements.EC2_PACKAGES)
+    tools = ["ip", "unshare", "nft", "useradd", "userdel", "usermod", "visudo", "sudo", "ssh-keygen",
              "mount"]
     for tool in tools + (["setpriv", "cp"] if args.runtime_image else []):
         if shutil.which(tool) is None:
             raise Failure(f"{tool} not found on PATH",
                           hint="apt-get install iproute2 util-linux passwd sudo openssh-client "
-                               "mount coreutils")
+                               "mount coreutils nftables")
     if not os.path.exists(SSHD):
         raise Failure(f"{SSHD} not found", hint="apt-get install openssh-server")
     if not os.access(VENV_PYTHON, os.X_OK):
