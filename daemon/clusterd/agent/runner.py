@@ -4,6 +4,9 @@ in the job's placement group (one bundle per node).
 Failure rules (as SkyPilot's): a setup failure on any node is FAILED_SETUP naming every failed
 node; a run failure on one node kills the others and the job is FAILED naming the first real
 failure (the 137s of the nodes we killed are not it); exit 139 is named a segmentation fault.
+A node that leaves the Ray cluster while its rank runs (dead, or cut off: Ray's GCS stops
+hearing from it) fails that rank, even when Ray itself never fails the task: a node cut off
+by the network keeps its processes, and Ray would wait for them forever.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -29,6 +32,8 @@ logger = log.get("clusterd.agent.runner")
 
 CANCELLED_BY_USER = "cancelled by user"
 JOB_TAG = node_tasks.JOB_TAG
+NODE_WATCH_S = 2.0  # how often a running job checks that its nodes are still in the cluster
+NODE_LEFT = "its node left the Ray cluster (dead, or unreachable from the head)"
 SIGNAL_NAMES = {130: "interrupted (SIGINT)", 134: "aborted (SIGABRT)", 137: "killed (SIGKILL)",
                 139: "a segmentation fault", 143: "terminated (SIGTERM)"}
 
@@ -117,8 +122,10 @@ class JobRun:
         placement_group: Any,
         secrets: dict[str, str],
         on_finished: Callable[[Job], None],
+        alive_nodes: Callable[[], Awaitable[set[str]]],
     ) -> None:
         self.job = job
+        self._alive_nodes = alive_nodes
         self._store = store
         self._hub = hub
         self._slots = slots
@@ -208,35 +215,52 @@ class JobRun:
         envs = {**self.job.spec.get("envs", {}), **self._secrets}
         workdir = self.job.spec.get("workdir", "")
         image = self.job.spec.get("container_image", "")
-        async with anyio.create_task_group() as group:
-            for slot in self._slots:
-                env = {**envs, **skypilot_env(self.job, self._slots, slot.rank, phase=phase,
-                                              gpus_per_node=gpus)}
-                strategy = PlacementGroupSchedulingStrategy(
-                    self._pg, placement_group_bundle_index=slot.bundle_index
-                )
-                stream = node_tasks.run_script.options(scheduling_strategy=strategy).remote(
-                    script, env, workdir, image
-                )
-                group.start_soon(self._consume, slot, stream, results, fail_fast)
+        scopes = {slot.rank: anyio.CancelScope() for slot in self._slots}
+        async with anyio.create_task_group() as watching:
+            watching.start_soon(self._watch_nodes, results, scopes)
+            async with anyio.create_task_group() as group:
+                for slot in self._slots:
+                    env = {**envs, **skypilot_env(self.job, self._slots, slot.rank, phase=phase,
+                                                  gpus_per_node=gpus)}
+                    strategy = PlacementGroupSchedulingStrategy(
+                        self._pg, placement_group_bundle_index=slot.bundle_index
+                    )
+                    stream = node_tasks.run_script.options(scheduling_strategy=strategy).remote(
+                        script, env, workdir, image
+                    )
+                    group.start_soon(self._consume, slot, stream, results, fail_fast,
+                                     scopes[slot.rank])
+            watching.cancel_scope.cancel()
         return results
 
+    async def _watch_nodes(self, results: list[RankResult],
+                           scopes: dict[int, anyio.CancelScope]) -> None:
+        """Fail the ranks whose node is no longer alive in Ray (stops at cancel)."""
+        while True:
+            await anyio.sleep(NODE_WATCH_S)
+            try:
+                with anyio.fail_after(30):
+                    alive = await self._alive_nodes()
+            except (TimeoutError, ray.exceptions.RayError) as exc:
+                logger.warning("cannot list the cluster's nodes", error=str(exc))
+                continue
+            for slot in self._slots:
+                result = results[slot.rank]
+                if slot.node_id not in alive and result.exit_code is None \
+                        and result.error is None:
+                    logger.warning("a job's node left the cluster", job_id=self.job.job_id,
+                                   rank=slot.rank, ip=slot.ip)
+                    result.error = NODE_LEFT
+                    scopes[slot.rank].cancel()
+
     async def _consume(
-        self, slot: NodeSlot, stream: Any, results: list[RankResult], fail_fast: bool
+        self, slot: NodeSlot, stream: Any, results: list[RankResult], fail_fast: bool,
+        scope: anyio.CancelScope,
     ) -> None:
         result = results[slot.rank]
         try:
-            async for ref in stream:
-                kind, value = await ref
-                if kind == "output":
-                    self._write(slot.rank, value)
-                elif kind == "started":
-                    self._running[slot.rank] = value
-                    await self._record_processes()
-                    if self._cancel_requested or self._aborting:
-                        await self._kill_rank(slot.rank)
-                elif kind == "exit":
-                    result.exit_code = int(value)
+            with scope:
+                await self._relay(slot, stream, result)
         except ray.exceptions.RayError as exc:
             result.error = _ray_failure(exc)
         finally:
@@ -249,6 +273,20 @@ class JobRun:
                 if other.rank != slot.rank and other.exit_code is None and other.error is None:
                     other.killed_by_us = True
             await self._kill_all(exclude=slot.rank)
+
+    async def _relay(self, slot: NodeSlot, stream: Any, result: RankResult) -> None:
+        """One rank's stream: its output into the log, its pid and exit code into result."""
+        async for ref in stream:
+            kind, value = await ref
+            if kind == "output":
+                self._write(slot.rank, value)
+            elif kind == "started":
+                self._running[slot.rank] = value
+                await self._record_processes()
+                if self._cancel_requested or self._aborting:
+                    await self._kill_rank(slot.rank)
+            elif kind == "exit":
+                result.exit_code = int(value)
 
     def _write(self, rank: int, data: bytes) -> None:
         assert self._log is not None

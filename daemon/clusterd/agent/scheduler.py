@@ -82,6 +82,9 @@ class Scheduler:
             if n.get("Alive")
         ]
 
+    async def _alive_node_ids(self) -> set[str]:
+        return {n.node_id for n in await self.nodes()}
+
     async def on_every_node(self, task: Any, *args: Any, timeout_s: float = 20) -> list[Any]:
         """Run a Ray task once on each live node; results in node order (errors as None)."""
         nodes = await self.nodes()
@@ -240,6 +243,7 @@ class Scheduler:
             placement_group=pg,
             secrets=self._secrets.pop(job.job_id, {}),
             on_finished=self._finished,
+            alive_nodes=self._alive_node_ids,
         )
         self._runs[job.job_id] = run
         group.start_soon(run.execute, name=f"job-{job.job_id}")
