@@ -138,25 +138,47 @@ def _wait_ready(
     raise HelperError(f"{what} did not become ready within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
-def _connectable(address: str) -> bool:
+def _connect_error(address: str, timeout_s: float = 1.0) -> str | None:
+    """Why address takes no connection now (None: it does)."""
     try:
         if address.startswith("unix:"):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(1)
+                sock.settimeout(timeout_s)
                 sock.connect(address.removeprefix("unix:"))
         else:
             host, port = address.rsplit(":", 1)
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=1):
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
                 pass
-        return True
-    except OSError:
-        return False
+        return None
+    except TimeoutError:
+        return "connection timed out"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _connectable(address: str) -> bool:
+    return _connect_error(address) is None
+
+
+def _require_head_reachable(address: str, node_ip: str, timeout_s: float) -> None:
+    """A worker's Ray start would wait out its whole timeout for a head it cannot reach, and
+    then say only that it did not start: say why, at once."""
+    deadline = time.monotonic() + timeout_s
+    while (why := _connect_error(address, timeout_s=3.0)) is not None:
+        if time.monotonic() > deadline:
+            raise HelperError(
+                f"this node ({node_ip}) cannot reach the Ray head at {address}: {why}. The "
+                f"nodes of a cluster must reach each other on every port: a firewall or "
+                f"security group between them blocks Ray (on AWS, the cluster's security "
+                f"group must let its own members in)")
+        time.sleep(0.5)
 
 
 # -- commands -----------------------------------------------------------------------------------
 
 
 RAY_TEMP_ROOT = "/tmp/clusterd-ray-{uid}"
+HEAD_REACH_S = 15.0  # how long a worker tries to reach the head before it says it cannot
 
 
 def ray_temp_dir(key: str) -> Path:
@@ -224,6 +246,7 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false"]
         address = f"{params['node_ip']}:{int(params['gcs_port'])}"
     else:
+        _require_head_reachable(params["head_address"], params["node_ip"], HEAD_REACH_S)
         argv.append(f"--address={params['head_address']}")
         address = ""
     offset = log_path.stat().st_size if log_path.exists() else 0
