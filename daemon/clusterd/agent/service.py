@@ -241,12 +241,13 @@ class HealthService(pb_grpc.HealthServiceServicer):
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
         self.contact.touch()
         connected = ray.is_initialized()
-        alive = len(await self._scheduler.nodes()) if connected else 0
+        alive = await self._scheduler.nodes() if connected else []
         return pb.GetHealthResponse(
             version=__version__,
             protocol=AGENT_PROTOCOL,
             ray_connected=connected,
-            ray_nodes_alive=alive,
+            ray_nodes_alive=len(alive),
+            ray_node_ips=sorted(n.ip for n in alive),
             started_at=self._started_at,
             pid=os.getpid(),
         )

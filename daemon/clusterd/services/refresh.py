@@ -278,7 +278,8 @@ class RefreshService:
             return await self._agent_gone(record, exc)
         if not health.ray_connected or health.ray_nodes_alive < record.num_nodes:
             return ClusterStatus.INIT, (f"Ray has {health.ray_nodes_alive} of "
-                                        f"{record.num_nodes} nodes")
+                                        f"{record.num_nodes} nodes"
+                                        + _missing_from_ray(nodes, health.ray_node_ips))
         return ClusterStatus.UP, "refresh found every node and the agent healthy"
 
     async def _agent_health(self, record: ClusterRecord) -> Any:
@@ -322,6 +323,19 @@ class RefreshService:
             return await self._clusters.down(request, name, purge=True, reason=reason)
         return await self._clusters.stop(request, name, reason=reason)
 
+
+
+def _missing_from_ray(nodes: list[NodeInfo], ray_ips: Any) -> str:
+    """Which running nodes Ray does not count (running, so cut off or their Ray is dead)."""
+    alive = set(ray_ips)
+    if not alive:
+        return ""
+    missing = [n for n in nodes if n.internal_ip and n.internal_ip not in alive]
+    if not missing:
+        return ""
+    named = ", ".join(f"{n.internal_ip} ({n.node_id})" for n in missing)
+    return (f": {named} {'is' if len(missing) == 1 else 'are'} not in it (unreachable from "
+            f"the head, or its Ray died)")
 
 
 def _reasons(nodes: list[NodeInfo]) -> str:

@@ -293,20 +293,22 @@ class GetHealthRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetHealthResponse(_message.Message):
-    __slots__ = ("version", "protocol", "ray_connected", "ray_nodes_alive", "started_at", "pid")
+    __slots__ = ("version", "protocol", "ray_connected", "ray_nodes_alive", "started_at", "pid", "ray_node_ips")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     RAY_CONNECTED_FIELD_NUMBER: _ClassVar[int]
     RAY_NODES_ALIVE_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    RAY_NODE_IPS_FIELD_NUMBER: _ClassVar[int]
     version: str
     protocol: int
     ray_connected: bool
     ray_nodes_alive: int
     started_at: float
     pid: int
-    def __init__(self, version: _Optional[str] = ..., protocol: _Optional[int] = ..., ray_connected: _Optional[bool] = ..., ray_nodes_alive: _Optional[int] = ..., started_at: _Optional[float] = ..., pid: _Optional[int] = ...) -> None: ...
+    ray_node_ips: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, version: _Optional[str] = ..., protocol: _Optional[int] = ..., ray_connected: _Optional[bool] = ..., ray_nodes_alive: _Optional[int] = ..., started_at: _Optional[float] = ..., pid: _Optional[int] = ..., ray_node_ips: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HandshakeRequest(_message.Message):
     __slots__ = ("client_nonce",)
