@@ -67,6 +67,26 @@ def require_up(record: ClusterRecord) -> ClusterRecord:
     return record
 
 
+def require_head(record: ClusterRecord) -> ClusterRecord:
+    """Reading and cancelling jobs needs the head's agent, not every node: a cluster that is
+    INIT because it lost a worker still answers for its jobs (and the one that failed with
+    the worker). One with no runtime recorded is refused as require_up refuses it."""
+    if record.status == ClusterStatus.INIT and (record.handle or {}).get("runtime"):
+        return record
+    return require_up(record)
+
+
+def head_unreachable(record: ClusterRecord, error: ProtocolError) -> ProtocolError:
+    """The error to raise when the agent of a cluster let in by require_head does not
+    answer: for an INIT cluster, that it is not up (and why), as require_up says it."""
+    if record.status == ClusterStatus.INIT and error.code == ErrorCode.AGENT_UNREACHABLE:
+        try:
+            require_up(record)
+        except ProtocolError as not_up:
+            return not_up
+    return error
+
+
 async def announce_warnings(request: RunningRequest, store: ClusterStore, name: str,
                             warnings: Iterable[str]) -> None:
     """Task fields accepted without effect: said in the request's output, kept as events."""

@@ -22,7 +22,13 @@ from clusterd.requests import RunningRequest
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RunnerFactory
-from clusterd.services.common import announce_warnings, require_cluster, require_up
+from clusterd.services.common import (
+    announce_warnings,
+    head_unreachable,
+    require_cluster,
+    require_head,
+    require_up,
+)
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.spec import GitWorkdir, TaskSpec
 
@@ -179,24 +185,29 @@ class JobService:
     # -- queue, logs, cancel --------------------------------------------------------------
 
     async def queue(self, name: str, skip_finished: bool) -> dict[str, Any]:
-        record = require_up(require_cluster(self._store, name))
-        agent = await self._access.client(record)
-        jobs = await agent.queue(skip_finished)
+        record = require_head(require_cluster(self._store, name))
+        try:
+            agent = await self._access.client(record)
+            jobs = await agent.queue(skip_finished)
+        except ProtocolError as exc:
+            raise head_unreachable(record, exc) from None
         return {"cluster": name, "jobs": [job_to_wire(j) for j in jobs]}
 
     async def cancel(self, name: str, job_ids: list[int], cancel_all: bool) -> dict[str, Any]:
         if not job_ids and not cancel_all:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "name the jobs to cancel",
                                 "give job ids, or --all")
-        record = require_up(require_cluster(self._store, name))
-        agent = await self._access.client(record)
-        if job_ids:
-            known = {j.job_id: j for j in await agent.jobs(job_ids)}
-            missing = [i for i in job_ids if i not in known]
-            if missing:
-                raise ProtocolError(ErrorCode.JOB_NOT_FOUND,
-                                    f"cluster {name} has no job {', '.join(map(str, missing))}",
-                                    f"see `clusterctl queue {name}`")
+        record = require_head(require_cluster(self._store, name))
+        try:
+            agent = await self._access.client(record)
+            known = {j.job_id: j for j in await agent.jobs(job_ids)} if job_ids else {}
+        except ProtocolError as exc:
+            raise head_unreachable(record, exc) from None
+        missing = [i for i in job_ids if i not in known]
+        if missing:
+            raise ProtocolError(ErrorCode.JOB_NOT_FOUND,
+                                f"cluster {name} has no job {', '.join(map(str, missing))}",
+                                f"see `clusterctl queue {name}`")
         cancelled = await agent.cancel(job_ids, cancel_all)
         already = [i for i in job_ids if i not in cancelled]
         return {"cluster": name, "cancelled": cancelled, "already_finished": already}
@@ -209,7 +220,7 @@ class JobService:
                 f"cluster {name} was torn down while its job {job_id} was followed",
                 f"see `clusterctl events {name}`",
             )
-        return require_up(record)
+        return require_head(record)
 
     async def stream_logs(
         self,
@@ -228,7 +239,7 @@ class JobService:
         """
         if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
-        record = require_up(require_cluster(self._store, name))
+        record = require_head(require_cluster(self._store, name))
         position = offset or 0
         lines = tail if offset is None else 0
         current = job_id or 0
@@ -265,11 +276,11 @@ class JobService:
                         f"see `clusterctl queue {name}`",
                     ) from None
                 if exc.code != ErrorCode.AGENT_UNREACHABLE or not follow:
-                    raise
+                    raise head_unreachable(record, exc) from None
                 now = anyio.current_time()
                 deadline = deadline or now + RESUME_WINDOW_S
                 if now > deadline:
-                    raise
+                    raise head_unreachable(record, exc) from None
                 logger.info("log stream interrupted; resuming", offset=position)
                 await self._access.reset(name)
                 await anyio.sleep(0.5)
