@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support import Daemon, make_env, short_tempdir
+from tests.support import Daemon, make_env, short_tempdir, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = str(ROOT / "scripts" / "testbed")
@@ -34,8 +34,11 @@ for region in REGIONS.split(","):
     for g in ec2.describe_security_groups()["SecurityGroups"]:
         out["groups"].append({"id": g["GroupId"], "name": g["GroupName"], "region": region,
             "tags": {t["Key"]: t["Value"] for t in g.get("Tags", [])},
-            "ports": sorted((p.get("FromPort"), p.get("ToPort"))
-                            for p in g.get("IpPermissions", []))})
+            "ports": sorted((p["FromPort"], p["ToPort"]) for p in g.get("IpPermissions", [])
+                            if p["IpProtocol"] == "tcp"),
+            "members_from": sorted(pair["GroupId"] for p in g.get("IpPermissions", [])
+                                   if p["IpProtocol"] == "-1"
+                                   for pair in p.get("UserIdGroupPairs", []))})
 print(json.dumps(out))
 """.replace("REGIONS", repr(REGIONS))
 
@@ -78,6 +81,21 @@ class EC2Bed:
     def nodes(self) -> list[dict[str, Any]]:
         status = json.loads(self.testbed("status", "--json").stdout)
         return [i for instances in status["regions"].values() for i in instances]
+
+    def firewall_generation(self) -> int:
+        """How many rule changes the bed's firewall has applied."""
+        done = self.testbed("firewall", "--json")
+        assert done.returncode == 0, done.stderr
+        return int(json.loads(done.stdout)["generation"])
+
+    def ec2_call(self, region: str, action: str, **params: Any) -> None:
+        """One EC2 call through the API (as a user of the account would make it), and the
+        bed's firewall caught up with it."""
+        before = self.firewall_generation()
+        self.python(f"import boto3; boto3.client('ec2', region_name={region!r})"
+                    f".{action}(**{params!r})")
+        wait_for(lambda: self.firewall_generation() > before, 10,
+                 f"the bed's firewall to apply {action}")
 
     def fault(self, *args: str) -> str:
         done = self.testbed("fault", "add", *args)

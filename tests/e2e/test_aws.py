@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -120,6 +121,7 @@ def test_a_two_node_cluster_is_tagged_and_opens_the_tasks_ports(bed: Bed, duo: s
                for i in instances)
     groups = [g for g in bed.aws()["groups"] if g["tags"].get("clusterd-cluster-name") == name]
     assert len(groups) == 1 and [8080, 8080] in groups[0]["ports"]
+    assert groups[0]["members_from"] == [groups[0]["id"]]  # the nodes reach each other
     status = bed.daemon.cluster(duo)
     assert status is not None and status["infra"].startswith("aws/us-east-1/")
     assert status["instance_type"] == "c6i.large" and status["price_per_hour"] > 0
@@ -160,9 +162,114 @@ def test_jobs_see_where_they_run_in_skypilot_cluster_info(bed: Bed, duo: str) ->
     assert status["zone"].startswith("us-east-1")
 
 
+# Rank 1 sends to rank 0 over TCP on a port that no rule opens from outside the cluster: only
+# the group's rule for its own members lets it through.
+EXCHANGE = """
+num_nodes: 2
+run: |
+  python3 - <<'PY'
+  import os, socket, sys, time
+  rank = int(os.environ["SKYPILOT_NODE_RANK"])
+  head = os.environ["SKYPILOT_NODE_IPS"].split()[0]
+  if rank == 0:
+      server = socket.create_server((head, 23456))
+      server.settimeout(60)
+      conn, peer = server.accept()
+      data = conn.recv(100)
+      conn.sendall(data[::-1])
+      print(f"rank 0 got {data.decode()} from {peer[0]}")
+  else:
+      deadline = time.time() + 30
+      while True:
+          try:
+              conn = socket.create_connection((head, 23456), timeout=5)
+              break
+          except ConnectionRefusedError:  # rank 0 is not listening yet
+              if time.time() > deadline:
+                  raise
+              time.sleep(0.2)
+          except OSError as exc:
+              print(f"rank {rank} cannot reach {head}:23456: {exc}")
+              sys.exit(3)
+      conn.sendall(b"hello from " + conn.getsockname()[0].encode())
+      print(f"rank {rank} got back {conn.recv(100).decode()}")
+  PY
+"""
+
+
+def test_ranks_exchange_tcp_on_a_port_the_task_did_not_open(bed: Bed, duo: str) -> None:
+    (bed.daemon.root / "exchange.yaml").write_text(EXCHANGE)
+    result = bed.daemon.ctl("exec", duo, "exchange.yaml", timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    head, worker = sorted(bed.instances(cloud_name(bed, duo)),
+                          key=lambda i: i["tags"]["clusterd-node-role"] != "head")
+    # The connection carried the worker's own address: the group's rule matched it as a member.
+    assert f"rank 0 got hello from {worker['ip']} from {worker['ip']}" in result.stdout
+    assert f"rank 1 got back {worker['ip'][::-1]} morf olleh" in result.stdout
+
+
+def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo: str) -> None:
+    """The daemon is not a member of the cluster's group: it reaches SSH and the task's ports,
+    and nothing else (here, Ray's GCS on the head), while a member (the worker) does."""
+    name = cloud_name(bed, duo)
+    head, worker = sorted(bed.instances(name),
+                          key=lambda i: i["tags"]["clusterd-node-role"] != "head")
+    listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltn")
+    assert listening.returncode == 0, listening.stderr
+    ports = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in listening.stdout.splitlines()
+                    if line.split()[3].startswith(head["ip"] + ":")})
+    ray_port = next(p for p in ports if p not in (22, 8080))
+    probe = ("import socket, sys\n"
+             "try:\n"
+             "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
+             "    print('connected')\n"
+             "except ConnectionRefusedError:\n"
+             "    print('refused')\n"
+             "except OSError as exc:\n"
+             "    print(type(exc).__name__)\n")
+
+    def from_the_daemon(port: int) -> str:
+        done = subprocess.run(["ip", "netns", "exec", bed.netns, sys.executable, "-c", probe,
+                               head["ip"], str(port)], capture_output=True, text=True,
+                              timeout=30)
+        return done.stdout.strip()
+
+    assert from_the_daemon(22) == "connected"
+    assert from_the_daemon(8080) == "refused"  # the group lets it in; nothing listens there
+    assert from_the_daemon(ray_port) == "TimeoutError"  # dropped, as EC2 drops it
+    member = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--",
+                            f"[ $SKYPILOT_NODE_RANK = 1 ] && python3 -c {shlex.quote(probe)} "
+                            f"{head['ip']} {ray_port} || true")
+    assert member.returncode == 0, member.stderr
+    assert "connected" in member.stdout, member.stdout
+
+
+def test_without_the_self_rule_the_same_job_fails_with_a_clear_reason(
+        bed: Bed, duo: str) -> None:
+    group = next(g for g in bed.aws()["groups"]
+                 if g["tags"].get("clusterd-cluster-name") == cloud_name(bed, duo))
+    rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["id"]}]}]
+    bed.ec2.ec2_call("us-east-1", "revoke_security_group_ingress", GroupId=group["id"],
+                     IpPermissions=rule)
+    try:
+        result = bed.daemon.ctl("exec", duo, "exchange.yaml", timeout=300)
+        assert result.returncode != 0, result.stdout
+        assert "rank 1 cannot reach" in result.stdout and "timed out" in result.stdout
+        job = max(json.loads(bed.daemon.ctl("queue", duo, "--json").stdout),
+                  key=lambda j: j["job_id"])
+        assert job["status"] == "FAILED"
+        assert job["failure_reason"].startswith("rank 1 ("), job
+    finally:
+        bed.ec2.ec2_call("us-east-1", "authorize_security_group_ingress",
+                         GroupId=group["id"], IpPermissions=rule)
+    again = bed.daemon.ctl("exec", duo, "exchange.yaml", timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
         bed: Bed, duo: str) -> None:
     name = cloud_name(bed, duo)
+    before = {i["id"]: i["ip"] for i in bed.instances(name)}
     stopped = bed.daemon.ctl("stop", "-y", duo)
     assert stopped.returncode == 0, stopped.stderr
     assert {i["state"] for i in bed.instances(name)} == {"stopped"}
@@ -176,12 +283,72 @@ def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
     started = bed.daemon.ctl("start", duo, timeout=600)
     assert started.returncode == 0, started.stderr + bed.daemon.log()[-3000:]
     ips = {i["ip"] for i in bed.instances(name)}
+    # As EC2 may, the bed gave each instance a fresh address on its start: clusterd followed.
+    assert all(before[i["id"]] != i["ip"] for i in bed.instances(name)), (before, ips)
     result = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--",
                             "echo $SKYPILOT_NODE_IPS | tr '\\n' ' '; cat data.txt")
     assert result.returncode == 0, result.stderr
     # The job ran on the instances where they are now, with the workdir synced again.
     assert all(set(line.split(")", 1)[1].split()[:2]) == ips
                for line in result.stdout.splitlines() if "127." in line)
+
+
+def test_a_partitioned_worker_fails_its_job_naming_the_rank_and_makes_the_cluster_init(
+        bed: Bed, duo: str) -> None:
+    """Node loss without process death: the worker's link is cut, everything on it runs on."""
+    name = cloud_name(bed, duo)
+    worker = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "worker")
+    submitted = bed.daemon.ctl("exec", "-d", duo, "--num-nodes", "2", "--",
+                               "echo started; sleep 600")
+    assert submitted.returncode == 0, submitted.stderr
+
+    def job() -> dict[str, Any]:
+        jobs = json.loads(bed.daemon.ctl("queue", duo, "--json").stdout)
+        found: dict[str, Any] = max(jobs, key=lambda j: j["job_id"])
+        return found
+
+    wait_for(lambda: job()["status"] == "RUNNING", 120, "the job to run")
+    cut = bed.testbed("partition", worker["id"])
+    assert cut.returncode == 0, cut.stderr
+    try:
+        wait_for(lambda: job()["status"] not in ("RUNNING", "PENDING"), 180,
+                 "the job to notice its lost rank")
+        failed = job()
+        assert failed["status"] == "FAILED", failed
+        assert failed["failure_reason"].startswith(f"rank 1 ({worker['ip']})"), failed
+        refreshed = json.loads(bed.daemon.ctl("status", "--refresh", "--json").stdout)
+        cluster = next(c for c in refreshed if c["name"] == duo)
+        assert cluster["status"] == "INIT", cluster
+        assert worker["ip"] in cluster["status_reason"], cluster
+        row = next(n for n in bed.nodes() if n["id"] == worker["id"])
+        assert row["partitioned"] and row["state"] == "running"
+    finally:
+        healed = bed.testbed("heal", worker["id"])
+        assert healed.returncode == 0, healed.stderr
+
+
+def test_a_worker_that_cannot_reach_the_head_says_so_and_the_cluster_comes_back(
+        bed: Bed, duo: str) -> None:
+    """After the partition the worker's Ray is gone; `launch -c` brings it back, but not while
+    the group keeps the nodes apart: the worker says at once why it cannot join."""
+    group = next(g for g in bed.aws()["groups"]
+                 if g["tags"].get("clusterd-cluster-name") == cloud_name(bed, duo))
+    rule = [{"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group["id"]}]}]
+    bed.ec2.ec2_call("us-east-1", "revoke_security_group_ingress", GroupId=group["id"],
+                     IpPermissions=rule)
+    try:
+        refused = bed.daemon.ctl("launch", "-c", duo, timeout=900)
+        assert refused.returncode != 0, refused.stderr
+        assert "cannot reach the Ray head at" in refused.stderr, refused.stderr
+        assert "security group must let its own members in" in refused.stderr
+    finally:
+        bed.ec2.ec2_call("us-east-1", "authorize_security_group_ingress",
+                         GroupId=group["id"], IpPermissions=rule)
+    relaunched = bed.daemon.ctl("launch", "-c", duo, timeout=900)
+    assert relaunched.returncode == 0, relaunched.stderr + bed.daemon.log()[-3000:]
+    assert bed.daemon.cluster(duo)["status"] == "UP"  # type: ignore[index]
+    again = bed.daemon.ctl("exec", duo, "exchange.yaml", timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
