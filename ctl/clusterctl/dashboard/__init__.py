@@ -38,7 +38,7 @@ def main(args: argparse.Namespace) -> int:
     import asyncio
 
     from clusterctl import paths
-    from clusterctl.cli import fail, fail_with
+    from clusterctl._fail import fail, fail_with
     from clusterctl.client import Client, ClusterdError, DaemonUnavailable
     from clusterctl.protocol import PingArgs
 
