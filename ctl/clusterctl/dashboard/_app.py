@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from importlib import resources as package_files
 from typing import Any
 
 from aiohttp import web
@@ -24,60 +22,15 @@ from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
 from . import _ansi, _live
-from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
+from ._board import Dashboard, cluster_name
+from ._daemon import DaemonLink
 from ._security import Guard
-from ._views import environment
 
-NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 ASSETS = {"dashboard.js": "application/javascript", "dashboard.css": "text/css"}
 DONE_WORDS = {"stop": "stopped", "start": "started", "down": "torn down"}
 DOING_WORDS = {"stop": "Stopping", "start": "Starting", "down": "Tearing down"}
 ACTION_START_TIMEOUT_S = 30.0
 EVENTS_SHOWN = 200
-
-
-class Dashboard:
-    """Everything a request handler needs: the daemon link, the feeds, the templates."""
-
-    def __init__(self, link: DaemonLink, guard: Guard) -> None:
-        self.link = link
-        self.guard = guard
-        self.overview = OverviewFeed(link)
-        self.events = EventsFeed(link, self.overview)
-        self.notices = Notices()
-        self.templates = environment()
-        self.actions: set[asyncio.Task[None]] = set()
-        self.live_tasks: set[asyncio.Task[Any]] = set()
-        self._assets: dict[str, bytes] = {}
-
-    def render(self, name: str, **values: Any) -> str:
-        return self.templates.get_template(name).render(**values)
-
-    def page(self, name: str, live: str, status: int = 200, **values: Any) -> web.Response:
-        text = self.render(name, live=live, **values)
-        return web.Response(text=text, status=status, content_type="text/html")
-
-    def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
-        if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
-                          ErrorCode.REQUEST_NOT_FOUND):
-            status = 404
-        return self.page("error.html", "", status=status, error=error)
-
-    def asset(self, name: str) -> bytes:
-        if name not in self._assets:
-            if name == "ansi.css":
-                self._assets[name] = _ansi.stylesheet().encode()
-            else:
-                files = package_files.files("clusterctl.dashboard") / "static" / name
-                self._assets[name] = files.read_bytes()
-        return self._assets[name]
-
-
-def _name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not NAME.match(name) or len(name) > 63:
-        raise web.HTTPNotFound(text="no such cluster name")
-    return name
 
 
 # -- pages ------------------------------------------------------------------------------------
@@ -94,7 +47,7 @@ async def clusters_page(request: web.Request) -> web.Response:
 
 async def cluster_page(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     try:
         status, events = await asyncio.gather(
             board.link.call(protocol.StatusArgs(clusters=[name], verbose=True)),
@@ -112,7 +65,7 @@ async def cluster_page(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     try:
         queue = await board.link.call(protocol.QueueArgs(cluster=name))
@@ -130,7 +83,7 @@ async def job_page(request: web.Request) -> web.Response:
 async def job_log_text(request: web.Request) -> web.StreamResponse:
     """The whole log as plain text (escape sequences removed), streamed."""
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     try:
@@ -213,7 +166,7 @@ async def lifecycle_action(request: web.Request) -> web.Response:
     """stop, start or down: started here, followed in the background; how it ended becomes a
     notice on every open page. Answers once the daemon has taken the request."""
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     verb = request.match_info["verb"]
     await _body(request)
     args: protocol.OpArgs = {"stop": protocol.StopArgs, "start": protocol.StartArgs,
@@ -258,7 +211,7 @@ async def _follow_action(board: Dashboard, args: protocol.OpArgs, verb: str, nam
 
 async def autostop_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     body = await _body(request)
     cancel = bool(body.get("cancel"))
     minutes = body.get("idle_minutes")
@@ -284,7 +237,7 @@ async def autostop_action(request: web.Request) -> web.Response:
 
 async def cancel_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     await _body(request)
     try:
