@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from clusterctl import protocol
 from clusterctl.client import ClusterdError
@@ -280,6 +282,27 @@ def build_app(board: Dashboard) -> web.Application:
     return app
 
 
+class _NoMalformedRequests(logging.Filter):
+    """aiohttp answers a request its parser refuses (raw control or non-ASCII bytes, say) with
+    400, and logs its parse error's traceback: noise that any local process could print in
+    the dashboard's terminal. The 400 says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, BadHttpMessage)
+
+
+SERVER_LOG = logging.getLogger("clusterctl.dashboard.server")
+SERVER_LOG.addFilter(_NoMalformedRequests())
+
+
+def make_runner(board: Dashboard) -> web.AppRunner:
+    """The server of `board`'s application, as `serve` runs it (and the tests, on their own
+    sockets)."""
+    return web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0,
+                         logger=SERVER_LOG)
+
+
 async def _stop_live(app: web.Application) -> None:
     board: Dashboard = app["board"]
     for task in [*board.live_tasks, *board.actions]:
@@ -307,7 +330,7 @@ async def serve(socket_path: str, sock: socket.socket,
     guard = Guard(port)
     link = DaemonLink(socket_path, autostart)
     board = Dashboard(link, guard)
-    runner = web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0)
+    runner = make_runner(board)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

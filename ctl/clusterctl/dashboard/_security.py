@@ -64,6 +64,13 @@ def peer_uid(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
     return None
 
 
+def same_secret(given: str, secret: str) -> bool:
+    """Whether a value a request carries is `secret`, in constant time. A value that is not
+    ASCII (a percent-encoded or raw UTF-8 byte, say) is no secret of ours, and would make
+    hmac.compare_digest raise."""
+    return given.isascii() and hmac.compare_digest(given, secret)
+
+
 class Guard:
     def __init__(self, port: int, token: str | None = None) -> None:
         self.port = port
@@ -96,11 +103,11 @@ class Guard:
                 return self._forbidden("a request from another origin")
         cookie = request.cookies.get(self.cookie_name, "")
         token = request.query.get("token", "")
-        if cookie and hmac.compare_digest(cookie, self._session):
+        if cookie and same_secret(cookie, self._session):
             if token:  # a bookmarked URL with the token: drop it from the address bar
                 raise self._without_token(request)
             return await handler(request)
-        if token and hmac.compare_digest(token, self.token) and request.method in SAFE_METHODS:
+        if token and same_secret(token, self.token) and request.method in SAFE_METHODS:
             redirect = self._without_token(request)
             redirect.set_cookie(self.cookie_name, self._session, httponly=True,
                                 samesite="Strict", path="/")
