@@ -5,6 +5,8 @@ daemon call), sent requests written byte by byte, so hostile forms arrive as sen
 from __future__ import annotations
 
 import logging
+import re
+import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,3 +120,45 @@ async def test_bytes_the_http_parser_refuses_get_400_and_no_traceback(
                            (b"/\t/evil.example", b"X-A: b")):
         assert (await served.send(target, header)).status == 400, (target, header)
     no_tracebacks(caplog)
+# -- redirects go to the dashboard's own paths ---------------------------------------------------
+
+
+def where_a_browser_goes(location: str, base: str) -> str:
+    """The host a browser goes to on this Location, read as browsers read it (the WHATWG URL
+    parser): C0 controls and spaces at either end dropped, tabs and newlines anywhere dropped,
+    a backslash taken for a slash in an http URL."""
+    cleaned = re.sub(r"[\t\n\r]", "", location.strip("".join(map(chr, range(33)))))
+    cleaned = cleaned.replace("\\", "/")
+    return urllib.parse.urlsplit(urllib.parse.urljoin(base, cleaned)).netloc
+
+
+HOSTILE_PATHS = [
+    "//evil.example/x", "///evil.example/x", "////evil.example", "/\\evil.example/x",
+    "/\\\\evil.example", "/%2F%2Fevil.example/x", "/%2F/evil.example", "/%5C%5Cevil.example",
+    "/%5C/evil.example", "/%09/evil.example", "/%0A/evil.example", "/%0D%0A/evil.example",
+    "/%2F%09/evil.example", "/..//evil.example", "/.%2F/evil.example", "/%00//evil.example",
+    "http://evil.example/x", "//evil.example:80@127.0.0.1/x", "/%E2%80%8B/evil.example",
+    "//evil.example/x?after=1", "/clusters/%2F%2Fevil.example",
+]
+
+
+async def test_every_redirect_stays_on_the_dashboard(served: Served) -> None:
+    base = f"http://127.0.0.1:{served.port}/"
+    cookie = f"Cookie: {await served.login()}".encode()
+    for path in HOSTILE_PATHS:
+        # Logging in on that path, and a session's visit to a login URL: both redirect.
+        for headers in ((), (cookie,)):
+            answer = await served.send(await served.login_target(path), *headers)
+            assert answer.status == 302, (path, headers, answer)
+            location = answer.headers["location"]
+            assert re.fullmatch(r"/(?![/\\])[!#-\[\]-~]*", location), (path, location)
+            assert where_a_browser_goes(location, base) == f"127.0.0.1:{served.port}", (
+                path, location)
+            assert "token=" not in location
+
+
+async def test_a_redirect_keeps_the_path_and_the_rest_of_the_query(served: Served) -> None:
+    answer = await served.send(await served.login_target("/clusters/web-1?after=5&x=a%20b"))
+    assert answer.status == 302
+    assert answer.headers["location"] in ("/clusters/web-1?after=5&x=a+b",
+                                          "/clusters/web-1?after=5&x=a%20b")

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlencode
 
 from aiohttp import hdrs, web
 
@@ -37,6 +39,11 @@ HEADERS = {
     "Cache-Control": "no-store",
 }
 
+
+# A path a Location may hold: one slash first, and then nothing but what a path is made of
+# (RFC 3986; percent-encoded, ASCII). "//host" is another host to a browser, and so are
+# "/\host" and "/<tab>/host" (it reads a backslash as "/" and drops tabs and newlines).
+OWN_PATH = re.compile(r"/(?![/\\])[-A-Za-z0-9._~%!$&'()*+,;=:@/]*")
 
 TCP_TABLE = "/proc/net/tcp"
 
@@ -129,6 +136,14 @@ class Guard:
         return peer_uid(peer[:2], local[:2]) == os.getuid()
 
     def _without_token(self, request: web.Request) -> web.HTTPFound:
-        query = {k: v for k, v in request.query.items() if k != "token"}
-        target = request.rel_url.with_query(query) if query else request.rel_url.with_query(None)
-        return web.HTTPFound(str(target), headers=HEADERS)
+        return web.HTTPFound(own_location(request, drop="token"), headers=HEADERS)
+
+
+def own_location(request: web.Request, drop: str) -> str:
+    """Where to send the browser next: the request's own path and query, less `drop`; its
+    path only if no browser could read it as another host's (else the front page)."""
+    path = request.rel_url.raw_path  # as sent: decoding "%2F" would make a slash of it
+    if not OWN_PATH.fullmatch(path):
+        path = "/"
+    query = [(k, v) for k, v in request.query.items() if k != drop]
+    return f"{path}?{urlencode(query)}" if query else path
