@@ -277,6 +277,7 @@ def build_app(board: Dashboard) -> web.Application:
     app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
     app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
     app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.router.add_post("/api/login-code", board.guard.new_code_handler)
     app.on_response_prepare.append(board.guard.headers)
     app.on_shutdown.append(_stop_live)
     return app
@@ -322,10 +323,11 @@ def bind(port: int) -> socket.socket:
     return sock
 
 
-async def serve(socket_path: str, sock: socket.socket,
-                started: Callable[[str, int], None], autostart: bool | None = None) -> None:
-    """Serve on `sock` until SIGINT or SIGTERM; `started(url, port)` once it accepts.
-    `autostart` as for clusterctl (None: unless CLUSTERD_NO_AUTOSTART is set)."""
+async def serve(socket_path: str, sock: socket.socket, started: Callable[[Guard], None],
+                autostart: bool | None = None) -> None:
+    """Serve on `sock` until SIGINT or SIGTERM; `started(guard)` once it accepts (its port,
+    its token, login URLs). `autostart` as for clusterctl (None: unless
+    CLUSTERD_NO_AUTOSTART is set)."""
     port = int(sock.getsockname()[1])
     guard = Guard(port)
     link = DaemonLink(socket_path, autostart)
@@ -341,7 +343,7 @@ async def serve(socket_path: str, sock: socket.socket,
             feeds = [group.create_task(board.overview.run()),
                      group.create_task(board.events.run())]
             await web.SockSite(runner, sock).start()
-            started(guard.url, port)
+            started(guard)
             await stop.wait()
             for task in feeds:
                 task.cancel()
