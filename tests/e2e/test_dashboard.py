@@ -343,7 +343,7 @@ def test_port_option_and_a_taken_port(shared_daemon: Daemon) -> None:
         stop_dashboard(chosen)
 
 
-def test_another_local_user_is_refused_even_with_the_token(shared_daemon: Daemon) -> None:
+def test_another_local_user_is_refused_even_with_a_good_link(shared_daemon: Daemon) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root to act as another user")
     python = shutil.which("python3", path="/usr/bin:/bin")
