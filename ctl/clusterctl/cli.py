@@ -11,9 +11,10 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from clusterctl import protocol
+from clusterctl._fail import fail, fail_with
 from clusterctl._render import Printer, age, table
 from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
@@ -203,19 +204,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 # -- output -------------------------------------------------------------------------------------
-
-
-def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
-    sys.stderr.write(f"clusterctl: error: {message}\n")
-    if hint:
-        sys.stderr.write(f"hint: {hint}\n")
-    sys.exit(code)
-
-
-def fail_with(error: ClusterdError) -> NoReturn:
-    code = ExitCode.NOT_FOUND if error.code in NOT_FOUND_CODES else ExitCode.ERROR
-    first, newline, rest = error.message.partition("\n")
-    fail(f"{first} [{error.code}]{newline}{rest}", error.hint, code)
 
 
 def print_json(value: Any) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import os
 import re
 import shutil
@@ -20,19 +21,38 @@ from tests.support import CLUSTERCTL, Daemon
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
-URL = re.compile(r"http://127\.0\.0\.1:(\d+)/\?token=([A-Za-z0-9_-]+)")
+URL = re.compile(r"http://127\.0\.0\.1:(\d+)/\?code=([A-Za-z0-9_-]+)")
 
 
 @dataclass
 class Dashboard:
     process: subprocess.Popen[str]
-    url: str
+    url: str  # the link it printed: good once, for seconds
     port: int
-    token: str
+    code: str  # the one-time code of that link
+    state_file: Path
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token(self) -> str:
+        """The long-lived token, where a script finds it: the state file, readable only by
+        this user."""
+        return str(json.loads(self.state_file.read_text())["token"])
+
+    def bearer(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def new_code(self) -> str:
+        """A fresh one-time code, asked for with the token, as a second `clusterctl
+        dashboard` asks."""
+        status, _, text = self.http("POST", "/api/login-code", self.bearer(), "{}")
+        assert status == 200, text
+        match = URL.fullmatch(json.loads(text)["url"])
+        assert match, text
+        return match.group(2)
 
     def http(self, method: str, path: str, headers: dict[str, str] | None = None,
              body: str | None = None) -> tuple[int, dict[str, str], str]:
@@ -55,16 +75,18 @@ class Dashboard:
             connection.close()
 
     def cookie(self) -> str:
-        """Trade the token for the session cookie, as a browser's first visit does."""
-        status, headers, _ = self.http("GET", f"/?token={self.token}")
+        """Trade a fresh code for the session cookie, as a browser's first visit does."""
+        status, headers, _ = self.http("GET", f"/?code={self.new_code()}")
         assert status == 302, status
         return headers["set-cookie"].split(";", 1)[0]
 
 
-def start_dashboard(daemon: Daemon, *extra: str, env: dict[str, str] | None = None
-                    ) -> Dashboard:
+def start_dashboard(daemon: Daemon, *extra: str, env: dict[str, str] | None = None,
+                    browser: bool = False) -> Dashboard:
+    """`clusterctl dashboard`, running; with `browser`, it opens its link too ($BROWSER)."""
     process = subprocess.Popen(
-        [CLUSTERCTL, "dashboard", "--no-browser", *extra], env=env or daemon.env,
+        [CLUSTERCTL, "dashboard", *([] if browser else ["--no-browser"]), *extra],
+        env=env or daemon.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=daemon.root,
         start_new_session=True,
     )
@@ -74,7 +96,8 @@ def start_dashboard(daemon: Daemon, *extra: str, env: dict[str, str] | None = No
         lines.append(line)
         match = URL.search(line)
         if match:
-            return Dashboard(process, match.group(0), int(match.group(1)), match.group(2))
+            return Dashboard(process, match.group(0), int(match.group(1)), match.group(2),
+                             daemon.socket.parent / "dashboard.json")
         if len(lines) > 5:
             break
     process.kill()

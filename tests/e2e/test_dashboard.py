@@ -20,6 +20,7 @@ import pytest
 from clusterctl.client import Client, DaemonUnavailable
 from clusterctl.protocol import PingArgs
 from tests.e2e.dashboard_support import (
+    URL,
     chromium,
     running_dashboard,
     start_dashboard,
@@ -55,7 +56,8 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
     shots = tmp_path / "screenshots"
     shots.mkdir()
 
-    with running_dashboard(daemon) as dashboard, chromium(tmp_path / "profile") as browser:
+    # The browser first: the printed link is good for seconds, as when one opens it at once.
+    with chromium(tmp_path / "profile") as browser, running_dashboard(daemon) as dashboard:
         # Live updates replace parts of the page under us: look elements up afresh.
         wait = WebDriverWait(browser, 60, poll_frequency=0.2,
                              ignored_exceptions=[StaleElementReferenceException])
@@ -66,9 +68,9 @@ def test_watch_cancel_and_tear_down_in_the_browser(daemon: Daemon, tmp_path: Pat
         def shot(name: str) -> None:
             assert browser.save_screenshot(str(shots / f"{name}.png"))
 
-        # The printed URL lets us in (the token is traded for a cookie, dropped from the bar).
+        # The printed link lets us in (its code is traded for a cookie, dropped from the bar).
         browser.get(dashboard.url)
-        assert "token=" not in browser.current_url
+        assert "code=" not in browser.current_url
         wait.until(lambda b: "No clusters" in b.find_element(By.ID, "clusters").text)
 
         # A launch from the terminal: the page shows it in flight, with its progress.
@@ -201,28 +203,34 @@ def test_refused_without_token_foreign_host_or_foreign_origin(
     cluster, job_id = ticking
     with running_dashboard(shared_daemon) as dashboard:
         port = dashboard.port
-        # No token, a wrong token, no cookie: 403 for pages, assets, live streams and actions.
+        # No code, a wrong one, the token in the URL, no cookie: 403 for pages, assets, live
+        # streams and actions.
         for path in ("/", f"/clusters/{cluster}", "/static/dashboard.js", "/live/clusters",
-                     "/events", f"/?token={'x' * len(dashboard.token)}"):
+                     "/events", f"/?code={'x' * len(dashboard.code)}",
+                     f"/?token={dashboard.token}"):
             assert dashboard.http("GET", path)[0] == 403, path
         cancel = f"/api/clusters/{cluster}/jobs/{job_id}/cancel"
         origin = {"Origin": dashboard.base}
         assert dashboard.http("POST", cancel, origin, "{}")[0] == 403  # no cookie
 
-        status, headers, _ = dashboard.http("GET", f"/?token={dashboard.token}")
+        status, headers, _ = dashboard.http("GET", f"/?code={dashboard.code}")
         assert status == 302 and headers["location"] == "/"
         cookie = headers["set-cookie"]
         assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
         jar = {"Cookie": cookie.split(";", 1)[0]}
         assert dashboard.http("GET", "/", jar)[0] == 200
+        assert dashboard.http("GET", f"/?code={dashboard.code}")[0] == 403  # used
 
-        # DNS rebinding: another host name, or another port, even with the cookie or token.
+        # DNS rebinding: another host name, or another port, even with the cookie, a code
+        # or the token.
+        code = dashboard.new_code()
         for host in (f"evil.example:{port}", f"127.0.0.1:{port + 1}", "127.0.0.1",
                      f"[::1]:{port}"):
             assert dashboard.http("GET", "/", {**jar, "Host": host})[0] == 403, host
-            status, headers, _ = dashboard.http("GET", f"/?token={dashboard.token}",
-                                                {"Host": host})
+            assert dashboard.http("GET", "/", {**dashboard.bearer(), "Host": host})[0] == 403
+            status, headers, _ = dashboard.http("GET", f"/?code={code}", {"Host": host})
             assert status == 403 and "set-cookie" not in headers, host
+        assert dashboard.http("GET", f"/?code={code}")[0] == 302  # refused, not used up
 
         # Mutating requests from another origin (or none), and WebSocket upgrades: refused,
         # and nothing happens.
@@ -260,24 +268,29 @@ def test_one_dashboard_per_daemon(shared_daemon: Daemon) -> None:
     first = start_dashboard(shared_daemon)
     try:
         assert stat.S_IMODE(state_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(state_file.parent.stat().st_mode) == 0o700
         state = json.loads(state_file.read_text())
-        assert state["pid"] == first.process.pid and state["url"] == first.url
+        assert state["pid"] == first.process.pid and state["port"] == first.port
         second = shared_daemon.ctl("dashboard", "--no-browser", timeout=60)
         assert second.returncode == 0, second.stderr
         assert f"already running (pid {first.process.pid})" in second.stdout
-        assert first.url in second.stdout
+        # A link of its own (the running one's, asked for with the token), good once.
+        match = URL.search(second.stdout)
+        assert match and int(match.group(1)) == first.port, second.stdout
+        assert match.group(2) != first.code
+        assert first.http("GET", f"/?code={match.group(2)}")[0] == 302
+        assert first.http("GET", f"/?code={match.group(2)}")[0] == 403
     finally:
         assert stop_dashboard(first) == 0  # Ctrl-C stops it cleanly
     assert not state_file.exists()
     assert not pid_alive(first.process.pid)
 
     # A state file left by a dashboard that died (its pid gone) does not stop a new one.
-    state_file.write_text(json.dumps({"pid": 2**22 + 7, "url": "http://127.0.0.1:1/?token=x",
-                                      "port": 1}))
+    state_file.write_text(json.dumps({"pid": 2**22 + 7, "token": "x", "port": 1}))
     os.chmod(state_file, 0o600)
     third = start_dashboard(shared_daemon)
     try:
-        assert third.url != "http://127.0.0.1:1/?token=x"
+        assert third.port != 1
         assert json.loads(state_file.read_text())["pid"] == third.process.pid
         assert third.http("GET", "/", {"Cookie": third.cookie()})[0] == 200
     finally:
@@ -330,7 +343,7 @@ def test_port_option_and_a_taken_port(shared_daemon: Daemon) -> None:
         stop_dashboard(chosen)
 
 
-def test_another_local_user_is_refused_even_with_the_token(shared_daemon: Daemon) -> None:
+def test_another_local_user_is_refused_even_with_a_good_link(shared_daemon: Daemon) -> None:
     if os.getuid() != 0:
         pytest.skip("needs root to act as another user")
     python = shutil.which("python3", path="/usr/bin:/bin")
@@ -338,13 +351,46 @@ def test_another_local_user_is_refused_even_with_the_token(shared_daemon: Daemon
         pytest.skip("no system python3 that another user can run")
     code = ("import http.client, sys\n"
             "c = http.client.HTTPConnection('127.0.0.1', int(sys.argv[1]), timeout=30)\n"
-            "c.request('GET', '/?token=' + sys.argv[2])\n"
+            "c.request('GET', '/?code=' + sys.argv[2])\n"
             "r = c.getresponse()\n"
             "print(r.status, r.read().decode().strip())\n")
     with running_dashboard(shared_daemon) as dashboard:
-        args = [python, "-c", code, str(dashboard.port), dashboard.token]
+        args = [python, "-c", code, str(dashboard.port), dashboard.code]
         intruder = subprocess.run(args, user=65534, capture_output=True, text=True, timeout=60)
         assert intruder.stdout.startswith("403"), intruder.stdout + intruder.stderr
         assert "belongs to another user" in intruder.stdout
         mine = subprocess.run(args, capture_output=True, text=True, timeout=60)
         assert mine.stdout.startswith("302"), mine.stdout + mine.stderr
+
+
+def test_the_token_is_on_no_command_line(shared_daemon: Daemon, tmp_path: Path) -> None:
+    """The browser's command line (any user reads it in /proc) and what is printed carry a
+    link good once, for seconds: never the dashboard's token."""
+    opened = tmp_path / "opened"
+    browser = tmp_path / "browser"
+    browser.write_text(f'#!/bin/sh\nprintf "%s\\n" "$0" "$@" >> {opened}\n')
+    browser.chmod(0o700)
+    env = {**shared_daemon.env, "BROWSER": str(browser)}
+    first = start_dashboard(shared_daemon, env=env, browser=True)
+    try:
+        wait_for(lambda: opened.exists() and len(opened.read_text().split()) == 2, 30,
+                 "the dashboard to open its link")
+        assert "token=" not in opened.read_text()
+        token = first.token
+        argv = opened.read_text().split()
+        assert argv == [str(browser), first.url]
+        second = shared_daemon.ctl("dashboard", env={"BROWSER": str(browser)}, timeout=60)
+        assert second.returncode == 0, second.stderr
+        argv = opened.read_text().split()
+        assert len(argv) == 4 and argv[3] != first.url and argv[3] in second.stdout
+        for shown in (opened.read_text(), second.stdout, second.stderr):
+            assert "token=" not in shown and token not in shown
+        # Each opened link lets in once.
+        for url in (argv[1], argv[3]):
+            path = url.removeprefix(first.base)
+            assert first.http("GET", path)[0] == 302, url
+            assert first.http("GET", path)[0] == 403, url
+    finally:
+        stop_dashboard(first)
+    out, err = first.process.communicate(timeout=10)
+    assert token not in out + err

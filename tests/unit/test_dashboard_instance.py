@@ -20,11 +20,13 @@ def test_publish_read_release(tmp_path: Path) -> None:
         listening.bind(("127.0.0.1", 0))
         listening.listen()
         port = listening.getsockname()[1]
-        instance.publish(f"http://127.0.0.1:{port}/?token=t", port)
+        instance.publish(port, "t")
         path = Path(instance.state_path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
-        assert json.loads(path.read_text())["pid"] == os.getpid()
+        state = json.loads(path.read_text())
+        assert state["pid"] == os.getpid() and state["token"] == "t"
+        assert "url" not in state  # a link is asked for (see test_dashboard_guard.py)
         other = Instance(str(tmp_path / "rt"))
         assert not other.acquire()  # the lock is ours
         assert other.running(wait_s=0)["port"] == port  # type: ignore[index]

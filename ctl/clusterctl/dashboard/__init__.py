@@ -1,9 +1,9 @@
 """`clusterctl dashboard`: a local web dashboard of your clusters, in a process of its own.
 
 It speaks to clusterd through the socket protocol only (`clusterctl.aio.AsyncClient`), serves
-on 127.0.0.1, and needs the token of the URL it prints (see `_security.py`). Nothing here is
-imported unless the `dashboard` verb runs: its web libraries would cost every other clusterctl
-command its start-up time.
+on 127.0.0.1, and lets in the browser that opens a link it prints, once (see `_security.py`).
+Nothing here is imported unless the `dashboard` verb runs: its web libraries would cost every
+other clusterctl command its start-up time.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import os
 import sys
 import threading
 
+BROWSER_START_TIMEOUT_S = 10.0
+
 
 def add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=0, metavar="N",
@@ -21,24 +23,33 @@ def add_options(parser: argparse.ArgumentParser) -> None:
                         help="only print the URL; do not open a browser")
 
 
-def _open_browser(url: str) -> None:
+def _open_browser(url: str) -> threading.Thread | None:
     """Open the URL where a graphical browser can be had, in the background: on a server with
     no display, webbrowser would start a text browser in this very terminal."""
     graphical = (os.environ.get("BROWSER") or os.environ.get("DISPLAY")
                  or os.environ.get("WAYLAND_DISPLAY") or sys.platform in ("darwin", "win32"))
     if not graphical:
-        return
+        return None
     import webbrowser
 
-    threading.Thread(target=webbrowser.open, args=(url,), daemon=True).start()
+    opening = threading.Thread(target=webbrowser.open, args=(url,), daemon=True)
+    opening.start()
+    return opening
+
+
+def _show_link(heading: str, url: str, lifetime_s: float, browser: bool) -> threading.Thread | None:
+    print(f"{heading}\n    {url}\n(the link lets one browser in, within {lifetime_s:g} s; "
+          "for another, run `clusterctl dashboard` again)", flush=True)
+    return _open_browser(url) if browser else None
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the dashboard until Ctrl-C; or, if one already runs for this daemon, print its URL."""
+    """Run the dashboard until Ctrl-C; or, if one already runs for this daemon, print (and
+    open) a new link to it."""
     import asyncio
 
     from clusterctl import paths
-    from clusterctl.cli import fail, fail_with
+    from clusterctl._fail import fail, fail_with
     from clusterctl.client import Client, ClusterdError, DaemonUnavailable
     from clusterctl.protocol import PingArgs
 
@@ -64,12 +75,18 @@ def main(args: argparse.Namespace) -> int:
         if state is None:
             fail("another dashboard of this clusterd is starting or does not answer",
                  f"try again in a moment (its state: {instance.state_path})")
-        print(f"A dashboard is already running (pid {state['pid']}):\n    {state['url']}")
-        if not args.no_browser:
-            _open_browser(state["url"])
+        link = instance.login_link(state)
+        if link is None:
+            fail(f"the dashboard already running (pid {state['pid']}) gives no link",
+                 f"stop it (kill {state['pid']}) and run `clusterctl dashboard` again")
+        opening = _show_link(f"A dashboard is already running (pid {state['pid']}):", *link,
+                             browser=not args.no_browser)
+        if opening is not None:  # this process ends now: let the browser start first
+            opening.join(BROWSER_START_TIMEOUT_S)
         return 0
 
     from . import _app
+    from ._security import Guard
 
     try:
         try:
@@ -78,11 +95,10 @@ def main(args: argparse.Namespace) -> int:
             fail(f"cannot listen on 127.0.0.1:{args.port}: {error.strerror}",
                  "choose another --port, or leave it out for any free one")
 
-        def started(url: str, port: int) -> None:
-            instance.publish(url, port)
-            print(f"clusterd dashboard (Ctrl-C to stop):\n    {url}", flush=True)
-            if not args.no_browser:
-                _open_browser(url)
+        def started(guard: Guard) -> None:
+            instance.publish(guard.port, guard.token)
+            _show_link("clusterd dashboard (Ctrl-C to stop):", guard.login_url(),
+                       guard.code_lifetime_s, browser=not args.no_browser)
 
         asyncio.run(_app.serve(socket_path, sock, started,
                                autostart=False if args.no_autostart else None))

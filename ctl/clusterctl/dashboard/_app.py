@@ -10,74 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
+import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from importlib import resources as package_files
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
 from . import _ansi, _live
-from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
+from ._board import Dashboard, cluster_name
+from ._daemon import DaemonLink
 from ._security import Guard
-from ._views import environment
 
-NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 ASSETS = {"dashboard.js": "application/javascript", "dashboard.css": "text/css"}
 DONE_WORDS = {"stop": "stopped", "start": "started", "down": "torn down"}
 DOING_WORDS = {"stop": "Stopping", "start": "Starting", "down": "Tearing down"}
 ACTION_START_TIMEOUT_S = 30.0
 EVENTS_SHOWN = 200
-
-
-class Dashboard:
-    """Everything a request handler needs: the daemon link, the feeds, the templates."""
-
-    def __init__(self, link: DaemonLink, guard: Guard) -> None:
-        self.link = link
-        self.guard = guard
-        self.overview = OverviewFeed(link)
-        self.events = EventsFeed(link, self.overview)
-        self.notices = Notices()
-        self.templates = environment()
-        self.actions: set[asyncio.Task[None]] = set()
-        self.live_tasks: set[asyncio.Task[Any]] = set()
-        self._assets: dict[str, bytes] = {}
-
-    def render(self, name: str, **values: Any) -> str:
-        return self.templates.get_template(name).render(**values)
-
-    def page(self, name: str, live: str, status: int = 200, **values: Any) -> web.Response:
-        text = self.render(name, live=live, **values)
-        return web.Response(text=text, status=status, content_type="text/html")
-
-    def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
-        if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
-                          ErrorCode.REQUEST_NOT_FOUND):
-            status = 404
-        return self.page("error.html", "", status=status, error=error)
-
-    def asset(self, name: str) -> bytes:
-        if name not in self._assets:
-            if name == "ansi.css":
-                self._assets[name] = _ansi.stylesheet().encode()
-            else:
-                files = package_files.files("clusterctl.dashboard") / "static" / name
-                self._assets[name] = files.read_bytes()
-        return self._assets[name]
-
-
-def _name(request: web.Request) -> str:
-    name = request.match_info["name"]
-    if not NAME.match(name) or len(name) > 63:
-        raise web.HTTPNotFound(text="no such cluster name")
-    return name
 
 
 # -- pages ------------------------------------------------------------------------------------
@@ -94,7 +49,7 @@ async def clusters_page(request: web.Request) -> web.Response:
 
 async def cluster_page(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     try:
         status, events = await asyncio.gather(
             board.link.call(protocol.StatusArgs(clusters=[name], verbose=True)),
@@ -112,7 +67,7 @@ async def cluster_page(request: web.Request) -> web.Response:
 
 async def job_page(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     try:
         queue = await board.link.call(protocol.QueueArgs(cluster=name))
@@ -130,7 +85,7 @@ async def job_page(request: web.Request) -> web.Response:
 async def job_log_text(request: web.Request) -> web.StreamResponse:
     """The whole log as plain text (escape sequences removed), streamed."""
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
     try:
@@ -213,7 +168,7 @@ async def lifecycle_action(request: web.Request) -> web.Response:
     """stop, start or down: started here, followed in the background; how it ended becomes a
     notice on every open page. Answers once the daemon has taken the request."""
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     verb = request.match_info["verb"]
     await _body(request)
     args: protocol.OpArgs = {"stop": protocol.StopArgs, "start": protocol.StartArgs,
@@ -258,7 +213,7 @@ async def _follow_action(board: Dashboard, args: protocol.OpArgs, verb: str, nam
 
 async def autostop_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     body = await _body(request)
     cancel = bool(body.get("cancel"))
     minutes = body.get("idle_minutes")
@@ -284,7 +239,7 @@ async def autostop_action(request: web.Request) -> web.Response:
 
 async def cancel_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     await _body(request)
     try:
@@ -322,9 +277,31 @@ def build_app(board: Dashboard) -> web.Application:
     app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
     app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
     app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.router.add_post("/api/login-code", board.guard.new_code_handler)
     app.on_response_prepare.append(board.guard.headers)
     app.on_shutdown.append(_stop_live)
     return app
+
+
+class _NoMalformedRequests(logging.Filter):
+    """aiohttp answers a request its parser refuses (raw control or non-ASCII bytes, say) with
+    400, and logs its parse error's traceback: noise that any local process could print in
+    the dashboard's terminal. The 400 says it all."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not isinstance(error, BadHttpMessage)
+
+
+SERVER_LOG = logging.getLogger("clusterctl.dashboard.server")
+SERVER_LOG.addFilter(_NoMalformedRequests())
+
+
+def make_runner(board: Dashboard) -> web.AppRunner:
+    """The server of `board`'s application, as `serve` runs it (and the tests, on their own
+    sockets)."""
+    return web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0,
+                         logger=SERVER_LOG)
 
 
 async def _stop_live(app: web.Application) -> None:
@@ -346,15 +323,16 @@ def bind(port: int) -> socket.socket:
     return sock
 
 
-async def serve(socket_path: str, sock: socket.socket,
-                started: Callable[[str, int], None], autostart: bool | None = None) -> None:
-    """Serve on `sock` until SIGINT or SIGTERM; `started(url, port)` once it accepts.
-    `autostart` as for clusterctl (None: unless CLUSTERD_NO_AUTOSTART is set)."""
+async def serve(socket_path: str, sock: socket.socket, started: Callable[[Guard], None],
+                autostart: bool | None = None) -> None:
+    """Serve on `sock` until SIGINT or SIGTERM; `started(guard)` once it accepts (its port,
+    its token, login URLs). `autostart` as for clusterctl (None: unless
+    CLUSTERD_NO_AUTOSTART is set)."""
     port = int(sock.getsockname()[1])
     guard = Guard(port)
     link = DaemonLink(socket_path, autostart)
     board = Dashboard(link, guard)
-    runner = web.AppRunner(build_app(board), access_log=None, shutdown_timeout=2.0)
+    runner = make_runner(board)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -365,7 +343,7 @@ async def serve(socket_path: str, sock: socket.socket,
             feeds = [group.create_task(board.overview.run()),
                      group.create_task(board.events.run())]
             await web.SockSite(runner, sock).start()
-            started(guard.url, port)
+            started(guard)
             await stop.wait()
             for task in feeds:
                 task.cancel()

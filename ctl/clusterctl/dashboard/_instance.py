@@ -1,10 +1,12 @@
-"""One dashboard per daemon: a lock held while it runs, and a 0600 state file (pid, URL) beside
-the daemon's socket, so a second `clusterctl dashboard` prints the running one's URL."""
+"""One dashboard per daemon: a lock held while it runs, and a 0600 state file (pid, port, token)
+beside the daemon's socket, so that a second `clusterctl dashboard` can ask the running one
+for a new login link (with the token in a header: never on a command line, nor in a URL)."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import http.client
 import json
 import os
 import socket
@@ -76,7 +78,7 @@ class Instance:
             return None
         return state if isinstance(state, dict) else None
 
-    def publish(self, url: str, port: int) -> None:
+    def publish(self, port: int, token: str) -> None:
         """Write the state file (0600, atomically): only its owner may read the token."""
         temporary = f"{self.state_path}.{os.getpid()}"
         with contextlib.suppress(FileNotFoundError):  # left by a dashboard that died
@@ -84,9 +86,26 @@ class Instance:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
                      | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"pid": os.getpid(), "url": url, "port": port,
+            json.dump({"pid": os.getpid(), "port": port, "token": token,
                        "started_at": time.time()}, f)
         os.replace(temporary, self.state_path)
+
+    def login_link(self, state: dict[str, Any], timeout_s: float = 10.0
+                   ) -> tuple[str, float] | None:
+        """A new login URL from the running dashboard of `state`, and how many seconds it is
+        good for; None if it gives none."""
+        connection = http.client.HTTPConnection("127.0.0.1", int(state.get("port", 0)),
+                                                timeout=timeout_s)
+        try:
+            connection.request("POST", "/api/login-code", headers={
+                "Authorization": f"Bearer {state.get('token', '')}"})
+            response = connection.getresponse()
+            reply = json.loads(response.read(64 * 1024)) if response.status == 200 else {}
+            return str(reply["url"]), float(reply["expires_in_s"])
+        except (OSError, http.client.HTTPException, ValueError, LookupError, TypeError):
+            return None
+        finally:
+            connection.close()
 
     def release(self) -> None:
         state = self.read()

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -22,10 +22,8 @@ from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode, JobStatus
 
 from ._ansi import AnsiToHtml
+from ._board import Dashboard, cluster_name
 from ._views import digest
-
-if TYPE_CHECKING:
-    from ._app import Dashboard
 
 KEEPALIVE_S = 15.0
 CLUSTER_POLL_S = 2.0
@@ -69,7 +67,7 @@ class Live:
                 await self._response.write(b": keepalive\n\n")
 
 
-Producer = Callable[["Dashboard", Live], Coroutine[Any, Any, None]]
+Producer = Callable[[Dashboard, Live], Coroutine[Any, Any, None]]
 
 
 async def _serve(request: web.Request, *producers: Producer) -> web.StreamResponse:
@@ -175,9 +173,7 @@ def _event_rows(after: int, cluster: str | None) -> Producer:
 
 
 async def cluster(request: web.Request) -> web.StreamResponse:
-    from ._app import _name
-
-    name = _name(request)
+    name = cluster_name(request)
     try:
         after = int(request.query.get("after", "0"))
     except ValueError:
@@ -243,9 +239,7 @@ async def nodes_of(board: Dashboard, name: str) -> dict[str, Any]:
 
 
 async def job(request: web.Request) -> web.StreamResponse:
-    from ._app import _name
-
-    name = _name(request)
+    name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
     resume = request.headers.get("Last-Event-ID", "")
     offset = int(resume) if resume.isdigit() else None

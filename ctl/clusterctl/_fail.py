@@ -1,0 +1,23 @@
+"""How a clusterctl command ends in an error: the message (and a hint) on stderr, and the exit
+code that scripts test. Below `cli` and the `dashboard` verb it runs, so both use one copy."""
+
+from __future__ import annotations
+
+import sys
+from typing import NoReturn
+
+from clusterctl.client import ClusterdError
+from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
+
+
+def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
+    sys.stderr.write(f"clusterctl: error: {message}\n")
+    if hint:
+        sys.stderr.write(f"hint: {hint}\n")
+    sys.exit(code)
+
+
+def fail_with(error: ClusterdError) -> NoReturn:
+    code = ExitCode.NOT_FOUND if error.code in NOT_FOUND_CODES else ExitCode.ERROR
+    first, newline, rest = error.message.partition("\n")
+    fail(f"{first} [{error.code}]{newline}{rest}", error.hint, code)

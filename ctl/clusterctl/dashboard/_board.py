@@ -1,0 +1,67 @@
+"""What every request handler shares, pages (`_app.py`) and live streams (`_live.py`) alike:
+the `Dashboard` (daemon link, feeds, templates, assets) and the checked cluster name of a
+request's path. A module of its own so that neither of those two imports the other back."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from importlib import resources as package_files
+from typing import Any
+
+from aiohttp import web
+
+from clusterctl.client import ClusterdError
+from clusterctl.protocol import ErrorCode
+
+from . import _ansi
+from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
+from ._security import Guard
+from ._views import environment
+
+NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
+
+
+class Dashboard:
+    """Everything a request handler needs: the daemon link, the feeds, the templates."""
+
+    def __init__(self, link: DaemonLink, guard: Guard) -> None:
+        self.link = link
+        self.guard = guard
+        self.overview = OverviewFeed(link)
+        self.events = EventsFeed(link, self.overview)
+        self.notices = Notices()
+        self.templates = environment()
+        self.actions: set[asyncio.Task[None]] = set()
+        self.live_tasks: set[asyncio.Task[Any]] = set()
+        self._assets: dict[str, bytes] = {}
+
+    def render(self, name: str, **values: Any) -> str:
+        return self.templates.get_template(name).render(**values)
+
+    def page(self, name: str, live: str, status: int = 200, **values: Any) -> web.Response:
+        text = self.render(name, live=live, **values)
+        return web.Response(text=text, status=status, content_type="text/html")
+
+    def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
+        if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
+                          ErrorCode.REQUEST_NOT_FOUND):
+            status = 404
+        return self.page("error.html", "", status=status, error=error)
+
+    def asset(self, name: str) -> bytes:
+        if name not in self._assets:
+            if name == "ansi.css":
+                self._assets[name] = _ansi.stylesheet().encode()
+            else:
+                files = package_files.files("clusterctl.dashboard") / "static" / name
+                self._assets[name] = files.read_bytes()
+        return self._assets[name]
+
+
+def cluster_name(request: web.Request) -> str:
+    """The cluster named in the request's path; 404 unless it is a valid cluster name."""
+    name = request.match_info["name"]
+    if not NAME.match(name) or len(name) > 63:
+        raise web.HTTPNotFound(text="no such cluster name")
+    return name
