@@ -201,8 +201,8 @@ def test_ranks_exchange_tcp_on_a_port_the_task_did_not_open(bed: Bed, duo: str) 
     (bed.daemon.root / "exchange.yaml").write_text(EXCHANGE)
     result = bed.daemon.ctl("exec", duo, "exchange.yaml", timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    head, worker = sorted(bed.instances(cloud_name(bed, duo)),
-                          key=lambda i: i["tags"]["clusterd-node-role"] != "head")
+    worker = next(i for i in bed.instances(cloud_name(bed, duo))
+                  if i["tags"]["clusterd-node-role"] == "worker")
     # The connection carried the worker's own address: the group's rule matched it as a member.
     assert f"rank 0 got hello from {worker['ip']} from {worker['ip']}" in result.stdout
     assert f"rank 1 got back {worker['ip'][::-1]} morf olleh" in result.stdout
@@ -212,8 +212,7 @@ def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo:
     """The daemon is not a member of the cluster's group: it reaches SSH and the task's ports,
     and nothing else (here, Ray's GCS on the head), while a member (the worker) does."""
     name = cloud_name(bed, duo)
-    head, worker = sorted(bed.instances(name),
-                          key=lambda i: i["tags"]["clusterd-node-role"] != "head")
+    head = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "head")
     listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltn")
     assert listening.returncode == 0, listening.stderr
     ports = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in listening.stdout.splitlines()
