@@ -24,7 +24,12 @@ from typing import Any
 import boto3
 import pytest
 
-from clusterd.providers.aws.provider import TAG_CLOUD_NAME, TAG_MANAGED_BY, TAG_ROLE, AWSProvider
+from clusterd.providers.aws.provider import (
+    TAG_CLOUD_NAME,
+    TAG_MANAGED_BY,
+    TAG_ROLE,
+    AWSProvider,
+)
 from clusterd.providers.base import BlockScope, ClusterRequest, NodeStatus, ProvisionError
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
@@ -41,6 +46,9 @@ pytestmark = [
                        "test_aws_provider_isolated.py"),
 ]
 REGIONS = {"us-east-1": 1, "us-west-2": 4}
+IMAGE = "ami-0a0b0c0d0e0f01234"
+# Another daemon sharing the AWS account (its state directory, its id).
+OTHER_DAEMON = "clusterd-someone-else"
 
 
 def free_port() -> int:
@@ -57,7 +65,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     scratch = tmp_path_factory.mktemp("moto")
     # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
     (scratch / "amis.json").write_text(json.dumps([{
-        "ami_id": "ami-0a0b0c0d0e0f01234", "state": "available", "public": True,
+        "ami_id": IMAGE, "state": "available", "public": True,
         "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
         "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
         "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
@@ -328,3 +336,100 @@ async def test_accelerator_choices_are_candidates_cheapest_first(provider: AWSPr
     assert [r.resources for r in refusals] == ["1x[CPU:0.5, A100:3]", "1x[CPU:0.5, B200:8]"]
     assert "nearest: A100:8 on p4d.24xlarge" in refusals[0].reason
     assert "no instance type has B200" in refusals[1].reason
+
+
+# -- one AWS account, several daemons -------------------------------------------------------
+
+
+def foreign_instance(endpoint: str, region: str, cloud_name: str, role: str = "head") -> str:
+    """An instance another clusterd made for a cluster of the same name on the cloud."""
+    client = ec2(endpoint, region)
+    subnet = client.describe_subnets()["Subnets"][0]["SubnetId"]
+    tags = [{"Key": TAG_CLOUD_NAME, "Value": cloud_name},
+            {"Key": TAG_MANAGED_BY, "Value": OTHER_DAEMON}, {"Key": TAG_ROLE, "Value": role}]
+    answer = client.run_instances(ImageId=IMAGE, InstanceType="c6i.large", MinCount=1,
+                                  MaxCount=1, SubnetId=subnet, TagSpecifications=[
+                                      {"ResourceType": "instance", "Tags": tags}])
+    return str(answer["Instances"][0]["InstanceId"])
+
+
+def state_of(endpoint: str, region: str, instance: str) -> str:
+    reservations = ec2(endpoint, region).describe_instances(InstanceIds=[instance])
+    return str(reservations["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def ours_alive(endpoint: str, region: str, cloud_name: str) -> list[str]:
+    return [i["InstanceId"] for i in tagged(endpoint, region, cloud_name)
+            if i["State"]["Name"] != "terminated"
+            and {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_MANAGED_BY] != OTHER_DAEMON]
+
+
+def listen(provider: AWSProvider) -> list[str]:
+    """What the provider reports as another clusterd's, left alone (the daemon turns each
+    into a warning in the request's output and an event)."""
+    heard: list[str] = []
+
+    async def on_foreign(cloud_name: str, text: str) -> None:
+        heard.append(f"{cloud_name}: {text}")
+
+    provider.on_foreign = on_foreign
+    return heard
+
+
+def told(heard: list[str], *words: str) -> bool:
+    return any(all(word in line for word in words) for line in heard)
+
+
+async def test_another_daemons_instance_of_the_same_name_is_never_ours(
+        provider: AWSProvider, moto: str) -> None:
+    """Launch, a repairing launch, stop and down act on this daemon's instances only."""
+    want = request("shared", nodes=2, cpus=2, infra="aws/us-east-1")
+    theirs = foreign_instance(moto, "us-east-1", want.cloud_name)
+    heard = listen(provider)
+    placement = (await provider.placements(want))[0]
+    handle = await provider.create(want, placement)
+    ours = {n["id"] for n in handle["nodes"]}
+    # Its head is not ours to use: we made our own, and did not terminate theirs as extra.
+    assert theirs not in ours and len(ours) == 2
+    assert [n["role"] for n in handle["nodes"]] == ["head", "worker"]
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON, "left alone")
+
+    # A repairing launch (our worker lost behind our back) makes our worker again.
+    worker = handle["nodes"][1]["id"]
+    ec2(moto, "us-east-1").terminate_instances(InstanceIds=[worker])
+    heard.clear()
+    repaired = await provider.create(want, placement)
+    assert repaired["nodes"][0]["id"] == handle["nodes"][0]["id"]
+    assert {n["id"] for n in repaired["nodes"]}.isdisjoint({theirs, worker})
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, theirs, OTHER_DAEMON)
+
+    heard.clear()
+    await provider.stop(want.cloud_name, repaired)
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert {state_of(moto, "us-east-1", n["id"]) for n in repaired["nodes"]} == {"stopped"}
+    assert told(heard, theirs, OTHER_DAEMON)
+
+    heard.clear()
+    await provider.terminate(want.cloud_name, repaired)
+    await provider.cleanup_ports(want.cloud_name, repaired)
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    assert told(heard, theirs, OTHER_DAEMON)
+
+
+async def test_a_failed_launch_cleans_up_only_its_own_instances(
+        provider: AWSProvider, moto: str) -> None:
+    want = request("shared-broken", cpus=2, infra="aws/us-east-1",
+                   image_id="ami-00000000000000000")
+    theirs = foreign_instance(moto, "us-east-1", want.cloud_name)
+    heard = listen(provider)
+    with pytest.raises(ProvisionError):
+        await provider.create(want, (await provider.placements(want))[0])
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    # The launch's own clean-up after a failed attempt (terminate with the intent).
+    await provider.terminate(want.cloud_name, {"region": "us-east-1"})
+    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)

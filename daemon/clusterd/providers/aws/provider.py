@@ -4,8 +4,13 @@ Each cluster gets a security group of its own (SSH plus the task's ports) in the
 VPC, instances from the daemon's own key pair (its public half imported per region), and tags
 naming the cluster, the node's role and this daemon (`clusterd-managed-by`), so that every
 instance can be found by tag: a crashed launch resumes by reusing what it finds, teardown
-sweeps everything with the cluster's name, and one DescribeInstances per region answers a
-refresh of all clusters.
+sweeps everything of this daemon's with the cluster's name, and one DescribeInstances per
+region answers a refresh of all clusters.
+
+One AWS account may serve several daemons (people, machines), and nothing stops two of them
+from naming a cluster alike: only instances with this daemon's `clusterd-managed-by` tag, or
+whose ids its record holds, are ever reused, stopped or terminated. Others found under the
+cluster's name are another clusterd's: reported (`on_foreign`) and left alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import hashlib
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
@@ -62,6 +67,9 @@ NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
 ENABLED_CACHE_S = 60.0
+# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
+# name, and a sentence for the user.
+ForeignReport = Callable[[str, str], Awaitable[None]]
 
 
 class AWSProvider(ProviderDefaults):
@@ -70,11 +78,13 @@ class AWSProvider(ProviderDefaults):
     stops_by_shutdown: ClassVar[bool] = True
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
-                 key: DaemonKey, managed_by: str, api: EC2Api | None = None) -> None:
+                 key: DaemonKey, managed_by: str, api: EC2Api | None = None,
+                 on_foreign: ForeignReport | None = None) -> None:
         self._config = config
         self._connections = connections
         self._key = key
         self.managed_by = managed_by
+        self.on_foreign = on_foreign
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
         self._network = ClusterNetwork(self.api)
         self._enabled: tuple[bool, float] | None = None
@@ -331,13 +341,42 @@ class AWSProvider(ProviderDefaults):
     # -- what exists ----------------------------------------------------------------------
 
     async def _cluster_instances(self, region: str, cloud_name: str,
-                                 include_terminated: bool = False) -> list[Instance]:
-        states = list(NODE_STATES) if include_terminated else [
-            s for s in NODE_STATES if s != "terminated"]
-        return await self.api.instances(region, [
+                                 recorded: Collection[str] = ()) -> list[Instance]:
+        """The cluster's instances (not terminated) that are this daemon's: tagged with its
+        name and this daemon's id, or `recorded` (ids its record holds). Others tagged with
+        its name are another clusterd's: reported, and left out."""
+        listed = await self.api.instances(region, [
             {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
-            {"Name": "instance-state-name", "Values": states},
+            {"Name": "instance-state-name",
+             "Values": [s for s in NODE_STATES if s != "terminated"]},
         ])
+        ours: list[Instance] = []
+        foreign: list[tuple[str, str | None]] = []
+        for instance in listed:
+            owner = _tag(instance, TAG_MANAGED_BY)
+            if owner == self.managed_by or instance["InstanceId"] in recorded:
+                ours.append(instance)
+            else:
+                foreign.append((instance["InstanceId"], owner))
+        if foreign:
+            await self._report_foreign(region, cloud_name, "instance", foreign)
+        return ours
+
+    async def _report_foreign(self, region: str, cloud_name: str, kind: str,
+                              found: list[tuple[str, str | None]]) -> None:
+        """Say what of another clusterd's (id, its managed-by tag) was left alone. The same
+        sentence for the same finding, whatever the operation, so that it can be said once."""
+        owners = sorted({owner or "none" for _, owner in found})
+        ids = sorted(i for i, _ in found)
+        many = len(ids) > 1
+        text = (f"aws/{region}: {len(ids)} {kind}{'s' if many else ''} tagged as cluster "
+                f"{cloud_name} belong{'' if many else 's'} to another clusterd "
+                f"(clusterd-managed-by: {', '.join(owners)}; this daemon is {self.managed_by})"
+                f" and {'were' if many else 'was'} left alone: {', '.join(ids)}")
+        logger.warning("another clusterd's resources left alone", cluster=cloud_name,
+                       region=region, kind=kind, found=ids, managed_by=owners)
+        if self.on_foreign is not None:
+            await self.on_foreign(cloud_name, text)
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
@@ -427,7 +466,8 @@ class AWSProvider(ProviderDefaults):
                                 "spot instances cannot be stopped, only terminated",
                                 "tear the cluster down instead: clusterctl down")
         region = handle["region"]
-        ids = [i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)]
+        ids = [i["InstanceId"] for i in await self._cluster_instances(
+            region, cloud_name, _recorded(handle))]
         if ids:
             await self.api.call(region, "StopInstances", InstanceIds=ids)
             await self._wait_states(region, ids, {"stopped"})
@@ -458,12 +498,14 @@ class AWSProvider(ProviderDefaults):
         region = handle.get("region")
         if not region:
             return
-        await self._terminate_tagged(region, cloud_name, [n["id"] for n in
-                                                          handle.get("nodes", [])])
+        await self._terminate_tagged(region, cloud_name, _recorded(handle))
 
     async def _terminate_tagged(self, region: str, cloud_name: str,
                                 extra: list[str] | None = None) -> None:
-        ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)}
+        """Terminate the cluster's instances that are this daemon's, and those recorded
+        (`extra`) even if their tags were lost."""
+        ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name,
+                                                                      extra or ())}
         if extra:
             listed = await self.api.instances(region, [
                 {"Name": "instance-id", "Values": extra},
@@ -563,6 +605,11 @@ class AWSProvider(ProviderDefaults):
                        tuple(sorted(groups)))
                 for (region_name, cloud_name), (ids, groups) in sorted(found.items())
                 if cloud_name not in recorded]
+
+
+def _recorded(handle: dict[str, Any]) -> list[str]:
+    """The instance ids a cluster's handle holds."""
+    return [n["id"] for n in handle.get("nodes", [])]
 
 
 def _tag(instance: Instance, key: str) -> str | None:
