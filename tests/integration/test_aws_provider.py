@@ -433,3 +433,28 @@ async def test_a_failed_launch_cleans_up_only_its_own_instances(
     await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
     assert state_of(moto, "us-east-1", theirs) == "running"
     assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
+
+
+async def test_another_daemons_security_group_of_the_same_name_is_left_alone(
+        provider: AWSProvider, moto: str) -> None:
+    want = request("shared-group", cpus=2, infra="aws/us-east-1")
+    client = ec2(moto, "us-east-1")
+    vpc = client.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": ["loopback"]}])[
+        "Vpcs"][0]["VpcId"]
+    theirs = client.create_security_group(
+        GroupName=f"clusterd-{want.cloud_name}", VpcId=vpc, Description="another clusterd's",
+        TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+            {"Key": TAG_CLOUD_NAME, "Value": want.cloud_name},
+            {"Key": TAG_MANAGED_BY, "Value": OTHER_DAEMON}]}])["GroupId"]
+    heard = listen(provider)
+    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
+    # Launching into it would share its rules with a stranger: refused, saying why.
+    with pytest.raises(ProvisionError) as refused:
+        await provider.create(want, (await provider.placements(want))[0])
+    assert refused.value.scope == BlockScope.FATAL
+    assert theirs in refused.value.message and OTHER_DAEMON in refused.value.message
+    assert "another clusterd" in refused.value.message and refused.value.hint
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]

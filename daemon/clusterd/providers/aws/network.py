@@ -13,7 +13,7 @@ from typing import Any
 import anyio
 
 from clusterd import log
-from clusterd.providers.aws.ec2 import EC2Api
+from clusterd.providers.aws.ec2 import EC2Api, tag_value
 from clusterd.providers.base import BlockScope, ProvisionError
 
 logger = log.get("clusterd.aws")
@@ -21,6 +21,7 @@ logger = log.get("clusterd.aws")
 SSH_PORT = 22
 GROUP_PREFIX = "clusterd-"
 TAG_CLOUD_NAME = "clusterd-cluster-name"
+TAG_MANAGED_BY = "clusterd-managed-by"
 # After its instances are terminated, EC2 lets go of a security group within a minute or two.
 GROUP_RELEASE_TIMEOUT_S = 600.0
 
@@ -59,8 +60,9 @@ def _lets_members_in(permissions: list[dict[str, Any]], group: str) -> bool:
 
 
 class ClusterNetwork:
-    def __init__(self, api: EC2Api) -> None:
+    def __init__(self, api: EC2Api, managed_by: str) -> None:
         self._api = api
+        self._managed_by = managed_by  # groups tagged with another daemon's id are not ours
         self._key_pairs: set[tuple[str, str]] = set()
         self._root_devices: dict[tuple[str, str], str] = {}
 
@@ -118,7 +120,7 @@ class ClusterNetwork:
             {"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]},
         ])).get("SecurityGroups", [])
         if found:
-            group = str(found[0]["GroupId"])
+            group = self._own_group(region, vpc, found[0])
         else:
             try:
                 created = await self._api.call(
@@ -166,16 +168,39 @@ class ClusterNetwork:
             return False
         return True
 
-    async def remove_security_groups(self, region: str, cloud_name: str) -> None:
+    def _own_group(self, region: str, vpc: str, found: dict[str, Any]) -> str:
+        """The id of a group found by the cluster's group name, if this daemon made it. One of
+        another clusterd's (an account shared, a cluster named alike) is not used: its
+        rules are that daemon's to change, and its `down` would delete it."""
+        group, owner = str(found["GroupId"]), tag_value(found, TAG_MANAGED_BY)
+        if owner == self._managed_by:
+            return group
+        raise ProvisionError(
+            f"aws/{region}: the security group {found.get('GroupName')} ({group}) in {vpc} "
+            f"belongs to another clusterd (clusterd-managed-by: {owner or 'none'}; this daemon "
+            f"is {self._managed_by}), so this cluster cannot use it", BlockScope.FATAL,
+            "launch again: a new launch gets a name of its own on the cloud (`clusterctl "
+            "down NAME` first if the cluster exists); if that clusterd is gone and nothing "
+            f"uses the group, delete it: aws ec2 delete-security-group --region {region} "
+            f"--group-id {group}")
+
+    async def remove_security_groups(self, region: str, cloud_name: str
+                                     ) -> list[tuple[str, str | None]]:
+        """Delete the cluster's security groups that this daemon made, once no instance holds
+        them; returns those of its name that another clusterd made (id, that daemon's id),
+        left alone."""
         groups = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
             {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
         ])).get("SecurityGroups", [])
         named = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
             {"Name": "group-name", "Values": [GROUP_PREFIX + cloud_name]},
         ])).get("SecurityGroups", [])
-        ids = {g["GroupId"] for g in [*groups, *named]}
-        for group in sorted(ids):
-            await self._delete_group(region, group)
+        owners = {g["GroupId"]: tag_value(g, TAG_MANAGED_BY) for g in [*groups, *named]}
+        for group, owner in sorted(owners.items()):
+            if owner == self._managed_by:
+                await self._delete_group(region, group)
+        return [(g, owner) for g, owner in sorted(owners.items())
+                if owner != self._managed_by]
 
     async def _delete_group(self, region: str, group: str) -> None:
         deadline = time.monotonic() + GROUP_RELEASE_TIMEOUT_S

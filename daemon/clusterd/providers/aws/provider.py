@@ -28,9 +28,14 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
-from clusterd.providers.aws.ec2 import EC2Api, Instance
+from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.errors import classify
-from clusterd.providers.aws.network import ClusterNetwork, port_ranges
+from clusterd.providers.aws.network import (
+    TAG_CLOUD_NAME,
+    TAG_MANAGED_BY,
+    ClusterNetwork,
+    port_ranges,
+)
 from clusterd.providers.base import (
     BlockScope,
     ClusterInfo,
@@ -49,10 +54,8 @@ from clusterd.user_config import AWSConfig, UserConfig
 
 logger = log.get("clusterd.aws")
 
-TAG_CLOUD_NAME = "clusterd-cluster-name"
 TAG_CLUSTER = "clusterd-cluster"
 TAG_ROLE = "clusterd-node-role"
-TAG_MANAGED_BY = "clusterd-managed-by"
 TAG_OWNER = "clusterd-owner"
 DEFAULT_DISK_GB = 256  # as SkyPilot
 NODE_STATES = {
@@ -86,7 +89,7 @@ class AWSProvider(ProviderDefaults):
         self.managed_by = managed_by
         self.on_foreign = on_foreign
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
-        self._network = ClusterNetwork(self.api)
+        self._network = ClusterNetwork(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
 
     def _aws(self) -> AWSConfig:
@@ -178,7 +181,7 @@ class AWSProvider(ProviderDefaults):
         if stopped:
             await self._wait_states(region, stopped, {"stopped"})
             await self.api.call(region, "StartInstances", InstanceIds=stopped)
-        roles = [_tag(i, TAG_ROLE) for i in existing]
+        roles = [tag_value(i, TAG_ROLE) for i in existing]
         launch: dict[str, Any] = {
             "ImageId": image,
             "InstanceType": placement.instance_type,
@@ -252,8 +255,8 @@ class AWSProvider(ProviderDefaults):
         order = [i["InstanceId"] for i in known] + [i["InstanceId"] for i in listed]
         instances = [by_id[i] for i in dict.fromkeys(order)
                      if by_id[i]["State"]["Name"] not in ("terminated", "shutting-down")]
-        heads = [i for i in instances if _tag(i, TAG_ROLE) == "head"]
-        workers = [i for i in instances if _tag(i, TAG_ROLE) != "head"]
+        heads = [i for i in instances if tag_value(i, TAG_ROLE) == "head"]
+        workers = [i for i in instances if tag_value(i, TAG_ROLE) != "head"]
         kept = heads[:1] + workers[: request.num_nodes - 1]
         extra = [i["InstanceId"] for i in instances if i not in kept]
         if extra:
@@ -353,7 +356,7 @@ class AWSProvider(ProviderDefaults):
         ours: list[Instance] = []
         foreign: list[tuple[str, str | None]] = []
         for instance in listed:
-            owner = _tag(instance, TAG_MANAGED_BY)
+            owner = tag_value(instance, TAG_MANAGED_BY)
             if owner == self.managed_by or instance["InstanceId"] in recorded:
                 ours.append(instance)
             else:
@@ -401,7 +404,8 @@ class AWSProvider(ProviderDefaults):
                 return
             by_cluster: dict[str, list[Instance]] = {}
             for instance in instances:
-                by_cluster.setdefault(_tag(instance, TAG_CLOUD_NAME) or "", []).append(instance)
+                cluster = tag_value(instance, TAG_CLOUD_NAME) or ""
+                by_cluster.setdefault(cluster, []).append(instance)
             for name, handle in members:
                 found[name] = self._node_infos(name, handle, by_cluster.get(name, []))
 
@@ -524,9 +528,13 @@ class AWSProvider(ProviderDefaults):
                                            port_ranges(ports))
 
     async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        """Remove the cluster's security group, once no instance of it holds it."""
+        """Remove the cluster's security group, once no instance of it holds it (another
+        clusterd's of the same name is left alone, and reported)."""
         if handle.get("region"):
-            await self._network.remove_security_groups(handle["region"], cloud_name)
+            foreign = await self._network.remove_security_groups(handle["region"], cloud_name)
+            if foreign:
+                await self._report_foreign(handle["region"], cloud_name, "security group",
+                                           foreign)
 
     async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
                              down: bool | None) -> None:
@@ -591,10 +599,10 @@ class AWSProvider(ProviderDefaults):
                     "SecurityGroups", [])
             for instance in instances:
                 if instance["State"]["Name"] != "terminated":
-                    key = (name, _tag(instance, TAG_CLOUD_NAME) or "?")
+                    key = (name, tag_value(instance, TAG_CLOUD_NAME) or "?")
                     found.setdefault(key, ([], []))[0].append(instance["InstanceId"])
             for group in groups:
-                key = (name, _tag(group, TAG_CLOUD_NAME) or "?")
+                key = (name, tag_value(group, TAG_CLOUD_NAME) or "?")
                 found.setdefault(key, ([], []))[1].append(group["GroupId"])
 
         async with anyio.create_task_group() as group:
@@ -612,18 +620,11 @@ def _recorded(handle: dict[str, Any]) -> list[str]:
     return [n["id"] for n in handle.get("nodes", [])]
 
 
-def _tag(instance: Instance, key: str) -> str | None:
-    for tag in instance.get("Tags", []):
-        if tag.get("Key") == key:
-            return str(tag.get("Value"))
-    return None
-
-
 def _nodes_of(instances: list[Instance]) -> list[dict[str, Any]]:
     """Instances as a handle records them: the head first, then workers by launch time."""
     nodes = [{
         "id": i["InstanceId"],
-        "role": _tag(i, TAG_ROLE) or "worker",
+        "role": tag_value(i, TAG_ROLE) or "worker",
         "ip": i.get("PrivateIpAddress") or "",
         "public_ip": i.get("PublicIpAddress"),
         "state": i["State"]["Name"],
