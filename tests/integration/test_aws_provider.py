@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import boto3
 import pytest
 
@@ -458,3 +459,32 @@ async def test_another_daemons_security_group_of_the_same_name_is_left_alone(
     assert "another clusterd" in refused.value.message and refused.value.hint
     assert ours_alive(moto, "us-east-1", want.cloud_name) == []
     assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]
+
+
+async def test_a_key_pair_of_our_name_holding_another_key_is_refused(
+        provider: AWSProvider, moto: str, env: Path) -> None:
+    name = f"clusterd-{DaemonKey(env / 'ssh').ensure().digest}"
+    squatter = asyncssh.generate_private_key("ssh-ed25519").export_public_key()
+    client = ec2(moto, "us-east-1")
+    client.import_key_pair(KeyName=name, PublicKeyMaterial=squatter)
+    want = request("squat", cpus=2, infra="aws/us-east-1")
+    placement = (await provider.placements(want))[0]
+    with pytest.raises(ProvisionError) as refused:
+        await provider.create(want, placement)
+    assert refused.value.scope == BlockScope.FATAL
+    assert f"key pair {name}" in refused.value.message
+    assert "not this daemon's key" in refused.value.message
+    assert f"aws ec2 delete-key-pair --region us-east-1 --key-name {name}" in (
+        refused.value.hint)
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    # Once it is gone, ours is imported; a daemon starting afresh finds it and accepts it.
+    client.delete_key_pair(KeyName=name)
+    await provider.create(want, placement)
+    fresh = AWSProvider(provider._config, provider._connections, DaemonKey(env / "ssh"),
+                        provider.managed_by)
+    try:
+        handle = await fresh.create(want, placement)
+        await fresh.terminate(want.cloud_name, handle)
+        await fresh.cleanup_ports(want.cloud_name, handle)
+    finally:
+        await fresh.aclose()
