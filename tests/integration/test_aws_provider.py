@@ -488,3 +488,14 @@ async def test_a_key_pair_of_our_name_holding_another_key_is_refused(
         await fresh.cleanup_ports(want.cloud_name, handle)
     finally:
         await fresh.aclose()
+
+
+async def test_instances_require_imdsv2(provider: AWSProvider, moto: str) -> None:
+    want = request("imds", cpus=2, infra="aws/us-east-1")
+    handle = await provider.create(want, (await provider.placements(want))[0])
+    (instance,) = tagged(moto, "us-east-1", want.cloud_name)
+    options = instance["MetadataOptions"]
+    assert (options["HttpTokens"], options["HttpEndpoint"]) == ("required", "enabled")
+    assert options["HttpPutResponseHopLimit"] == 2  # a container on the node reaches it too
+    await provider.terminate(want.cloud_name, handle)
+    await provider.cleanup_ports(want.cloud_name, handle)

@@ -58,6 +58,11 @@ TAG_CLUSTER = "clusterd-cluster"
 TAG_ROLE = "clusterd-node-role"
 TAG_OWNER = "clusterd-owner"
 DEFAULT_DISK_GB = 256  # as SkyPilot
+# IMDSv2 only: the instance metadata (and an instance profile's credentials) answer only a
+# session token's holder, so a request forged through a node's web app (SSRF) gets nothing.
+# Two hops: a container on the node (docker's bridge is a hop) reaches it too.
+IMDS_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2}
 NODE_STATES = {
     "pending": NodeStatus.PENDING,
     "running": NodeStatus.RUNNING,
@@ -198,6 +203,7 @@ class AWSProvider(ProviderDefaults):
             }],
             "InstanceInitiatedShutdownBehavior": (
                 "terminate" if placement.spot or request.autostop_down else "stop"),
+            "MetadataOptions": {**IMDS_OPTIONS},
         }
         if placement.spot:
             launch["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
