@@ -12,6 +12,7 @@ send a packet to a real address: test_aws_provider_isolated.py runs this module 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import socket
@@ -25,9 +26,11 @@ import asyncssh
 import boto3
 import pytest
 
+from clusterctl.protocol import ProtocolError
 from clusterd.providers.aws.provider import (
     TAG_CLOUD_NAME,
     TAG_MANAGED_BY,
+    TAG_OWNER,
     TAG_ROLE,
     AWSProvider,
 )
@@ -499,3 +502,26 @@ async def test_instances_require_imdsv2(provider: AWSProvider, moto: str) -> Non
     assert options["HttpPutResponseHopLimit"] == 2  # a container on the node reaches it too
     await provider.terminate(want.cloud_name, handle)
     await provider.cleanup_ports(want.cloud_name, handle)
+
+
+async def test_the_owner_tag_names_the_host_only_when_asked(
+        provider: AWSProvider, moto: str, env: Path) -> None:
+    def owner(cloud_name: str) -> str:
+        (instance,) = [i for i in tagged(moto, "us-east-1", cloud_name)
+                       if i["State"]["Name"] != "terminated"]
+        return str({t["Key"]: t["Value"] for t in instance["Tags"]}[TAG_OWNER])
+
+    for setting, expected in (("", getpass.getuser()),
+                              ("  owner_tag_hostname: true\n",
+                               f"{getpass.getuser()}@{socket.gethostname()}")):
+        config = parse(env / "c.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n"
+                       + setting)
+        provider._config = lambda config=config: config  # type: ignore[method-assign]
+        want = request("owner", cpus=2, infra="aws/us-east-1")
+        want = dataclasses.replace(want, cloud_name=f"owner-{len(setting)}")
+        handle = await provider.create(want, (await provider.placements(want))[0])
+        assert owner(want.cloud_name) == expected
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+    with pytest.raises(ProtocolError, match=r"aws\.owner_tag_hostname: expected true or false"):
+        parse(env / "c.yaml", "aws:\n  owner_tag_hostname: 1\n")

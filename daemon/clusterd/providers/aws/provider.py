@@ -272,13 +272,17 @@ class AWSProvider(ProviderDefaults):
         return kept
 
     def _tags(self, request: ClusterRequest, role: str | None) -> list[dict[str, str]]:
+        config = self._aws()
+        owner = getpass.getuser()
+        if config.owner_tag_hostname:
+            owner += f"@{socket.gethostname()}"
         tags = {
-            **dict(self._aws().labels),
+            **dict(config.labels),
             **dict(request.resources.labels),
             TAG_CLOUD_NAME: request.cloud_name,
             TAG_CLUSTER: request.name,
             TAG_MANAGED_BY: self.managed_by,
-            TAG_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
+            TAG_OWNER: owner,
             "Name": f"{request.cloud_name}-{role}" if role else request.cloud_name,
         }
         if role:
