@@ -525,3 +525,49 @@ async def test_the_owner_tag_names_the_host_only_when_asked(
         await provider.cleanup_ports(want.cloud_name, handle)
     with pytest.raises(ProtocolError, match=r"aws\.owner_tag_hostname: expected true or false"):
         parse(env / "c.yaml", "aws:\n  owner_tag_hostname: 1\n")
+
+
+async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
+        moto: str, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What another clusterd's instance looks like to a user of this one: the daemon's own
+    provider, wired as the daemon wires it, says it in the running request's output once
+    (however often one operation meets it) and keeps it as an event of the cluster."""
+    import time
+
+    from clusterctl.protocol import ClusterStatus
+    from clusterd.app import Daemon
+    from clusterd.config import Settings
+    from clusterd.requests import RunningRequest, current_request
+    from clusterd.state.clusters import ClusterRecord
+
+    (env / "config.yaml").write_text("aws:\n  vpc_name: loopback\n  use_internal_ips: true\n")
+    monkeypatch.setenv("CLUSTERD_CONFIG", str(env / "config.yaml"))
+    daemon = Daemon(Settings(socket_path=env / "run" / "clusterd.sock",
+                             runtime_dir=env / "run", state_dir=env / "state",
+                             config_dir=env / "config"))
+    await daemon.db.open()
+    try:
+        await daemon.store.load()
+        cloud_name, now = "mine-c0ffee", time.time()
+        await daemon.store.insert(ClusterRecord(
+            "mine", "aws", cloud_name, ClusterStatus.UP, 1, {}, "", now, now), "test", None)
+        theirs = foreign_instance(moto, "us-east-1", cloud_name)
+        request = RunningRequest(await daemon.request_store.create("down", "mine", {}))
+        token = current_request.set(request)
+        try:
+            for _ in range(2):  # as a failed attempt's clean-up and then the launch's do
+                await daemon.aws_provider.terminate(cloud_name, {"region": "us-east-1"})
+        finally:
+            current_request.reset(token)
+        assert state_of(moto, "us-east-1", theirs) == "running"
+        said = [data["message"] for kind, data in request._events
+                if kind == "progress" and theirs in data["message"]]
+        assert len(said) == 1 and said[0].startswith("warning: aws/us-east-1: 1 instance "
+                                                     f"tagged as cluster {cloud_name}")
+        assert f"clusterd-managed-by: {OTHER_DAEMON}" in said[0]
+        events = await daemon.store.events("mine", 20)
+        assert [(e.kind, e.request_id) for e in events if theirs in e.reason] == [
+            ("foreign", request.id)]
+    finally:
+        await daemon.aws_provider.aclose()
+        await daemon.db.close()
