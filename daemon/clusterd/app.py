@@ -129,7 +129,8 @@ class Daemon:
         self.config = ConfigFile()
         self.aws_provider = AWSProvider(self.config.get, self.ssh,
                                         DaemonKey(settings.state_dir / "ssh"),
-                                        daemon_id(settings.state_dir))
+                                        daemon_id(settings.state_dir),
+                                        on_foreign=self._announce_foreign)
         providers: list[Provider] = [LocalProvider(settings.state_dir / "local"),
                                      self.ssh_provider, self.aws_provider]
         if "loadtest" in os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","):
@@ -205,6 +206,17 @@ class Daemon:
         if request.cluster is not None and self.store.get(request.cluster) is not None:
             await self.store.add_event(request.cluster, "host_key", text, request.id)
         return True
+
+    async def _announce_foreign(self, cloud_name: str, text: str) -> None:
+        """Another clusterd's instances or security group, found under a cluster's name and
+        left alone (the provider logged it): a warning in the request's output, once per
+        request, and an event of the cluster."""
+        request = current_request.get()
+        if request is not None and not await request.warn_once(text):
+            return  # said, and kept, already
+        record = next((r for r in self.store.all() if r.cloud_name == cloud_name), None)
+        await self.store.add_event(record.name if record else cloud_name, "foreign", text,
+                                   request.id if request else None)
 
     async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""

@@ -44,6 +44,7 @@ class RunningRequest:
         self.result: dict[str, Any] | None = None
         self.error: ProtocolError | None = None
         self.cancel_scope = anyio.CancelScope()
+        self._warned: set[str] = set()
 
     # -- used by the work -----------------------------------------------------------------
 
@@ -64,6 +65,15 @@ class RunningRequest:
         message = redact_urls(message)
         self.emit("progress", {"phase": phase, "message": message, "elapsed": round(elapsed, 2)})
         logger.info("progress", phase=phase, message=message)
+
+    async def warn_once(self, message: str) -> bool:
+        """A warning step, unless this request said it already (a finding met at every
+        listing of one operation); True if it was said now."""
+        if message in self._warned:
+            return False
+        self._warned.add(message)
+        await self.progress(f"warning: {message}", "warning")
+        return True
 
     async def blocked(self, message: str) -> None:
         self.emit("blocked", {"message": message})

@@ -12,6 +12,7 @@ settings carry over:
       ssh_proxy_command: ssh -W %h:%p jump   # or per region: {us-east-1: "...", ...}
       labels: {team: ml}                # tags on everything clusterd creates
       request_timeout: 30               # seconds an EC2 API call may take (then retried)
+      owner_tag_hostname: true          # tag clusterd-owner: user@host (default: user only)
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -31,7 +32,7 @@ from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 MAX_CONFIG_BYTES = 1024 * 1024
 
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
-            "request_timeout"}
+            "request_timeout", "owner_tag_hostname"}
 TOP_LEVEL_KEYS = {"catalog_dir", "aws", "strict"}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
@@ -54,6 +55,9 @@ class AWSConfig:
     ssh_proxy_command: str | dict[str, str] | None = None
     labels: tuple[tuple[str, str], ...] = ()
     request_timeout_s: float = 30.0
+    # The clusterd-owner tag names this machine too (user@host), for whoever reads the
+    # account's tags; off by default, since a host name says more than is asked.
+    owner_tag_hostname: bool = False
 
     def proxy_command(self, region: str) -> str | None:
         if isinstance(self.ssh_proxy_command, dict):
@@ -113,6 +117,9 @@ def _aws(path: Path, raw: Any) -> AWSConfig:
     internal = raw.get("use_internal_ips", False)
     if not isinstance(internal, bool):
         raise ConfigError(path, "aws.use_internal_ips", "expected true or false")
+    owner_host = raw.get("owner_tag_hostname", False)
+    if not isinstance(owner_host, bool):
+        raise ConfigError(path, "aws.owner_tag_hostname", "expected true or false")
     user = raw.get("ssh_user", "ubuntu")
     if not isinstance(user, str) or not user or not user.replace("-", "").replace(
             "_", "").isalnum():
@@ -142,6 +149,7 @@ def _aws(path: Path, raw: Any) -> AWSConfig:
         ssh_proxy_command=proxy,
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         request_timeout_s=float(timeout),
+        owner_tag_hostname=owner_host,
     )
 
 

@@ -380,15 +380,45 @@ def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
     assert sorted(line.split()[-1] for line in ranks.stdout.splitlines()) == ["0", "1"]
 
 
+# Another clusterd sharing the AWS account, with a cluster of the same name on the cloud.
+FOREIGN_INSTANCE = """
+import boto3
+ec2 = boto3.client("ec2", region_name="us-east-1")
+image = ec2.describe_images(Owners=["099720109477"])["Images"][0]["ImageId"]
+subnet = ec2.describe_subnets()["Subnets"][0]["SubnetId"]
+tags = [{"Key": "clusterd-cluster-name", "Value": CLOUD_NAME},
+        {"Key": "clusterd-managed-by", "Value": "clusterd-someone-else"},
+        {"Key": "clusterd-node-role", "Value": "head"}]
+print(ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1,
+                        SubnetId=subnet, TagSpecifications=[
+                            {"ResourceType": "instance", "Tags": tags}]
+                        )["Instances"][0]["InstanceId"])
+"""
+
+
 def test_down_leaves_no_instance_and_no_security_group(bed: Bed, duo: str) -> None:
     name = cloud_name(bed, duo)
-    result = bed.daemon.ctl("down", "-y", duo, timeout=600)
-    assert result.returncode == 0, result.stderr
-    state = bed.aws()
-    assert {i["state"] for i in state["instances"]
-            if i["tags"].get("clusterd-cluster-name") == name} == {"terminated"}
-    assert [g for g in state["groups"] if g["tags"].get("clusterd-cluster-name") == name
-            or g["name"] == f"clusterd-{name}"] == []
+    theirs = bed.ec2.python(FOREIGN_INSTANCE.replace("CLOUD_NAME", repr(name))).strip()
+    try:
+        result = bed.daemon.ctl("down", "-y", duo, timeout=600)
+        assert result.returncode == 0, result.stderr
+        state = bed.aws()
+        assert {i["state"] for i in state["instances"] if i["id"] != theirs
+                and i["tags"].get("clusterd-cluster-name") == name} == {"terminated"}
+        assert [g for g in state["groups"] if g["tags"].get("clusterd-cluster-name") == name
+                or g["name"] == f"clusterd-{name}"] == []
+        # Another clusterd's instance of the same name: left alone, the user told so in the
+        # command's output, and an event kept.
+        assert next(i["state"] for i in state["instances"] if i["id"] == theirs) == "running"
+        told = [line for line in result.stderr.splitlines() if theirs in line]
+        assert len(told) == 1 and "warning:" in told[0], result.stderr
+        assert "belongs to another clusterd (clusterd-managed-by: clusterd-someone-else" in (
+            told[0])
+        events = json.loads(bed.daemon.ctl("events", duo, "--json").stdout)
+        assert [e["kind"] for e in events if theirs in e["reason"]] == ["foreign"]
+    finally:
+        bed.ec2.python("import boto3; boto3.client('ec2', region_name='us-east-1')"
+                       f".terminate_instances(InstanceIds=['{theirs}'])")
 
 
 def test_a_spot_preemption_is_noticed_with_its_reason(bed: Bed) -> None:

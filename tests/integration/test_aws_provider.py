@@ -12,6 +12,7 @@ send a packet to a real address: test_aws_provider_isolated.py runs this module 
 from __future__ import annotations
 
 import dataclasses
+import getpass
 import json
 import os
 import socket
@@ -21,10 +22,18 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 import boto3
 import pytest
 
-from clusterd.providers.aws.provider import TAG_CLOUD_NAME, TAG_MANAGED_BY, TAG_ROLE, AWSProvider
+from clusterctl.protocol import ProtocolError
+from clusterd.providers.aws.provider import (
+    TAG_CLOUD_NAME,
+    TAG_MANAGED_BY,
+    TAG_OWNER,
+    TAG_ROLE,
+    AWSProvider,
+)
 from clusterd.providers.base import BlockScope, ClusterRequest, NodeStatus, ProvisionError
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
@@ -41,6 +50,9 @@ pytestmark = [
                        "test_aws_provider_isolated.py"),
 ]
 REGIONS = {"us-east-1": 1, "us-west-2": 4}
+IMAGE = "ami-0a0b0c0d0e0f01234"
+# Another daemon sharing the AWS account (its state directory, its id).
+OTHER_DAEMON = "clusterd-someone-else"
 
 
 def free_port() -> int:
@@ -57,7 +69,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     scratch = tmp_path_factory.mktemp("moto")
     # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
     (scratch / "amis.json").write_text(json.dumps([{
-        "ami_id": "ami-0a0b0c0d0e0f01234", "state": "available", "public": True,
+        "ami_id": IMAGE, "state": "available", "public": True,
         "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
         "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
         "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
@@ -328,3 +340,234 @@ async def test_accelerator_choices_are_candidates_cheapest_first(provider: AWSPr
     assert [r.resources for r in refusals] == ["1x[CPU:0.5, A100:3]", "1x[CPU:0.5, B200:8]"]
     assert "nearest: A100:8 on p4d.24xlarge" in refusals[0].reason
     assert "no instance type has B200" in refusals[1].reason
+
+
+# -- one AWS account, several daemons -------------------------------------------------------
+
+
+def foreign_instance(endpoint: str, region: str, cloud_name: str, role: str = "head") -> str:
+    """An instance another clusterd made for a cluster of the same name on the cloud."""
+    client = ec2(endpoint, region)
+    subnet = client.describe_subnets()["Subnets"][0]["SubnetId"]
+    tags = [{"Key": TAG_CLOUD_NAME, "Value": cloud_name},
+            {"Key": TAG_MANAGED_BY, "Value": OTHER_DAEMON}, {"Key": TAG_ROLE, "Value": role}]
+    answer = client.run_instances(ImageId=IMAGE, InstanceType="c6i.large", MinCount=1,
+                                  MaxCount=1, SubnetId=subnet, TagSpecifications=[
+                                      {"ResourceType": "instance", "Tags": tags}])
+    return str(answer["Instances"][0]["InstanceId"])
+
+
+def state_of(endpoint: str, region: str, instance: str) -> str:
+    reservations = ec2(endpoint, region).describe_instances(InstanceIds=[instance])
+    return str(reservations["Reservations"][0]["Instances"][0]["State"]["Name"])
+
+
+def ours_alive(endpoint: str, region: str, cloud_name: str) -> list[str]:
+    return [i["InstanceId"] for i in tagged(endpoint, region, cloud_name)
+            if i["State"]["Name"] != "terminated"
+            and {t["Key"]: t["Value"] for t in i["Tags"]}[TAG_MANAGED_BY] != OTHER_DAEMON]
+
+
+def listen(provider: AWSProvider) -> list[str]:
+    """What the provider reports as another clusterd's, left alone (the daemon turns each
+    into a warning in the request's output and an event)."""
+    heard: list[str] = []
+
+    async def on_foreign(cloud_name: str, text: str) -> None:
+        heard.append(f"{cloud_name}: {text}")
+
+    provider.on_foreign = on_foreign
+    return heard
+
+
+def told(heard: list[str], *words: str) -> bool:
+    return any(all(word in line for word in words) for line in heard)
+
+
+async def test_another_daemons_instance_of_the_same_name_is_never_ours(
+        provider: AWSProvider, moto: str) -> None:
+    """Launch, a repairing launch, stop and down act on this daemon's instances only."""
+    want = request("shared", nodes=2, cpus=2, infra="aws/us-east-1")
+    theirs = foreign_instance(moto, "us-east-1", want.cloud_name)
+    heard = listen(provider)
+    placement = (await provider.placements(want))[0]
+    handle = await provider.create(want, placement)
+    ours = {n["id"] for n in handle["nodes"]}
+    # Its head is not ours to use: we made our own, and did not terminate theirs as extra.
+    assert theirs not in ours and len(ours) == 2
+    assert [n["role"] for n in handle["nodes"]] == ["head", "worker"]
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON, "left alone")
+
+    # A repairing launch (our worker lost behind our back) makes our worker again.
+    worker = handle["nodes"][1]["id"]
+    ec2(moto, "us-east-1").terminate_instances(InstanceIds=[worker])
+    heard.clear()
+    repaired = await provider.create(want, placement)
+    assert repaired["nodes"][0]["id"] == handle["nodes"][0]["id"]
+    assert {n["id"] for n in repaired["nodes"]}.isdisjoint({theirs, worker})
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, theirs, OTHER_DAEMON)
+
+    heard.clear()
+    await provider.stop(want.cloud_name, repaired)
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert {state_of(moto, "us-east-1", n["id"]) for n in repaired["nodes"]} == {"stopped"}
+    assert told(heard, theirs, OTHER_DAEMON)
+
+    heard.clear()
+    await provider.terminate(want.cloud_name, repaired)
+    await provider.cleanup_ports(want.cloud_name, repaired)
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    assert told(heard, theirs, OTHER_DAEMON)
+
+
+async def test_a_failed_launch_cleans_up_only_its_own_instances(
+        provider: AWSProvider, moto: str) -> None:
+    want = request("shared-broken", cpus=2, infra="aws/us-east-1",
+                   image_id="ami-00000000000000000")
+    theirs = foreign_instance(moto, "us-east-1", want.cloud_name)
+    heard = listen(provider)
+    with pytest.raises(ProvisionError):
+        await provider.create(want, (await provider.placements(want))[0])
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    # The launch's own clean-up after a failed attempt (terminate with the intent).
+    await provider.terminate(want.cloud_name, {"region": "us-east-1"})
+    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    assert state_of(moto, "us-east-1", theirs) == "running"
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
+
+
+async def test_another_daemons_security_group_of_the_same_name_is_left_alone(
+        provider: AWSProvider, moto: str) -> None:
+    want = request("shared-group", cpus=2, infra="aws/us-east-1")
+    client = ec2(moto, "us-east-1")
+    vpc = client.describe_vpcs(Filters=[{"Name": "tag:Name", "Values": ["loopback"]}])[
+        "Vpcs"][0]["VpcId"]
+    theirs = client.create_security_group(
+        GroupName=f"clusterd-{want.cloud_name}", VpcId=vpc, Description="another clusterd's",
+        TagSpecifications=[{"ResourceType": "security-group", "Tags": [
+            {"Key": TAG_CLOUD_NAME, "Value": want.cloud_name},
+            {"Key": TAG_MANAGED_BY, "Value": OTHER_DAEMON}]}])["GroupId"]
+    heard = listen(provider)
+    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]
+    assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
+    # Launching into it would share its rules with a stranger: refused, saying why.
+    with pytest.raises(ProvisionError) as refused:
+        await provider.create(want, (await provider.placements(want))[0])
+    assert refused.value.scope == BlockScope.FATAL
+    assert theirs in refused.value.message and OTHER_DAEMON in refused.value.message
+    assert "another clusterd" in refused.value.message and refused.value.hint
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]
+
+
+async def test_a_key_pair_of_our_name_holding_another_key_is_refused(
+        provider: AWSProvider, moto: str, env: Path) -> None:
+    name = f"clusterd-{DaemonKey(env / 'ssh').ensure().digest}"
+    squatter = asyncssh.generate_private_key("ssh-ed25519").export_public_key()
+    client = ec2(moto, "us-east-1")
+    client.import_key_pair(KeyName=name, PublicKeyMaterial=squatter)
+    want = request("squat", cpus=2, infra="aws/us-east-1")
+    placement = (await provider.placements(want))[0]
+    with pytest.raises(ProvisionError) as refused:
+        await provider.create(want, placement)
+    assert refused.value.scope == BlockScope.FATAL
+    assert f"key pair {name}" in refused.value.message
+    assert "not this daemon's key" in refused.value.message
+    assert f"aws ec2 delete-key-pair --region us-east-1 --key-name {name}" in (
+        refused.value.hint)
+    assert ours_alive(moto, "us-east-1", want.cloud_name) == []
+    # Once it is gone, ours is imported; a daemon starting afresh finds it and accepts it.
+    client.delete_key_pair(KeyName=name)
+    await provider.create(want, placement)
+    fresh = AWSProvider(provider._config, provider._connections, DaemonKey(env / "ssh"),
+                        provider.managed_by)
+    try:
+        handle = await fresh.create(want, placement)
+        await fresh.terminate(want.cloud_name, handle)
+        await fresh.cleanup_ports(want.cloud_name, handle)
+    finally:
+        await fresh.aclose()
+
+
+async def test_instances_require_imdsv2(provider: AWSProvider, moto: str) -> None:
+    want = request("imds", cpus=2, infra="aws/us-east-1")
+    handle = await provider.create(want, (await provider.placements(want))[0])
+    (instance,) = tagged(moto, "us-east-1", want.cloud_name)
+    options = instance["MetadataOptions"]
+    assert (options["HttpTokens"], options["HttpEndpoint"]) == ("required", "enabled")
+    assert options["HttpPutResponseHopLimit"] == 2  # a container on the node reaches it too
+    await provider.terminate(want.cloud_name, handle)
+    await provider.cleanup_ports(want.cloud_name, handle)
+
+
+async def test_the_owner_tag_names_the_host_only_when_asked(
+        provider: AWSProvider, moto: str, env: Path) -> None:
+    def owner(cloud_name: str) -> str:
+        (instance,) = [i for i in tagged(moto, "us-east-1", cloud_name)
+                       if i["State"]["Name"] != "terminated"]
+        return str({t["Key"]: t["Value"] for t in instance["Tags"]}[TAG_OWNER])
+
+    for setting, expected in (("", getpass.getuser()),
+                              ("  owner_tag_hostname: true\n",
+                               f"{getpass.getuser()}@{socket.gethostname()}")):
+        config = parse(env / "c.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n"
+                       + setting)
+        provider._config = lambda config=config: config  # type: ignore[method-assign]
+        want = request("owner", cpus=2, infra="aws/us-east-1")
+        want = dataclasses.replace(want, cloud_name=f"owner-{len(setting)}")
+        handle = await provider.create(want, (await provider.placements(want))[0])
+        assert owner(want.cloud_name) == expected
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+    with pytest.raises(ProtocolError, match=r"aws\.owner_tag_hostname: expected true or false"):
+        parse(env / "c.yaml", "aws:\n  owner_tag_hostname: 1\n")
+
+
+async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
+        moto: str, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What another clusterd's instance looks like to a user of this one: the daemon's own
+    provider, wired as the daemon wires it, says it in the running request's output once
+    (however often one operation meets it) and keeps it as an event of the cluster."""
+    import time
+
+    from clusterctl.protocol import ClusterStatus
+    from clusterd.app import Daemon
+    from clusterd.config import Settings
+    from clusterd.requests import RunningRequest, current_request
+    from clusterd.state.clusters import ClusterRecord
+
+    (env / "config.yaml").write_text("aws:\n  vpc_name: loopback\n  use_internal_ips: true\n")
+    monkeypatch.setenv("CLUSTERD_CONFIG", str(env / "config.yaml"))
+    daemon = Daemon(Settings(socket_path=env / "run" / "clusterd.sock",
+                             runtime_dir=env / "run", state_dir=env / "state",
+                             config_dir=env / "config"))
+    await daemon.db.open()
+    try:
+        await daemon.store.load()
+        cloud_name, now = "mine-c0ffee", time.time()
+        await daemon.store.insert(ClusterRecord(
+            "mine", "aws", cloud_name, ClusterStatus.UP, 1, {}, "", now, now), "test", None)
+        theirs = foreign_instance(moto, "us-east-1", cloud_name)
+        request = RunningRequest(await daemon.request_store.create("down", "mine", {}))
+        token = current_request.set(request)
+        try:
+            for _ in range(2):  # as a failed attempt's clean-up and then the launch's do
+                await daemon.aws_provider.terminate(cloud_name, {"region": "us-east-1"})
+        finally:
+            current_request.reset(token)
+        assert state_of(moto, "us-east-1", theirs) == "running"
+        said = [data["message"] for kind, data in request._events
+                if kind == "progress" and theirs in data["message"]]
+        assert len(said) == 1 and said[0].startswith("warning: aws/us-east-1: 1 instance "
+                                                     f"tagged as cluster {cloud_name}")
+        assert f"clusterd-managed-by: {OTHER_DAEMON}" in said[0]
+        events = await daemon.store.events("mine", 20)
+        assert [(e.kind, e.request_id) for e in events if theirs in e.reason] == [
+            ("foreign", request.id)]
+    finally:
+        await daemon.aws_provider.aclose()
+        await daemon.db.close()

@@ -283,3 +283,16 @@ def test_task_yaml_text_is_stored_without_its_secrets() -> None:
 def test_url_credentials_are_redacted_wherever_they_are() -> None:
     assert redact_urls("cloning https://u:p@h.com/r and ssh://tok@h/x, not a@b.c") == (
         "cloning https://<redacted>@h.com/r and ssh://<redacted>@h/x, not a@b.c")
+
+
+async def test_a_warning_is_said_once_per_request(store: RequestStore) -> None:
+    """Layers far below (a provider finding another clusterd's instances, at each listing)
+    may find the same thing several times in one request: the user reads it once."""
+    request = RunningRequest(await store.create("down", "dev", {}))
+    assert await request.warn_once("2 instances left alone")
+    assert not await request.warn_once("2 instances left alone")
+    assert await request.warn_once("1 security group left alone")
+    said = [data["message"] for name, data in request._events if name == "progress"]
+    assert said == ["warning: 2 instances left alone", "warning: 1 security group left alone"]
+    other = RunningRequest(await store.create("launch", "dev", {}))
+    assert await other.warn_once("2 instances left alone")

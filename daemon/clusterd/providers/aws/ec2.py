@@ -202,6 +202,14 @@ def _new_session() -> Any:
     return session
 
 
+def tag_value(resource: dict[str, Any], key: str) -> str | None:
+    """The value of a resource's tag (an instance's, a security group's), if it has it."""
+    for tag in resource.get("Tags", []):
+        if tag.get("Key") == key:
+            return str(tag.get("Value"))
+    return None
+
+
 def _snake(operation: str) -> str:
     out = []
     for index, char in enumerate(operation):

@@ -7,13 +7,17 @@ GCS, object manager and worker ports (chosen per cluster) must be reachable betw
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 import time
 from typing import Any
 
 import anyio
+import asyncssh
 
 from clusterd import log
-from clusterd.providers.aws.ec2 import EC2Api
+from clusterd.providers.aws.ec2 import EC2Api, tag_value
 from clusterd.providers.base import BlockScope, ProvisionError
 
 logger = log.get("clusterd.aws")
@@ -21,6 +25,7 @@ logger = log.get("clusterd.aws")
 SSH_PORT = 22
 GROUP_PREFIX = "clusterd-"
 TAG_CLOUD_NAME = "clusterd-cluster-name"
+TAG_MANAGED_BY = "clusterd-managed-by"
 # After its instances are terminated, EC2 lets go of a security group within a minute or two.
 GROUP_RELEASE_TIMEOUT_S = 600.0
 
@@ -47,6 +52,35 @@ def _ingress(ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:
              "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for first, last in ranges]
 
 
+def key_pair_fingerprints(public_openssh: str) -> tuple[str, ...]:
+    """What EC2 may report as the fingerprint of a key pair imported from this public key
+    (normalised, EC2's documented form first). For ED25519: the SHA-256 of the key as OpenSSH
+    encodes it, in base64 (what `ssh-keygen -l` shows); for RSA: the MD5 of that (RFC 4716)
+    or of the DER form. EC2-compatible endpoints (moto) hash the DER form (SHA-256 for
+    ED25519, MD5 for RSA) and show it in hex; as much a digest of this one key, it is
+    accepted too."""
+    key = asyncssh.import_public_key(public_openssh)
+    blob, der = key.public_data, key.export_public_key("pkcs8-der")
+    if key.algorithm == b"ssh-ed25519":
+        return (_normal(base64.b64encode(hashlib.sha256(blob).digest()).decode()),
+                _normal(hashlib.sha256(der).hexdigest()))
+    return _normal(hashlib.md5(blob).hexdigest()), _normal(hashlib.md5(der).hexdigest())
+
+
+def same_fingerprint(reported: str, fingerprints: tuple[str, ...]) -> bool:
+    return bool(reported) and _normal(reported) in fingerprints
+
+
+def _normal(fingerprint: str) -> str:
+    """One spelling per fingerprint: no `SHA256:`/`MD5:` prefix or base64 padding (EC2 shows
+    the padding, ssh-keygen does not), hex as lower-case pairs with colons."""
+    text = fingerprint.strip().removeprefix("SHA256:").removeprefix("MD5:").rstrip("=")
+    plain = text.replace(":", "")  # base64 has no colons, and SHA-256's is 43 long
+    if re.fullmatch(r"[0-9a-fA-F]{32}|[0-9a-fA-F]{64}", plain):
+        return ":".join(plain[i:i + 2] for i in range(0, len(plain), 2)).lower()
+    return text
+
+
 def self_rule(group: str) -> dict[str, Any]:
     """All protocols, from the group's own members (SkyPilot's rule for its clusters)."""
     return {"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": group}]}
@@ -59,24 +93,46 @@ def _lets_members_in(permissions: list[dict[str, Any]], group: str) -> bool:
 
 
 class ClusterNetwork:
-    def __init__(self, api: EC2Api) -> None:
+    def __init__(self, api: EC2Api, managed_by: str) -> None:
         self._api = api
+        self._managed_by = managed_by  # groups tagged with another daemon's id are not ours
         self._key_pairs: set[tuple[str, str]] = set()
         self._root_devices: dict[tuple[str, str], str] = {}
 
     async def ensure_key_pair(self, region: str, name: str, public_key: str) -> None:
+        """The key pair `name` in `region`, holding `public_key`: imported if missing. One of
+        that name holding another key is refused, FATAL: nodes launched with it would let in
+        whoever holds that key's private half and not clusterd, and failing over to another
+        region would only hide a squatter in this account (for ever, with retry-until-up)."""
         if (region, name) in self._key_pairs:
             return
-        found = await self._api.call(region, "DescribeKeyPairs",
-                                     Filters=[{"Name": "key-name", "Values": [name]}])
-        if not found.get("KeyPairs"):
+        pair = await self._key_pair(region, name)
+        if pair is None:
             try:
-                await self._api.call(region, "ImportKeyPair", KeyName=name,
-                                     PublicKeyMaterial=public_key.encode())
+                pair = await self._api.call(region, "ImportKeyPair", KeyName=name,
+                                            PublicKeyMaterial=public_key.encode())
             except ProvisionError as exc:
                 if "InvalidKeyPair.Duplicate" not in exc.message:
                     raise
+                pair = await self._key_pair(region, name) or {}  # imported meanwhile
+        reported = str(pair.get("KeyFingerprint") or "")
+        ours = key_pair_fingerprints(public_key)
+        if not same_fingerprint(reported, ours):
+            raise ProvisionError(
+                f"aws/{region}: the key pair {name} holds a public key that is not this "
+                f"daemon's key (fingerprint {reported or 'not given'}; this daemon's is "
+                f"{ours[0]}): nodes launched with it would let in whoever holds its private "
+                "key, and not clusterd", BlockScope.FATAL,
+                "if it is a leftover of yours (clusterd's state directory was reset), delete "
+                f"it and launch again: aws ec2 delete-key-pair --region {region} --key-name "
+                f"{name}; if not, someone with access to this AWS account made it: find out "
+                "who before launching there")
         self._key_pairs.add((region, name))
+
+    async def _key_pair(self, region: str, name: str) -> dict[str, Any] | None:
+        found = (await self._api.call(region, "DescribeKeyPairs", Filters=[
+            {"Name": "key-name", "Values": [name]}])).get("KeyPairs", [])
+        return dict(found[0]) if found else None
 
     async def vpc(self, region: str, name: str | None) -> str:
         filters = ([{"Name": "tag:Name", "Values": [name]}] if name
@@ -118,7 +174,7 @@ class ClusterNetwork:
             {"Name": "vpc-id", "Values": [vpc]}, {"Name": "group-name", "Values": [name]},
         ])).get("SecurityGroups", [])
         if found:
-            group = str(found[0]["GroupId"])
+            group = self._own_group(region, vpc, found[0])
         else:
             try:
                 created = await self._api.call(
@@ -166,16 +222,39 @@ class ClusterNetwork:
             return False
         return True
 
-    async def remove_security_groups(self, region: str, cloud_name: str) -> None:
+    def _own_group(self, region: str, vpc: str, found: dict[str, Any]) -> str:
+        """The id of a group found by the cluster's group name, if this daemon made it. One of
+        another clusterd's (an account shared, a cluster named alike) is not used: its
+        rules are that daemon's to change, and its `down` would delete it."""
+        group, owner = str(found["GroupId"]), tag_value(found, TAG_MANAGED_BY)
+        if owner == self._managed_by:
+            return group
+        raise ProvisionError(
+            f"aws/{region}: the security group {found.get('GroupName')} ({group}) in {vpc} "
+            f"belongs to another clusterd (clusterd-managed-by: {owner or 'none'}; this daemon "
+            f"is {self._managed_by}), so this cluster cannot use it", BlockScope.FATAL,
+            "launch again: a new launch gets a name of its own on the cloud (`clusterctl "
+            "down NAME` first if the cluster exists); if that clusterd is gone and nothing "
+            f"uses the group, delete it: aws ec2 delete-security-group --region {region} "
+            f"--group-id {group}")
+
+    async def remove_security_groups(self, region: str, cloud_name: str
+                                     ) -> list[tuple[str, str | None]]:
+        """Delete the cluster's security groups that this daemon made, once no instance holds
+        them; returns those of its name that another clusterd made (id, that daemon's id),
+        left alone."""
         groups = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
             {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
         ])).get("SecurityGroups", [])
         named = (await self._api.call(region, "DescribeSecurityGroups", Filters=[
             {"Name": "group-name", "Values": [GROUP_PREFIX + cloud_name]},
         ])).get("SecurityGroups", [])
-        ids = {g["GroupId"] for g in [*groups, *named]}
-        for group in sorted(ids):
-            await self._delete_group(region, group)
+        owners = {g["GroupId"]: tag_value(g, TAG_MANAGED_BY) for g in [*groups, *named]}
+        for group, owner in sorted(owners.items()):
+            if owner == self._managed_by:
+                await self._delete_group(region, group)
+        return [(g, owner) for g, owner in sorted(owners.items())
+                if owner != self._managed_by]
 
     async def _delete_group(self, region: str, group: str) -> None:
         deadline = time.monotonic() + GROUP_RELEASE_TIMEOUT_S

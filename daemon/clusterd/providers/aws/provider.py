@@ -4,8 +4,13 @@ Each cluster gets a security group of its own (SSH plus the task's ports) in the
 VPC, instances from the daemon's own key pair (its public half imported per region), and tags
 naming the cluster, the node's role and this daemon (`clusterd-managed-by`), so that every
 instance can be found by tag: a crashed launch resumes by reusing what it finds, teardown
-sweeps everything with the cluster's name, and one DescribeInstances per region answers a
-refresh of all clusters.
+sweeps everything of this daemon's with the cluster's name, and one DescribeInstances per
+region answers a refresh of all clusters.
+
+One AWS account may serve several daemons (people, machines), and nothing stops two of them
+from naming a cluster alike: only instances with this daemon's `clusterd-managed-by` tag, or
+whose ids its record holds, are ever reused, stopped or terminated. Others found under the
+cluster's name are another clusterd's: reported (`on_foreign`) and left alone.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import hashlib
 import re
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
@@ -23,9 +28,14 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
-from clusterd.providers.aws.ec2 import EC2Api, Instance
+from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.errors import classify
-from clusterd.providers.aws.network import ClusterNetwork, port_ranges
+from clusterd.providers.aws.network import (
+    TAG_CLOUD_NAME,
+    TAG_MANAGED_BY,
+    ClusterNetwork,
+    port_ranges,
+)
 from clusterd.providers.base import (
     BlockScope,
     ClusterInfo,
@@ -44,12 +54,15 @@ from clusterd.user_config import AWSConfig, UserConfig
 
 logger = log.get("clusterd.aws")
 
-TAG_CLOUD_NAME = "clusterd-cluster-name"
 TAG_CLUSTER = "clusterd-cluster"
 TAG_ROLE = "clusterd-node-role"
-TAG_MANAGED_BY = "clusterd-managed-by"
 TAG_OWNER = "clusterd-owner"
 DEFAULT_DISK_GB = 256  # as SkyPilot
+# IMDSv2 only: the instance metadata (and an instance profile's credentials) answer only a
+# session token's holder, so a request forged through a node's web app (SSRF) gets nothing.
+# Two hops: a container on the node (docker's bridge is a hop) reaches it too.
+IMDS_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2}
 NODE_STATES = {
     "pending": NodeStatus.PENDING,
     "running": NodeStatus.RUNNING,
@@ -62,6 +75,9 @@ NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
 ENABLED_CACHE_S = 60.0
+# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
+# name, and a sentence for the user.
+ForeignReport = Callable[[str, str], Awaitable[None]]
 
 
 class AWSProvider(ProviderDefaults):
@@ -70,13 +86,15 @@ class AWSProvider(ProviderDefaults):
     stops_by_shutdown: ClassVar[bool] = True
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
-                 key: DaemonKey, managed_by: str, api: EC2Api | None = None) -> None:
+                 key: DaemonKey, managed_by: str, api: EC2Api | None = None,
+                 on_foreign: ForeignReport | None = None) -> None:
         self._config = config
         self._connections = connections
         self._key = key
         self.managed_by = managed_by
+        self.on_foreign = on_foreign
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
-        self._network = ClusterNetwork(self.api)
+        self._network = ClusterNetwork(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
 
     def _aws(self) -> AWSConfig:
@@ -168,7 +186,7 @@ class AWSProvider(ProviderDefaults):
         if stopped:
             await self._wait_states(region, stopped, {"stopped"})
             await self.api.call(region, "StartInstances", InstanceIds=stopped)
-        roles = [_tag(i, TAG_ROLE) for i in existing]
+        roles = [tag_value(i, TAG_ROLE) for i in existing]
         launch: dict[str, Any] = {
             "ImageId": image,
             "InstanceType": placement.instance_type,
@@ -185,6 +203,7 @@ class AWSProvider(ProviderDefaults):
             }],
             "InstanceInitiatedShutdownBehavior": (
                 "terminate" if placement.spot or request.autostop_down else "stop"),
+            "MetadataOptions": {**IMDS_OPTIONS},
         }
         if placement.spot:
             launch["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
@@ -242,8 +261,8 @@ class AWSProvider(ProviderDefaults):
         order = [i["InstanceId"] for i in known] + [i["InstanceId"] for i in listed]
         instances = [by_id[i] for i in dict.fromkeys(order)
                      if by_id[i]["State"]["Name"] not in ("terminated", "shutting-down")]
-        heads = [i for i in instances if _tag(i, TAG_ROLE) == "head"]
-        workers = [i for i in instances if _tag(i, TAG_ROLE) != "head"]
+        heads = [i for i in instances if tag_value(i, TAG_ROLE) == "head"]
+        workers = [i for i in instances if tag_value(i, TAG_ROLE) != "head"]
         kept = heads[:1] + workers[: request.num_nodes - 1]
         extra = [i["InstanceId"] for i in instances if i not in kept]
         if extra:
@@ -253,13 +272,17 @@ class AWSProvider(ProviderDefaults):
         return kept
 
     def _tags(self, request: ClusterRequest, role: str | None) -> list[dict[str, str]]:
+        config = self._aws()
+        owner = getpass.getuser()
+        if config.owner_tag_hostname:
+            owner += f"@{socket.gethostname()}"
         tags = {
-            **dict(self._aws().labels),
+            **dict(config.labels),
             **dict(request.resources.labels),
             TAG_CLOUD_NAME: request.cloud_name,
             TAG_CLUSTER: request.name,
             TAG_MANAGED_BY: self.managed_by,
-            TAG_OWNER: f"{getpass.getuser()}@{socket.gethostname()}",
+            TAG_OWNER: owner,
             "Name": f"{request.cloud_name}-{role}" if role else request.cloud_name,
         }
         if role:
@@ -331,13 +354,42 @@ class AWSProvider(ProviderDefaults):
     # -- what exists ----------------------------------------------------------------------
 
     async def _cluster_instances(self, region: str, cloud_name: str,
-                                 include_terminated: bool = False) -> list[Instance]:
-        states = list(NODE_STATES) if include_terminated else [
-            s for s in NODE_STATES if s != "terminated"]
-        return await self.api.instances(region, [
+                                 recorded: Collection[str] = ()) -> list[Instance]:
+        """The cluster's instances (not terminated) that are this daemon's: tagged with its
+        name and this daemon's id, or `recorded` (ids its record holds). Others tagged with
+        its name are another clusterd's: reported, and left out."""
+        listed = await self.api.instances(region, [
             {"Name": f"tag:{TAG_CLOUD_NAME}", "Values": [cloud_name]},
-            {"Name": "instance-state-name", "Values": states},
+            {"Name": "instance-state-name",
+             "Values": [s for s in NODE_STATES if s != "terminated"]},
         ])
+        ours: list[Instance] = []
+        foreign: list[tuple[str, str | None]] = []
+        for instance in listed:
+            owner = tag_value(instance, TAG_MANAGED_BY)
+            if owner == self.managed_by or instance["InstanceId"] in recorded:
+                ours.append(instance)
+            else:
+                foreign.append((instance["InstanceId"], owner))
+        if foreign:
+            await self._report_foreign(region, cloud_name, "instance", foreign)
+        return ours
+
+    async def _report_foreign(self, region: str, cloud_name: str, kind: str,
+                              found: list[tuple[str, str | None]]) -> None:
+        """Say what of another clusterd's (id, its managed-by tag) was left alone. The same
+        sentence for the same finding, whatever the operation, so that it can be said once."""
+        owners = sorted({owner or "none" for _, owner in found})
+        ids = sorted(i for i, _ in found)
+        many = len(ids) > 1
+        text = (f"aws/{region}: {len(ids)} {kind}{'s' if many else ''} tagged as cluster "
+                f"{cloud_name} belong{'' if many else 's'} to another clusterd "
+                f"(clusterd-managed-by: {', '.join(owners)}; this daemon is {self.managed_by})"
+                f" and {'were' if many else 'was'} left alone: {', '.join(ids)}")
+        logger.warning("another clusterd's resources left alone", cluster=cloud_name,
+                       region=region, kind=kind, found=ids, managed_by=owners)
+        if self.on_foreign is not None:
+            await self.on_foreign(cloud_name, text)
 
     async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
@@ -362,7 +414,8 @@ class AWSProvider(ProviderDefaults):
                 return
             by_cluster: dict[str, list[Instance]] = {}
             for instance in instances:
-                by_cluster.setdefault(_tag(instance, TAG_CLOUD_NAME) or "", []).append(instance)
+                cluster = tag_value(instance, TAG_CLOUD_NAME) or ""
+                by_cluster.setdefault(cluster, []).append(instance)
             for name, handle in members:
                 found[name] = self._node_infos(name, handle, by_cluster.get(name, []))
 
@@ -427,7 +480,8 @@ class AWSProvider(ProviderDefaults):
                                 "spot instances cannot be stopped, only terminated",
                                 "tear the cluster down instead: clusterctl down")
         region = handle["region"]
-        ids = [i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)]
+        ids = [i["InstanceId"] for i in await self._cluster_instances(
+            region, cloud_name, _recorded(handle))]
         if ids:
             await self.api.call(region, "StopInstances", InstanceIds=ids)
             await self._wait_states(region, ids, {"stopped"})
@@ -458,12 +512,14 @@ class AWSProvider(ProviderDefaults):
         region = handle.get("region")
         if not region:
             return
-        await self._terminate_tagged(region, cloud_name, [n["id"] for n in
-                                                          handle.get("nodes", [])])
+        await self._terminate_tagged(region, cloud_name, _recorded(handle))
 
     async def _terminate_tagged(self, region: str, cloud_name: str,
                                 extra: list[str] | None = None) -> None:
-        ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name)}
+        """Terminate the cluster's instances that are this daemon's, and those recorded
+        (`extra`) even if their tags were lost."""
+        ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name,
+                                                                      extra or ())}
         if extra:
             listed = await self.api.instances(region, [
                 {"Name": "instance-id", "Values": extra},
@@ -482,9 +538,13 @@ class AWSProvider(ProviderDefaults):
                                            port_ranges(ports))
 
     async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        """Remove the cluster's security group, once no instance of it holds it."""
+        """Remove the cluster's security group, once no instance of it holds it (another
+        clusterd's of the same name is left alone, and reported)."""
         if handle.get("region"):
-            await self._network.remove_security_groups(handle["region"], cloud_name)
+            foreign = await self._network.remove_security_groups(handle["region"], cloud_name)
+            if foreign:
+                await self._report_foreign(handle["region"], cloud_name, "security group",
+                                           foreign)
 
     async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
                              down: bool | None) -> None:
@@ -549,10 +609,10 @@ class AWSProvider(ProviderDefaults):
                     "SecurityGroups", [])
             for instance in instances:
                 if instance["State"]["Name"] != "terminated":
-                    key = (name, _tag(instance, TAG_CLOUD_NAME) or "?")
+                    key = (name, tag_value(instance, TAG_CLOUD_NAME) or "?")
                     found.setdefault(key, ([], []))[0].append(instance["InstanceId"])
             for group in groups:
-                key = (name, _tag(group, TAG_CLOUD_NAME) or "?")
+                key = (name, tag_value(group, TAG_CLOUD_NAME) or "?")
                 found.setdefault(key, ([], []))[1].append(group["GroupId"])
 
         async with anyio.create_task_group() as group:
@@ -565,18 +625,16 @@ class AWSProvider(ProviderDefaults):
                 if cloud_name not in recorded]
 
 
-def _tag(instance: Instance, key: str) -> str | None:
-    for tag in instance.get("Tags", []):
-        if tag.get("Key") == key:
-            return str(tag.get("Value"))
-    return None
+def _recorded(handle: dict[str, Any]) -> list[str]:
+    """The instance ids a cluster's handle holds."""
+    return [n["id"] for n in handle.get("nodes", [])]
 
 
 def _nodes_of(instances: list[Instance]) -> list[dict[str, Any]]:
     """Instances as a handle records them: the head first, then workers by launch time."""
     nodes = [{
         "id": i["InstanceId"],
-        "role": _tag(i, TAG_ROLE) or "worker",
+        "role": tag_value(i, TAG_ROLE) or "worker",
         "ip": i.get("PrivateIpAddress") or "",
         "public_ip": i.get("PublicIpAddress"),
         "state": i["State"]["Name"],
