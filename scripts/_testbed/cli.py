@@ -86,8 +86,14 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     heal = esub.add_parser("heal", parents=[bed], allow_abbrev=False,
                            help="restore an instance's network link")
     heal.add_argument("instance_id", metavar="INSTANCE_ID")
-    esub.add_parser("firewall", parents=[bed, as_json], allow_abbrev=False,
-                    help="the nftables rules that enforce the security groups now")
+    fw = esub.add_parser("firewall", parents=[bed, as_json], allow_abbrev=False,
+                         help="the nftables rules that enforce the security groups now")
+    onoff = fw.add_mutually_exclusive_group()
+    onoff.add_argument("--off", dest="enforce", action="store_false", default=None,
+                       help="stop enforcing security groups (every node reaches every port; "
+                            "to measure what enforcement costs)")
+    onoff.add_argument("--on", dest="enforce", action="store_true",
+                       help="enforce them again (the default)")
     calls = esub.add_parser("calls", parents=[bed, as_json], allow_abbrev=False,
                             help="API calls by service, action and region")
     calls.add_argument("--reset", action="store_true", help="and start counting from zero")

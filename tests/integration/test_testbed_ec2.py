@@ -8,6 +8,7 @@ or $CLUSTERD_WHEELHOUSE_DIR with it built already) and --runtime-image: about a 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 import os
@@ -54,7 +55,24 @@ def image(region="us-east-1"):
         {"Name": "name", "Values": ["ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*"]}
     ])["Images"][0]["ImageId"]
 
+def group(name, region="us-east-1", ports=(22,)):
+    # A security group of the bed's VPC letting in ports from anywhere (made once).
+    c = ec2(region)
+    found = c.describe_security_groups(
+        Filters=[{"Name": "group-name", "Values": [name]}])["SecurityGroups"]
+    if found:
+        return found[0]["GroupId"]
+    vpc = c.describe_vpcs()["Vpcs"][0]["VpcId"]
+    gid = c.create_security_group(GroupName=name, Description=name, VpcId=vpc)["GroupId"]
+    if ports:
+        c.authorize_security_group_ingress(GroupId=gid, IpPermissions=[
+            {"IpProtocol": "tcp", "FromPort": p, "ToPort": p,
+             "IpRanges": [{"CidrIp": "0.0.0.0/0"}]} for p in ports])
+    return gid
+
 def launch(zone="us-east-1a", count=1, client=None, **kw):
+    # Security groups are enforced: the tests reach nodes by SSH from the bed's namespace.
+    kw.setdefault("SecurityGroupIds", [group("ssh-from-anywhere", zone[:-1])])
     r = (client or ec2()).run_instances(
         ImageId=kw.pop("ImageId", None) or image(), MinCount=count, MaxCount=count,
         KeyName="testkey", InstanceType=kw.pop("InstanceType", "t3.micro"),
@@ -326,6 +344,169 @@ def test_ubuntu_image_home_has_no_runtime(bed: Bed, pair: list[dict[str, Any]]) 
     assert sorted(r.stdout.split()) == sorted([".ssh", *skel])
 
 
+# ---------------------------------------------------------------------------- the network
+
+# On a node: echo each line back with the peer's address (so a test sees who connected).
+ECHO_SERVER = """
+import socket, sys, threading
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+def serve(conn, peer):
+    for line in conn.makefile("rb"):
+        conn.sendall(line.strip() + b" from " + peer[0].encode() + b"\\n")
+while True:
+    conn, peer = server.accept()
+    threading.Thread(target=serve, args=(conn, peer), daemon=True).start()
+"""
+# Anywhere: one line through a fresh connection, or why there was none.
+PROBE = """
+import socket, sys
+try:
+    conn = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)
+    conn.sendall(b"hi\\n")
+    print(conn.makefile("rb").readline().decode().strip())
+except ConnectionRefusedError:
+    print("refused")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def on_node(bed: Bed, ip: str, script: str, *args: str, background: bool = False) -> str:
+    """Run a python script on the node at ip (as ubuntu), in the background or for its
+    output."""
+    encoded = base64.b64encode(script.encode()).decode()
+    name = f"/tmp/script-{abs(hash(script))}.py"
+    run = f"python3 {name} {' '.join(args)}"
+    if background:  # nothing of ssh's channel kept open: ssh returns at once
+        run = f"{{ nohup setsid {run} </dev/null >/dev/null 2>&1 & }}"
+    r = bed.ssh(ip, f"echo {encoded} | base64 -d > {name} && {run}")
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def from_bed(bed: Bed, ip: str, port: int) -> str:
+    """PROBE from the bed's own namespace (where clusterd's daemon runs)."""
+    return bed.ok("exec", "--", "python", "-c", PROBE, ip, str(port)).strip()
+
+
+def test_the_beds_namespace_has_no_link_out(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    links = subprocess.run(["ip", "-n", bed.netns, "-d", "-o", "link", "show"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    kinds = {}
+    for line in links:
+        name = line.split(":")[1].strip().split("@")[0]
+        kinds[name] = ("bridge" if " bridge " in line else "veth" if " veth " in line
+                       else "loopback" if "loopback" in line else line)
+    assert kinds.pop("lo") == "loopback"
+    assert {n: k for n, k in kinds.items() if n.startswith("cdbr")} == {
+        "cdbr1": "bridge", "cdbr4": "bridge", "cdbr6": "bridge"}
+    veths = {n: k for n, k in kinds.items() if not n.startswith("cdbr")}
+    assert len(veths) >= len(pair) and set(veths.values()) == {"veth"}, kinds
+    # Each veth's other end is in another namespace (a node's), none is up in this one.
+    assert all("link-netns" in line or "link-netnsid" in line
+               for line in links if " veth " in line)
+    addresses = subprocess.run(["ip", "-n", bed.netns, "-4", "-o", "addr", "show"],
+                               capture_output=True, text=True, check=True).stdout
+    assert sorted(line.split()[3] for line in addresses.splitlines()) == [
+        "127.0.0.1/32", "127.1.0.1/16", "127.4.0.1/16", "127.6.0.1/16"]
+    routes = subprocess.run(["ip", "-n", bed.netns, "-4", "route", "show", "table", "all"],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    for line in routes:
+        words = line.split()
+        dest = words[1] if words[0] in ("local", "broadcast", "unreachable") else words[0]
+        assert dest != "default" and dest.startswith("127."), line
+
+
+def test_each_node_has_a_namespace_and_address_of_its_own(bed: Bed,
+                                                         pair: list[dict[str, Any]]) -> None:
+    controller = json.loads(bed.ok("status", "--json"))["controller_pid"]
+    spaces = {os.readlink(f"/proc/{pid}/ns/net")
+              for pid in (controller, *(row["node_pid"] for row in pair))}
+    assert len(spaces) == 3
+    for row in pair:
+        r = bed.ssh(row["private_ip"], "ip -4 -o addr show")
+        assert sorted((line.split()[1], line.split()[3]) for line in r.stdout.splitlines()) \
+            == [("eth0", f"{row['private_ip']}/16"), ("lo", "127.0.0.1/32")], r.stdout
+
+
+def test_security_groups_are_enforced_and_follow_the_api(bed: Bed) -> None:
+    got = bed.py("""
+g = group("members-test")
+out({"group": g, "ids": launch(zone="us-east-1a", SecurityGroupIds=[g])
+                         + launch(zone="us-east-1b", SecurityGroupIds=[g])})""")
+    gid = got["group"]
+    a, b = (bed.wait_node(i, "up") for i in got["ids"])
+    a_ip, b_ip = a["private_ip"], b["private_ip"]
+    assert b_ip.startswith("127.1.2.")  # another zone's subnet: one VPC, one bridge
+    on_node(bed, b_ip, ECHO_SERVER, b_ip, "7000", background=True)
+    wait_for(lambda: f"{b_ip}:7000" in bed.ssh(b_ip, "ss -Hltn").stdout, 10,
+             "the echo server to listen")
+    # Port 22 is open from anywhere; 7000 from nowhere: dropped (a timeout), from a member
+    # of the group and from the bed alike.
+    assert on_node(bed, a_ip, PROBE, b_ip, "22").startswith("SSH-")
+    assert on_node(bed, a_ip, PROBE, b_ip, "7000") == "TimeoutError"
+    assert from_bed(bed, b_ip, 7000) == "TimeoutError"
+
+    def permit(action: str, permission: str) -> None:
+        bed.py(f"ec2().{action}_security_group_ingress(GroupId={gid!r}, "
+               f"IpPermissions=[{permission}]); out(1)")
+
+    members = repr({"IpProtocol": "-1", "UserIdGroupPairs": [{"GroupId": gid}]})
+    permit("authorize", members)
+    # Within seconds (PROBE's connect retries its SYN for 3 s), and with A's own address.
+    assert on_node(bed, a_ip, PROBE, b_ip, "7000") == f"hi from {a_ip}"
+    assert from_bed(bed, b_ip, 7000) == "TimeoutError"  # the bed is no member
+    cidr = repr({"IpProtocol": "tcp", "FromPort": 7000, "ToPort": 7000,
+                 "IpRanges": [{"CidrIp": "127.1.0.0/24"}]})
+    permit("authorize", cidr)
+    assert from_bed(bed, b_ip, 7000) == "hi from 127.1.0.1"
+    # Stateful: a connection made while a rule let it in outlives the rule's revocation.
+    tracked = bed.py(f"""
+import socket
+conn = socket.create_connection(({b_ip!r}, 7000), timeout=3)
+lines = conn.makefile("rb")
+conn.sendall(b"before\\n"); first = lines.readline().decode().strip()
+ec2().revoke_security_group_ingress(GroupId={gid!r}, IpPermissions=[{cidr}])
+deadline = time.monotonic() + 5
+while time.monotonic() < deadline:  # until a new connection is dropped
+    try:
+        socket.create_connection(({b_ip!r}, 7000), timeout=0.5).close()
+    except OSError:
+        break
+conn.sendall(b"after\\n")
+out([first, lines.readline().decode().strip(), time.monotonic() < deadline])""")
+    assert tracked == ["before from 127.1.0.1", "after from 127.1.0.1", True]
+    assert from_bed(bed, b_ip, 7000) == "TimeoutError"
+    permit("revoke", members)
+    assert on_node(bed, a_ip, PROBE, b_ip, "7000") == "TimeoutError"
+    # Enforcement off (for measuring what it costs), then on again.
+    assert json.loads(bed.ok("firewall", "--json", "--off"))["enforce"] is False
+    assert from_bed(bed, b_ip, 7000) == "hi from 127.1.0.1"
+    on = json.loads(bed.ok("firewall", "--json", "--on"))
+    assert on["enforce"] is True and f"ip daddr {b_ip}" not in on["ruleset"]
+    assert from_bed(bed, b_ip, 7000) == "TimeoutError"
+    bed.py(f"ec2().terminate_instances(InstanceIds={got['ids']!r}); out(1)")
+
+
+def test_partition_cuts_a_node_off_and_heal_restores_it(bed: Bed) -> None:
+    (iid,) = bed.py("out(launch(zone='us-east-1c'))")
+    row = bed.wait_node(iid, "up")
+    assert from_bed(bed, row["private_ip"], 22).startswith("SSH-")
+    cut = bed.ok("partition", iid)
+    assert f"{iid} in us-east-1 (running): link cut now" in cut
+    after = bed.instance(iid)
+    assert after["partitioned"] is True and after["node"] == "up"
+    assert Path(f"/proc/{after['node_pid']}").exists()  # nothing of the node died
+    assert from_bed(bed, row["private_ip"], 22) in ("TimeoutError", "OSError")
+    assert "(cut)" in bed.ok("status")
+    bed.ok("heal", iid)
+    assert bed.instance(iid)["partitioned"] is False
+    assert from_bed(bed, row["private_ip"], 22).startswith("SSH-")
+    unknown = bed.testbed("partition", "i-0123456789abcdef0")
+    assert unknown.returncode == 1 and "no instance" in unknown.stderr
+    bed.py(f"ec2().terminate_instances(InstanceIds=[{iid!r}]); out(1)")
+
+
 def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
                                                           pair: list[dict[str, Any]]) -> None:
     a = pair[0]
@@ -340,9 +521,16 @@ def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
     wait_for(lambda: not node_processes(marker), 5, "the node's processes to die")
     bed.py(f"ec2().start_instances(InstanceIds=['{a['id']}']); out(1)")
     row = bed.wait_node(a["id"], "up", "running")
-    assert row["private_ip"] == a["private_ip"]
-    r = bed.ssh(a["private_ip"], "cat ~/disk; ls -A /tmp")
+    # As EC2 may on a start, the instance came back with another address of its subnet.
+    assert row["private_ip"] != a["private_ip"] and row["private_ip"].startswith("127.1.1.")
+    described = bed.py(f"out(ec2().describe_instances(InstanceIds=['{a['id']}'])"
+                       f"['Reservations'][0]['Instances'][0]['PrivateIpAddress'])")
+    assert described == row["private_ip"]
+    r = bed.ssh(row["private_ip"], "cat ~/disk; ls -A /tmp")
     assert r.stdout.split() == ["kept"]
+    r = bed.ssh(row["private_ip"], "ip -4 -o addr show dev eth0")
+    assert f"{row['private_ip']}/16" in r.stdout, r.stdout + r.stderr
+    pair[0] = row
 
 
 def test_shutdown_with_behaviour_stop(bed: Bed, pair: list[dict[str, Any]]) -> None:

@@ -141,6 +141,8 @@ class Bed:
         if op in ("partition", "heal"):
             return self.partition(str(args.get("instance_id")), cut=op == "partition")
         if op == "firewall":
+            if args.get("enforce") is not None:
+                self.firewall.set_enforce(bool(args["enforce"]))
             return {**self.firewall.status(), "ruleset": self.firewall.rules()}
         if op == "calls":
             return {"calls": self.endpoint.calls(reset=bool(args.get("reset")))}

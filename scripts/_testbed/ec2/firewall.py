@@ -157,13 +157,18 @@ def apply(script: str) -> None:
         raise RuntimeError(f"nft -f failed (exit {p.returncode}): {p.stderr.strip()[-1000:]}")
 
 
+OFF = f"table inet {TABLE}\ndelete table inet {TABLE}\n"  # no rules: everything goes
+
+
 class Firewall:
     """Keeps the bed's rules what the API says, from a thread of its own. regions() gives the
-    bed's regions; api(region) a boto3 EC2 client to moto."""
+    bed's regions; api(region) a boto3 EC2 client to moto. With enforce off (`scripts/testbed
+    ec2 firewall --off`, for measuring what enforcement costs) no rule stands."""
 
     def __init__(self, regions: Callable[[], list[str]], api: Callable[[str], Any]) -> None:
         self._regions = regions
         self._api = api
+        self.enforce = True
         self._applied: str | None = None
         self._stop = threading.Event()
         self.generation = 0  # bumped at every change applied
@@ -179,8 +184,12 @@ class Firewall:
         self._thread.join(timeout=10)
 
     def status(self) -> dict[str, Any]:
-        return {"generation": self.generation, "applied_at": self.applied_at,
-                "rules": (self._applied or "").count(" accept\n")}
+        return {"enforce": self.enforce, "generation": self.generation,
+                "applied_at": self.applied_at, "rules": _instance_rules(self._applied or "")}
+
+    def set_enforce(self, enforce: bool) -> None:
+        self.enforce = enforce
+        self.sync()
 
     def rules(self) -> str:
         return self._applied or ""
@@ -204,13 +213,22 @@ class Firewall:
             members += members_of(reservations)
             for g in ec2.describe_security_groups()["SecurityGroups"]:
                 permissions[g["GroupId"]] = g.get("IpPermissions", [])
-        script = ruleset(members, permissions, [vpc_cidr(r) for r in regions])
+        script = ruleset(members, permissions, [vpc_cidr(r) for r in regions]) \
+            if self.enforce else OFF
         if script == self._applied:
             return False
         apply(script)
         self._applied = script
         self.generation += 1
         self.applied_at = time.time()
-        log.info("security groups applied (generation %d): %d instance(s), %d rule(s)",
-                 self.generation, len(members), script.count(" accept\n"))
+        log.info("security groups applied (generation %d): %d instance(s), %d rule(s)%s",
+                 self.generation, len(members), _instance_rules(script),
+                 "" if self.enforce else " (enforcement off)")
         return True
+
+
+def _instance_rules(script: str) -> int:
+    """The rules of the instances' chains (not the dispatching ones)."""
+    return sum(1 for line in script.splitlines()
+               if line.startswith("\t\t") and line.endswith(" accept") and "ct state" not in line
+               and "oifname" not in line)

@@ -82,11 +82,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
 def cmd_firewall(args: argparse.Namespace) -> int:
     paths = _paths(args)
     require_bed(paths)
-    reply = request(paths.control_sock, "firewall")
+    reply = request(paths.control_sock, "firewall", enforce=args.enforce)
     if args.json:
         log(json.dumps(reply, indent=2))
     else:
-        log(f"# generation {reply['generation']}, {reply['rules']} rule(s)")
+        log(f"# security groups {'enforced' if reply['enforce'] else 'NOT enforced'}; "
+            f"generation {reply['generation']}, {reply['rules']} rule(s)")
         log(reply["ruleset"].rstrip("\n"))
     return 0
 
