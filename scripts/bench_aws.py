@@ -167,6 +167,89 @@ def bench_aws_launch(bench: Any, runs: int = 2) -> None:
         bed.down()
 
 
+# Inside the bed: how long until a rule change through the API holds for new connections.
+# Nothing listens on the port: a connect refused (a reset) means the group let it through, one
+# that times out means it was dropped.
+RULE_CHANGE = """
+import boto3, json, socket, statistics, time
+ec2 = boto3.client("ec2", region_name="us-east-1")
+group, ip, port = __GROUP__, __IP__, 7999
+permission = [{"IpProtocol": "tcp", "FromPort": port, "ToPort": port,
+               "IpRanges": [{"CidrIp": "0.0.0.0/0"}]}]
+
+def let_through():
+    try:
+        socket.create_connection((ip, port), timeout=0.05).close()
+        return True
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
+
+def until(wanted):
+    started = time.monotonic()
+    while let_through() != wanted:
+        if time.monotonic() - started > 30:
+            raise SystemExit("the bed did not apply a rule change within 30 s")
+    return time.monotonic() - started
+
+opened, closed = [], []
+for _ in range(__ROUNDS__):
+    ec2.authorize_security_group_ingress(GroupId=group, IpPermissions=permission)
+    opened.append(until(True))
+    ec2.revoke_security_group_ingress(GroupId=group, IpPermissions=permission)
+    closed.append(until(False))
+print(json.dumps({"opened": opened, "closed": closed}))
+"""
+
+
+def bench_aws_security_groups(bench: Any, runs: int = 2, rounds: int = 5) -> None:
+    print("(o) the EC2 bed's security groups: a rule change applied; a 2-node launch with "
+          "them enforced vs not", file=sys.stderr)
+    bed = AWSBed(bench)
+    try:
+        bed.up()
+        enforced: list[float] = []
+        open_ports: list[float] = []
+        kept = ""
+        for index in range(runs):
+            for enforce, walls in ((False, open_ports), (True, enforced)):
+                bed._testbed("firewall", "--on" if enforce else "--off")
+                name = f"sg{index}{'on' if enforce else 'off'}"
+                wall, done = _timed(lambda n=name: bed.ctl(
+                    "launch", "-c", n, "--infra", "aws/us-east-1", "--num-nodes", "2",
+                    "--cpus", "2", "--", "true"))
+                if done.returncode != 0:
+                    raise SystemExit(f"aws launch failed: {done.stderr}")
+                walls.append(wall)
+                if enforce and index == runs - 1:
+                    kept = name
+                else:
+                    bed.ctl("down", "-y", name)
+        bench.record("aws_launch_2_nodes_groups_enforced", statistics.median(enforced), "s",
+                     baseline=statistics.median(open_ports),
+                     baseline_name="the same launch, groups not enforced")
+        cloud_name = next(c["cloud_name"] for c in json.loads(bed.ctl("status", "--json").stdout)
+                          if c["name"] == kept)
+        where = json.loads(bed.python(
+            "import boto3, json\n"
+            "r = boto3.client('ec2', region_name='us-east-1').describe_instances(Filters=["
+            f"{{'Name': 'tag:clusterd-cluster-name', 'Values': [{cloud_name!r}]}}, "
+            "{'Name': 'tag:clusterd-node-role', 'Values': ['head']}])\n"
+            "i = r['Reservations'][0]['Instances'][0]\n"
+            "print(json.dumps([i['PrivateIpAddress'], i['SecurityGroups'][0]['GroupId']]))"))
+        changes = json.loads(bed.python(
+            RULE_CHANGE.replace("__GROUP__", repr(where[1]))
+            .replace("__IP__", repr(where[0])).replace("__ROUNDS__", str(rounds))))
+        opened, closed = changes["opened"], changes["closed"]
+        bench.record("bed_rule_change_applied_s", statistics.median(opened), "s",
+                     target="≤ 2 s", ok=max(opened + closed) <= 2.0,
+                     max_s=round(max(opened + closed), 2),
+                     closed_p50_s=round(statistics.median(closed), 2), rounds=rounds)
+    finally:
+        bed.down()
+
+
 FAKE_CLUSTERS = """
 import boto3, json
 ec2 = boto3.client("ec2", region_name="us-east-1")

@@ -30,7 +30,12 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_aws import bench_aws_launch, bench_aws_refresh, bench_failover
+from bench_aws import (
+    bench_aws_launch,
+    bench_aws_refresh,
+    bench_aws_security_groups,
+    bench_failover,
+)
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 
 VENV_BIN = Path(sys.executable).parent
@@ -574,6 +579,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "aws_launch": bench_aws_launch,
     "aws_refresh": bench_aws_refresh,
     "failover": bench_failover,
+    "aws_security_groups": bench_aws_security_groups,
     "dashboard_page": bench_dashboard_page,
     "dashboard_logs": bench_dashboard_logs,
 }
@@ -606,7 +612,7 @@ def main() -> None:
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
-             "lag_s", "cli_lines_per_s", "lines_shown")
+             "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
