@@ -237,7 +237,8 @@ def bench_aws_security_groups(bench: Any, runs: int = 2, rounds: int = 5) -> Non
             f"{{'Name': 'tag:clusterd-cluster-name', 'Values': [{cloud_name!r}]}}, "
             "{'Name': 'tag:clusterd-node-role', 'Values': ['head']}])\n"
             "i = r['Reservations'][0]['Instances'][0]\n"
-            "print(json.dumps([i['PrivateIpAddress'], i['SecurityGroups'][0]['GroupId']]))"))
+            "g = i['SecurityGroups'] or i['NetworkInterfaces'][0]['Groups']\n"
+            "print(json.dumps([i['PrivateIpAddress'], g[0]['GroupId']]))"))
         changes = json.loads(bed.python(
             RULE_CHANGE.replace("__GROUP__", repr(where[1]))
             .replace("__IP__", repr(where[0])).replace("__ROUNDS__", str(rounds))))
