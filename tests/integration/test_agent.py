@@ -246,6 +246,21 @@ async def test_infeasible_jobs_are_refused_with_the_reason(agent: AgentClient) -
     assert "4 CPU" in too_big.value.message
 
 
+async def test_a_container_image_that_is_no_image_reference_is_refused(
+    agent: AgentClient,
+) -> None:
+    """The daemon's task loader refuses it first; the agent does not count on that."""
+    before = len(await agent.queue())
+    job = spec("echo never", nodes=1)
+    job.container_image = "--cidfile=/tmp/clusterd-never"
+    with pytest.raises(ProtocolError) as refused:
+        await agent.add_job(job)
+    assert refused.value.code == ErrorCode.INVALID_TASK
+    assert "container_image: '--cidfile=/tmp/clusterd-never' is not an image reference" in (
+        refused.value.message)
+    assert len(await agent.queue()) == before
+
+
 async def test_tail_last_lines_and_resume_by_offset(agent: AgentClient) -> None:
     job, log = await run_to_end(agent, spec("for i in $(seq 1 100); do echo line $i; done",
                                             nodes=1))

@@ -1,10 +1,12 @@
 """Container jobs on a node (agent/node_tasks.py's script runner) with a real podman: the job's
-script stays private to the node's user while the job runs, whatever user the image runs as."""
+script stays private to the node's user while the job runs, whatever user the image runs as,
+and an image reference never reaches podman as an option."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,3 +88,19 @@ def test_a_plain_job_script_is_private_too(workdir: Path) -> None:
     assert code == 0
     holder, script = output.decode().splitlines()
     assert holder == "700 root" and script.split()[0] in ("600", "644")
+
+
+def test_an_image_that_looks_like_an_option_never_reaches_podman(workdir: Path) -> None:
+    """`docker:--cidfile=PATH` once had podman write PATH (and run the image `sh`)."""
+    target = workdir / "cid"
+    shell_env = {**os.environ}
+    subprocess.run(["podman", "tag", ROOT_IMAGE, "localhost/sh:latest"], env=shell_env,
+                   check=True, capture_output=True, timeout=60)
+    try:
+        output, code = outcome(node_tasks._run_script("echo ran", {}, str(workdir),
+                                                      f"--cidfile={target}"))
+    finally:
+        subprocess.run(["podman", "untag", ROOT_IMAGE, "localhost/sh:latest"], env=shell_env,
+                       capture_output=True, timeout=60)
+    assert not target.exists()
+    assert code != 0 and b"not an image reference" in output, output

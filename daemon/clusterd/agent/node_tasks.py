@@ -54,6 +54,10 @@ def _script_file(script: str) -> Iterator[str]:
 def _container_argv(image: str, script_path: str, workdir: str,
                     env: dict[str, str]) -> tuple[list[str], str]:
     """The argv running the script in `image`, or why it cannot run (for the job's log)."""
+    try:
+        containers.check_image(image)
+    except containers.BadImage as exc:
+        return [], f"resources.image_id: docker:IMAGE: {exc}"
     runtime, why = containers.find_runtime()
     if runtime is None:
         return [], (f"resources.image_id: docker:{image} needs a container runtime on this "

@@ -17,6 +17,7 @@ import ray
 import structlog
 
 from clusterctl._version import __version__
+from clusterd.agent import containers
 from clusterd.agent.auth import NONCE_BYTES, NonceBook, agent_proof, new_nonce
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.jobs_db import Job, JobStore
@@ -124,6 +125,11 @@ class JobsService(pb_grpc.JobsServiceServicer):
         spec = request.spec
         if not spec.run.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the job has nothing to run")
+        if spec.container_image:
+            try:  # the daemon's task loader checked it; an image must never pass for an option
+                containers.check_image(spec.container_image)
+            except containers.BadImage as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container_image: {exc}")
         try:
             job = await self._scheduler.submit(spec_from_pb(spec), dict(spec.secrets))
         except Infeasible as exc:
