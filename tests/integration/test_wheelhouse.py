@@ -49,12 +49,8 @@ def node(place: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def place() -> Iterator[Path]:
-    path = short_tempdir("cdwhp-")
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
+def place(tmp_path: Path) -> Path:
+    return tmp_path
 
 
 def copy_of(built: Wheelhouse, place: Path) -> Path:
