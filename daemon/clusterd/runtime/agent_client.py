@@ -49,6 +49,7 @@ NONCE_BATCH = 16
 # A nonce is used within this share of the lifetime the agent gave it (counted from when we
 # asked): the rest is for the call carrying it to reach the agent.
 NONCE_USE_WITHIN = 0.75
+MAX_NONCE_TTL_S = 3600.0
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
@@ -175,24 +176,32 @@ class AgentClient:
         except grpc.aio.AioRpcError as error:
             raise translate(error, self.cluster) from None
         nonces = [n for n in reply.nonces[:NONCE_BATCH] if len(n) == NONCE_BYTES]
-        if not nonces or reply.ttl_s <= 0:
+        if not nonces or not 0 < reply.ttl_s <= MAX_NONCE_TTL_S:
             raise ProtocolError(
                 ErrorCode.AGENT_UNREACHABLE,
-                f"the agent of cluster {self.cluster} issued no nonce to make a credential over",
+                f"the agent of cluster {self.cluster} issued no usable nonce to make a "
+                f"credential over ({len(nonces)} for {reply.ttl_s} s)",
                 f"`clusterctl launch -c {self.cluster}` restarts the runtime",
             )
         use_by = asked + reply.ttl_s * NONCE_USE_WITHIN
         self._nonces.extend((nonce, use_by) for nonce in nonces)
 
     async def _credential(self) -> str:
-        """A credential for one call: over a nonce of ours, fetching more when we have none."""
+        """A credential for one call: over a nonce of ours, fetching more when we have none
+        (a few times at most: an agent whose nonces expire at once must not keep us asking)."""
         if not self._proved:
             await self.handshake()
-        while (nonce := self._take_nonce()) is None:
+        for _ in range(3):
+            if (nonce := self._take_nonce()) is not None:
+                return daemon_credential(self._token, nonce)
             async with self._refilling:
                 if not self._nonces:  # else another task refilled while we waited
                     await self._refill()
-        return daemon_credential(self._token, nonce)
+        raise ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the nonces the agent of cluster {self.cluster} issues expire before they can "
+            "be used", f"`clusterctl launch -c {self.cluster}` restarts the runtime",
+        )
 
     def _retry_with_fresh_nonces(self, error: grpc.aio.AioRpcError, attempt: int) -> bool:
         """After a first refusal of our credential: the agent no longer knows the nonces we
