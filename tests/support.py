@@ -259,3 +259,49 @@ def other_user(prefix: str = "cdx") -> Iterator[OtherUser]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         subprocess.run(["userdel", "-r", name], capture_output=True, timeout=60)
+
+
+CONTAINERS_CONF = """[containers]
+default_ulimits = []
+netns = "host"
+[engine]
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+runtime = "runc"
+"""
+
+
+@contextlib.contextmanager
+def busybox_image(name: str, tools: tuple[str, ...] = ("sh", "cat", "echo", "ls", "id", "env"),
+                  files: dict[str, str] | None = None,
+                  changes: tuple[str, ...] = ()) -> Iterator[dict[str, str]]:
+    """A container runtime that works here (podman with runc, no cgroup management) and a
+    small image `name` of its own: busybox as `tools`, plus `files` (path in the image: text),
+    with Dockerfile `changes` (e.g. "USER 65534"). Yields the environment podman needs
+    (CONTAINERS_CONF); the image is removed afterwards."""
+    if not (shutil.which("podman") and shutil.which("runc") and Path("/bin/busybox").exists()):
+        import pytest
+
+        pytest.skip("needs podman, runc and busybox-static (scripts/test installs them)")
+    root = short_tempdir("cdpod-")
+    conf = root / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
+    rootfs = root / "rootfs"
+    for directory in ("bin", "etc", "tmp"):
+        (rootfs / directory).mkdir(parents=True)
+    shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
+    for tool in tools:
+        (rootfs / "bin" / tool).symlink_to("busybox")
+    for path, text in (files or {}).items():
+        (rootfs / path.lstrip("/")).write_text(text)
+    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(root / "rootfs.tar"), "."], check=True)
+    subprocess.run(["podman", "import", *(f"--change={c}" for c in changes),
+                    str(root / "rootfs.tar"), name], env=env, check=True,
+                   capture_output=True, timeout=120)
+    try:
+        yield {"CONTAINERS_CONF": str(conf)}
+    finally:
+        subprocess.run(["podman", "rmi", "-f", name], env=env, capture_output=True,
+                       timeout=120)
+        shutil.rmtree(root, ignore_errors=True)

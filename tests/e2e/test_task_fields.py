@@ -5,27 +5,15 @@ by the node's container runtime (podman here, with an image made from a busybox 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.support import Daemon, running_daemon, short_tempdir
+from tests.support import Daemon, busybox_image, running_daemon
 
 pytestmark = pytest.mark.ray
 
 IMAGE = "localhost/clusterd-test:1"
-CONTAINERS_CONF = """[containers]
-default_ulimits = []
-netns = "host"
-[engine]
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-runtime = "runc"
-"""
 
 
 def test_fields_without_effect_are_warned_and_refused_under_strict(
@@ -72,31 +60,10 @@ def test_a_machine_image_cannot_apply_to_local_and_says_so(shared_daemon: Daemon
 
 @pytest.fixture(scope="module")
 def podman() -> Iterator[dict[str, str]]:
-    """A container runtime that works here (podman with runc, no cgroup management), and a
-    small image of its own: busybox, and a file saying where it is."""
-    if not (shutil.which("podman") and shutil.which("runc") and Path("/bin/busybox").exists()):
-        pytest.skip("needs podman, runc and busybox-static (scripts/test installs them)")
-    root = short_tempdir("cdpod-")
-    conf = root / "containers.conf"
-    conf.write_text(CONTAINERS_CONF)
-    env = {**os.environ, "CONTAINERS_CONF": str(conf)}
-    rootfs = root / "rootfs"
-    (rootfs / "bin").mkdir(parents=True)
-    (rootfs / "etc").mkdir()
-    (rootfs / "tmp").mkdir()
-    shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
-    for tool in ("sh", "cat", "echo", "ls", "id", "env"):
-        (rootfs / "bin" / tool).symlink_to("busybox")
-    (rootfs / "etc" / "clusterd-test-image").write_text("inside the image\n")
-    subprocess.run(["tar", "-C", str(rootfs), "-cf", str(root / "rootfs.tar"), "."], check=True)
-    subprocess.run(["podman", "import", str(root / "rootfs.tar"), IMAGE], env=env, check=True,
-                   capture_output=True, timeout=120)
-    try:
-        yield {"CONTAINERS_CONF": str(conf)}
-    finally:
-        subprocess.run(["podman", "rmi", "-f", IMAGE], env=env, capture_output=True,
-                       timeout=120)
-        shutil.rmtree(root, ignore_errors=True)
+    """A container runtime that works here, and a small image of its own: busybox, and a file
+    saying where it is."""
+    with busybox_image(IMAGE, files={"etc/clusterd-test-image": "inside the image\n"}) as env:
+        yield env
 
 
 def test_a_docker_image_runs_the_job_in_that_container(podman: dict[str, str]) -> None:

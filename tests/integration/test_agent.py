@@ -19,7 +19,14 @@ import pytest
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError
 from clusterd.agent import node
-from clusterd.agent.auth import AUTH_METADATA, daemon_credential, new_nonce, new_token
+from clusterd.agent.auth import (
+    AUTH_METADATA,
+    MAX_NONCES_OUTSTANDING,
+    MAX_NONCES_PER_CALL,
+    daemon_credential,
+    new_nonce,
+    new_token,
+)
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.agent.wire import AGENT_PROTOCOL, status_from_pb
@@ -239,6 +246,21 @@ async def test_infeasible_jobs_are_refused_with_the_reason(agent: AgentClient) -
     assert "4 CPU" in too_big.value.message
 
 
+async def test_a_container_image_that_is_no_image_reference_is_refused(
+    agent: AgentClient,
+) -> None:
+    """The daemon's task loader refuses it first; the agent does not count on that."""
+    before = len(await agent.queue())
+    job = spec("echo never", nodes=1)
+    job.container_image = "--cidfile=/tmp/clusterd-never"
+    with pytest.raises(ProtocolError) as refused:
+        await agent.add_job(job)
+    assert refused.value.code == ErrorCode.INVALID_TASK
+    assert "container_image: '--cidfile=/tmp/clusterd-never' is not an image reference" in (
+        refused.value.message)
+    assert len(await agent.queue()) == before
+
+
 async def test_tail_last_lines_and_resume_by_offset(agent: AgentClient) -> None:
     job, log = await run_to_end(agent, spec("for i in $(seq 1 100); do echo line $i; done",
                                             nodes=1))
@@ -301,7 +323,7 @@ async def test_calls_without_the_daemons_credential_are_refused(
     agent: AgentClient, agent_cluster: AgentCluster
 ) -> None:
     before = len(await agent.queue())
-    forged = daemon_credential(new_token(), new_nonce(), new_nonce())
+    forged = daemon_credential(new_token(), new_nonce())
     channel = grpc.aio.insecure_channel(agent_cluster.endpoint)
     try:
         jobs = pb_grpc.JobsServiceStub(channel)
@@ -322,6 +344,86 @@ async def test_calls_without_the_daemons_credential_are_refused(
     finally:
         await channel.close()
     assert len(await agent.queue()) == before
+
+
+async def issued_credential(channel: grpc.aio.Channel, token: str) -> str:
+    """A credential made as the daemon makes one: with the token, over a nonce the agent
+    issued a moment ago."""
+    reply = await pb_grpc.HealthServiceStub(channel).IssueNonces(
+        pb.IssueNoncesRequest(count=1), timeout=10)
+    (nonce,) = reply.nonces
+    return daemon_credential(token, nonce)
+
+
+async def queue_with(channel: grpc.aio.Channel, credential: str) -> grpc.StatusCode:
+    """The status of one queue listing made with this credential."""
+    try:
+        await pb_grpc.JobsServiceStub(channel).GetJobQueue(
+            pb.GetJobQueueRequest(), metadata=((AUTH_METADATA, credential),), timeout=10)
+    except grpc.aio.AioRpcError as error:
+        return error.code()
+    return grpc.StatusCode.OK
+
+
+async def test_a_credential_is_good_for_one_call_only(agent_cluster: AgentCluster) -> None:
+    """Whoever sees a credential go by (say, in a core dump) cannot use it again."""
+    async with grpc.aio.insecure_channel(agent_cluster.endpoint) as channel:
+        credential = await issued_credential(channel, agent_cluster.token)
+        assert await queue_with(channel, credential) == grpc.StatusCode.OK
+        assert await queue_with(channel, credential) == grpc.StatusCode.UNAUTHENTICATED
+        # Nor on another connection.
+        async with grpc.aio.insecure_channel(agent_cluster.endpoint) as other:
+            assert await queue_with(other, credential) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_credential_over_a_nonce_the_agent_never_issued_is_refused(
+    agent_cluster: AgentCluster,
+) -> None:
+    """Even made with the right token: a nonce the agent did not issue may be one a
+    credential was captured over earlier (by an impostor at the socket, say)."""
+    made_up = daemon_credential(agent_cluster.token, new_nonce())
+    async with grpc.aio.insecure_channel(agent_cluster.endpoint) as channel:
+        assert await queue_with(channel, made_up) == grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_a_credential_over_an_expired_nonce_is_refused(agent_cluster: AgentCluster,
+                                                             ) -> None:
+    """A nonce is good for a short while only: here a second agent on the same Ray, told 1 s.
+    The daemon's client, which keeps a few nonces at hand, goes on working across that."""
+    run = agent_cluster.root / "brief" / "run"
+    endpoint = f"unix:{agent_cluster.root}/s2/agent.sock"
+    node.start_agent({**agent_cluster.agent_params, "dir": str(run), "listen": endpoint,
+                      "state_dir": str(agent_cluster.root / "brief" / "agent"),
+                      "nonce_ttl": 1.0})
+    client = AgentClient("two", endpoint, agent_cluster.token)
+    try:
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            stale = await issued_credential(channel, agent_cluster.token)
+            await client.queue()
+            await anyio.sleep(1.2)  # past the lifetime: nothing to wait for but the clock
+            assert await queue_with(channel, stale) == grpc.StatusCode.UNAUTHENTICATED
+            fresh = await issued_credential(channel, agent_cluster.token)
+            assert await queue_with(channel, fresh) == grpc.StatusCode.OK
+        await client.queue()
+    finally:
+        await client.close()
+        node.stop({"dir": str(run), "parts": ["agent"]})
+
+
+async def test_the_daemons_client_replaces_nonces_the_agent_dropped(
+    agent: AgentClient, agent_cluster: AgentCluster,
+) -> None:
+    """The agent keeps a bounded number of nonces, forgetting the oldest (as a restarted agent
+    forgets all): the client, refused, fetches fresh ones and makes the call once more."""
+    await agent.queue()  # it now holds nonces for its next calls
+    async with grpc.aio.insecure_channel(agent_cluster.endpoint) as channel:
+        health = pb_grpc.HealthServiceStub(channel)
+        for _ in range(MAX_NONCES_OUTSTANDING // MAX_NONCES_PER_CALL + 1):
+            await health.IssueNonces(pb.IssueNoncesRequest(count=MAX_NONCES_PER_CALL),
+                                     timeout=10)
+    reply = await agent.add_job(spec("echo once", nodes=1))
+    (job,) = await agent.jobs([reply.job_id])
+    assert job.job_id == reply.job_id
 
 
 async def test_a_client_with_the_wrong_token_learns_so_at_the_handshake(

@@ -189,6 +189,45 @@ def test_image_id_forms() -> None:
     assert refusal("resources:\n  image_id: [a]\n").startswith("t.yaml: resources.image_id:")
 
 
+DIGEST = "sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize("image", [
+    "ubuntu", "ubuntu:22.04", "library/ubuntu", "localhost/clusterd-test:1",
+    "localhost:5000/team/img:v1.2-rc_3", "ghcr.io/org/sub/img", f"ghcr.io/org/img@{DIGEST}",
+    f"registry.example.com:443/a/b:tag@{DIGEST}", "[::1]:5000/img:1", "a__b.c-d/e---f:T_1",
+    "127.0.0.1:5000/x",
+])
+def test_docker_image_references_that_load(image: str) -> None:
+    loaded = load(f"resources:\n  image_id: 'docker:{image}'\n").resources
+    assert containers.image_of(loaded.image_id) == image
+
+
+@pytest.mark.parametrize("image", [
+    "--cidfile=/tmp/x", "-v", "-", "ubuntu --privileged", "ubuntu\tx", "Ubuntu", "org/UPPER",
+    "ubuntu:", ":tag", "ubuntu@sha256:abc", "ubuntu@" + "ab" * 32, "a//b", "/abs", "a/",
+    "a:b:c", "a:" + "t" * 129, "a" * 256, "a/-b", "a/b-", "a.-b", "host:port/x", "ünicode",
+    "x;rm -rf /", "$(id)", "a\\nb", "a:t\u00e4g", "",
+])
+def test_docker_image_references_that_are_refused(image: str) -> None:
+    message = refusal(f"resources:\n  image_id: 'docker:{image}'\n")
+    assert message.startswith("t.yaml: resources.image_id: "), message
+    assert "image reference" in message
+
+
+def test_a_bad_image_in_a_choice_names_its_place() -> None:
+    message = refusal("resources:\n  any_of:\n    - cpus: 1\n    - image_id: docker:-v\n")
+    assert message.startswith("t.yaml: resources.any_of[1].image_id: ")
+
+
+def test_the_container_command_ends_options_before_the_image() -> None:
+    argv = containers.command("/usr/bin/podman", "ubuntu:22.04", "/p/job.sh", "/w", ["A"])
+    assert argv[argv.index("--") + 1:] == ["ubuntu:22.04", "sh", "-c", containers.SHELL,
+                                           "/p/job.sh"]
+    with pytest.raises(containers.BadImage, match="--cidfile=/tmp/x"):
+        containers.command("/usr/bin/podman", "--cidfile=/tmp/x", "/p/job.sh", "/w", [])
+
+
 def test_ports_labels_autostop() -> None:
     r = load("resources:\n  ports: [8080, '9000-9010']\n  labels: {team: ml}\n"
              "  autostop: {idle_minutes: 10, down: true, wait_for: jobs}\n").resources

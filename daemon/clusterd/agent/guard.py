@@ -10,9 +10,14 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
-from clusterd.agent.auth import AUTH_METADATA, credential_is_valid
+from clusterd.agent.auth import AUTH_METADATA, NonceBook, credential_is_valid
 
-HANDSHAKE_METHOD = "/clusterd.agent.v1.HealthService/Handshake"
+# What a caller needs before it can make a credential: nothing in them is worth anything
+# without the token.
+OPEN_METHODS = frozenset({
+    "/clusterd.agent.v1.HealthService/Handshake",
+    "/clusterd.agent.v1.HealthService/IssueNonces",
+})
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
 MAX_REPLY_BYTES = 32 * 1024 * 1024
 MAX_METADATA_BYTES = 16 * 1024
@@ -24,7 +29,8 @@ SERVER_OPTIONS = [
     ("grpc.max_metadata_size", MAX_METADATA_BYTES),
     ("grpc.so_reuseport", 0),
 ]
-REFUSED = "no valid credential: only the daemon that started this agent may call it"
+REFUSED = ("no valid credential: only the daemon that started this agent may call it, with a "
+           "credential good for one call over a nonce this agent issued a moment ago")
 
 
 if TYPE_CHECKING:  # the stubs make these generic; grpc's classes are not subscriptable
@@ -36,11 +42,13 @@ else:
 
 
 class TokenGuard(Interceptor):
-    """Refuses (UNAUTHENTICATED) every call but Handshake that lacks a credential made from
-    the cluster's token (see auth.py)."""
+    """Refuses (UNAUTHENTICATED) every call but Handshake and IssueNonces that lacks a
+    credential made from the cluster's token over an unused nonce of `nonces` (see auth.py).
+    It refuses before the call's handler runs, so a refused call did nothing."""
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, nonces: NonceBook) -> None:
         self._token = token
+        self._nonces = nonces
 
     async def intercept_service(
         self,
@@ -48,10 +56,10 @@ class TokenGuard(Interceptor):
         details: grpc.HandlerCallDetails,
     ) -> Handler:
         handler = await continuation(details)
-        if handler is None or details.method == HANDSHAKE_METHOD:
+        if handler is None or details.method in OPEN_METHODS:
             return handler
         metadata = dict(details.invocation_metadata or ())
-        if credential_is_valid(self._token, metadata.get(AUTH_METADATA)):
+        if credential_is_valid(self._token, metadata.get(AUTH_METADATA), self._nonces):
             return handler
         return _refusal(handler)
 

@@ -25,6 +25,7 @@ import structlog
 from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd import log
 from clusterd.agent import node, node_tasks
+from clusterd.agent.auth import NONCE_TTL_S, NonceBook
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.autostop_marker import write_marker
 from clusterd.agent.guard import MAX_CONCURRENT_RPCS, SERVER_OPTIONS, TokenGuard
@@ -63,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--job-retention", type=int, default=1000,
                         help="job records (and their logs) kept; the oldest finished ones "
                              "beyond this are deleted")
+    parser.add_argument("--nonce-ttl", type=float, default=NONCE_TTL_S,
+                        help="seconds an issued nonce stays good for the daemon's credential "
+                             "(tests shorten it)")
     parser.add_argument("--log-level", default="info", choices=log.LEVELS)
     return parser.parse_args(argv)
 
@@ -165,12 +169,13 @@ async def serve(args: argparse.Namespace) -> None:
                     (j.job_id for j in store.all()), default=None))
             await anyio.sleep(JOB_PRUNE_S)
 
-    server = grpc.aio.server(interceptors=[TokenGuard(args.token)], options=SERVER_OPTIONS,
-                             maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    nonces = NonceBook(ttl_s=args.nonce_ttl)
+    server = grpc.aio.server(interceptors=[TokenGuard(args.token, nonces)],
+                             options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
     pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
     pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
-    pb_grpc.add_HealthServiceServicer_to_server(HealthService(scheduler, contact, args.token),
-                                                server)
+    pb_grpc.add_HealthServiceServicer_to_server(
+        HealthService(scheduler, contact, args.token, nonces), server)
     socket_path: Path = args.socket_path
     socket_path.unlink(missing_ok=True)
     if server.add_insecure_port(f"unix:{socket_path}") == 0:

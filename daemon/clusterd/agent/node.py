@@ -322,6 +322,8 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         f"--autostop-grace={float(params.get('autostop_grace', 300))}",
         f"--job-retention={int(params.get('job_retention', 1000))}",
     ]
+    if params.get("nonce_ttl"):
+        argv.append(f"--nonce-ttl={float(params['nonce_ttl'])}")
     if params.get("shutdown_nodes"):
         argv.append("--shutdown-nodes")
     pid = _spawn(argv, log_path, _env(params), stdin=f"{token}\n".encode())

@@ -11,6 +11,7 @@ import fcntl
 import getpass
 import os
 import select
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +35,39 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)  # Linux
 JOB_UMASK = 0o022
 
 
+@contextlib.contextmanager
+def _script_file(script: str) -> Iterator[str]:
+    """`script` in a file of its own (a single argv entry is limited to 128 KiB on Linux), in a
+    fresh 0700 directory: only this user (the job) can read it, whoever else shares the
+    node's /tmp. Removed afterwards."""
+    holder = tempfile.mkdtemp(prefix="clusterd-job-")
+    try:
+        path = os.path.join(holder, "script.sh")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(script)
+        yield path
+    finally:
+        shutil.rmtree(holder, ignore_errors=True)
+
+
+def _container_argv(image: str, script_path: str, workdir: str,
+                    env: dict[str, str]) -> tuple[list[str], str]:
+    """The argv running the script in `image`, or why it cannot run (for the job's log)."""
+    try:
+        containers.check_image(image)
+    except containers.BadImage as exc:
+        return [], f"resources.image_id: docker:IMAGE: {exc}"
+    runtime, why = containers.find_runtime()
+    if runtime is None:
+        return [], (f"resources.image_id: docker:{image} needs a container runtime on this "
+                    f"node: {why}")
+    # The image may run as any of its users: the file is readable by all of them, and
+    # mounted alone; on the node, its directory keeps everyone else out.
+    os.chmod(script_path, 0o644)
+    return containers.command(runtime, image, script_path, workdir, list(env)), ""
+
+
 def _run_script(script: str, env: dict[str, str], cwd: str,
                 image: str = "") -> Iterator[tuple[str, Any]]:
     """Run `script` with bash (in container `image`, if given); yield ("started", {pid,
@@ -45,22 +79,14 @@ def _run_script(script: str, env: dict[str, str], cwd: str,
     full_env = dict(os.environ)
     full_env.update(env)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    # The script goes through a file: a single argv entry is limited to 128 KiB on Linux.
-    with tempfile.NamedTemporaryFile("w", prefix="clusterd-", suffix=".sh", delete=False) as f:
-        f.write(script)
-        script_path = f.name
-    argv = ["/bin/bash", script_path]
-    if image:
-        runtime, why = containers.find_runtime()
-        if runtime is None:
-            os.unlink(script_path)
-            yield "output", (f"clusterd: resources.image_id: docker:{image} needs a container "
-                             f"runtime on this node: {why}\n").encode()
-            yield "exit", 127
-            return
-        os.chmod(script_path, 0o644)
-        argv = containers.command(runtime, image, script_path, workdir, list(env))
-    try:
+    with _script_file(script) as script_path:
+        argv = ["/bin/bash", script_path]
+        if image:
+            argv, problem = _container_argv(image, script_path, workdir, env)
+            if problem:
+                yield "output", f"clusterd: {problem}\n".encode()
+                yield "exit", 127
+                return
         process = subprocess.Popen(
             argv,
             cwd=workdir,
@@ -83,8 +109,6 @@ def _run_script(script: str, env: dict[str, str], cwd: str,
             yield "output", chunk
         code = process.wait()
         yield "exit", 128 - code if code < 0 else code
-    finally:
-        os.unlink(script_path)
 
 
 run_script = ray.remote(num_cpus=0, max_retries=0)(_run_script)

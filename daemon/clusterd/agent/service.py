@@ -17,7 +17,8 @@ import ray
 import structlog
 
 from clusterctl._version import __version__
-from clusterd.agent.auth import NONCE_BYTES, agent_proof, new_nonce
+from clusterd.agent import containers
+from clusterd.agent.auth import NONCE_BYTES, NonceBook, agent_proof, new_nonce
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
@@ -124,6 +125,11 @@ class JobsService(pb_grpc.JobsServiceServicer):
         spec = request.spec
         if not spec.run.strip():
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the job has nothing to run")
+        if spec.container_image:
+            try:  # the daemon's task loader checked it; an image must never pass for an option
+                containers.check_image(spec.container_image)
+            except containers.BadImage as exc:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container_image: {exc}")
         try:
             job = await self._scheduler.submit(spec_from_pb(spec), dict(spec.secrets))
         except Infeasible as exc:
@@ -218,10 +224,12 @@ class AutostopService(pb_grpc.AutostopServiceServicer):
 
 
 class HealthService(pb_grpc.HealthServiceServicer):
-    def __init__(self, scheduler: Scheduler, contact: ContactClock, token: str) -> None:
+    def __init__(self, scheduler: Scheduler, contact: ContactClock, token: str,
+                 nonces: NonceBook) -> None:
         self.contact = contact
         self._scheduler = scheduler
         self._token = token
+        self._nonces = nonces
         self._started_at = time.time()
 
     async def Handshake(self, request: pb.HandshakeRequest, context: Any
@@ -237,6 +245,12 @@ class HealthService(pb_grpc.HealthServiceServicer):
             version=__version__,
             protocol=AGENT_PROTOCOL,
         )
+
+    async def IssueNonces(self, request: pb.IssueNoncesRequest, context: Any
+                          ) -> pb.IssueNoncesResponse:
+        """Nonces for the daemon's next credentials (see auth.py); needs no credential."""
+        return pb.IssueNoncesResponse(nonces=self._nonces.issue(request.count),
+                                      ttl_s=self._nonces.ttl_s)
 
     async def GetHealth(self, request: pb.GetHealthRequest, context: Any) -> pb.GetHealthResponse:
         self.contact.touch()

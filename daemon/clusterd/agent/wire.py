@@ -8,7 +8,8 @@ from clusterd.agent.v1 import agent_pb2 as pb
 
 # Bumped when the agent's API changes incompatibly; the daemon checks it at connect time.
 # 2: a Unix socket only, a token, and the Handshake call.
-AGENT_PROTOCOL = 2
+# 3: credentials over nonces the agent issues (IssueNonces), each good for one call.
+AGENT_PROTOCOL = 3
 # gRPC metadata key carrying the daemon's request id into the agent's log lines.
 REQUEST_ID_METADATA = "x-clusterd-request-id"
 # The caller's version: an agent of another version refuses every call but GetHealth, so a

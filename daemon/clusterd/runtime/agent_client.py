@@ -2,15 +2,18 @@
 for `local` clusters, an SSH tunnel's otherwise).
 
 A connection starts with the handshake (agent/auth.py): the agent proves it holds the
-cluster's token, or nothing else is sent to it; then every call carries the daemon's
-credential. gRPC errors are translated here, at the boundary, into ProtocolErrors with stable
+cluster's token, or nothing else is sent to it; then every call carries a credential of its
+own, good once, over a nonce the agent issued (fetched a batch at a time, used before they
+expire). gRPC errors are translated here, at the boundary, into ProtocolErrors with stable
 codes. Version skew is checked once, at the handshake.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hmac
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -20,7 +23,13 @@ import structlog
 
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.agent.auth import AUTH_METADATA, daemon_credential, new_nonce, proof_is_valid
+from clusterd.agent.auth import (
+    AUTH_METADATA,
+    NONCE_BYTES,
+    daemon_credential,
+    new_nonce,
+    proof_is_valid,
+)
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.agent.wire import (
@@ -35,6 +44,12 @@ CALL_TIMEOUT_S = 30.0
 HANDSHAKE_TIMEOUT_S = 5.0
 # The most the daemon takes in one reply (a long queue listing): the agent's own bound, with room.
 MAX_REPLY_BYTES = 64 * 1024 * 1024
+# Nonces asked for at a time: a few calls' worth, so most calls cost no extra round trip.
+NONCE_BATCH = 16
+# A nonce is used within this share of the lifetime the agent gave it (counted from when we
+# asked): the rest is for the call carrying it to reach the agent.
+NONCE_USE_WITHIN = 0.75
+MAX_NONCE_TTL_S = 3600.0
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
@@ -100,7 +115,10 @@ class AgentClient:
         self.cluster = cluster
         self.endpoint = endpoint
         self._token = token
-        self._credential: str | None = None
+        self._proved = False
+        # Nonces the agent issued us, each with when we stop using it (monotonic time).
+        self._nonces: collections.deque[tuple[bytes, float]] = collections.deque()
+        self._refilling = anyio.Lock()
         self._channel = grpc.aio.insecure_channel(
             endpoint,
             options=[
@@ -140,13 +158,62 @@ class AgentClient:
             raise version_mismatch(
                 self.cluster, f"it runs clusterd {reply.version} (protocol {reply.protocol}); "
                 f"this daemon is {__version__} (protocol {AGENT_PROTOCOL})")
-        self._credential = daemon_credential(self._token, nonce, reply.server_nonce)
+        self._proved = True
+
+    def _take_nonce(self) -> bytes | None:
+        now = time.monotonic()
+        while self._nonces:
+            nonce, use_by = self._nonces.popleft()
+            if now < use_by:
+                return nonce
+        return None
+
+    async def _refill(self) -> None:
+        asked = time.monotonic()
+        try:
+            reply = await self._health.IssueNonces(pb.IssueNoncesRequest(count=NONCE_BATCH),
+                                                   timeout=HANDSHAKE_TIMEOUT_S)
+        except grpc.aio.AioRpcError as error:
+            raise translate(error, self.cluster) from None
+        nonces = [n for n in reply.nonces[:NONCE_BATCH] if len(n) == NONCE_BYTES]
+        if not nonces or not 0 < reply.ttl_s <= MAX_NONCE_TTL_S:
+            raise ProtocolError(
+                ErrorCode.AGENT_UNREACHABLE,
+                f"the agent of cluster {self.cluster} issued no usable nonce to make a "
+                f"credential over ({len(nonces)} for {reply.ttl_s} s)",
+                f"`clusterctl launch -c {self.cluster}` restarts the runtime",
+            )
+        use_by = asked + reply.ttl_s * NONCE_USE_WITHIN
+        self._nonces.extend((nonce, use_by) for nonce in nonces)
+
+    async def _credential(self) -> str:
+        """A credential for one call: over a nonce of ours, fetching more when we have none
+        (a few times at most: an agent whose nonces expire at once must not keep us asking)."""
+        if not self._proved:
+            await self.handshake()
+        for _ in range(3):
+            if (nonce := self._take_nonce()) is not None:
+                return daemon_credential(self._token, nonce)
+            async with self._refilling:
+                if not self._nonces:  # else another task refilled while we waited
+                    await self._refill()
+        raise ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the nonces the agent of cluster {self.cluster} issues expire before they can "
+            "be used", f"`clusterctl launch -c {self.cluster}` restarts the runtime",
+        )
+
+    def _retry_with_fresh_nonces(self, error: grpc.aio.AioRpcError, attempt: int) -> bool:
+        """After a first refusal of our credential: the agent no longer knows the nonces we
+        hold (it restarted, or dropped its oldest). It refuses before running anything, so the
+        call is safe to make again, once, with a nonce fetched afresh."""
+        if attempt > 1 or error.code() != grpc.StatusCode.UNAUTHENTICATED:
+            return False
+        self._nonces.clear()
+        return True
 
     async def _metadata(self) -> tuple[tuple[str, str], ...]:
-        if self._credential is None:
-            await self.handshake()
-        assert self._credential is not None
-        return (*request_metadata(), (AUTH_METADATA, self._credential))
+        return (*request_metadata(), (AUTH_METADATA, await self._credential()))
 
     def token_is(self, token: str) -> bool:
         return hmac.compare_digest(self._token, token)
@@ -167,11 +234,15 @@ class AgentClient:
 
     async def _call(self, method: Callable[..., Awaitable[T]], request: Any,
                     timeout_s: float = CALL_TIMEOUT_S) -> T:
-        metadata = await self._metadata()
-        try:
-            return await method(request, timeout=timeout_s, metadata=metadata)
-        except grpc.aio.AioRpcError as error:
-            raise translate(error, self.cluster) from None
+        attempt = 0
+        while True:
+            attempt += 1
+            metadata = await self._metadata()
+            try:
+                return await method(request, timeout=timeout_s, metadata=metadata)
+            except grpc.aio.AioRpcError as error:
+                if not self._retry_with_fresh_nonces(error, attempt):
+                    raise translate(error, self.cluster) from None
 
     async def health(self, timeout_s: float = 5.0) -> pb.GetHealthResponse:
         return await self._call(self._health.GetHealth, pb.GetHealthRequest(), timeout_s)
@@ -212,19 +283,24 @@ class AgentClient:
     async def tail(
         self, job_id: int, *, follow: bool, tail_lines: int, offset: int
     ) -> AsyncIterator[pb.TailLogsResponse]:
-        call = self._jobs.TailLogs(
-            pb.TailLogsRequest(
-                job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
-            ),
-            metadata=await self._metadata(),
+        request = pb.TailLogsRequest(
+            job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
         )
-        try:
-            async for message in call:
-                yield message
-        except grpc.aio.AioRpcError as error:
-            raise translate(error, self.cluster) from None
-        finally:
-            call.cancel()
+        attempt = 0
+        while True:
+            attempt += 1
+            call = self._jobs.TailLogs(request, metadata=await self._metadata())
+            received = False
+            try:
+                async for message in call:
+                    received = True
+                    yield message
+                return
+            except grpc.aio.AioRpcError as error:
+                if received or not self._retry_with_fresh_nonces(error, attempt):
+                    raise translate(error, self.cluster) from None
+            finally:
+                call.cancel()
 
     async def set_autostop(self, idle_minutes: float, down: bool, wait_for: pb.WaitFor) -> None:
         await self._call(

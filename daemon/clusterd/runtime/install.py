@@ -5,6 +5,10 @@ the agent needs), ships it to every node, and installs from it without an index:
 exactly the daemon's code, and need no internet. A node whose Python differs from the
 daemon's gets the package from the wheelhouse and the rest from the index. A node that already
 has this version is left alone (a marker in its venv says so).
+
+A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
+at its build); the daemon checks its copy before each copy to a node, and pip on the node
+checks every wheel from it against the digests the daemon checked (`--require-hashes`).
 """
 
 from __future__ import annotations
@@ -12,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
+import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,6 +29,7 @@ import anyio
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
 
 logger = log.get("clusterd.install")
@@ -54,6 +59,26 @@ class Wheelhouse:
     path: Path
     key: str  # identifies this exact runtime: version plus a digest of the wheels
     package_wheel: str
+    # Each file's sha256, as verified when the wheelhouse was built or found: what it must
+    # still hold before a copy to a node, and what pip on the node checks.
+    digests: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, path: Path, digests: dict[str, str]) -> Wheelhouse:
+        packages = sorted(n for n in digests if n.startswith("clusterd-") and n.endswith(".whl"))
+        if not packages:
+            raise integrity.WheelhouseRefused(path, "has no clusterd wheel",
+                                              f"remove it (rm -r {path}) and let clusterd "
+                                              "build it again")
+        return cls(path, path.name, packages[0], tuple(sorted(digests.items())))
+
+    def verify(self) -> None:
+        """Blocking: WheelhouseRefused unless the files are still the ones verified before."""
+        integrity.verify(self.path, dict(self.digests))
+
+    def require_hashes(self, wheels: list[str] | None = None) -> str:
+        """pip's hash-checking requirements for `wheels` (default: every wheel here)."""
+        return integrity.hashed_requirements(dict(self.digests), wheels)
 
 
 def _source_root() -> Path | None:
@@ -126,6 +151,11 @@ def _content_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+def wheelhouse_key() -> str:
+    """The name of this exact code's wheelhouse: version, Python, a digest of the code."""
+    return f"{__version__}-py{PYTHON_TAG}-{_content_digest()}"
+
+
 class WheelhouseBuilder:
     def __init__(self, root: Path) -> None:
         self._root = root
@@ -139,15 +169,15 @@ class WheelhouseBuilder:
             return self._built
 
     def build(self) -> Wheelhouse:
-        """The wheelhouse of this exact code: found if it exists, else built (which needs the
-        package index once). Blocking: call it from a thread inside the daemon."""
-        key = f"{__version__}-py{PYTHON_TAG}-{_content_digest()}"
+        """The wheelhouse of this exact code: found if it exists (and is trusted: see
+        wheelhouse.py; else WheelhouseRefused, never a silent rebuild), else built (which
+        needs the package index once). Blocking: call it from a thread inside the daemon."""
+        key = wheelhouse_key()
         final = self._root / key
-        if (final / READY_MARKER).exists():
-            wheels = sorted(final.glob("clusterd-*.whl"))
-            if wheels:
-                return Wheelhouse(final, key, wheels[0].name)
         self._root.mkdir(parents=True, exist_ok=True)
+        integrity.check_trusted(self._root, directory=True)
+        if os.path.lexists(final):
+            return Wheelhouse.of(final, integrity.verify(final))
         with tempfile.TemporaryDirectory(dir=self._root) as scratch:
             staging = Path(scratch)
             source = _source_root()
@@ -155,16 +185,24 @@ class WheelhouseBuilder:
                 _pip("wheel", "--no-deps", "--wheel-dir", str(staging), str(source))
             else:
                 _wheel_from_installed(staging)
-            package_wheel = next(staging.glob("clusterd-*.whl"))
             requirements = agent_requirements()
             _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements)
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
-            (staging / READY_MARKER).write_text(key + "\n")
-            shutil.rmtree(final, ignore_errors=True)
-            staging.rename(final)
+            # For installs by hand (the EC2 test bed's runtime image): pip checks each wheel.
+            wheels = {p.name: integrity.sha256_of(p) for p in staging.glob("*.whl")}
+            (staging / integrity.HASHED_REQUIREMENTS).write_text(
+                integrity.hashed_requirements(wheels))
+            digests = integrity.write_sums(staging)  # last: the build is complete
+            try:
+                staging.rename(final)
+            except OSError:
+                if not os.path.lexists(final):
+                    raise
+                # Another daemon of this user built it meanwhile: theirs, checked as any.
+                return Wheelhouse.of(final, integrity.verify(final))
             Path(scratch).mkdir()  # TemporaryDirectory wants something to remove
         logger.info("wheelhouse built", key=key, path=str(final))
-        return Wheelhouse(final, key, package_wheel.name)
+        return Wheelhouse.of(final, digests)
 
 
 def _pip(*args: str) -> None:
@@ -204,6 +242,8 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
 
 async def _install(runner: CommandRunner, wheelhouse: Wheelhouse, venv: str) -> None:
     remote_house = f".clusterd/wheelhouse/{wheelhouse.key}"
+    # Our copy first: changed since it was checked (or built), it goes nowhere.
+    await anyio.to_thread.run_sync(wheelhouse.verify)
     await runner.sync_dir(str(wheelhouse.path), f"~/{remote_house}", timeout_s=900)
     version = await runner.run(
         ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=60
@@ -213,6 +253,17 @@ async def _install(runner: CommandRunner, wheelhouse: Wheelhouse, venv: str) -> 
                             f"{runner.node_name} has no python3: {version.error_tail(3)}",
                             "install Python 3.11 or newer on the node")
     node_python = version.text.strip()
+    offline = node_python == PYTHON_TAG
+    # What pip on the node may install from the wheelhouse, each wheel pinned to the digest
+    # verified here (from our memory, not from the copy): every wheel when the node's Python
+    # is ours; else only the package, the agent's dependencies coming from the index.
+    hashes = f"{remote_house}.require-hashes.txt"
+    pinned = wheelhouse.require_hashes(None if offline else [wheelhouse.package_wheel])
+    written = await runner.run(["sh", "-c", 'cat > "$1"', "sh", hashes],
+                               input=pinned.encode(), timeout_s=60)
+    if written.exit_code != 0:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{runner.node_name}: writing {hashes}: {written.error_tail(3)}")
     made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
     if made.exit_code != 0:
         raise ProtocolError(
@@ -220,20 +271,28 @@ async def _install(runner: CommandRunner, wheelhouse: Wheelhouse, venv: str) -> 
             f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
             "install the venv module on the node (Debian: apt-get install python3-venv)",
         )
-    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check",
-           "--find-links", remote_house]
-    offline = node_python == PYTHON_TAG
-    index = ["--no-index"] if offline else []
-    # The agent's dependencies, then the package itself without its own (the daemon-only
-    # ones, such as the cloud SDKs, have no business on a node).
-    for args in ([*pip, *index, "-r", f"{remote_house}/requirements.txt"],
-                 [*pip, "--no-index", "--no-deps", f"{remote_house}/{wheelhouse.package_wheel}"]):
+    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    steps = [] if offline else [[*pip, "-r", f"{remote_house}/requirements.txt"]]
+    # --no-deps: the pinned list is complete (and the package's daemon-only dependencies,
+    # such as the cloud SDKs, have no business on a node). pip checks every digest before it
+    # installs anything.
+    steps.append([*pip, "--no-index", "--no-deps", "--require-hashes",
+                  "--find-links", remote_house, "-r", hashes])
+    for args in steps:
         installed = await runner.run(args, timeout_s=1800)
         if installed.exit_code != 0:
+            output = installed.error_tail(12)
+            if "DO NOT MATCH THE HASHES" in output.upper():
+                raise ProtocolError(
+                    ErrorCode.PROVIDER_ERROR,
+                    f"the runtime's wheels on {runner.node_name} do not match the digests "
+                    f"recorded when the wheelhouse was built; nothing was installed: {output}",
+                    f"someone or something changed ~/{remote_house} on the node; remove it, "
+                    "and launch again",
+                )
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
-                f"installing the runtime on {runner.node_name} failed: "
-                f"{installed.error_tail(8)}",
+                f"installing the runtime on {runner.node_name} failed: {output}",
             )
     await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
     logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
+from clusterd.agent import containers
 from clusterd.redact import SECRET_ENV_NAMES
 from clusterd.safe_yaml import YAMLProblem, count_documents, read_regular_file, safe_load
 from clusterd.tasks import fields
@@ -549,7 +550,13 @@ def _image_id(value: Any, source: str, prefix: str = "resources"
             pairs.append((region, image.strip()))
         return None, tuple(sorted(pairs))
     if isinstance(value, str) and value.strip():
-        return value.strip(), ()
+        image_id = value.strip()
+        if image_id.startswith(containers.DOCKER_PREFIX):
+            try:
+                containers.check_image(image_id[len(containers.DOCKER_PREFIX):])
+            except containers.BadImage as exc:
+                raise TaskError(source, field, f"docker:IMAGE: {exc}") from None
+        return image_id, ()
     raise TaskError(source, field, f"expected an image id or a map of region to image id, "
                                    f"got {_kind(value)}")
 

@@ -20,6 +20,7 @@ import glob
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -42,20 +43,41 @@ STEP_TIMEOUT_S = 600.0
 # pip runs as the node's user, and the wheelhouse is root's (mode 0700): this capability lets it
 # read the wheelhouse (and nothing is written with it but as that user).
 READ_CAPS = ("--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search")
+# What clusterd writes in a wheelhouse it built (clusterd/runtime/wheelhouse.py): every file's
+# digest, last; and every wheel pinned to its digest, for pip's --require-hashes.
+SUMS = "SHA256SUMS"
+HASHED_REQUIREMENTS = "requirements-hashed.txt"
+
+
+def check_trusted_dir(path: str) -> None:
+    """As clusterd does: a real directory of root (or ours) that nobody else can write to,
+    else whoever could decides what the image's nodes run."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid not in (0, os.getuid()) or \
+            info.st_mode & 0o022:
+        raise Failure(f"refusing the wheelhouse {path}: not a directory of root's (or yours) "
+                      f"that only its owner can write to (uid {info.st_uid}, mode "
+                      f"{stat.S_IMODE(info.st_mode):04o}, symbolic link or other kind: "
+                      f"{not stat.S_ISDIR(info.st_mode)})",
+                      hint="leave out --no-wheelhouse: `up` then prepares the right one")
 
 
 def find_wheelhouse(wheelhouse_dir: str) -> str:
-    """The one wheelhouse (a KEY directory with a ready marker) in wheelhouse_dir."""
+    """The one wheelhouse (a KEY directory clusterd built: it has SHA256SUMS) in
+    wheelhouse_dir, if it and wheelhouse_dir can be trusted (check_trusted_dir). Its files are
+    checked against the digests when the image is built (install)."""
     try:
         names = sorted(os.listdir(wheelhouse_dir))
     except FileNotFoundError:
         names = []
     ready = [os.path.join(wheelhouse_dir, n) for n in names
-             if os.path.isfile(os.path.join(wheelhouse_dir, n, READY_MARKER))]
+             if os.path.isfile(os.path.join(wheelhouse_dir, n, SUMS))]
     if len(ready) != 1:
         raise Failure(f"--runtime-image needs exactly one wheelhouse in {wheelhouse_dir}; "
                       f"there are {len(ready)}",
                       hint="leave out --no-wheelhouse: `up` then prepares the right one")
+    check_trusted_dir(wheelhouse_dir)
+    check_trusted_dir(ready[0])
     return ready[0]
 
 
@@ -136,16 +158,18 @@ def as_user(user: str, cmd: list[str]) -> None:
 
 
 def install(key: str, house: str, user: str) -> None:
-    """clusterd's install_runtime, step by step, from the wheelhouse at house."""
+    """clusterd's install_runtime, step by step, from the wheelhouse at house: every file
+    checked against the digests recorded when it was built, and pip installing each wheel
+    only if it has its recorded digest (--require-hashes)."""
     venv = runtime_venv(key)
-    wheels = sorted(glob.glob(os.path.join(house, "clusterd-*.whl")))
-    if not wheels:
+    if not glob.glob(os.path.join(house, "clusterd-*.whl")):
         raise SystemExit(f"runtime_image: the wheelhouse {key} has no clusterd wheel")
+    as_user(user, ["sh", "-c", f'cd "$1" && sha256sum --check --strict --quiet {SUMS}', "sh",
+                   house])
     pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     as_user(user, [NODE_PYTHON, "-m", "venv", "--clear", venv])
-    as_user(user, [*pip, "--no-index", "--find-links", house,
-                   "-r", os.path.join(house, "requirements.txt")])
-    as_user(user, [*pip, "--no-index", "--no-deps", wheels[0]])
+    as_user(user, [*pip, "--no-index", "--no-deps", "--require-hashes", "--find-links", house,
+                   "-r", os.path.join(house, HASHED_REQUIREMENTS)])
     as_user(user, ["touch", f"{venv}/{READY_MARKER}"])
     as_user(user, ["ln", "-sfn", f"venvs/{key}", ".clusterd/current"])
 

@@ -327,3 +327,17 @@ class HandshakeResponse(_message.Message):
     version: str
     protocol: int
     def __init__(self, server_nonce: _Optional[bytes] = ..., proof: _Optional[bytes] = ..., version: _Optional[str] = ..., protocol: _Optional[int] = ...) -> None: ...
+
+class IssueNoncesRequest(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
+
+class IssueNoncesResponse(_message.Message):
+    __slots__ = ("nonces", "ttl_s")
+    NONCES_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    nonces: _containers.RepeatedScalarFieldContainer[bytes]
+    ttl_s: float
+    def __init__(self, nonces: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...

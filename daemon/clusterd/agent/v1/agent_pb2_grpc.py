@@ -532,6 +532,11 @@ class HealthServiceStub:
                 request_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.SerializeToString,
                 response_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.FromString,
                 _registered_method=True)
+        self.IssueNonces = channel.unary_unary(
+                '/clusterd.agent.v1.HealthService/IssueNonces',
+                request_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesRequest.SerializeToString,
+                response_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesResponse.FromString,
+                _registered_method=True)
 
 
 class HealthServiceServicer:
@@ -544,8 +549,14 @@ class HealthServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Handshake(self, request, context):
-        """The only call that needs no credential.
+        """The two calls that need no credential.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def IssueNonces(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -562,6 +573,11 @@ def add_HealthServiceServicer_to_server(servicer, server):
                     servicer.Handshake,
                     request_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.FromString,
                     response_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.SerializeToString,
+            ),
+            'IssueNonces': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueNonces,
+                    request_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesRequest.FromString,
+                    response_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -618,6 +634,33 @@ class HealthService:
             '/clusterd.agent.v1.HealthService/Handshake',
             clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeRequest.SerializeToString,
             clusterd_dot_agent_dot_v1_dot_agent__pb2.HandshakeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueNonces(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterd.agent.v1.HealthService/IssueNonces',
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesRequest.SerializeToString,
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.IssueNoncesResponse.FromString,
             options,
             channel_credentials,
             insecure,

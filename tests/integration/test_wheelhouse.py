@@ -1,0 +1,187 @@
+"""The runtime's wheelhouse (runtime/install.py, runtime/wheelhouse.py) with real files, a
+real second Linux user and a real pip: a wheelhouse someone else could have written is
+refused, so is one whose files are not the ones recorded at its build (on this machine before
+the copy, and on the node before pip installs anything), and a key and a marker are not
+enough to pass for one. One real wheelhouse is built for the module (the package index once,
+about 15 s)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from clusterctl.protocol import ProtocolError
+from clusterd.runtime.install import (
+    Wheelhouse,
+    WheelhouseBuilder,
+    install_runtime,
+    wheelhouse_key,
+)
+from clusterd.runtime.runner import LocalRunner
+from clusterd.runtime.wheelhouse import HASHED_REQUIREMENTS, SUMS, WheelhouseRefused
+from tests.support import other_user, short_tempdir
+
+
+@pytest.fixture(scope="module")
+def built() -> Iterator[Wheelhouse]:
+    root = short_tempdir("cdwh-")
+    try:
+        yield WheelhouseBuilder(root / "wheelhouse").build()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def node(place: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A node's login directory (and HOME) on this machine, where installs run."""
+    home = place / "node"
+    home.mkdir()
+    monkeypatch.chdir(home)
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+@pytest.fixture
+def place(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def copy_of(built: Wheelhouse, place: Path) -> Path:
+    """A wheelhouse root holding a copy of the built wheelhouse (its own files to spoil)."""
+    root = place / "wheelhouse"
+    shutil.copytree(built.path.parent, root, symlinks=True)
+    return root
+
+
+def refusal(root: Path) -> str:
+    with pytest.raises(WheelhouseRefused) as refused:
+        WheelhouseBuilder(root).build()
+    return refused.value.message
+
+
+def spoil(wheel: Path) -> None:
+    """Change a wheel as someone could: still a zip pip would install."""
+    with open(wheel, "ab") as f:
+        f.write(b"\0planted")
+
+
+def test_a_wheelhouse_of_another_user_is_refused(place: Path) -> None:
+    root = place / "wheelhouse"
+    root.mkdir(mode=0o755)
+    with other_user() as mallory:
+        os.chown(root, mallory.uid, mallory.gid)
+        message = refusal(root)
+        assert message.startswith(f"refusing the runtime's wheelhouse: {root} belongs to "
+                                  f"{mallory.name}"), message
+        # Nor a KEY directory of theirs in a root of ours.
+        os.chown(root, os.getuid(), os.getgid())
+        (root / wheelhouse_key()).mkdir(mode=0o755)
+        os.chown(root / wheelhouse_key(), mallory.uid, mallory.gid)
+        assert f"{root / wheelhouse_key()} belongs to {mallory.name}" in refusal(root)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o1777])
+def test_a_wheelhouse_others_may_write_to_is_refused(place: Path, mode: int,
+                                                     built: Wheelhouse) -> None:
+    root = copy_of(built, place)
+    root.chmod(mode)
+    assert f"{root} has mode {mode:04o}: others may write there" in refusal(root)
+    root.chmod(0o755)
+    key_dir = root / built.key
+    key_dir.chmod(mode)
+    assert f"{key_dir} has mode {mode:04o}" in refusal(root)
+
+
+def test_a_key_and_a_ready_marker_do_not_make_a_wheelhouse(place: Path) -> None:
+    """Knowing the key (version, Python, code digest: nothing secret) is not enough."""
+    forged = place / "wheelhouse" / wheelhouse_key()
+    forged.mkdir(parents=True)
+    (forged / ".clusterd-ready").write_text(wheelhouse_key() + "\n")
+    (forged / "clusterd-0.1.0-py3-none-any.whl").write_bytes(b"PK planted")
+    (forged / "requirements.txt").write_text("planted\n")
+    message = refusal(place / "wheelhouse")
+    assert f"{forged} has no SHA256SUMS: it is not a wheelhouse clusterd built" in message
+
+
+@pytest.mark.anyio
+async def test_a_wheel_changed_after_the_build_is_refused_naming_it(
+        place: Path, built: Wheelhouse, node: Path) -> None:
+    root = copy_of(built, place)
+    wheelhouse = WheelhouseBuilder(root).build()  # as the daemon found it, before the change
+    wheel = next(wheelhouse.path.glob("anyio-*.whl"))
+    spoil(wheel)
+    assert f"{wheel} has changed since the wheelhouse was built" in refusal(root)
+    # A daemon holding it from before: nothing is copied to the node.
+    with pytest.raises(WheelhouseRefused) as refused:
+        await install_runtime(LocalRunner(), wheelhouse)
+    assert f"{wheel} has changed since" in refused.value.message
+    assert list(node.iterdir()) == []
+
+
+def test_a_partial_copy_or_a_planted_file_is_refused(place: Path, built: Wheelhouse) -> None:
+    root = copy_of(built, place)
+    key_dir = root / built.key
+    (key_dir / "zz_planted-1.0-py3-none-any.whl").write_bytes(b"PK")
+    assert "zz_planted-1.0-py3-none-any.whl is not among the files recorded" in refusal(root)
+    (key_dir / "zz_planted-1.0-py3-none-any.whl").unlink()
+    next(key_dir.glob("structlog-*.whl")).unlink()
+    assert "was recorded when the wheelhouse was built and is missing" in refusal(root)
+
+
+def test_its_records_are_what_sha256sum_and_the_test_beds_image_read(
+        place: Path, built: Wheelhouse) -> None:
+    """The EC2 test bed's runtime image installs by hand (no clusterd there): with coreutils'
+    sha256sum over SHA256SUMS, and pip over requirements-hashed.txt."""
+    checked = subprocess.run(["sha256sum", "--check", "--strict", "--quiet", SUMS],
+                             cwd=built.path, capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert (built.path / HASHED_REQUIREMENTS).read_text() == built.require_hashes()
+    assert "--hash=sha256:" in built.require_hashes([built.package_wheel])
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+    from _testbed.common import Failure
+    from _testbed.ec2 import runtime_image
+
+    assert runtime_image.find_wheelhouse(str(built.path.parent)) == str(built.path)
+    root = copy_of(built, place)
+    (root / built.key).chmod(0o777)
+    with pytest.raises(Failure, match="refusing the wheelhouse"):
+        runtime_image.find_wheelhouse(str(root))
+
+
+class TamperingNode(LocalRunner):
+    """A node where someone changes a wheel between the copy and the install."""
+
+    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+        await super().sync_dir(source, destination, timeout_s=timeout_s)
+        spoil(next(Path(os.path.expanduser(destination)).glob("anyio-*.whl")))
+
+
+@pytest.mark.anyio
+async def test_the_node_installs_nothing_from_a_wheel_changed_after_the_copy(
+        built: Wheelhouse, node: Path) -> None:
+    with pytest.raises(ProtocolError) as refused:
+        await install_runtime(TamperingNode(), built)
+    message = refused.value.message
+    assert "do not match the digests recorded when the wheelhouse was built" in message
+    assert "anyio-" in message
+    venv = node / ".clusterd" / "venvs" / built.key
+    assert not list(venv.glob("lib/python*/site-packages/anyio*"))
+    assert not list(venv.glob("lib/python*/site-packages/clusterd*"))
+
+
+@pytest.mark.ray  # installs Ray into a venv: slow
+@pytest.mark.anyio
+async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(built: Wheelhouse,
+                                                                  node: Path) -> None:
+    await install_runtime(LocalRunner(), built)
+    python = node / ".clusterd" / "current" / "bin" / "python"
+    done = await anyio.run_process(
+        [str(python), "-c", "import clusterd.agent.auth, ray; print('ok')"], check=False)
+    assert done.stdout.decode().strip() == "ok", done.stderr
