@@ -42,7 +42,12 @@ from clusterd.provision.launcher import (
 from clusterd.requests import RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
-from clusterd.services.common import announce_warnings, cloud_name_for, require_cluster
+from clusterd.services.common import (
+    announce_warnings,
+    cloud_name_for,
+    fit_to_cluster,
+    require_cluster,
+)
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -167,7 +172,8 @@ class ClusterService:
                     args.strict)
                 warnings += landed
             else:
-                resources = _check_compatible(record, override, task)
+                resources, fitting = fit_to_cluster(record, task, override, args.strict)
+                warnings += fitting
                 provider = self._providers.get(record.provider)
                 record = await self._bring_existing_up(request, record, provider,
                                                        args.retry_until_up)
@@ -624,41 +630,6 @@ def _infra_text(record: ClusterRecord) -> str:
                                     placed.get("zone")) if p)
     infra = record.requested_resources.get("infra")
     return str(infra) if infra and infra != "*" else record.provider
-
-
-def _check_compatible(record: ClusterRecord, override: Infra | None,
-                      task: TaskSpec) -> Resources:
-    """Whether the task can run on the existing cluster; the task's resources that match
-    it (one of its alternatives, if it has several)."""
-    fitting = [r for r in task.resource_options()
-               if (override or r.infra).provider in (None, record.provider)]
-    if not fitting:
-        asked = ", ".join(dict.fromkeys(str(override or r.infra) for r in
-                                        task.resource_options()))
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"cluster {record.name} runs on {record.provider}, not {asked}",
-            "launch under another name, or drop --infra to use it as it is",
-        )
-    if task.num_nodes > record.num_nodes:
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"the task asks for {task.num_nodes} nodes; cluster {record.name} has "
-            f"{record.num_nodes}",
-            "launch a new cluster under another name for more nodes",
-        )
-    have = record.launched_resources or {}
-    placed = [r for r in fitting if not have.get("accelerator")
-              or (r.accelerator or "").lower() == str(have["accelerator"]).lower()]
-    wanted = (placed or fitting)[0]
-    if wanted.cpus is not None and have.get("cpus") and wanted.cpus > have["cpus"]:
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
-            f"{have['cpus']:g}",
-            "launch a new cluster under another name with bigger nodes",
-        )
-    return wanted
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
