@@ -26,7 +26,12 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
 from clusterd.runtime.runner import CommandResult, ignore_filters, rsync_binary
-from clusterd.ssh.connections import NodeConnection, SSHConnections, connection_lost
+from clusterd.ssh.connections import (
+    NodeConnection,
+    SSHConnections,
+    connection_lost,
+    stopped_if_abandoned,
+)
 
 logger = log.get("clusterd.ssh.runner")
 
@@ -183,18 +188,24 @@ class SSHRunner:
             node = await self._node()
             async with node.channel() as conn:
                 process = await conn.create_process(command, encoding=None)
-                async with anyio.create_task_group() as pumps:
-                    pumps.start_soon(_pump_in, incoming, process)
-                    while data := await process.stdout.read(65536):
-                        await stream.send(data)
-                    pumps.cancel_scope.cancel()
-                errors = await process.stderr.read()
-                await process.wait()
-                if process.exit_status:
-                    said = errors.decode(errors="replace").strip()
-                    remote_errors.append(said)
-                    logger.warning("remote rsync failed", node=self.node_name,
-                                   status=process.exit_status, stderr=said[-300:])
+                with stopped_if_abandoned(process):
+                    await self._pump(stream, incoming, process, remote_errors)
+
+    async def _pump(self, stream: anyio.abc.SocketStream, incoming: BufferedByteReceiveStream,
+                    process: asyncssh.SSHClientProcess[bytes],
+                    remote_errors: list[str]) -> None:
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(_pump_in, incoming, process)
+            while data := await process.stdout.read(65536):
+                await stream.send(data)
+            pumps.cancel_scope.cancel()
+        errors = await process.stderr.read()
+        await process.wait()
+        if process.exit_status:
+            said = errors.decode(errors="replace").strip()
+            remote_errors.append(said)
+            logger.warning("remote rsync failed", node=self.node_name,
+                           status=process.exit_status, stderr=said[-300:])
 
 
 async def _pump_in(stream: anyio.abc.ByteReceiveStream,
