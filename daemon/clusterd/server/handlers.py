@@ -283,7 +283,8 @@ class Handlers:
                 lambda r: self._orphans.remove(r, args.cluster))
             return await _follow(call, request)
         return await self._lifecycle(
-            call, args, lambda r: self._clusters.down(r, args.cluster, args.purge)
+            call, args, lambda r: self._clusters.down(r, args.cluster, args.purge,
+                                                      call_off=True)
         )
 
     async def _lifecycle(
