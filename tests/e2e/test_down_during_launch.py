@@ -84,6 +84,19 @@ def assert_nothing_left(bed: Bed, name: str, files_before: list[str]) -> None:
 
 
 @contextlib.contextmanager
+def launching(bed: Bed, name: str, infra: str) -> Iterator[subprocess.Popen[str]]:
+    """`clusterctl launch` of a one-node cluster, running in the background (killed if the
+    test leaves it running)."""
+    launch = bed.daemon.popen_ctl("launch", "-c", name, "--infra", infra, "--", "true")
+    try:
+        yield launch
+    finally:
+        if launch.poll() is None:
+            launch.kill()
+            launch.wait()
+
+
+@contextlib.contextmanager
 def frozen_sessions(user: str) -> Iterator[list[int]]:
     """Stop (SIGSTOP) the sshd sessions of `user`: the daemon's connection to the node hangs,
     as a node that stopped answering would; they go on (SIGCONT) afterwards."""
@@ -146,22 +159,19 @@ def test_down_during_the_wait_for_ssh_returns_at_once(bed: Bed) -> None:
     bed.pools_file.write_text(original + f"mute:\n  identity_file: {bed.key}\n  hosts:\n"
                               f"    - ip: 127.0.0.1\n      user: nobody\n"
                               f"      port: {mute.getsockname()[1]}\n")
-    launch = bed.daemon.popen_ctl("launch", "-c", "mute", "--infra", "ssh/mute", "--", "true")
     try:
-        read_until(launch, "creating nodes on ssh/mute", 60)
-        wait_for(lambda: accepted, 30, "the launch to connect to the mute host")
-        down, took = timed_down(bed, "mute")
-        assert down.returncode == 0, down.stderr
-        assert took < MUTE_HOST_WAIT_S / 4, f"down took {took:.1f} s"
-        assert "calling off request" in down.stderr
-        assert_called_off(launch, "mute")
+        with launching(bed, "mute", "ssh/mute") as launch:
+            read_until(launch, "creating nodes on ssh/mute", 60)
+            wait_for(lambda: accepted, 30, "the launch to connect to the mute host")
+            down, took = timed_down(bed, "mute")
+            assert down.returncode == 0, down.stderr
+            assert took < MUTE_HOST_WAIT_S / 4, f"down took {took:.1f} s"
+            assert "calling off request" in down.stderr
+            assert_called_off(launch, "mute")
         assert bed.daemon.cluster("mute") is None
         events = json.loads(ctl(bed, "events", "mute", "--json").stdout)
         assert "launch failed: called off by request" in events[-1]["reason"], events[-1]
     finally:
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait()
         bed.pools_file.write_text(original)
         mute.close()
         for conn in accepted:
@@ -173,19 +183,13 @@ def test_down_during_the_runtime_install_on_a_node_that_hangs(bed: Bed) -> None:
     launch would wait until keepalives give up on the connection; down calls it off at once,
     and nothing of the cluster's is left on the node once it answers again."""
     files_before = runtime_files(bed)
-    launch = bed.daemon.popen_ctl("launch", "-c", "hung", "--infra", "ssh/testbed", "--",
-                                  "true")
-    try:
+    with launching(bed, "hung", "ssh/testbed") as launch:
         read_until(launch, "installing the runtime", 300)
         with frozen_sessions(bed.hosts[0]["user"]):
             down, took = timed_down(bed, "hung")
             assert down.returncode == 0, down.stderr + bed.daemon.log()[-3000:]
             assert took < FROZEN_NODE_WAIT_S / 4, f"down took {took:.1f} s"
             assert_called_off(launch, "hung")
-    finally:
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait()
     assert_nothing_left(bed, "hung", files_before)
 
 
@@ -193,9 +197,7 @@ def test_down_during_ray_start_stops_what_was_started(bed: Bed) -> None:
     """Called off while Ray starts on the node: the launch stops what it started (Ray, by
     its pid file) and removes its files before the down finishes."""
     files_before = runtime_files(bed)
-    launch = bed.daemon.popen_ctl("launch", "-c", "rayed", "--infra", "ssh/testbed", "--",
-                                  "true")
-    try:
+    with launching(bed, "rayed", "ssh/testbed") as launch:
         read_until(launch, "starting Ray on 1 node(s)", 600)
         wait_for(lambda: "gcs_server" in subprocess.run(
             ["ps", "-o", "comm=", "-u", bed.hosts[0]["user"]], capture_output=True,
@@ -203,8 +205,4 @@ def test_down_during_ray_start_stops_what_was_started(bed: Bed) -> None:
         down, _ = timed_down(bed, "rayed")
         assert down.returncode == 0, down.stderr + bed.daemon.log()[-3000:]
         assert_called_off(launch, "rayed")
-    finally:
-        if launch.poll() is None:
-            launch.kill()
-            launch.wait()
     assert_nothing_left(bed, "rayed", files_before)
