@@ -55,7 +55,8 @@ class _Interruptible:
 class _ClusterLock:
     holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
     waiters: deque[_Waiter] = dataclasses.field(default_factory=deque)
-    # Holders that may be called off while they hold the lock, by request id.
+    # Holders' interruptible work, by request id: made on entering it, or by a call-off
+    # that came first (between the grant and the holder's next step), which it then meets.
     interruptible: dict[int, _Interruptible] = dataclasses.field(default_factory=dict)
 
     def _fits(self, mode: LockMode) -> bool:
@@ -109,10 +110,10 @@ class Grant:
         """While inside, `ClusterLocks.call_off` may call this holder off: what runs inside
         is cancelled at its next checkpoint (its own clean-up runs then, shielded: it can ask
         `ClusterLocks.called_off` whether that is why), and leaving raises PREEMPTED naming
-        the request that called it off, with `hint`."""
+        the request that called it off, with `hint`. Called off before it got here, it is
+        cancelled at once."""
         lock = self._locks._locks[self.cluster]
-        entry = _Interruptible()
-        lock.interruptible[self.holder.request_id] = entry
+        entry = lock.interruptible.setdefault(self.holder.request_id, _Interruptible())
         try:
             with entry.scope:
                 yield
@@ -171,15 +172,18 @@ class ClusterLocks:
         return [w.holder for w in preempted]
 
     def call_off(self, cluster: str, ops: Collection[str], by: Holder) -> list[Holder]:
-        """Cancel what the holders of `ops` on `cluster` do inside `Grant.interruptible`,
-        naming `by`; they keep the lock until their clean-up is done."""
+        """Cancel what the holders of `ops` on `cluster` do inside `Grant.interruptible`
+        (now, or as soon as they enter it), naming `by`; they keep the lock until their
+        clean-up is done. Returns the holders called off (each only once)."""
         lock = self._locks.get(cluster)
         if lock is None:
             return []
         called = []
-        for request_id, entry in lock.interruptible.items():
-            holder = lock.holders.get(request_id)
-            if holder is not None and holder.op in ops and entry.called_off_by is None:
+        for request_id, holder in lock.holders.items():
+            if holder.op not in ops:
+                continue
+            entry = lock.interruptible.setdefault(request_id, _Interruptible())
+            if entry.called_off_by is None:
                 entry.called_off_by = by
                 entry.scope.cancel()
                 called.append(holder)
@@ -247,6 +251,7 @@ class ClusterLocks:
         if lock is None:
             return
         lock.holders.pop(request_id, None)
+        lock.interruptible.pop(request_id, None)
         lock.grant_waiting()
         self._forget_if_idle(cluster)
 

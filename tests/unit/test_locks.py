@@ -398,9 +398,27 @@ async def test_call_off_cancels_an_interruptible_holder_after_its_cleanup() -> N
     assert locks._locks == {}
 
 
-async def test_call_off_leaves_holders_outside_interruptible_work_alone() -> None:
+async def test_a_holder_called_off_before_its_interruptible_work_meets_it_there() -> None:
+    """Granted, but not yet inside its interruptible work (a launch that waited in the queue
+    and has not run since): the call-off waits for it there, and cancels it at once."""
     locks = ClusterLocks(timeout_s=5, notice_after_s=5)
-    async with locks.hold("dev", EXCLUSIVE, 1, "launch"):
+    down = Holder(9, "down", EXCLUSIVE)
+    reached: list[str] = []
+    with anyio.fail_after(2), pytest.raises(ProtocolError) as info:
+        async with locks.hold("dev", EXCLUSIVE, 1, "launch") as grant:
+            assert locks.call_off("dev", {"launch"}, by=down) == [Holder(1, "launch", EXCLUSIVE)]
+            assert locks.called_off("dev", 1) == down
+            with grant.interruptible("again"):
+                await anyio.sleep(60)
+                reached.append("never")
+    assert info.value.code == ErrorCode.PREEMPTED and reached == []
+    assert locks._locks == {}
+    assert locks.call_off("gone", {"launch"}, by=down) == []
+
+
+async def test_call_off_leaves_other_ops_alone() -> None:
+    locks = ClusterLocks(timeout_s=5, notice_after_s=5)
+    async with locks.hold("dev", SHARED, 1, "exec"):
         assert locks.call_off("dev", {"launch"}, by=Holder(9, "down", EXCLUSIVE)) == []
         assert locks.called_off("dev", 1) is None
-    assert locks.call_off("gone", {"launch"}, by=Holder(9, "down", EXCLUSIVE)) == []
+        assert locks._locks["dev"].interruptible == {}
