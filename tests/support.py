@@ -38,6 +38,19 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
         time.sleep(interval)
 
 
+def read_until(process: subprocess.Popen[str], needle: str, timeout: float) -> str:
+    """Read the process's stderr until a line contains `needle`; return that line."""
+    assert process.stderr is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = process.stderr.readline()
+        if needle in line:
+            return line
+        if not line and process.poll() is not None:
+            break
+    raise AssertionError(f"no line with {needle!r} within {timeout} s")
+
+
 def connectable(path: Path) -> bool:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         try:

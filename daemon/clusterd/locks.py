@@ -3,7 +3,9 @@
 launch/start/stop/down hold a cluster exclusively; exec holds it shared, so execs never wait
 for each other. Waiters are granted in arrival order (a queued exclusive request is not starved
 by a stream of shared ones). Every wait is bounded, a waiter learns what blocks it, and a
-`down`/`stop` can pre-empt launches still waiting in the queue.
+`down`/`stop` can pre-empt launches still waiting in the queue. A holder may also make what
+it does interruptible (`Grant.interruptible`), so that a `down` can call off a launch that
+holds the lock already, in whatever phase it is.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import enum
 import math
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator
 
 import anyio
 
@@ -43,10 +45,19 @@ class _Waiter:
     preempted_by: Holder | None = None
 
 
+@dataclasses.dataclass(eq=False)
+class _Interruptible:
+    scope: anyio.CancelScope = dataclasses.field(default_factory=anyio.CancelScope)
+    called_off_by: Holder | None = None
+
+
 @dataclasses.dataclass
 class _ClusterLock:
     holders: dict[int, Holder] = dataclasses.field(default_factory=dict)
     waiters: deque[_Waiter] = dataclasses.field(default_factory=deque)
+    # Holders' interruptible work, by request id: made on entering it, or by a call-off
+    # that came first (between the grant and the holder's next step), which it then meets.
+    interruptible: dict[int, _Interruptible] = dataclasses.field(default_factory=dict)
 
     def _fits(self, mode: LockMode) -> bool:
         if mode == LockMode.EXCLUSIVE:
@@ -94,6 +105,26 @@ class Grant:
         lock.holders[self.holder.request_id] = self.holder
         lock.grant_waiting()
 
+    @contextlib.contextmanager
+    def interruptible(self, hint: str) -> Iterator[None]:
+        """While inside, `ClusterLocks.call_off` may call this holder off: what runs inside
+        is cancelled at its next checkpoint (its own clean-up runs then, shielded: it can ask
+        `ClusterLocks.called_off` whether that is why), and leaving raises PREEMPTED naming
+        the request that called it off, with `hint`. Called off before it got here, it is
+        cancelled at once."""
+        lock = self._locks._locks[self.cluster]
+        entry = lock.interruptible.setdefault(self.holder.request_id, _Interruptible())
+        try:
+            with entry.scope:
+                yield
+        finally:
+            lock.interruptible.pop(self.holder.request_id, None)
+        if entry.called_off_by is not None:
+            raise ProtocolError(
+                ErrorCode.PREEMPTED,
+                f"{self.holder.op} of {self.cluster} was called off by "
+                f"{entry.called_off_by.describe()}", hint)
+
 
 class ClusterLocks:
     def __init__(self, timeout_s: float, notice_after_s: float) -> None:
@@ -139,6 +170,30 @@ class ClusterLocks:
             waiter.event.set()
         lock.grant_waiting()
         return [w.holder for w in preempted]
+
+    def call_off(self, cluster: str, ops: Collection[str], by: Holder) -> list[Holder]:
+        """Cancel what the holders of `ops` on `cluster` do inside `Grant.interruptible`
+        (now, or as soon as they enter it), naming `by`; they keep the lock until their
+        clean-up is done. Returns the holders called off (each only once)."""
+        lock = self._locks.get(cluster)
+        if lock is None:
+            return []
+        called = []
+        for request_id, holder in lock.holders.items():
+            if holder.op not in ops:
+                continue
+            entry = lock.interruptible.setdefault(request_id, _Interruptible())
+            if entry.called_off_by is None:
+                entry.called_off_by = by
+                entry.scope.cancel()
+                called.append(holder)
+        return called
+
+    def called_off(self, cluster: str, request_id: int) -> Holder | None:
+        """Who called off the request's interruptible work on `cluster`, if anyone did."""
+        lock = self._locks.get(cluster)
+        entry = lock.interruptible.get(request_id) if lock else None
+        return entry.called_off_by if entry else None
 
     async def _acquire(
         self,
@@ -196,6 +251,7 @@ class ClusterLocks:
         if lock is None:
             return
         lock.holders.pop(request_id, None)
+        lock.interruptible.pop(request_id, None)
         lock.grant_waiting()
         self._forget_if_idle(cluster)
 

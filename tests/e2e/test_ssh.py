@@ -347,6 +347,61 @@ def test_agent_of_another_version_is_detected_and_upgraded(bed: Bed, duo: str) -
             Path(version_file).write_text(original)
 
 
+# Lists, as JSON, what the job finds where the task's files went (TMP is filled in).
+LIST_PATHS = """python3 - <<'EOF'
+import json, os
+def tree(top):
+    return sorted(os.path.relpath(os.path.join(d, n), top)
+                  for d, dirs, files in os.walk(top) for n in dirs + files)
+home = os.path.expanduser("~")
+print(json.dumps({
+    "workdir": tree("."), "tmp": tree(TMP), "home": sorted(os.listdir(home)),
+    "quoted": tree(os.path.join(home, 'a"b')), "rel": tree(os.path.join(home, "rel dir")),
+    "mounted": open(os.path.join(home, "it's $HOME;ok")).read(),
+}))
+EOF
+"""
+
+
+def test_paths_with_spaces_and_shell_characters_keep_their_names(
+        bed: Bed, tmp_path: Path) -> None:
+    """Workdir and file mount sources and targets whose names hold spaces and shell
+    characters arrive (by rsync, through the daemon's connection) under exactly those
+    names: no escaping left in them, nothing run by a shell."""
+    odd = "it's $HOME; a&b `x` (y) \\z *"
+    work = tmp_path / f"work dir {odd}"
+    (work / "sub dir").mkdir(parents=True)
+    (work / "sub dir" / f'{odd} "q".txt').write_text("w\n")
+    (work / "plain.txt").write_text("p\n")
+    source_file = tmp_path / f"src {odd}.txt"
+    source_file.write_text("mounted\n")
+    source_dir = tmp_path / f'dir "src" {odd}'
+    (source_dir / "in ner").mkdir(parents=True)
+    (source_dir / "in ner" / "f;g").write_text("d\n")
+    tmp = f"/tmp/{PREFIX}-{os.urandom(3).hex()} dir with space"
+    mounts = {f"{tmp}/x": str(source_file), "~/it's $HOME;ok": str(source_file),
+              '~/a"b': str(source_dir), "rel dir/back\\slash *star": str(source_file)}
+    task = tmp_path / "paths.yaml"  # JSON is YAML, and needs no quoting by hand here
+    task.write_text(json.dumps({"workdir": str(work), "file_mounts": mounts,
+                                "run": LIST_PATHS.replace("TMP", json.dumps(tmp))}))
+    expected = {
+        "workdir": sorted(["plain.txt", "sub dir", f'sub dir/{odd} "q".txt']),
+        "tmp": ["x"], "quoted": ["in ner", "in ner/f;g"], "rel": ["back\\slash *star"],
+        "mounted": "mounted\n",
+    }
+    try:
+        for verb in (("launch", "-c", "paths", "--infra", "ssh/testbed"), ("exec", "paths")):
+            result = ctl(bed, *verb, str(task))
+            assert result.returncode == 0, result.stderr + bed.daemon.log()[-3000:]
+            found = json.loads(result.stdout)
+            assert {k: found[k] for k in expected} == expected, verb
+            assert {"sky_workdir", "it's $HOME;ok", 'a"b', "rel dir"} <= set(found["home"])
+            assert not any("\\" in name for name in found["home"]), found["home"]
+    finally:
+        ctl(bed, "down", "-y", "paths")
+        subprocess.run(["rm", "-rf", "--", tmp], check=False)
+
+
 def test_down_returns_the_hosts_and_cleans_them(bed: Bed, duo: str) -> None:
     cluster = bed.daemon.cluster(duo)
     assert cluster is not None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,58 @@ def test_fields_without_effect_are_warned_and_refused_under_strict(
     assert refused.returncode == 1
     assert "resources.disk_tier: has no effect on local" in refused.stderr
     assert "(refused: strict)" in refused.stderr
+
+
+def _job_ids(daemon: Daemon, cluster: str) -> set[int]:
+    listed = daemon.ctl("queue", cluster, "--json")
+    assert listed.returncode == 0, listed.stderr
+    return {job["job_id"] for job in json.loads(listed.stdout)}
+
+
+def test_exec_checks_the_task_against_its_cluster_as_launch_does(
+        shared_daemon: Daemon, local_cluster: str, tmp_path: Path) -> None:
+    """What launch says of a task on a provider, exec says on a cluster of that provider:
+    a warning for a field without effect there, a refusal under --strict (or `strict: true`)
+    or for what the cluster cannot give (more nodes, accelerators, another provider), and
+    then the job never runs."""
+    marker = tmp_path / "ran"
+    task = tmp_path / "tier.yaml"
+    task.write_text(f"resources:\n  disk_tier: best\nrun: touch {marker}; echo ran\n")
+    warned = shared_daemon.ctl("exec", local_cluster, str(task))
+    assert warned.returncode == 0 and warned.stdout == "ran\n", warned.stderr
+    assert "warning: resources.disk_tier: has no effect on local" in warned.stderr
+    events = json.loads(shared_daemon.ctl("events", local_cluster, "--json").stdout)
+    assert any(e["kind"] == "warning" and e["reason"].startswith("resources.disk_tier")
+               for e in events)
+    marker.unlink()
+    before = _job_ids(shared_daemon, local_cluster)
+    refused = shared_daemon.ctl("exec", local_cluster, "--strict", str(task))
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "[CLUSTER_MISMATCH]" in refused.stderr
+    assert "resources.disk_tier: has no effect on local" in refused.stderr
+    assert "(refused: strict)" in refused.stderr and "hint:" in refused.stderr
+    config = Path(shared_daemon.env["XDG_CONFIG_HOME"]) / "clusterd" / "config.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("strict: true\n")
+    try:
+        by_config = shared_daemon.ctl("exec", local_cluster, str(task))
+        assert by_config.returncode == 1 and "(refused: strict)" in by_config.stderr
+    finally:
+        config.unlink()
+    # What the cluster does not have, it cannot give; a task meant for another provider is
+    # not for this cluster.
+    gpu = tmp_path / "gpu.yaml"
+    gpu.write_text(f"resources:\n  accelerators: A100:1\nrun: touch {marker}\n")
+    aws = tmp_path / "aws.yaml"
+    aws.write_text(f"resources:\n  infra: aws\nrun: touch {marker}\n")
+    for args, said in (((str(gpu),), "asks for A100:1"),
+                       (("--num-nodes", "2", "--", f"touch {marker}"), "asks for 2 nodes"),
+                       ((str(aws),), f"cluster {local_cluster} runs on local, not aws")):
+        mismatch = shared_daemon.ctl("exec", local_cluster, *args)
+        assert mismatch.returncode == 1, (args, mismatch.stderr)
+        assert said in mismatch.stderr and "hint:" in mismatch.stderr, mismatch.stderr
+    assert _job_ids(shared_daemon, local_cluster) == before
+    assert not marker.exists()
 
 
 def test_a_machine_image_cannot_apply_to_local_and_says_so(shared_daemon: Daemon) -> None:

@@ -350,3 +350,75 @@ async def test_body_exception_releases_the_lock() -> None:
     assert locks._locks == {}
     async with locks.hold("dev", EXCLUSIVE, 2, "launch"):
         assert ids(locks.holders("dev")) == [2]
+
+
+async def test_call_off_cancels_an_interruptible_holder_after_its_cleanup() -> None:
+    """A down calls off a launch that holds the lock: the launch's work is cancelled, its
+    clean-up (shielded) still runs and can tell why, it leaves with PREEMPTED naming the
+    down, and only then does the down get the lock."""
+    locks = ClusterLocks(timeout_s=5, notice_after_s=5)
+    log: list[str] = []
+    working = anyio.Event()
+    down = Holder(9, "down", EXCLUSIVE)
+    outcome: list[ProtocolError] = []
+
+    async def launch() -> None:
+        try:
+            async with locks.hold("dev", EXCLUSIVE, 1, "launch") as grant:
+                with grant.interruptible("launch dev again"):
+                    try:
+                        working.set()
+                        await anyio.sleep(60)  # waiting for SSH, say
+                    except anyio.get_cancelled_exc_class():
+                        with anyio.CancelScope(shield=True):
+                            log.append(f"cleanup, called off by {locks.called_off('dev', 1)}")
+                            await anyio.sleep(0.01)
+                        raise
+                log.append("never here")
+        except ProtocolError as exc:
+            outcome.append(exc)
+            log.append("launch left")
+
+    async def tear_down() -> None:
+        async with locks.hold("dev", EXCLUSIVE, 9, "down"):
+            log.append("down holds the lock")
+
+    with anyio.fail_after(2):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(launch)
+            await working.wait()
+            assert locks.call_off("dev", {"start"}, by=down) == []  # not its op
+            assert locks.call_off("dev", {"launch"}, by=down) == [Holder(1, "launch", EXCLUSIVE)]
+            assert locks.call_off("dev", {"launch"}, by=down) == []  # once
+            tg.start_soon(tear_down)
+    assert log == [f"cleanup, called off by {down}", "launch left", "down holds the lock"]
+    assert outcome[0].code == ErrorCode.PREEMPTED
+    assert outcome[0].message == "launch of dev was called off by request 9 (down)"
+    assert outcome[0].hint == "launch dev again"
+    assert locks._locks == {}
+
+
+async def test_a_holder_called_off_before_its_interruptible_work_meets_it_there() -> None:
+    """Granted, but not yet inside its interruptible work (a launch that waited in the queue
+    and has not run since): the call-off waits for it there, and cancels it at once."""
+    locks = ClusterLocks(timeout_s=5, notice_after_s=5)
+    down = Holder(9, "down", EXCLUSIVE)
+    reached: list[str] = []
+    with anyio.fail_after(2), pytest.raises(ProtocolError) as info:
+        async with locks.hold("dev", EXCLUSIVE, 1, "launch") as grant:
+            assert locks.call_off("dev", {"launch"}, by=down) == [Holder(1, "launch", EXCLUSIVE)]
+            assert locks.called_off("dev", 1) == down
+            with grant.interruptible("again"):
+                await anyio.sleep(60)
+                reached.append("never")
+    assert info.value.code == ErrorCode.PREEMPTED and reached == []
+    assert locks._locks == {}
+    assert locks.call_off("gone", {"launch"}, by=down) == []
+
+
+async def test_call_off_leaves_other_ops_alone() -> None:
+    locks = ClusterLocks(timeout_s=5, notice_after_s=5)
+    async with locks.hold("dev", SHARED, 1, "exec"):
+        assert locks.call_off("dev", {"launch"}, by=Holder(9, "down", EXCLUSIVE)) == []
+        assert locks.called_off("dev", 1) is None
+        assert locks._locks["dev"].interruptible == {}

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -123,6 +124,24 @@ def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
         with contextlib.suppress(BrokenPipeError), process.stdin:
             process.stdin.write(stdin or b"")
     return process.pid
+
+
+def _spawn_recorded(argv: list[str], log_path: Path, pid_path: Path,
+                    env: dict[str, str] | None = None, stdin: bytes | None = None) -> int:
+    """`_spawn`, then its pid file, with SIGTERM held off in between: the daemon calling this
+    command off (it signals the command's process group) must not leave a process of ours
+    running that no pid file names, so nothing could stop it. The started process has a
+    session of its own, so the signal never reaches it."""
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: caught.append(signum))
+    try:
+        pid = _spawn(argv, log_path, env, stdin)
+        _write_pidfile(pid_path, pid)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if caught:
+        signal.raise_signal(signal.SIGTERM)
+    return pid
 
 
 def _wait_ready(
@@ -250,8 +269,8 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         argv.append(f"--address={params['head_address']}")
         address = ""
     offset = log_path.stat().st_size if log_path.exists() else 0
-    pid = _spawn(argv, log_path, {"RAY_USAGE_STATS_ENABLED": "0", **_env(params)})
-    _write_pidfile(pid_path, pid)
+    pid = _spawn_recorded(argv, log_path, pid_path,
+                          {"RAY_USAGE_STATS_ENABLED": "0", **_env(params)})
 
     def started() -> bool:
         # `ray start` says so once its processes are up (and the node registered).
@@ -326,8 +345,7 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         argv.append(f"--nonce-ttl={float(params['nonce_ttl'])}")
     if params.get("shutdown_nodes"):
         argv.append("--shutdown-nodes")
-    pid = _spawn(argv, log_path, _env(params), stdin=f"{token}\n".encode())
-    _write_pidfile(pid_path, pid)
+    pid = _spawn_recorded(argv, log_path, pid_path, _env(params), stdin=f"{token}\n".encode())
 
     def serving() -> bool:
         try:

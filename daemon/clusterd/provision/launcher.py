@@ -7,7 +7,8 @@ removes the cluster's per-region resources there (a security group). So the inte
 names the only place where anything of the cluster can exist.
 
 With `retry_until_up`, a round in which every option failed is followed by a wait (growing,
-capped) and a new round with nothing blocked; `clusterctl down` cuts the wait short.
+capped) and a new round with nothing blocked. (`clusterctl down` calls a launch off in any
+phase, this wait too: see ClusterService.launch.)
 """
 
 from __future__ import annotations
@@ -53,8 +54,6 @@ class Provisioner:
         self._wait_timeout_s = wait_timeout_s
         self._retry_gap_s = retry_gap_s
         self._retry_max_gap_s = retry_max_gap_s
-        # Launches waiting between rounds, by cluster: `down` cancels the wait.
-        self._waiting: dict[str, anyio.CancelScope] = {}
         # For benchmarks (ping shows them): time spent deciding per attempt, outside the
         # providers' calls, and time spent inside those calls.
         self.decision_seconds: collections.deque[float] = collections.deque(maxlen=1000)
@@ -67,14 +66,6 @@ class Provisioner:
                 "decision_ms_p50": round(statistics.median(decisions) * 1000, 3),
                 "decision_ms_max": round(max(decisions) * 1000, 3),
                 "provider_seconds": round(self.provider_seconds, 3)}
-
-    def interrupt(self, name: str) -> bool:
-        """Cut short a launch of `name` waiting for its next round; True if there was one."""
-        scope = self._waiting.get(name)
-        if scope is None:
-            return False
-        scope.cancel()
-        return True
 
     async def provision(
         self, request: RunningRequest, record: ClusterRecord, plan: Plan, *,
@@ -101,7 +92,7 @@ class Provisioner:
                     f"attempts so far); trying again in {gap:.0f} s")
             await request.progress(text, "retry")
             await self._store.add_event(record.name, "provision", text, request.id)
-            await self._wait(record.name, gap)
+            await anyio.sleep(gap)
             gap = min(gap * 1.5, self._retry_max_gap_s)
             options, refusals = await plan()
             failover.options = options
@@ -181,19 +172,6 @@ class Provisioner:
                 except ProtocolError as exc:
                     logger.warning("cleanup after a failed attempt failed", cluster=record.name,
                                    error=exc.message)
-
-    async def _wait(self, name: str, seconds: float) -> None:
-        scope = anyio.CancelScope()
-        self._waiting[name] = scope
-        try:
-            with scope:
-                await anyio.sleep(seconds)
-        finally:
-            self._waiting.pop(name, None)
-        if scope.cancelled_caught:
-            raise ProtocolError(ErrorCode.PREEMPTED,
-                                f"the launch of {name} was called off by `clusterctl down` "
-                                "while it waited to retry")
 
 
 def _unavailable(name: str, failover: Failover) -> ProtocolError:

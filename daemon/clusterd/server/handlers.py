@@ -26,6 +26,7 @@ from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
+from clusterd.tasks import fields
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, parse_resources
 from clusterd.tasks.spec import Autostop, Resources, TaskSpec
 
@@ -264,7 +265,7 @@ class Handlers:
         name = args.cluster
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
-            lambda r: self._jobs.exec(r, name, task),
+            lambda r: self._jobs.exec(r, name, task, strict=args.strict),
         )
         return await self._follow_then_stream(call, request, args.detach)
 
@@ -282,7 +283,8 @@ class Handlers:
                 lambda r: self._orphans.remove(r, args.cluster))
             return await _follow(call, request)
         return await self._lifecycle(
-            call, args, lambda r: self._clusters.down(r, args.cluster, args.purge)
+            call, args, lambda r: self._clusters.down(r, args.cluster, args.purge,
+                                                      call_off=True)
         )
 
     async def _lifecycle(
@@ -344,8 +346,7 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
     task = load() if args.command is not None else await anyio.to_thread.run_sync(load)
     if args.strict and task.warnings:
         raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: {task.warnings[0]}",
-                            "refused under --strict (or strict: true in the config); drop the "
-                            "field, or run without --strict to take it as a warning")
+                            fields.STRICT_HINT)
     changes: dict[str, Any] = {}
     if args.num_nodes is not None:
         changes["num_nodes"] = args.num_nodes

@@ -42,7 +42,12 @@ from clusterd.provision.launcher import (
 from clusterd.requests import RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
-from clusterd.services.common import announce_warnings, cloud_name_for, require_cluster
+from clusterd.services.common import (
+    announce_warnings,
+    cloud_name_for,
+    fit_to_cluster,
+    require_cluster,
+)
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -159,24 +164,28 @@ class ClusterService:
         autostop = _autostop_setting(args, task)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
                                     on_blocked=request.blocked) as grant:
-            record = self._store.get(name)
-            warnings = list(task.warnings)
-            if record is None:
-                record, resources, landed = await self._provision_new(
-                    request, name, task, override, autostop, args.retry_until_up,
-                    args.strict)
-                warnings += landed
-            else:
-                resources = _check_compatible(record, override, task)
-                provider = self._providers.get(record.provider)
-                record = await self._bring_existing_up(request, record, provider,
-                                                       args.retry_until_up)
-            if autostop is not None:
-                record = await self.apply_autostop(record, autostop, request.id)
-            await announce_warnings(request, self._store, name, warnings)
-            grant.downgrade()
-            job_task = dataclasses.replace(task, resources=resources, resource_choices=())
-            result = await self._jobs.submit(request, record, job_task, run_setup=True)
+            # `down` calls it off in whatever phase it is (see _provision_new for what a
+            # new cluster's launch removes then; an existing cluster is down's to remove).
+            with grant.interruptible(f"launch {name} again once that finishes"):
+                record = self._store.get(name)
+                warnings = list(task.warnings)
+                if record is None:
+                    record, resources, landed = await self._provision_new(
+                        request, name, task, override, autostop, args.retry_until_up,
+                        args.strict)
+                    warnings += landed
+                else:
+                    resources, fitting = fit_to_cluster(record, task, override, args.strict)
+                    warnings += fitting
+                    provider = self._providers.get(record.provider)
+                    record = await self._bring_existing_up(request, record, provider,
+                                                           args.retry_until_up)
+                if autostop is not None:
+                    record = await self.apply_autostop(record, autostop, request.id)
+                await announce_warnings(request, self._store, name, warnings)
+                grant.downgrade()
+                job_task = dataclasses.replace(task, resources=resources, resource_choices=())
+                result = await self._jobs.submit(request, record, job_task, run_setup=True)
         return result
 
     async def _provision_new(
@@ -223,9 +232,19 @@ class ClusterService:
                                                done.handle, "launched")
             return record, done.resources, done.warnings
         except anyio.get_cancelled_exc_class():
-            # The daemon is shutting down: keep the intent; the next start reconciles it.
             with anyio.CancelScope(shield=True):
-                if self._store.get(name) is not None:
+                by = self._locks.called_off(name, request.id)
+                if by is not None:
+                    # `down` called it off: remove what it made (bounded), as a failed
+                    # launch does; down then removes whatever this could not.
+                    await request.progress(f"called off by {by.describe()}; removing what "
+                                           "the launch made", "down")
+                    await self._discard_failed_launch(
+                        request, name, ProtocolError(ErrorCode.PREEMPTED,
+                                                     f"called off by {by.describe()}"))
+                # Else the daemon is shutting down: keep the intent; the next start
+                # reconciles it.
+                elif self._store.get(name) is not None:
                     await self._store.set_status(
                         name, ClusterStatus.INIT,
                         f"launch interrupted by a daemon shutdown; `clusterctl launch -c {name}`"
@@ -448,10 +467,11 @@ class ClusterService:
     async def start(self, request: RunningRequest, name: str) -> dict[str, Any]:
         require_cluster(self._store, name)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "start",
-                                    on_blocked=request.blocked):
-            record = require_cluster(self._store, name)
-            provider = self._providers.get(record.provider)
-            record = await self._bring_existing_up(request, record, provider)
+                                    on_blocked=request.blocked) as grant:
+            with grant.interruptible(f"start {name} again once that finishes"):
+                record = require_cluster(self._store, name)
+                provider = self._providers.get(record.provider)
+                record = await self._bring_existing_up(request, record, provider)
         return {"cluster": name, "status": str(record.status)}
 
     async def stop(self, request: RunningRequest, name: str, *, reason: str | None = None,
@@ -488,13 +508,18 @@ class ClusterService:
         return {"cluster": name, "status": str(ClusterStatus.STOPPED), "changed": True}
 
     async def down(self, request: RunningRequest, name: str, purge: bool, *,
-                   reason: str | None = None, precheck: Precheck | None = None
-                   ) -> dict[str, Any]:
+                   reason: str | None = None, precheck: Precheck | None = None,
+                   call_off: bool = False) -> dict[str, Any]:
+        """Tear the cluster down. With `call_off` (a user's `down`), a launch or start of it
+        in progress is called off first, in whatever phase it is: it removes what it made
+        (bounded), and the teardown removes the rest."""
         require_cluster(self._store, name)
         self._preempt(request, name)
-        if self._provisioner.interrupt(name):
-            await request.progress(f"calling off the launch of {name} waiting to retry",
-                                   "down")
+        if call_off:
+            me = Holder(request.id, request.op, LockMode.EXCLUSIVE)
+            for holder in self._locks.call_off(name, PREEMPTIBLE_BY_TEARDOWN, me):
+                await request.progress(f"calling off {holder.describe()} of {name}; it "
+                                       "removes what it made first", "down")
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "down",
                                     on_blocked=request.blocked):
             record = self._store.get(name)
@@ -539,6 +564,11 @@ class ClusterService:
         every = info
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
+        if info is not None and not record.ever_up and "runtime" not in (record.handle or {}):
+            # A launch cut short before the runtime's first start (waiting for the nodes,
+            # or installing): nothing of the cluster's runs there or was written there, and
+            # nodes that never answered would hold the teardown up for nothing.
+            info = None
         if info is not None:
             try:
                 await self._runtime.stop(info)
@@ -624,41 +654,6 @@ def _infra_text(record: ClusterRecord) -> str:
                                     placed.get("zone")) if p)
     infra = record.requested_resources.get("infra")
     return str(infra) if infra and infra != "*" else record.provider
-
-
-def _check_compatible(record: ClusterRecord, override: Infra | None,
-                      task: TaskSpec) -> Resources:
-    """Whether the task can run on the existing cluster; the task's resources that match
-    it (one of its alternatives, if it has several)."""
-    fitting = [r for r in task.resource_options()
-               if (override or r.infra).provider in (None, record.provider)]
-    if not fitting:
-        asked = ", ".join(dict.fromkeys(str(override or r.infra) for r in
-                                        task.resource_options()))
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"cluster {record.name} runs on {record.provider}, not {asked}",
-            "launch under another name, or drop --infra to use it as it is",
-        )
-    if task.num_nodes > record.num_nodes:
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"the task asks for {task.num_nodes} nodes; cluster {record.name} has "
-            f"{record.num_nodes}",
-            "launch a new cluster under another name for more nodes",
-        )
-    have = record.launched_resources or {}
-    placed = [r for r in fitting if not have.get("accelerator")
-              or (r.accelerator or "").lower() == str(have["accelerator"]).lower()]
-    wanted = (placed or fitting)[0]
-    if wanted.cpus is not None and have.get("cpus") and wanted.cpus > have["cpus"]:
-        raise ProtocolError(
-            ErrorCode.CLUSTER_MISMATCH,
-            f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
-            f"{have['cpus']:g}",
-            "launch a new cluster under another name with bigger nodes",
-        )
-    return wanted
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:

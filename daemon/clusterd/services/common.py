@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.tasks import fields
+from clusterd.tasks.spec import Infra, Resources, TaskSpec
 
 # SkyPilot's rule for cluster names, with its length cap.
 NAME_PATTERN = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
@@ -93,3 +95,82 @@ async def announce_warnings(request: RunningRequest, store: ClusterStore, name: 
     for warning in dict.fromkeys(warnings):
         await request.progress(f"warning: {warning}", "warning")
         await store.add_event(name, "warning", warning, request.id)
+
+
+def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None = None,
+                   strict: bool = False) -> tuple[Resources, list[str]]:
+    """Whether the task can run on an existing cluster, checked as SkyPilot checks a task
+    against the cluster it is sent to (by `launch` onto it, and by `exec`). Returns the
+    task's resources that the cluster meets (one of its alternatives, if it has several) and
+    warnings for the fields it sets that have no effect on the cluster's provider: the same
+    check (fields.on_provider) a new launch makes of each provider it may try. Raises
+    CLUSTER_MISMATCH for what the cluster cannot give: another provider or place, more
+    nodes, CPUs, memory or accelerators than it has, a field that cannot apply on its
+    provider, or (with `strict`) one that would have no effect there."""
+    options = task.resource_options()
+    here = [r for r in options if _lives_in(override or r.infra, record)]
+    if not here:
+        asked = ", ".join(dict.fromkeys(str(override or r.infra) for r in options))
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"cluster {record.name} runs on {_where(record)}, not {asked}",
+            "launch a cluster there under another name, or drop the infra (and --infra) to "
+            "use this one as it is",
+        )
+    if task.num_nodes > record.num_nodes:
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"the task asks for {task.num_nodes} nodes; cluster {record.name} has "
+            f"{record.num_nodes}",
+            "launch a new cluster under another name for more nodes",
+        )
+    shortfalls = [_shortfall(record, r) for r in here]
+    fits = [r for r, short in zip(here, shortfalls, strict=True) if short is None]
+    if not fits:
+        raise ProtocolError(ErrorCode.CLUSTER_MISMATCH, str(shortfalls[0]),
+                            "launch a new cluster with what the task needs under another name")
+    have = str((record.launched_resources or {}).get("accelerator") or "").lower()
+    wanted = next((r for r in fits if have and (r.accelerator or "").lower() == have), fits[0])
+    warnings, refusals = fields.on_provider(wanted, record.provider, strict)
+    if refusals:
+        raise ProtocolError(
+            ErrorCode.CLUSTER_MISMATCH,
+            f"{task.source} on cluster {record.name}: {'; '.join(refusals)}",
+            fields.STRICT_HINT if strict else "drop the field, or launch a cluster where it "
+                                              "applies under another name",
+        )
+    return wanted, warnings
+
+
+def _where(record: ClusterRecord) -> str:
+    placed = record.launched_resources or {}
+    return "/".join(p for p in (record.provider, placed.get("region"), placed.get("zone")) if p)
+
+
+def _lives_in(infra: Infra, record: ClusterRecord) -> bool:
+    """Whether the cluster is where `infra` points (each part it names, if the record says)."""
+    placed = record.launched_resources or {}
+    return all(asked is None or known is None or asked == known for asked, known in (
+        (infra.provider, record.provider), (infra.region, placed.get("region")),
+        (infra.zone, placed.get("zone"))))
+
+
+def _shortfall(record: ClusterRecord, wanted: Resources) -> str | None:
+    """What a node of the cluster lacks of what `wanted` asks for (None: nothing), by the
+    record of what its nodes were placed with."""
+    have = record.launched_resources or {}
+    cpus, memory = have.get("cpus"), have.get("memory_gb")
+    if wanted.cpus is not None and cpus and wanted.cpus > cpus:
+        return (f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
+                f"{cpus:g}")
+    if wanted.memory_gb is not None and memory and wanted.memory_gb > memory:
+        return (f"the task asks for {wanted.memory_gb:g} GB of memory per node; "
+                f"{record.name}'s nodes have {memory:.1f}")
+    if wanted.accelerator:
+        name, count = have.get("accelerator"), float(have.get("accelerator_count") or 0)
+        if (not name or str(name).lower() != wanted.accelerator.lower()
+                or wanted.accelerator_count > count):
+            has = f"{name}:{count:g}" if name else "no accelerators"
+            return (f"the task asks for {wanted.accelerator}:{wanted.accelerator_count:g} per "
+                    f"node; {record.name}'s nodes have {has}")
+    return None

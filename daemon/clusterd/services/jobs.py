@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,6 +25,7 @@ from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RunnerFactory
 from clusterd.services.common import (
     announce_warnings,
+    fit_to_cluster,
     head_unreachable,
     require_cluster,
     require_head,
@@ -80,12 +82,18 @@ class JobService:
 
     # -- submission -----------------------------------------------------------------------
 
-    async def exec(self, request: RunningRequest, name: str, task: TaskSpec) -> dict[str, Any]:
+    async def exec(self, request: RunningRequest, name: str, task: TaskSpec, *,
+                   strict: bool = False) -> dict[str, Any]:
+        """Run the task on the UP cluster, once it passes the check a launch onto that
+        cluster makes (fit_to_cluster): refused if the cluster cannot give what it asks for,
+        warned of (or, with `strict`, refused) for fields without effect there."""
         record = require_up(require_cluster(self._store, name))
         async with self._locks.hold(name, LockMode.SHARED, request.id, "exec",
                                     on_blocked=request.blocked):
             record = require_up(require_cluster(self._store, name))
-            await announce_warnings(request, self._store, name, task.warnings)
+            resources, warnings = fit_to_cluster(record, task, strict=strict)
+            await announce_warnings(request, self._store, name, [*task.warnings, *warnings])
+            task = dataclasses.replace(task, resources=resources, resource_choices=())
             return await self.submit(request, record, task, run_setup=False)
 
     async def submit(

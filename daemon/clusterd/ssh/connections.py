@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -66,6 +66,22 @@ def expand_proxy_command(target: SSHTarget) -> str:
     return re.sub(r"%([hpr%])", lambda m: values[m.group(1)], target.proxy_command)
 
 
+@contextlib.contextmanager
+def stopped_if_abandoned(process: asyncssh.SSHClientProcess[Any]) -> Iterator[None]:
+    """A remote command whose caller gives up on it (cancelled: a launch called off, a
+    timeout) is stopped on the node, not left running there with nobody to read it: SIGTERM
+    to its process group (OpenSSH's sshd signals the session's group), then its channel is
+    closed. Both only queue messages, so this never waits, even for a node that hangs."""
+    try:
+        yield
+    except BaseException:
+        if process.exit_status is None and process.exit_signal is None:
+            with contextlib.suppress(OSError, asyncssh.Error):
+                process.send_signal("TERM")
+        process.close()
+        raise
+
+
 def connection_lost(target: SSHTarget, exc: BaseException) -> ProtocolError:
     reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
     return ProtocolError(
@@ -109,8 +125,9 @@ class SSHConnections:
         node = await self.get(target)
         try:
             async with node.channel() as conn:
-                with anyio.fail_after(timeout_s):
-                    done = await conn.run(command, input=input, encoding=None, check=False)
+                process = await conn.create_process(command, input=input, encoding=None)
+                with stopped_if_abandoned(process), anyio.fail_after(timeout_s):
+                    done = await process.wait(check=False)
         except TimeoutError:
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,

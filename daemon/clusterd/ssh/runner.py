@@ -26,7 +26,12 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.base import SSHTarget
 from clusterd.runtime.runner import CommandResult, ignore_filters, rsync_binary
-from clusterd.ssh.connections import NodeConnection, SSHConnections, connection_lost
+from clusterd.ssh.connections import (
+    NodeConnection,
+    SSHConnections,
+    connection_lost,
+    stopped_if_abandoned,
+)
 
 logger = log.get("clusterd.ssh.runner")
 
@@ -143,12 +148,15 @@ class SSHRunner:
         socket_path = self._relay_dir / f"rsync-{secrets.token_hex(6)}.sock"
         shell = f"{shlex.quote(sys.executable)} -m clusterd.ssh.rsync_shell {socket_path}"
         listener = await anyio.create_unix_listener(socket_path, mode=0o600)
+        remote_errors: list[str] = []
         try:
             async with anyio.create_task_group() as group:
-                group.start_soon(self._relay_one, listener)
+                group.start_soon(self._relay_one, listener, remote_errors)
                 with anyio.fail_after(timeout_s):
+                    # -s (--secluded-args): file names go to the node's rsync inside its
+                    # protocol, never through a shell there, whatever this rsync's version.
                     result = await anyio.run_process(
-                        [rsync_binary(), "-e", shell, *args], check=False
+                        [rsync_binary(), "-s", "-e", shell, *args], check=False
                     )
                 group.cancel_scope.cancel()
         finally:
@@ -156,34 +164,48 @@ class SSHRunner:
                 await listener.aclose()
             socket_path.unlink(missing_ok=True)
         if result.returncode != 0:
+            said = " ".join([*remote_errors, result.stderr.decode(errors="replace")]).strip()
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
                 f"copying {what} to {self.node_name} failed (rsync exit {result.returncode}): "
-                + result.stderr.decode(errors="replace").strip()[-500:],
+                + said[-500:],
             )
 
-    async def _relay_one(self, listener: anyio.abc.SocketListener) -> None:
+    async def _relay_one(self, listener: anyio.abc.SocketListener,
+                         remote_errors: list[str]) -> None:
         """Serve the one connection rsync's shell makes: run its command on the node and
-        pump bytes both ways until the remote side is done."""
+        pump bytes both ways until the remote side is done; what the node's rsync said on
+        stderr, if it failed, goes to `remote_errors`."""
         stream = await listener.accept()
         async with stream:
             incoming = BufferedByteReceiveStream(stream)
             header = await incoming.receive_until(b"\n", MAX_RELAY_HEADER_BYTES)
-            command = shlex.join(json.loads(header))
+            # As ssh does: the words joined by spaces, for the node's shell to split again.
+            # rsync has already quoted each for that shell (its default since 3.2.4), so this
+            # is the one layer of quoting; shlex.join would add a second, and `a b` would
+            # arrive as `a\ b`.
+            command = " ".join(json.loads(header))
             node = await self._node()
             async with node.channel() as conn:
                 process = await conn.create_process(command, encoding=None)
-                async with anyio.create_task_group() as pumps:
-                    pumps.start_soon(_pump_in, incoming, process)
-                    while data := await process.stdout.read(65536):
-                        await stream.send(data)
-                    pumps.cancel_scope.cancel()
-                errors = await process.stderr.read()
-                await process.wait()
-                if process.exit_status:
-                    logger.warning("remote rsync failed", node=self.node_name,
-                                   status=process.exit_status,
-                                   stderr=errors.decode(errors="replace")[-300:])
+                with stopped_if_abandoned(process):
+                    await self._pump(stream, incoming, process, remote_errors)
+
+    async def _pump(self, stream: anyio.abc.SocketStream, incoming: BufferedByteReceiveStream,
+                    process: asyncssh.SSHClientProcess[bytes],
+                    remote_errors: list[str]) -> None:
+        async with anyio.create_task_group() as pumps:
+            pumps.start_soon(_pump_in, incoming, process)
+            while data := await process.stdout.read(65536):
+                await stream.send(data)
+            pumps.cancel_scope.cancel()
+        errors = await process.stderr.read()
+        await process.wait()
+        if process.exit_status:
+            said = errors.decode(errors="replace").strip()
+            remote_errors.append(said)
+            logger.warning("remote rsync failed", node=self.node_name,
+                           status=process.exit_status, stderr=said[-300:])
 
 
 async def _pump_in(stream: anyio.abc.ByteReceiveStream,

@@ -160,9 +160,17 @@ _ASKED: dict[str, Callable[[Resources], bool]] = {
 }
 
 
-def on_provider(resources: Resources, provider: str) -> tuple[list[str], list[str]]:
+# What a refusal under --strict (or `strict: true`) tells the user to do.
+STRICT_HINT = ("refused under --strict (or strict: true in the config); drop the field, or run "
+               "without --strict to take it as a warning")
+
+
+def on_provider(resources: Resources, provider: str,
+                strict: bool = False) -> tuple[list[str], list[str]]:
     """What the fields a task set mean on `provider`: warnings (accepted, no effect there)
-    and refusals (they cannot apply there), each naming the field and saying why."""
+    and refusals (they cannot apply there), each naming the field and saying why. With
+    `strict`, the warnings are refusals too (marked so). Both a new launch (of each provider
+    it may try) and a task sent to an existing cluster (of that cluster's provider) ask this."""
     warnings, refusals = [], []
     for path, asked in _ASKED.items():
         field = BY_PATH[path]
@@ -172,6 +180,8 @@ def on_provider(resources: Resources, provider: str) -> tuple[list[str], list[st
             refusals.append(f"{path}: cannot apply on {provider}: {field.why_elsewhere}")
         else:
             warnings.append(f"{path}: has no effect on {provider}: {field.why_elsewhere}")
+    if strict:
+        return [], refusals + [f"{w} (refused: strict)" for w in warnings]
     return warnings, refusals
 
 
