@@ -82,19 +82,19 @@ class EC2Bed:
         status = json.loads(self.testbed("status", "--json").stdout)
         return [i for instances in status["regions"].values() for i in instances]
 
-    def firewall_generation(self) -> int:
-        """How many rule changes the bed's firewall has applied."""
+    def firewall_syncs(self) -> int:
+        """How many passes over the API the bed's firewall has finished."""
         done = self.testbed("firewall", "--json")
         assert done.returncode == 0, done.stderr
-        return int(json.loads(done.stdout)["generation"])
+        return int(json.loads(done.stdout)["syncs"])
 
     def ec2_call(self, region: str, action: str, **params: Any) -> None:
         """One EC2 call through the API (as a user of the account would make it), and the
-        bed's firewall caught up with it."""
-        before = self.firewall_generation()
+        bed's firewall caught up with it: a whole pass of it began after the call."""
         self.python(f"import boto3; boto3.client('ec2', region_name={region!r})"
                     f".{action}(**{params!r})")
-        wait_for(lambda: self.firewall_generation() > before, 10,
+        after = self.firewall_syncs()
+        wait_for(lambda: self.firewall_syncs() >= after + 2, 10,
                  f"the bed's firewall to apply {action}")
 
     def fault(self, *args: str) -> str:

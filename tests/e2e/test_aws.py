@@ -11,6 +11,7 @@ import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,6 +46,25 @@ class Bed:
     @property
     def env(self) -> dict[str, str]:
         return self.ec2.env
+
+
+def descendants(pid: int) -> list[int]:
+    """pid and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += children.get(current, [])
+    return found
 
 
 def cloud_name(bed: Bed, cluster: str) -> str:
@@ -269,13 +289,16 @@ def test_stop_kills_every_process_of_the_nodes_and_start_brings_them_back(
         bed: Bed, duo: str) -> None:
     name = cloud_name(bed, duo)
     before = {i["id"]: i["ip"] for i in bed.instances(name)}
+    # Every process of the two nodes (other beds' nodes on this machine run as ubuntu too).
+    running = [p for n in bed.nodes() if n["tags"].get("clusterd-cluster-name") == name
+               for p in descendants(n["node_pid"])]
+    assert len(running) > 4, running  # sshd, Ray, the agent...
     stopped = bed.daemon.ctl("stop", "-y", duo)
     assert stopped.returncode == 0, stopped.stderr
     assert {i["state"] for i in bed.instances(name)} == {"stopped"}
     ours = [n for n in bed.nodes() if n["tags"].get("clusterd-cluster-name") == name]
     assert [n["node"] for n in ours] == ["none", "none"]
-    left = subprocess.run(["ps", "-u", "ubuntu", "-o", "pid="], capture_output=True,
-                          text=True).stdout.split()
+    left = [p for p in running if Path(f"/proc/{p}").exists()]
     assert left == [], f"processes of the nodes survived the stop: {left}"
     assert bed.daemon.cluster(duo)["status"] == "STOPPED"  # type: ignore[index]
 

@@ -173,6 +173,7 @@ class Firewall:
         self._stop = threading.Event()
         self.generation = 0  # bumped at every change applied
         self.applied_at = 0.0
+        self.syncs = 0  # passes finished (read the API, applied what changed)
         self._thread = threading.Thread(target=self._loop, name="firewall", daemon=True)
 
     def start(self) -> None:
@@ -185,7 +186,8 @@ class Firewall:
 
     def status(self) -> dict[str, Any]:
         return {"enforce": self.enforce, "generation": self.generation,
-                "applied_at": self.applied_at, "rules": _instance_rules(self._applied or "")}
+                "applied_at": self.applied_at, "syncs": self.syncs,
+                "rules": _instance_rules(self._applied or "")}
 
     def set_enforce(self, enforce: bool) -> None:
         self.enforce = enforce
@@ -216,11 +218,13 @@ class Firewall:
         script = ruleset(members, permissions, [vpc_cidr(r) for r in regions]) \
             if self.enforce else OFF
         if script == self._applied:
+            self.syncs += 1
             return False
         apply(script)
         self._applied = script
         self.generation += 1
         self.applied_at = time.time()
+        self.syncs += 1
         log.info("security groups applied (generation %d): %d instance(s), %d rule(s)%s",
                  self.generation, len(members), _instance_rules(script),
                  "" if self.enforce else " (enforcement off)")
