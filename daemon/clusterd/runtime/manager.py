@@ -66,6 +66,7 @@ WORKER_PORTS = (
 NOT_RAY_FLAGS = ("gcs_port", "autoscaler_metric_port", "dashboard_metric_port")
 # Where the agent's socket lives on a remote head (its directory is made 0700 there).
 REMOTE_AGENT_SOCKET = "~/.clusterd/s/{key}.sock"
+MEMBERS_TIMEOUT_S = 15.0  # asking a running agent which nodes Ray counts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,8 +187,11 @@ class RuntimeManager:
             handle["head_ssh"] = dataclasses.asdict(head.ssh)
         if checkpoint is not None:
             await checkpoint(handle)
+        # A worker whose Ray runs but which the head's Ray no longer counts (cut off for a
+        # while: the head marked it dead, and it has not heard yet) is started anew.
+        members = await self._ray_members(cluster, cloud_name, previous) if head_alive else None
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        await self._start_ray(cloud_name, info, ports, worker_ports, token, address)
+        await self._start_ray(cloud_name, info, ports, worker_ports, token, address, members)
         await progress("starting the agent on the head node", "agent")
         started = await node_helper.call(
             head_runner,
@@ -216,6 +220,27 @@ class RuntimeManager:
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
         await self._wait_for_nodes(cluster, endpoint, agent_token, len(info.nodes))
         return handle
+
+    async def _ray_members(self, cluster: str, cloud_name: str,
+                           previous: dict[str, Any] | None) -> set[str] | None:
+        """The node addresses the head's Ray counts alive, asked of the running agent; None
+        when it cannot tell (no agent, or it does not answer)."""
+        if not previous or not previous.get("agent_token"):
+            return None
+        client = None
+        try:
+            with anyio.fail_after(MEMBERS_TIMEOUT_S):
+                endpoint = await self._access.endpoint(cluster, cloud_name, previous)
+                client = AgentClient(cluster, endpoint, str(previous["agent_token"]))
+                health = await client.check_version()
+        except (ProtocolError, TimeoutError, KeyError) as exc:
+            logger.info("cannot ask the head which nodes Ray counts", cluster=cluster,
+                        error=str(exc))
+            return None
+        finally:
+            if client is not None:
+                await client.close()
+        return set(health.ray_node_ips) if health.ray_connected else None
 
     async def _stop_running(self, cluster: str, info: ClusterInfo, progress: Progress,
                             why: str) -> None:
@@ -261,6 +286,7 @@ class RuntimeManager:
         worker_ports: dict[str, dict[str, int]],
         token: str | None,
         address: str,
+        members: set[str] | None = None,
     ) -> None:
         if token is None:
             # Ray is up on the head: any worker that needs a start must get its token.
@@ -273,7 +299,8 @@ class RuntimeManager:
             async with anyio.create_task_group() as group:
                 for node in info.nodes[1:]:
                     group.start_soon(self._start_ray_node, cloud_name, node,
-                                     worker_ports[_node_key(node)], token, address, False)
+                                     worker_ports[_node_key(node)], token, address, False,
+                                     members)
 
     async def _start_ray_node(
         self,
@@ -283,12 +310,19 @@ class RuntimeManager:
         token: str,
         address: str,
         head: bool,
+        members: set[str] | None = None,
     ) -> None:
+        """Start Ray on node unless it runs there already (and, when members is known, the
+        head counts it: a node's Ray the head has given up on is stopped and started anew)."""
         runner = self._runner_for(node)
         layout = NodeLayout(node.runtime_dir)
         status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
         if status["ray"]["alive"]:
-            return
+            if members is None or node.internal_ip in members:
+                return
+            logger.info("restarting a worker's Ray the head no longer counts",
+                        node=node.node_id, ip=node.internal_ip)
+            await self._stop_node(node, ["ray"])
         # Marked as ours, so `down` may remove the whole directory.
         await node_helper.call(runner, "mark", {"dir": layout.base})
         await node_helper.call(runner, "write-token", {"path": layout.token_path, "token": token})
