@@ -244,9 +244,12 @@ def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo:
     head = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "head")
     listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltn")
     assert listening.returncode == 0, listening.stderr
-    ports = sorted({int(line.split()[3].rsplit(":", 1)[1]) for line in listening.stdout.splitlines()
-                    if line.split()[3].startswith(head["ip"] + ":")})
-    ray_port = next(p for p in ports if p not in (22, 8080))
+    # Ray's ports (the GCS, the raylet's...), on the head's address or on every address.
+    ports = sorted({int(port) for address, port in (
+        line.split()[3].rsplit(":", 1) for line in listening.stdout.splitlines())
+        if address in (head["ip"], "0.0.0.0", "*", "[::]")})
+    ray_port = next((p for p in ports if p not in (22, 8080)), None)
+    assert ray_port is not None, listening.stdout
     probe = ("import socket, sys\n"
              "try:\n"
              "    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3)\n"
