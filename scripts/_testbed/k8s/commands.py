@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from _testbed import requirements
-from _testbed.common import Failure, kill_pids, lock_dir, lock_parent, log, wait_reaped
+from _testbed.common import Failure, kill_pids, lock_dir, log, wait_reaped, warn
 from _testbed.ec2 import host_setup as ec2_host
 from _testbed.ec2.control import request
 from _testbed.k8s import build, components, host, images, nodes, pki, render
@@ -37,6 +37,7 @@ from _testbed.k8s.layout import (
 NETNS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 HIDDEN_IN_NODES = ("/var/lib", "/var/log", "/run", "/var/run")  # each node has its own
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
+RESTART_GRACE_S = 2.0
 
 
 def check_dir(d: str) -> None:
@@ -49,6 +50,15 @@ def check_dir(d: str) -> None:
         raise Failure(f"{d} is a symlink; refusing to use it as the bed's directory")
     if os.path.exists(d) and os.stat(d).st_uid != 0:
         raise Failure(f"{d} exists and is not owned by root; refusing to use it")
+
+
+def bed_lock(paths: BedPaths, create: bool = False) -> int | None:
+    """Serialise commands on one bed: a flock on its directory (made if `create`; None if it
+    does not exist). Not its parent's, as the EC2 bed does: both beds' default directories
+    are in /tmp, and they would wait on each other."""
+    if create:
+        os.makedirs(paths.dir, mode=0o755, exist_ok=True)
+    return lock_dir(paths.dir) if os.path.isdir(paths.dir) else None
 
 
 def admin_api(paths: BedPaths) -> components.Api:
@@ -66,9 +76,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     host.check_cgroups()
     version_dir = build.ensure_built(cache_root())
     node_image, node_archive = images.ensure_node_image(os.path.join(cache_root(), "images"))
-    os.makedirs(os.path.dirname(paths.dir), exist_ok=True)
+    lock = bed_lock(paths, create=True)  # the bed's first, then the registry's, always
     reg_lock = lock_dir(host.registry_dir())
-    lock = lock_parent(paths.dir)
     try:
         state = load_state(paths) if os.path.isdir(paths.dir) else None
         if state is not None and args.netns and args.netns != state["netns"]:
@@ -83,6 +92,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             if value is not None:
                 state["wanted"][key] = value
         info = build.build_info(version_dir)
+        if state.get("cache") not in (None, version_dir) and \
+                any(components.is_ours(p, paths) for p in state["procs"].values()):
+            warn(f"this machine's build is now {version_dir}; what runs is from "
+                 f"{state['cache']} (nodes booted from now on use the new one): `down` "
+                 f"and `up` to run it all")
         state.update(cache=version_dir, package_version=info["package_version"],
                      kubernetes=info["kubernetes"], node_image=node_image)
         os.makedirs(paths.dir, mode=0o755, exist_ok=True)
@@ -93,7 +107,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         timings = converge(paths, state, [os.path.join(version_dir, "images", "pause.tar"),
                                           node_archive])
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
         if reg_lock >= 0:
             os.close(reg_lock)
     print_summary(paths, state, timings, time.monotonic() - t0)
@@ -246,8 +261,8 @@ def print_summary(paths: BedPaths, state: dict[str, Any], timings: dict[str, flo
 
 def cmd_down(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
+    lock = bed_lock(paths)
     reg_lock = lock_dir(host.registry_dir())
-    lock = lock_parent(paths.dir) if os.path.isdir(os.path.dirname(paths.dir)) else None
     try:
         state = load_state(paths) if os.path.isdir(paths.dir) else None
         netns = (state or {}).get("netns") or host.registered_netns(paths.dir)
@@ -320,8 +335,9 @@ def require_bed(paths: BedPaths) -> dict[str, Any]:
 def cmd_kill_node(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
     with contextlib.ExitStack() as stack:
-        lock = lock_parent(paths.dir)
-        stack.callback(os.close, lock)
+        lock = bed_lock(paths)
+        if lock is not None:
+            stack.callback(os.close, lock)
         state = require_bed(paths)
         node = state["nodes"].get(args.name)
         if node is None:
@@ -346,11 +362,13 @@ def cmd_kill_node(args: argparse.Namespace) -> int:
 
 def cmd_restart_apiserver(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
-    lock = lock_parent(paths.dir)
+    lock = bed_lock(paths)
     try:
         state = require_bed(paths)
         t = time.monotonic()
-        components.stop(state["procs"].get("apiserver"), paths)
+        # Its graceful stop waits for open watches and tunnels, which never end: after 2 s
+        # it is killed, as a crashed or upgraded API server would drop them.
+        components.stop(state["procs"].get("apiserver"), paths, wait_s=RESTART_GRACE_S)
         pid = components.start("apiserver", paths, state["netns"],
                                os.path.join(state["cache"], "bin"),
                                min(state["nodes"] or ["cpu-1"]))
@@ -358,7 +376,8 @@ def cmd_restart_apiserver(args: argparse.Namespace) -> int:
         save_state(paths, state)
         wait_component("apiserver", pid, paths, admin_api(paths))
     finally:
-        os.close(lock)
+        if lock is not None:
+            os.close(lock)
     log(f"API server restarted (pid {pid}): it answered again after "
         f"{time.monotonic() - t:.1f}s; connections through it (watches, port-forwards, exec) "
         f"were cut")

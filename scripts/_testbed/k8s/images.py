@@ -178,6 +178,10 @@ def ensure_node_image(images_dir: str) -> tuple[str, str]:
         "ExposedPorts": {"22/tcp": {}}, "WorkingDir": "/",
         "Labels": {"org.clusterd.testbed.user": NODE_USER}})
     shutil.rmtree(work, ignore_errors=True)
+    for other in os.listdir(images_dir):  # the recipe changed: older images serve no bed
+        if other.startswith("node-") and other.endswith(".tar") and \
+                other != os.path.basename(archive):
+            os.unlink(os.path.join(images_dir, other))
     log(f"node image {name} built in {time.monotonic() - start:.0f}s "
         f"({os.path.getsize(archive) >> 20} MB): {archive}")
     return name, archive
