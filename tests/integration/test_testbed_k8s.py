@@ -437,6 +437,47 @@ def test_bad_usage(bed: Bed) -> None:
     assert p.returncode == 2
 
 
+def test_an_ec2_bed_alongside(bed: Bed) -> None:
+    """Both beds up at once (a failover from aws to kubernetes runs them together), each in
+    its own namespace; the EC2 bed's down leaves this one as it was."""
+    pytest.importorskip("moto")
+    ec2_dir, netns = bed.dir.parent / "ec2", f"cdk8s-ec2-{os.getpid()}"
+
+    def ec2(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(TESTBED), "ec2", args[0], "--dir",
+                               str(ec2_dir), *args[1:]], capture_output=True, text=True,
+                              timeout=300)
+
+    try:
+        up = ec2("up", "--netns", netns, "--no-wheelhouse")
+        assert up.returncode == 0, up.stderr + up.stdout
+        assert ec2("status").returncode == 0
+        status = bed.status()
+        assert all(n["ready"] for n in status["nodes"])
+        ec2_controller = json.loads(ec2("status", "--json").stdout)["controller_pid"]
+        apiserver = status["processes"]["apiserver"]["pid"]
+        assert os.readlink(f"/proc/{apiserver}/ns/net") != \
+            os.readlink(f"/proc/{ec2_controller}/ns/net")
+    finally:
+        down = ec2("down")
+    assert down.returncode == 0, down.stderr
+    assert all(n["ready"] and n["running"] for n in bed.status()["nodes"])
+    assert "cpu-1" in bed.kubectl("get", "nodes", "-o", "name")
+
+
+def test_up_removes_nodes_it_is_not_asked_for(bed: Bed) -> None:
+    bed.ok("up", "--nodes", "1", "--gpu-nodes", "0")
+    assert [n["name"] for n in bed.status()["nodes"]] == ["cpu-1"]
+    assert bed.kubectl("get", "nodes", "-o", "name", admin=True).split() == ["node/cpu-1"]
+    addresses = subprocess.run(["ip", "-n", bed.netns, "-4", "-o", "addr", "show", "dev",
+                                "k8sbr0"], capture_output=True, text=True, check=True).stdout
+    assert sorted(line.split()[3] for line in addresses.splitlines()) == [
+        "10.77.0.1/16", "10.77.0.11/16"]
+    assert sorted(os.listdir(bed.dir / "nodes")) == ["cpu-1"]
+    assert [p.name for p in Path("/sys/fs/cgroup/memory").glob(
+        f"clusterd-testbed-k8s.{bed.netns}/*") if p.is_dir()] == ["cpu-1"]
+
+
 # ---------------------------------------------------------------------------- down
 
 
