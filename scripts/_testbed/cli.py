@@ -145,6 +145,11 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     up.add_argument("--gpu-nodes", type=int,
                     help="nodes gpu-1..M with 2 fake A100s each (a new bed: 1)")
     up.add_argument("--netns", default=None, help=f"default: ${NETNS_ENV} or clusterd-k8s")
+    up.add_argument("--runtime-image", action="store_true",
+                    help="also an image with clusterd's runtime of its wheelhouse already in "
+                         "~sky/.clusterd (clusterd then skips installing it), imported into "
+                         "every node; built once per wheelhouse (the package index is needed "
+                         "once); its name is $CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE in `exec`")
     ksub.add_parser("down", parents=[bed], allow_abbrev=False,
                     help="stop everything the bed started and remove it")
     ex = ksub.add_parser("exec", parents=[bed], allow_abbrev=False,

@@ -254,6 +254,9 @@ def test_sshd_pod_through_port_forward_and_node_port(bed: Bed, image: str) -> No
                     "nodeSelector": {"clusterd.testbed/node": "cpu-1"},
                     "containers": [{"name": "node", "image": image, "imagePullPolicy": "Never",
                                     "ports": [{"containerPort": 22}],
+                                    # Ready once sshd listens (the entrypoint has run by then)
+                                    "readinessProbe": {"tcpSocket": {"port": 22},
+                                                       "periodSeconds": 1},
                                     "volumeMounts": [{"name": "keys",
                                                       "mountPath": "/etc/clusterd/ssh"}]}],
                     "volumes": [{"name": "keys", "secret": {"secretName": "ssh-key"}}]}}
@@ -435,6 +438,27 @@ def test_bad_usage(bed: Bed) -> None:
     p = subprocess.run([sys.executable, str(TESTBED), "k8s", "status", "--dir",
                         str(bed.dir.parent / "nothing")], capture_output=True, text=True)
     assert p.returncode == 2
+
+
+def test_runtime_image_holds_clusterds_runtime(bed: Bed) -> None:
+    """`up --runtime-image` on a running bed: the image is imported into its nodes, and a pod
+    of it has the runtime of the wheelhouse daemons in the bed use, as clusterd installs it."""
+    out = bed.ok("up", "--runtime-image", timeout=1200)
+    assert "runtime image" in out
+    env = json.loads(bed.ok("env", "--json"))
+    image = env["CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE"]
+    assert bed.status()["runtime_image"] == image
+    (key,) = [k for k in os.listdir(env["CLUSTERD_WHEELHOUSE_DIR"]) if image.endswith(k)]
+    bed.kubectl("apply", "-f", "-", input_text=sleeper(
+        "runtime", image, nodeSelector={"clusterd.testbed/node": "cpu-2"}))
+    bed.wait_running("runtime")
+    got = bed.kubectl("exec", "runtime", "--", "su", "sky", "-c", f"""cd
+.clusterd/current/bin/python -c "import ray, clusterd; print(ray.__version__)"
+test -e .clusterd/venvs/{key}/.clusterd-ready && echo ready
+readlink .clusterd/current
+find .clusterd ! -user sky | wc -l""")
+    assert got.split() == ["2.60.0", "ready", f"venvs/{key}", "0"]
+    bed.kubectl("delete", "pod", "runtime", "--wait=false")
 
 
 def test_an_ec2_bed_alongside(bed: Bed) -> None:

@@ -9,6 +9,7 @@ import base64
 import json
 import socket
 import sys
+import tarfile
 import threading
 import tomllib
 from pathlib import Path
@@ -31,6 +32,7 @@ from _testbed.k8s.faults import (
     status_body,
 )
 from _testbed.k8s.host import guard_ruleset
+from _testbed.k8s.images import oci_archive, read_archive
 from _testbed.k8s.layout import BedPaths, NodeSpec, bed_env, node_specs, removed_env
 from _testbed.k8s.proxy import Faults, Stream, parse_head, relay_body
 
@@ -276,3 +278,24 @@ def test_relay_by_content_length_and_drop() -> None:
     assert body_name(kept) == "x"
     a.close()
     b.close()
+
+
+def test_image_archives_round_trip(tmp_path: Path) -> None:
+    layers = []
+    for i in range(2):
+        layer = tmp_path / f"l{i}.tar"
+        layer.write_bytes(f"layer {i}".encode() * 100)
+        layers.append(str(layer))
+    archive = tmp_path / "image.tar"
+    oci_archive(str(archive), "docker.io/clusterd-testbed/node:k1", layers,
+                {"Entrypoint": ["/e"]})
+    with tarfile.open(archive) as t:
+        index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
+    annotations = index["manifests"][0]["annotations"]
+    assert annotations["io.containerd.image.name"] == "docker.io/clusterd-testbed/node:k1"
+    out = tmp_path / "out"
+    out.mkdir()
+    got, config = read_archive(str(archive), str(out))
+    assert [Path(p).read_bytes() for p in got] == [Path(p).read_bytes() for p in layers]
+    assert config["config"] == {"Entrypoint": ["/e"]}
+    assert len(config["rootfs"]["diff_ids"]) == 2

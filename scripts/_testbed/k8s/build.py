@@ -177,7 +177,7 @@ def build_pause(tree: str, out_dir: str) -> str:
             t.addfile(info, f)
     archive = os.path.join(out_dir, "images", "pause.tar")
     os.makedirs(os.path.dirname(archive), exist_ok=True)
-    oci_archive(archive, pause_image(), layer, {"Entrypoint": ["/pause"]})
+    oci_archive(archive, pause_image(), [layer], {"Entrypoint": ["/pause"]})
     os.unlink(layer)
     return archive
 

@@ -17,7 +17,7 @@ from _testbed import requirements
 from _testbed.common import Failure, kill_pids, lock_dir, log, wait_reaped, warn
 from _testbed.ec2 import host_setup as ec2_host
 from _testbed.ec2.control import request
-from _testbed.k8s import build, components, host, images, nodes, pki, render
+from _testbed.k8s import build, components, host, images, nodes, pki, render, runtime_image
 from _testbed.k8s.layout import (
     ADMIN_USER,
     API_URL,
@@ -38,6 +38,11 @@ NETNS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 HIDDEN_IN_NODES = ("/var/lib", "/var/log", "/run", "/var/run")  # each node has its own
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
 RESTART_GRACE_S = 2.0
+
+
+def wheelhouse_dir() -> str:
+    """Where the runtime image's wheelhouse is made, and daemons in the bed find it."""
+    return os.path.join(cache_root(), "wheelhouse")
 
 
 def check_dir(d: str) -> None:
@@ -75,7 +80,14 @@ def cmd_up(args: argparse.Namespace) -> int:
     requirements.ensure_debian_packages(requirements.K8S_PACKAGES)
     host.check_cgroups()
     version_dir = build.ensure_built(cache_root())
-    node_image, node_archive = images.ensure_node_image(os.path.join(cache_root(), "images"))
+    images_dir = os.path.join(cache_root(), "images")
+    node_image, node_archive = images.ensure_node_image(images_dir)
+    runtime: dict[str, str] | None = None
+    if args.runtime_image:
+        house = runtime_image.prepare_wheelhouse(wheelhouse_dir())
+        name, archive = runtime_image.ensure_runtime_image(images_dir, node_image,
+                                                           node_archive, house)
+        runtime = {"name": name, "archive": archive, "key": os.path.basename(house)}
     lock = bed_lock(paths, create=True)  # the bed's first, then the registry's, always
     reg_lock = lock_dir(host.registry_dir())
     try:
@@ -99,13 +111,22 @@ def cmd_up(args: argparse.Namespace) -> int:
                  f"and `up` to run it all")
         state.update(cache=version_dir, package_version=info["package_version"],
                      kubernetes=info["kubernetes"], node_image=node_image)
+        if runtime is not None:
+            state["runtime_image"] = runtime
+        elif state.get("runtime_image") and \
+                not os.path.isfile(state["runtime_image"]["archive"]):
+            warn(f"the bed's runtime image {state['runtime_image']['name']} is gone from the "
+                 f"cache; nodes booted from now on lack it (`up --runtime-image` makes it)")
+            del state["runtime_image"]
         os.makedirs(paths.dir, mode=0o755, exist_ok=True)
         save_state(paths, state)  # before making anything: `down` can always clean up
         host.register(paths, netns)
         os.close(reg_lock)  # the bed is registered: other beds may come and go meanwhile
         reg_lock = -1
-        timings = converge(paths, state, [os.path.join(version_dir, "images", "pause.tar"),
-                                          node_archive])
+        archives = [os.path.join(version_dir, "images", "pause.tar"), node_archive]
+        if state.get("runtime_image"):
+            archives.append(state["runtime_image"]["archive"])
+        timings = converge(paths, state, archives)
     finally:
         if lock is not None:
             os.close(lock)
@@ -169,9 +190,15 @@ def converge(paths: BedPaths, state: dict[str, Any], archives: list[str]) -> dic
         log(f"  booting node(s) {', '.join(started)} ...")
         took = nodes.wait_ready(api, paths, started)
         timings.update({f"node {n} Ready": s for n, s in took.items()})
+    runtime = state.get("runtime_image")
     for spec in specs:
         if spec.gpus:
             nodes.ensure_gpus(api, spec)
+        if runtime and spec.name not in started:  # booted before the bed had the image
+            t = time.monotonic()
+            if nodes.import_image(paths, spec.name, bin_dir, runtime["name"],
+                                  runtime["archive"]):
+                timings[f"runtime image into {spec.name}"] = time.monotonic() - t
     wait_service_accounts(api)
     return timings
 
@@ -253,6 +280,10 @@ def print_summary(paths: BedPaths, state: dict[str, Any], timings: dict[str, flo
     described = [f"{s.name} ({s.ip}" + (f", {s.gpus} GPUs)" if s.gpus else ")") for s in specs]
     log(f"  nodes: {', '.join(described)}")
     log(f"  node image: {state['node_image'].removeprefix('docker.io/')}")
+    if state.get("runtime_image"):
+        log(f"  runtime image: {state['runtime_image']['name'].removeprefix('docker.io/')} "
+            f"(clusterd's runtime {state['runtime_image']['key']} in /home/sky/.clusterd; "
+            f"$CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE in `exec`)")
     log("  try: scripts/testbed k8s exec -- kubectl get nodes -o wide")
 
 

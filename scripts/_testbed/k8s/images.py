@@ -87,26 +87,31 @@ def recipe_key(mirror: str) -> str:
     return hashlib.sha256(recipe.encode()).hexdigest()[:12]
 
 
-def oci_archive(path: str, name: str, layer: str, config: dict[str, Any]) -> None:
-    """Write an OCI image layout archive at path: the uncompressed layer tarball `layer`, an
-    image config with `config` as its "config", named `name` (as ctr import reads it)."""
+def _digest(path: str) -> tuple[str, int]:
     h = hashlib.sha256()
     size = 0
-    with open(layer, "rb") as f:
+    with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             size += len(chunk)
-    layer_digest = "sha256:" + h.hexdigest()
+    return "sha256:" + h.hexdigest(), size
+
+
+def oci_archive(path: str, name: str, layers: list[str], config: dict[str, Any]) -> None:
+    """Write an OCI image layout archive at path: the uncompressed layer tarballs `layers`
+    (bottom first), an image config with `config` as its "config", named `name` (the
+    annotation ctr import names it by)."""
+    digests = [_digest(layer) for layer in layers]
     image_config = {"architecture": "amd64", "os": "linux", "config": config,
-                    "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-                    "history": [{"created_by": "clusterd test bed"}]}
+                    "rootfs": {"type": "layers", "diff_ids": [d for d, _ in digests]},
+                    "history": [{"created_by": "clusterd test bed"} for _ in layers]}
     config_blob = json.dumps(image_config, sort_keys=True).encode()
     config_digest = "sha256:" + hashlib.sha256(config_blob).hexdigest()
     manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
                 "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                            "digest": config_digest, "size": len(config_blob)},
                 "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar",
-                            "digest": layer_digest, "size": size}]}
+                            "digest": d, "size": size} for d, size in digests]}
     manifest_blob = json.dumps(manifest, sort_keys=True).encode()
     manifest_digest = "sha256:" + hashlib.sha256(manifest_blob).hexdigest()
     index = {"schemaVersion": 2, "manifests": [{
@@ -125,8 +130,30 @@ def oci_archive(path: str, name: str, layer: str, config: dict[str, Any]) -> Non
         add("index.json", json.dumps(index).encode())
         add(f"blobs/sha256/{config_digest[7:]}", config_blob)
         add(f"blobs/sha256/{manifest_digest[7:]}", manifest_blob)
-        t.add(layer, f"blobs/sha256/{layer_digest[7:]}")
+        for layer, (digest, _) in zip(layers, digests, strict=True):
+            t.add(layer, f"blobs/sha256/{digest[7:]}")
     os.replace(tmp, path)
+
+
+def read_archive(path: str, into: str) -> tuple[list[str], dict[str, Any]]:
+    """The layer tarballs (extracted into `into`, bottom first) and the image config of an
+    archive oci_archive wrote."""
+    with tarfile.open(path) as t:
+        index = json.load(t.extractfile("index.json"))  # type: ignore[arg-type]
+        blob = "blobs/sha256/{}".format
+        manifest = json.load(t.extractfile(  # type: ignore[arg-type]
+            blob(index["manifests"][0]["digest"][7:])))
+        config = json.load(t.extractfile(  # type: ignore[arg-type]
+            blob(manifest["config"]["digest"][7:])))
+        layers = []
+        for i, layer in enumerate(manifest["layers"]):
+            out = os.path.join(into, f"layer{i}.tar")
+            src = t.extractfile(blob(layer["digest"][7:]))
+            assert src is not None
+            with open(out, "wb") as f:
+                shutil.copyfileobj(src, f, 1 << 20)
+            layers.append(out)
+    return layers, config
 
 
 def debian_mirror() -> str:
@@ -171,7 +198,7 @@ def ensure_node_image(images_dir: str) -> tuple[str, str]:
     layer = os.path.join(work, "layer.tar")
     run(["tar", "--numeric-owner", "--xattrs", "-C", rootfs, "--exclude=./dev/*",
          "--exclude=./proc/*", "--exclude=./sys/*", "-cf", layer, "."], timeout=600)
-    oci_archive(archive, name, layer, {
+    oci_archive(archive, name, [layer], {
         "Entrypoint": ["/usr/local/bin/clusterd-node-entrypoint"],
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "LANG=C.UTF-8"],

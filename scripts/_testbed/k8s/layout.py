@@ -27,6 +27,7 @@ DIR_ENV, NETNS_ENV, CACHE_ENV = ("CLUSTERD_TESTBED_K8S_DIR", "CLUSTERD_TESTBED_K
 # What `exec` adds to a command's environment besides KUBECONFIG (all named in the README).
 ADMIN_KUBECONFIG_ENV = "CLUSTERD_TESTBED_K8S_ADMIN_KUBECONFIG"
 NODE_IMAGE_ENV = "CLUSTERD_TESTBED_K8S_NODE_IMAGE"
+RUNTIME_IMAGE_ENV = "CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE"
 
 # The network, all of it inside the bed's namespace: one bridge, a /16 for the bed's own
 # address, the nodes' addresses and their pods; services on another /16 that only kube-proxy's
@@ -226,8 +227,9 @@ def removed_env(name: str) -> bool:
 def bed_env(paths: BedPaths, base: Mapping[str, str],
             state: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment of a command run in the bed: base without any Kubernetes settings,
-    then KUBECONFIG (clusterd's two contexts), the admin kubeconfig, the node image's name,
-    the bed's kubectl and the project's venv first on PATH, and (unless
+    then KUBECONFIG (clusterd's two contexts), the admin kubeconfig, the node image's name
+    (and the runtime image's), the shared wheelhouse directory (unless set), the bed's
+    kubectl and the project's venv first on PATH, and (unless
     CLUSTERD_TESTBED_KEEP_XDG=1) XDG directories of the bed's own, so a daemon started there
     is the bed's."""
     env = {k: v for k, v in base.items() if not removed_env(k)}
@@ -236,6 +238,11 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
     env[DIR_ENV] = paths.dir
     if state and state.get("node_image"):
         env[NODE_IMAGE_ENV] = short_image(str(state["node_image"]))
+    env.pop(RUNTIME_IMAGE_ENV, None)
+    if state and state.get("runtime_image"):
+        env[RUNTIME_IMAGE_ENV] = short_image(str(state["runtime_image"]["name"]))
+    # the wheelhouse the runtime image holds: a daemon here then has the image's KEY
+    env.setdefault("CLUSTERD_WHEELHOUSE_DIR", os.path.join(cache_root(), "wheelhouse"))
     front = [VENV_BIN]
     if state and state.get("cache"):
         front.insert(0, os.path.join(str(state["cache"]), "bin"))

@@ -180,6 +180,24 @@ def wait_ready(api: Api, paths: BedPaths, pids: dict[str, int], timeout: float =
     return took
 
 
+def import_image(paths: BedPaths, name: str, bin_dir: str, image: str, archive: str) -> bool:
+    """Import an image into a running node's containerd (through its socket, which is in the
+    node's run directory), unless it has it. True if it imported it."""
+    ctr = [os.path.join(bin_dir, "ctr"), "--address",
+           os.path.join(paths.node(name).run, "containerd", "containerd.sock"),
+           "--namespace", "k8s.io", "images"]
+    have = subprocess.run([*ctr, "ls", "-q", f"name=={image}"], capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+    if have.returncode == 0 and have.stdout.strip():
+        return False
+    done = subprocess.run([*ctr, "import", archive], capture_output=True, text=True,
+                          timeout=900, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise Failure(f"importing {image} into node {name} failed: "
+                      f"{(done.stderr or done.stdout).strip()[-500:]}")
+    return True
+
+
 def ensure_gpus(api: Api, node: NodeSpec) -> bool:
     """The node's GPUs in its status (capacity and allocatable), if they are not there now.
     True if it patched them."""

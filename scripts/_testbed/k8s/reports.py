@@ -79,7 +79,10 @@ def status(paths: BedPaths, state: dict[str, Any]) -> dict[str, Any]:
                          for c, ns, user in CONTEXTS],
             "kubernetes": state.get("kubernetes"), "package_version": state.get("package_version"),
             "cache": state.get("cache"), "node_image": short_image(state["node_image"]),
-            "pause_image": short_image(pause_image()), "processes": procs, "nodes": node_rows,
+            "pause_image": short_image(pause_image()),
+            "runtime_image": short_image(state["runtime_image"]["name"])
+            if state.get("runtime_image") else None,
+            "processes": procs, "nodes": node_rows,
             "pods": pods, "api_error": error}
 
 
