@@ -220,11 +220,11 @@ def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    from _testbed.k8s import commands, reports
+    from _testbed.k8s import commands, operations, reports
 
     handlers = {"up": commands.cmd_up, "down": commands.cmd_down,
-                "kill-node": commands.cmd_kill_node,
-                "restart-apiserver": commands.cmd_restart_apiserver,
+                "kill-node": operations.cmd_kill_node,
+                "restart-apiserver": operations.cmd_restart_apiserver,
                 "exec": reports.cmd_exec, "env": reports.cmd_env, "status": reports.cmd_status,
                 "fault": reports.cmd_fault, "quota": reports.cmd_quota}
     return handlers[args.k8s_command](args)

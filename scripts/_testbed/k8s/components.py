@@ -44,7 +44,11 @@ TOLERATION_S = "20"
 
 def command(name: str, paths: BedPaths, bin_dir: str, first_node: str) -> list[str]:
     """The command line of a component (pure: from paths and names only)."""
-    pki, b = paths.pki, (lambda tool: os.path.join(bin_dir, tool))
+    pki = paths.pki
+
+    def b(tool: str) -> str:
+        return os.path.join(bin_dir, tool)
+
     if name == "controller":
         return [sys.executable, "-m", CONTROLLER_MODULE, "--dir", paths.dir]
     if name == "etcd":

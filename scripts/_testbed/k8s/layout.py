@@ -150,19 +150,58 @@ class NodePaths:
     def _p(self, *parts: str) -> str:
         return os.path.join(self.root, *parts)
 
-    lib = property(lambda self: self._p("lib"))
-    log_dir = property(lambda self: self._p("log"))
-    run = property(lambda self: self._p("run"))
-    etc = property(lambda self: self._p("etc"))  # configs, read through their bed paths
-    containerd_config = property(lambda self: self._p("etc", "containerd.toml"))
-    kubelet_config = property(lambda self: self._p("etc", "kubelet.yaml"))
-    kubeconfig = property(lambda self: self._p("etc", "kubelet.kubeconfig"))
-    cni_dir = property(lambda self: self._p("etc", "cni"))
-    resolv_conf = property(lambda self: self._p("etc", "resolv.conf"))
-    cgroup_hold = property(lambda self: self._p("cgroup-hold"))
-    node_log = property(lambda self: self._p("node.log"))
-    containerd_log = property(lambda self: self._p("containerd.log"))
-    kubelet_log = property(lambda self: self._p("kubelet.log"))
+    @property
+    def lib(self) -> str:
+        return self._p("lib")
+
+    @property
+    def log_dir(self) -> str:
+        return self._p("log")
+
+    @property
+    def run(self) -> str:
+        return self._p("run")
+
+    @property
+    def etc(self) -> str:  # configs, read through their bed paths
+        return self._p("etc")
+
+    @property
+    def containerd_config(self) -> str:
+        return self._p("etc", "containerd.toml")
+
+    @property
+    def kubelet_config(self) -> str:
+        return self._p("etc", "kubelet.yaml")
+
+    @property
+    def kubeconfig(self) -> str:
+        return self._p("etc", "kubelet.kubeconfig")
+
+    @property
+    def cni_dir(self) -> str:
+        return self._p("etc", "cni")
+
+    @property
+    def resolv_conf(self) -> str:
+        return self._p("etc", "resolv.conf")
+
+    @property
+    def cgroup_hold(self) -> str:
+        return self._p("cgroup-hold")
+
+    @property
+    def node_log(self) -> str:
+        return self._p("node.log")
+
+    @property
+    def containerd_log(self) -> str:
+        return self._p("containerd.log")
+
+    @property
+    def kubelet_log(self) -> str:
+        return self._p("kubelet.log")
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,17 +211,49 @@ class BedPaths:
     def _p(self, *parts: str) -> str:
         return os.path.join(self.dir, *parts)
 
-    state = property(lambda self: self._p(STATE_FILE))
-    control_sock = property(lambda self: self._p("control.sock"))
-    logs = property(lambda self: self._p("logs"))
-    pki = property(lambda self: self._p("pki"))
-    kube = property(lambda self: self._p("kube"))
-    etcd_data = property(lambda self: self._p("etcd"))
-    flexvolume = property(lambda self: self._p("flexvolume"))
-    client = property(lambda self: self._p("client"))
-    kubeconfig = property(lambda self: self._p("kube", "kubeconfig"))
-    admin_kubeconfig = property(lambda self: self._p("kube", "admin.kubeconfig"))
-    tokens = property(lambda self: self._p("pki", "tokens.csv"))
+    @property
+    def state(self) -> str:
+        return self._p(STATE_FILE)
+
+    @property
+    def control_sock(self) -> str:
+        return self._p("control.sock")
+
+    @property
+    def logs(self) -> str:
+        return self._p("logs")
+
+    @property
+    def pki(self) -> str:
+        return self._p("pki")
+
+    @property
+    def kube(self) -> str:
+        return self._p("kube")
+
+    @property
+    def etcd_data(self) -> str:
+        return self._p("etcd")
+
+    @property
+    def flexvolume(self) -> str:
+        return self._p("flexvolume")
+
+    @property
+    def client(self) -> str:
+        return self._p("client")
+
+    @property
+    def kubeconfig(self) -> str:
+        return self._p("kube", "kubeconfig")
+
+    @property
+    def admin_kubeconfig(self) -> str:
+        return self._p("kube", "admin.kubeconfig")
+
+    @property
+    def tokens(self) -> str:
+        return self._p("pki", "tokens.csv")
 
     def log(self, name: str) -> str:
         return self._p("logs", f"{name}.log")

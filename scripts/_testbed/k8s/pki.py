@@ -26,7 +26,7 @@ from _testbed.k8s.layout import (
 
 DAYS = "3650"
 # Components that talk to the API server, with the user and groups their tokens stand for.
-COMPONENTS = {
+COMPONENTS: dict[str, tuple[str, list[str]]] = {
     "controller-manager": ("system:kube-controller-manager", []),
     "scheduler": ("system:kube-scheduler", []),
     "kube-proxy": ("system:kube-proxy", []),

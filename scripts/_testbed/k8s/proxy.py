@@ -152,11 +152,13 @@ def splice(a: Stream, b: Stream) -> None:
         pending = src.take()
         if pending:
             dst.sock.sendall(pending)
-    socks = {a.sock: b.sock, b.sock: a.sock}
+    socks: dict[socket.socket, socket.socket] = {a.sock: b.sock, b.sock: a.sock}
     while True:
-        ready = [s for s in socks if isinstance(s, ssl.SSLSocket) and s.pending()]
+        # TLS may hold decrypted bytes select cannot see
+        ready: list[socket.socket] = [s for s in socks if isinstance(s, ssl.SSLSocket)
+                                      and s.pending()]
         if not ready:
-            ready, _, _ = select.select(list(socks), [], [], 60.0)
+            ready = select.select(list(socks), [], [], 60.0)[0]
         for s in ready:
             try:
                 data = s.recv(CHUNK)

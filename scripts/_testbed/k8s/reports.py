@@ -13,7 +13,7 @@ from typing import Any
 from _testbed.common import Failure, log
 from _testbed.ec2.control import request
 from _testbed.k8s import components, nodes
-from _testbed.k8s.commands import admin_api, require_bed
+from _testbed.k8s.commands import admin_api
 from _testbed.k8s.layout import (
     API_URL,
     APISERVER_URL,
@@ -27,6 +27,7 @@ from _testbed.k8s.layout import (
     removed_env,
     short_image,
 )
+from _testbed.k8s.operations import require_bed
 
 
 def _paths(args: argparse.Namespace) -> BedPaths:
