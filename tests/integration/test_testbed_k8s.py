@@ -216,8 +216,17 @@ def test_nodes_ready_with_distinct_names_and_labels(bed: Bed) -> None:
 def test_contexts_are_users_of_their_own_namespaces(bed: Bed) -> None:
     denied = bed.kubectl("get", "pods", "-n", "bed-a", context="bed-b", check=False)
     assert "forbidden" in denied.lower() and "clusterd-b" in denied
-    env = json.loads(bed.ok("env", "--json"))
+    env = json.loads(subprocess.run(
+        [sys.executable, str(TESTBED), "k8s", "env", "--dir", str(bed.dir), "--json"],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "KUBECONFIG": "/elsewhere", "KUBERNETES_SERVICE_HOST": "10.0.0.1",
+             "CLUSTERD_TESTBED_KEEP_XDG": ""}).stdout)
     assert env["KUBECONFIG"] == str(bed.dir / "kube" / "kubeconfig")
+    assert "KUBERNETES_SERVICE_HOST" not in env
+    assert Path(env["XDG_RUNTIME_DIR"]).stat().st_mode & 0o777 == 0o700
+    assert (bed.dir / "kube" / "kubeconfig").stat().st_mode & 0o077 == 0
+    assert env["PATH"].split(":")[0].endswith("/bin") and \
+        Path(env["PATH"].split(":")[0], "kubectl").exists()
     config = bed.kubectl("config", "view", "-o", "json")
     assert json.loads(config)["current-context"] == "bed-a"
 
@@ -512,7 +521,15 @@ def test_down_leaves_nothing(bed: Bed) -> None:
                                                   n["containerd_pid"])]
     others = [f for f in os.listdir("/run/clusterd-testbed/k8s")
               if f.endswith(".json") and f not in (f"{bed.netns}.json", "kernel-settings.json")]
+    # a daemon started through `exec` lives in the bed's namespace, and goes with it
+    daemon = subprocess.Popen([sys.executable, str(TESTBED), "k8s", "exec", "--dir",
+                               str(bed.dir), "--", "sleep", "4242"], start_new_session=True)
+    wait_for(lambda: Path(f"/proc/{daemon.pid}/comm").read_text().strip() == "sleep", 10,
+             "the daemon to start")
+    assert os.readlink(f"/proc/{daemon.pid}/ns/net") == os.readlink(
+        f"/proc/{status['processes']['apiserver']['pid']}/ns/net")
     bed.ok("down")
+    assert daemon.wait(10) < 0  # killed by a signal
     assert bed.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                            text=True).stdout
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]

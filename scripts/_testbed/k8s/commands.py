@@ -154,6 +154,10 @@ def converge(paths: BedPaths, state: dict[str, Any], archives: list[str]) -> dic
     specs = node_specs(state["wanted"]["nodes"], state["wanted"]["gpu_nodes"])
     for d in (paths.logs, paths.kube, paths.flexvolume, paths.nodes):
         os.makedirs(d, exist_ok=True)
+    for sub, mode in (("run", 0o700), ("state", 0o755), ("config", 0o755)):
+        d = os.path.join(paths.client, sub)  # `exec`'s XDG directories: a daemon's own
+        os.makedirs(d, mode=mode, exist_ok=True)
+        os.chmod(d, mode)
     pki.ensure_pki(paths)
     pki.write_kubeconfigs(paths, specs)
     host.setup_network(netns, [s.ip for s in specs])

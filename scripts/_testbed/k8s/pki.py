@@ -118,7 +118,7 @@ def write_kubeconfigs(paths: BedPaths, nodes: list[NodeSpec]) -> None:
     with open(os.path.join(paths.pki, "ca.crt"), "rb") as f:
         ca = f.read()
     os.makedirs(paths.kube, mode=0o755, exist_ok=True)
-    write_file(paths.kubeconfig, render.clusterd_kubeconfig(API_URL, ca, tokens), 0o644)
+    write_file(paths.kubeconfig, render.clusterd_kubeconfig(API_URL, ca, tokens), 0o600)
     write_file(paths.admin_kubeconfig,
                render.admin_kubeconfig(APISERVER_URL, ca, tokens[ADMIN_USER]), 0o600)
     for name, (user, _) in COMPONENTS.items():
