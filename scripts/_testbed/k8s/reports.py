@@ -166,7 +166,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
         else:
             names = ("verb", "resource", "namespace", "name")
             _table([[r["id"], " ".join(f"{n}={r[n]}" for n in names if r.get(n)) or "every",
-                     str(r["code"] or "-") + (f" after {r['delay']:g}s" if r["delay"] else ""),
+                     (str(r["code"]) if r["code"] else "forwarded")
+                     + (f" after {r['delay']:g}s" if r["delay"] else ""),
                      "-" if r["count"] is None else str(r["count"]), str(r["fired"])]
                     for r in rules], ["ID", "MATCHES", "ANSWER", "COUNT", "FIRED"])
         return 0
