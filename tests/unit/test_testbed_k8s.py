@@ -298,3 +298,18 @@ def test_image_archives_round_trip(tmp_path: Path) -> None:
     assert [Path(p).read_bytes() for p in got] == [Path(p).read_bytes() for p in layers]
     assert config["config"] == {"Entrypoint": ["/e"]}
     assert len(config["rootfs"]["diff_ids"]) == 2
+
+
+def test_up_refuses_plainly_where_the_kubelet_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from _testbed.common import Failure
+    from _testbed.k8s import host
+
+    monkeypatch.setattr(host, "cgroup_mounts",
+                        lambda: [("/sys/fs/cgroup", "cgroup2", "rw,nsdelegate")])
+    with pytest.raises(Failure, match=r"the real kubelet .* cannot run on this machine: it has "
+                                      r"cgroup v2 only"):
+        host.check_cgroups()
+    v1 = [(f"/sys/fs/cgroup/{c}", "cgroup", f"rw,{c}") for c in ("cpu", "cpuacct", "memory")]
+    monkeypatch.setattr(host, "cgroup_mounts", lambda: v1)
+    with pytest.raises(Failure, match="without cpuset, pids"):
+        host.check_cgroups()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import subprocess
 
 from _testbed.common import Failure, read_text, run, write_file
 from _testbed.ec2.host_setup import create_netns, netns_exists
@@ -144,7 +145,7 @@ def check_cgroups() -> None:
     if missing:
         kind = "cgroup v2 only" if not v1 else "cgroup v1 without " + ", ".join(missing)
         raise Failure(f"the real kubelet (v1.20) cannot run on this machine: it has {kind} "
-                      f"({os.popen('stat -fc %T /sys/fs/cgroup').read().strip()} on "
+                      f"({run(['stat', '-fc', '%T', '/sys/fs/cgroup']).stdout.strip()} on "
                       f"/sys/fs/cgroup); the bed has nothing else to offer",
                       hint="a machine with the cgroup v1 hierarchies (hybrid) mounted")
 
@@ -202,17 +203,12 @@ def remove_cgroups(netns: str, node: str | None = None) -> list[str]:
 
 
 def in_netns(netns: str, *cmd: str, input_text: str | None = None) -> str:
-    p = run_input(["ip", "netns", "exec", netns, *cmd], input_text)
-    return p
-
-
-def run_input(cmd: list[str], input_text: str | None) -> str:
-    import subprocess
-
-    p = subprocess.run(cmd, input=input_text, capture_output=True, text=True, timeout=60,
+    """Run cmd in the namespace (its stdout); Failure if it fails."""
+    p = subprocess.run(["ip", "netns", "exec", netns, *cmd], input=input_text,
+                       capture_output=True, text=True, timeout=60,
                        stdin=None if input_text is not None else subprocess.DEVNULL)
     if p.returncode != 0:
-        raise Failure(f"{' '.join(cmd)} failed (exit {p.returncode}): "
+        raise Failure(f"{' '.join(cmd)} in namespace {netns} failed (exit {p.returncode}): "
                       f"{(p.stderr or p.stdout).strip()}")
     return p.stdout
 
