@@ -15,6 +15,7 @@ from _testbed.common import Failure
 
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
 EC2_COMMANDS = "{up,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
+K8S_COMMANDS = "{up,down,exec,env,status,kill-node,restart-apiserver,fault,quota}"
 
 
 def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -123,15 +124,124 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     fsub.add_parser("clear", parents=[bed], allow_abbrev=False, help="remove every rule")
 
 
+def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from _testbed.k8s.layout import DIR_ENV, NETNS_ENV, default_dir
+
+    k8s = sub.add_parser(
+        "k8s", allow_abbrev=False,
+        help="a real Kubernetes (built from Debian's source) with real kubelets, in a network "
+             "namespace")
+    ksub = k8s.add_subparsers(dest="k8s_command", required=True, metavar=K8S_COMMANDS)
+    bed = argparse.ArgumentParser(add_help=False)
+    bed.add_argument("--dir", default=default_dir(),
+                     help=f"default: ${DIR_ENV} or /tmp/clusterd-k8s")
+    as_json = argparse.ArgumentParser(add_help=False)
+    as_json.add_argument("--json", action="store_true")
+
+    up = ksub.add_parser("up", parents=[bed], allow_abbrev=False,
+                         help="make the bed, or bring it to what is asked (idempotent; the "
+                              "first `up` on a machine builds Kubernetes: minutes)")
+    up.add_argument("--nodes", type=int, help="ordinary nodes cpu-1..N (a new bed: 2)")
+    up.add_argument("--gpu-nodes", type=int,
+                    help="nodes gpu-1..M with 2 fake A100s each (a new bed: 1)")
+    up.add_argument("--netns", default=None, help=f"default: ${NETNS_ENV} or clusterd-k8s")
+    up.add_argument("--runtime-image", action="store_true",
+                    help="also an image with clusterd's runtime of its wheelhouse already in "
+                         "~sky/.clusterd (clusterd then skips installing it), imported into "
+                         "every node; built once per wheelhouse (the package index is needed "
+                         "once); its name is $CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE in `exec`")
+    ksub.add_parser("down", parents=[bed], allow_abbrev=False,
+                    help="stop everything the bed started and remove it")
+    ex = ksub.add_parser("exec", parents=[bed], allow_abbrev=False,
+                         help="run a command in the bed's namespace with KUBECONFIG set")
+    ex.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
+    ksub.add_parser("env", parents=[bed, as_json], allow_abbrev=False,
+                    help="print the environment `exec` sets (for eval, or --json)")
+    ksub.add_parser("status", parents=[bed, as_json], allow_abbrev=False,
+                    help="processes, nodes, pods, contexts")
+    kill = ksub.add_parser("kill-node", parents=[bed], allow_abbrev=False,
+                           help="lose a node: its kubelet, containerd and pods die")
+    kill.add_argument("name", metavar="NAME")
+    kill.add_argument("--forget", action="store_true",
+                      help="also delete its Node object (as a cloud does when the machine is "
+                           "gone): its pods are then deleted too")
+    ksub.add_parser("restart-apiserver", parents=[bed], allow_abbrev=False,
+                    help="stop and start the API server (cuts watches, exec, port-forwards)")
+    fault = ksub.add_parser("fault", allow_abbrev=False,
+                            help="fault rules of the API endpoint clusterd's contexts use")
+    fsub = fault.add_subparsers(dest="fault_command", required=True,
+                                metavar="{add,list,remove,clear}")
+    add = fsub.add_parser("add", parents=[bed], allow_abbrev=False,
+                          help="add a rule (prints its id); it applies from the next request")
+    add.add_argument("--code", type=int, help="answer with this HTTP code and the Status the "
+                                              "API server would send (403, 409, 429, 500 ...)")
+    add.add_argument("--verb", help="create, get, list, watch, update, patch, delete, "
+                                    "deletecollection")
+    add.add_argument("--resource", help="e.g. pods, services, pods/exec")
+    add.add_argument("--namespace", help="e.g. bed-a (one context's namespace)")
+    add.add_argument("--name", help="the object's name (not for create)")
+    add.add_argument("--count", type=int, help="fire only for the first N matching requests")
+    add.add_argument("--delay", type=float, metavar="S",
+                     help="answer S seconds late (the code, or the API server's answer)")
+    add.add_argument("--message", help="the Status message (default: one like the API "
+                                       "server's for the code)")
+    fsub.add_parser("list", parents=[bed, as_json], allow_abbrev=False,
+                    help="the rules, with how often each fired")
+    rm = fsub.add_parser("remove", parents=[bed], allow_abbrev=False, help="remove a rule")
+    rm.add_argument("id", metavar="ID")
+    fsub.add_parser("clear", parents=[bed], allow_abbrev=False, help="remove every rule")
+    quota = ksub.add_parser("quota", parents=[bed, as_json], allow_abbrev=False,
+                            help="show or set context bed-b's ResourceQuota (0 runs it out)")
+    quota.add_argument("--pods", type=int)
+    quota.add_argument("--gpus", type=int, help="requests.nvidia.com/gpu")
+
+
+def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    from _testbed.k8s.commands import NETNS_RE, check_counts
+
+    cmd = args.k8s_command
+    if cmd == "up":
+        bad = check_counts(args.nodes, args.gpu_nodes)
+        if bad:
+            ap.error(bad)
+        if args.netns is not None and not NETNS_RE.match(args.netns):
+            ap.error("--netns must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 40 characters)")
+    if cmd == "exec" and not [c for c in args.cmd if c != "--"]:
+        ap.error("k8s exec needs a command: testbed k8s exec -- CMD ...")
+    if cmd == "fault" and args.fault_command == "add":
+        if args.code is None and args.delay is None:
+            ap.error("fault add needs --code (or --delay)")
+        if args.code is not None and not 400 <= args.code <= 599:
+            ap.error("--code must be an HTTP error code (400-599)")
+        if args.count is not None and args.count < 1:
+            ap.error("--count must be at least 1")
+    if cmd == "quota" and any(v is not None and v < 0 for v in (args.pods, args.gpus)):
+        ap.error("quota limits cannot be negative")
+
+
+def run_k8s(args: argparse.Namespace) -> int:
+    from _testbed.k8s import commands, operations, reports
+
+    handlers = {"up": commands.cmd_up, "down": commands.cmd_down,
+                "kill-node": operations.cmd_kill_node,
+                "restart-apiserver": operations.cmd_restart_apiserver,
+                "exec": reports.cmd_exec, "env": reports.cmd_env, "status": reports.cmd_status,
+                "fault": reports.cmd_fault, "quota": reports.cmd_quota}
+    return handlers[args.k8s_command](args)
+
+
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     """The arguments, and the EC2 bed's regions (checked) for `ec2 up`."""
     ap = argparse.ArgumentParser(
         prog="testbed", allow_abbrev=False,
         description="Local test beds for clusterd: N sshd 'hosts' on 127.0.0.2.. for SSH pools "
-                    "(up/down/status), or an EC2 API with machines behind it (ec2 ...).")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="{up,down,status,ec2}")
+                    "(up/down/status), an EC2 API with machines behind it (ec2 ...), or a "
+                    "real Kubernetes with real kubelets (k8s ...).")
+    sub = ap.add_subparsers(dest="command", required=True,
+                            metavar="{up,down,status,ec2,k8s}")
     add_hosts_commands(sub)
     add_ec2_commands(sub)
+    add_k8s_commands(sub)
 
     args = ap.parse_args(argv)
     regions: list[str] = []
@@ -148,6 +258,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
             sp.error("--pool must match [A-Za-z0-9_][A-Za-z0-9_.-]*")
     if args.command == "ec2":
         regions = check_ec2_args(ap, args)
+    if args.command == "k8s":
+        check_k8s_args(ap, args)
     if not args.dir:
         ap.error("--dir must not be empty")
     if os.path.abspath(args.dir) in DANGEROUS_DIRS:
@@ -207,14 +319,17 @@ def run_ec2(args: argparse.Namespace, regions: list[str]) -> int:
 def main(argv: list[str]) -> int:
     args, regions = parse(argv)
     if os.geteuid() != 0:
-        why = ("it makes a network namespace, a user and machines" if args.command == "ec2"
-               else "it creates users and runs sshd")
+        why = {"ec2": "it makes a network namespace, a user and machines",
+               "k8s": "it makes a network namespace, cgroups and nodes"}.get(
+            args.command, "it creates users and runs sshd")
         print(f"testbed: must be run as root ({why}); try: sudo "
               + " ".join([sys.argv[0], *argv]), file=sys.stderr)
         return 1
     try:
         if args.command == "ec2":
             return run_ec2(args, regions)
+        if args.command == "k8s":
+            return run_k8s(args)
         if args.command == "up":
             return hosts.cmd_up(args)
         if args.command == "down":

@@ -25,6 +25,13 @@ INSTALL_TIMEOUT_S = 900.0
 # groups (nftables), and gives nodes sudo (which brings visudo, to check its sudoers file).
 HOSTS_PACKAGES = ("openssh-server", "openssh-client", "rsync", "python3-venv", "procps")
 EC2_PACKAGES = (*HOSTS_PACKAGES, "sudo", "iproute2", "nftables", "util-linux")
+# The Kubernetes bed runs containers with Debian's runc and CNI plugins (containerd, Go and
+# etcd it extracts into its cache without installing them), builds with gcc (the static pause
+# needs libc6-dev), patch and openssl, makes its node image with debootstrap, and kube-proxy
+# uses iptables and conntrack. socat and openssh-client: for reaching pods from the bed.
+K8S_PACKAGES = ("iproute2", "util-linux", "nftables", "iptables", "conntrack", "runc",
+                "containernetworking-plugins", "debootstrap", "socat", "openssl", "gcc",
+                "libc6-dev", "patch", "xz-utils", "openssh-client", "rsync")
 
 
 def installed(package: str) -> bool:

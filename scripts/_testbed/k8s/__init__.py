@@ -1,0 +1,1 @@
+"""The Kubernetes test bed (`scripts/testbed k8s ...`)."""
