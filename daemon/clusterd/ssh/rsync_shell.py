@@ -10,21 +10,11 @@ Standard library only: it is started once per copy.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import socket
 import sys
-import threading
 
-
-def _upstream(sock: socket.socket) -> None:
-    try:
-        while data := os.read(0, 65536):
-            sock.sendall(data)
-    finally:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_WR)
+from clusterd.ssh.stdio_relay import relay
 
 
 def main() -> int:
@@ -39,11 +29,7 @@ def main() -> int:
         print(f"rsync_shell: cannot reach clusterd at {path}: {exc}", file=sys.stderr)
         return 255
     sock.sendall(json.dumps(command).encode() + b"\n")
-    threading.Thread(target=_upstream, args=(sock,), daemon=True).start()
-    while data := sock.recv(65536):
-        view = memoryview(data)
-        while view:
-            view = view[os.write(1, view):]
+    relay(sock)
     return 0
 
 

@@ -1,0 +1,127 @@
+"""The objects a cluster is made of on Kubernetes, as the API takes them: a pod per node (the
+head, then workers), a NodePort Service per pod for SSH (`networking_mode: nodeport`), and one
+for the head's task ports. Names are fixed by the cluster's cloud name, so a create retried
+(or resumed after a crash) finds what is there (409) instead of making it twice; labels name
+the cluster, the role and this daemon, so one list per context finds every pod of ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from clusterd.providers.kubernetes.capacity import ACCELERATOR_SELECTOR, GPU_RESOURCE
+
+LABEL_CLOUD_NAME = "clusterd-cluster-name"
+LABEL_CLUSTER = "clusterd-cluster"
+LABEL_ROLE = "clusterd-node-role"
+LABEL_MANAGED_BY = "clusterd-managed-by"
+LABEL_POD = "clusterd-pod"  # a pod's own name: what its SSH Service selects
+PUBLIC_KEY_ENV = "CLUSTERD_SSH_PUBLIC_KEY"
+SSH_PORT = 22
+# Ray keeps its objects in /dev/shm, which a container gets 64 MB of: a memory-backed
+# volume instead, as SkyPilot mounts one.
+SHM_VOLUME = "dshm"
+
+
+def pod_name(cloud_name: str, index: int) -> str:
+    return f"{cloud_name}-head" if index == 0 else f"{cloud_name}-worker{index}"
+
+
+def ssh_service_name(pod: str) -> str:
+    return f"{pod}-ssh"
+
+
+def ports_service_name(cloud_name: str) -> str:
+    return f"{cloud_name}-ports"
+
+
+@dataclasses.dataclass(frozen=True)
+class PodSpec:
+    """What every pod of a cluster gets."""
+
+    cloud_name: str
+    cluster: str
+    managed_by: str
+    image: str
+    pull_policy: str
+    public_key: str
+    cpus: float
+    memory_gb: float
+    gpus: float = 0
+    accelerator: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+
+    def selector(self) -> dict[str, str]:
+        return {LABEL_CLOUD_NAME: self.cloud_name, LABEL_MANAGED_BY: self.managed_by}
+
+
+def _quantity(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
+    name = pod_name(spec.cloud_name, index)
+    requests = {"cpu": _quantity(spec.cpus), "memory": f"{_quantity(spec.memory_gb)}Gi"}
+    limits = {"memory": requests["memory"]}
+    if spec.gpus:
+        requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = _quantity(spec.gpus)
+    labels = {**dict(spec.labels), **spec.selector(), LABEL_CLUSTER: spec.cluster,
+              LABEL_ROLE: "head" if index == 0 else "worker", LABEL_POD: name}
+    pod: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            # A pod that ended is a node lost: the daemon notices and says so; it must not
+            # come back by itself with its disk wiped.
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "hostname": name,
+            # Nothing in a pod talks to the API server: no token to steal there.
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "containers": [{
+                "name": "node",
+                "image": spec.image,
+                "imagePullPolicy": spec.pull_policy,
+                "env": [{"name": PUBLIC_KEY_ENV, "value": spec.public_key}],
+                "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
+                "resources": {"requests": requests, "limits": limits},
+                # Running is not ready: sshd answers a moment after the container starts.
+                "readinessProbe": {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 1,
+                                   "failureThreshold": 600},
+                "volumeMounts": [{"name": SHM_VOLUME, "mountPath": "/dev/shm"}],
+            }],
+            "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
+        },
+    }
+    if spec.accelerator:
+        pod["spec"]["nodeSelector"] = {ACCELERATOR_SELECTOR: spec.accelerator.lower()}
+    return pod
+
+
+def ssh_service_manifest(spec: PodSpec, pod: str) -> dict[str, Any]:
+    """A NodePort Service reaching one pod's sshd (`networking_mode: nodeport`)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": ssh_service_name(pod),
+                     "labels": {**spec.selector(), LABEL_CLUSTER: spec.cluster}},
+        "spec": {"type": "NodePort", "selector": {LABEL_POD: pod},
+                 "ports": [{"name": "ssh", "port": SSH_PORT, "targetPort": SSH_PORT}]},
+    }
+
+
+def ports_service_manifest(spec: PodSpec, ports: list[tuple[int, int]]) -> dict[str, Any]:
+    """A NodePort Service for the head's task ports (a range becomes one port each)."""
+    numbers = sorted({p for first, last in ports for p in range(first, last + 1)})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": ports_service_name(spec.cloud_name),
+                     "labels": {**spec.selector(), LABEL_CLUSTER: spec.cluster}},
+        "spec": {"type": "NodePort",
+                 "selector": {**spec.selector(), LABEL_ROLE: "head"},
+                 "ports": [{"name": f"p{p}", "port": p, "targetPort": p} for p in numbers]},
+    }
