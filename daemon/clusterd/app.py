@@ -25,8 +25,9 @@ from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
+from clusterd.nodes import NodeInfo, SSHTarget
 from clusterd.providers.aws import AWSProvider
-from clusterd.providers.base import NodeInfo, Provider, SSHTarget
+from clusterd.providers.base import Provider
 from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry

@@ -27,6 +27,7 @@ import boto3
 import pytest
 
 from clusterctl.protocol import ProtocolError
+from clusterd.nodes import NodeStatus
 from clusterd.providers.aws.provider import (
     TAG_CLOUD_NAME,
     TAG_MANAGED_BY,
@@ -34,7 +35,7 @@ from clusterd.providers.aws.provider import (
     TAG_ROLE,
     AWSProvider,
 )
-from clusterd.providers.base import BlockScope, ClusterRequest, NodeStatus, ProvisionError
+from clusterd.providers.base import BlockScope, ClusterRequest, ProvisionError
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey

@@ -12,7 +12,7 @@ import pytest
 
 from clusterctl.protocol import ProtocolError
 from clusterd.agent import node
-from clusterd.providers.base import NodeInfo, NodeStatus, SSHTarget
+from clusterd.nodes import NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.ssh_pools import load_pools
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.host_keys import HostKeyStore
@@ -164,7 +164,7 @@ def test_ssh_target_from_a_recorded_host_and_back() -> None:
 @pytest.mark.anyio
 async def test_remote_mkdir_takes_home_only_at_the_start_and_ends_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterd.runtime.runner import CommandResult
+    from clusterd.commands import CommandResult
     from clusterd.ssh import runner as runner_module
 
     seen: list[list[str]] = []

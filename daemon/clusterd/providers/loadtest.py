@@ -11,12 +11,10 @@ from typing import Any, ClassVar
 
 import anyio
 
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
     ProviderDefaults,
     ProvisionError,

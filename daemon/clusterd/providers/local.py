@@ -16,12 +16,10 @@ import anyio
 import psutil
 
 from clusterd.agent import containers
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
     ProviderDefaults,
     ProvisionError,

@@ -16,16 +16,13 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.concurrency import first_error
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
     ProviderDefaults,
     ProvisionError,
-    SSHTarget,
 )
 from clusterd.providers.ssh_pools import Pool, load_pools
 from clusterd.ssh.connections import SSHConnections

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.runtime.agent_client import AgentClient, AgentConnections
 from clusterd.ssh.tunnels import TunnelManager
 from clusterd.state.clusters import ClusterRecord

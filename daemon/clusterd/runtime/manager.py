@@ -27,7 +27,7 @@ from clusterd import log
 from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
-from clusterd.providers.base import ClusterInfo, NodeInfo
+from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient

@@ -21,14 +21,8 @@ from clusterd import log
 from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
-from clusterd.providers.base import (
-    ClusterInfo,
-    ClusterRequest,
-    NodeStatus,
-    Provider,
-    ProvisionError,
-    SSHTarget,
-)
+from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
+from clusterd.providers.base import ClusterRequest, Provider, ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
 from clusterd.provision.failover import Attempt, Option

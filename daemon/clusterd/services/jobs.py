@@ -17,7 +17,7 @@ from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
-from clusterd.providers.base import ClusterInfo, NodeInfo
+from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.runtime import node_helper

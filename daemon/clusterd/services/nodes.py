@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterd.providers.base import NodeInfo
+from clusterd.nodes import NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.state.clusters import ClusterRecord
 

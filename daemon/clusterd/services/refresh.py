@@ -23,7 +23,8 @@ from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import first_error, survive
 from clusterd.locks import ClusterLocks, LockMode
-from clusterd.providers.base import NodeInfo, NodeStatus, ProvisionError
+from clusterd.nodes import NodeInfo, NodeStatus
+from clusterd.providers.base import ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.runtime.agent_access import AgentAccess

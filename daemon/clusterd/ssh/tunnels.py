@@ -21,7 +21,7 @@ import asyncssh
 from clusterctl._private import ensure_private_dir
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import NodeConnection, SSHConnections
 
 logger = log.get("clusterd.tunnels")

@@ -27,6 +27,7 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.errors import classify
@@ -38,15 +39,11 @@ from clusterd.providers.aws.network import (
 )
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Orphan,
     Placement,
     ProviderDefaults,
     ProvisionError,
-    SSHTarget,
 )
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.keys import DaemonKey
