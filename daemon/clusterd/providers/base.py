@@ -2,8 +2,9 @@
 
 A provider creates, queries, stops, starts and terminates a cluster's nodes and says how to
 reach them. It knows nothing of Ray, the agent or jobs (the runtime layer does that), and it
-translates its library's errors into `ProvisionError` in one place (`classify`), so the launch
-and failover code only ever sees those.
+translates its library's errors into `ProvisionError` (with the `BlockScope` a failure rules
+out) at one choke point of its own (aws: every EC2 call through `aws/ec2.py`, mapped by
+`aws/errors.py`), so the launch and failover code only ever sees those.
 """
 
 from __future__ import annotations
@@ -158,10 +159,6 @@ class Provider(Protocol):
                              down: bool | None) -> None:
         """The cluster's autostop setting changed (None: cancelled): prepare the nodes for
         stopping themselves (`down`: terminate rather than stop). Most have nothing to do."""
-        ...
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        """Map this provider's library errors to what they rule out."""
         ...
 
     async def check(self) -> dict[str, Any]:

@@ -13,7 +13,6 @@ import anyio
 
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
-    BlockScope,
     ClusterRequest,
     Placement,
     ProviderDefaults,
@@ -67,10 +66,6 @@ class LoadTestProvider(ProviderDefaults):
 
     async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
         return None
-
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(str(error), BlockScope.FATAL)
 
     async def enabled(self) -> bool:
         return True

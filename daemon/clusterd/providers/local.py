@@ -129,10 +129,6 @@ class LocalProvider(ProviderDefaults):
         path = self._dir(cloud_name)
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
 
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(f"local provider: {error}", BlockScope.FATAL)
-
     async def enabled(self) -> bool:
         return True
 

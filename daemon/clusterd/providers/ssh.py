@@ -205,10 +205,6 @@ class SSHProvider(ProviderDefaults):
     async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
         self._release(cloud_name)  # the hosts go back to the pool with the record
 
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(f"ssh provider: {error}", BlockScope.FATAL)
-
     async def enabled(self) -> bool:
         try:
             return bool(self.pools())

@@ -3,8 +3,9 @@
 The options of a launch are its candidates' placements: cheapest first across every candidate
 (SkyPilot's `any_of`, and a task naming one or no provider), or candidate by candidate in the
 user's order (`ordered`), each candidate's placements cheapest first. A failure blocks what its
-provider's `classify` says it rules out (the zone, the region or the whole provider) for the
-rest of the round; a fatal one ends the launch. Every attempt is kept, so a launch that found
+ProvisionError's scope rules out (the zone, the region or the whole provider: the provider
+says which, where it maps its library's errors) for the rest of the round; a fatal one ends
+the launch. Every attempt is kept, so a launch that found
 nothing can say where it looked and why each place failed.
 """
 

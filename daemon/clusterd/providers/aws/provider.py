@@ -30,7 +30,6 @@ from clusterd import log
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
-from clusterd.providers.aws.errors import classify
 from clusterd.providers.aws.network import (
     TAG_CLOUD_NAME,
     TAG_MANAGED_BY,
@@ -554,9 +553,6 @@ class AWSProvider(ProviderDefaults):
             await self.api.call(handle["region"], "ModifyInstanceAttribute",
                                 InstanceId=node["id"],
                                 Attribute="instanceInitiatedShutdownBehavior", Value=behaviour)
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return classify(error)
 
     # -- check ----------------------------------------------------------------------------
 
