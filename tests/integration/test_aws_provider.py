@@ -557,7 +557,7 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         token = current_request.set(request)
         try:
             for _ in range(2):  # as a failed attempt's clean-up and then the launch's do
-                await daemon.aws_provider.terminate(cloud_name, {"region": "us-east-1"})
+                await daemon.providers.get("aws").terminate(cloud_name, {"region": "us-east-1"})
         finally:
             current_request.reset(token)
         assert state_of(moto, "us-east-1", theirs) == "running"
@@ -570,5 +570,5 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         assert [(e.kind, e.request_id) for e in events if theirs in e.reason] == [
             ("foreign", request.id)]
     finally:
-        await daemon.aws_provider.aclose()
+        await daemon.providers.get("aws").aclose()
         await daemon.db.close()

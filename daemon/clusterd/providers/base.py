@@ -11,12 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.tasks.spec import Resources
+
+if TYPE_CHECKING:
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.user_config import UserConfig
 
 
 class BlockScope(enum.StrEnum):
@@ -87,6 +92,27 @@ class Orphan:
                                                       f"{self.cloud_name}"}
 
 
+# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
+# name, and a sentence for the user.
+ForeignReport = Callable[[str, str], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderContext:
+    """What the daemon gives a provider class to build its one instance with (`build`): each
+    provider takes what it needs and leaves the rest."""
+
+    state_dir: Path  # the daemon's own state; a provider keeps its files under it
+    config_dir: Path  # the user's configuration (ssh_node_pools.yaml lives here)
+    connections: SSHConnections  # the daemon's SSH connections, one per node
+    config: Callable[[], UserConfig]  # the user's config file, as it is now
+    daemon_id: str  # what this daemon tags its cloud resources with
+    # (cluster name, provider handle) of every recorded cluster of the provider named that
+    # has a handle, oldest first.
+    recorded: Callable[[str], list[tuple[str, dict[str, Any]]]]
+    on_foreign: ForeignReport | None = None
+
+
 class ProvisionError(ProtocolError):
     def __init__(self, message: str, scope: BlockScope, hint: str = "") -> None:
         code = ErrorCode.RESOURCES_UNAVAILABLE if scope != BlockScope.FATAL else (
@@ -108,6 +134,12 @@ class Provider(Protocol):
     # True where a node's OS shutting down stops (or terminates) it, so the agent's own
     # autostop ends by shutting its nodes down (cloud VMs).
     stops_by_shutdown: ClassVar[bool] = False
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> Self:
+        """The daemon's one instance of this provider (see providers/offered.py). Cheap: no
+        calls to remote APIs."""
+        ...
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         """Feasible placements for the request, cheapest first; empty if none could work.

@@ -15,6 +15,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
     ClusterRequest,
     Placement,
+    ProviderContext,
     ProviderDefaults,
     ProvisionError,
 )
@@ -29,6 +30,10 @@ class LoadTestProvider(ProviderDefaults):
 
     def __init__(self) -> None:
         self.calls = 0
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> LoadTestProvider:
+        return cls()
 
     def _nodes(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
         count = int(handle.get("nodes", 1))

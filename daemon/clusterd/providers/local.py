@@ -21,6 +21,7 @@ from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
     Placement,
+    ProviderContext,
     ProviderDefaults,
     ProvisionError,
 )
@@ -41,6 +42,10 @@ class LocalProvider(ProviderDefaults):
 
     def __init__(self, base_dir: Path) -> None:
         self._base_dir = base_dir
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> LocalProvider:
+        return cls(context.state_dir / "local")
 
     def _dir(self, cloud_name: str) -> Path:
         return self._base_dir / cloud_name

@@ -21,6 +21,7 @@ from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
     Placement,
+    ProviderContext,
     ProviderDefaults,
     ProvisionError,
 )
@@ -45,6 +46,15 @@ class SSHProvider(ProviderDefaults):
         # Hosts handed to a launch whose record may not hold them yet: (name, cloud name).
         self._reserved: dict[SSHTarget, tuple[str, str]] = {}
         self._choosing = anyio.Lock()
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> SSHProvider:
+        def in_use() -> dict[SSHTarget, str]:
+            return {SSHTarget.from_handle(host): name
+                    for name, handle in context.recorded(cls.name)
+                    for host in handle.get("hosts", [])}
+
+        return cls(context.config_dir / "ssh_node_pools.yaml", context.connections, in_use)
 
     def pools(self) -> dict[str, Pool]:
         return load_pools(self.pools_path)

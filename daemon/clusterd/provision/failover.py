@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
-from clusterd.providers.registry import PROVIDER_ORDER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +83,15 @@ class Blocklist:
         self._providers.clear()
 
 
-def order_options(options: list[Option], ordered: bool) -> list[Option]:
-    """Cheapest first (whole cluster per hour), ties by provider preference, then as the
-    provider listed them; with `ordered`, by the candidate's rank first."""
+def order_options(options: list[Option], ordered: bool,
+                  preference: Callable[[str], int]) -> list[Option]:
+    """Cheapest first (whole cluster per hour), ties by provider `preference` (lower first),
+    then as the provider listed them; with `ordered`, by the candidate's rank first."""
     def key(indexed: tuple[int, Option]) -> tuple[int, float, int, int]:
         index, option = indexed
         placement = option.placement
-        provider = (PROVIDER_ORDER.index(placement.provider)
-                    if placement.provider in PROVIDER_ORDER else len(PROVIDER_ORDER))
         price = placement.price_per_hour * option.request.num_nodes
-        return (option.rank if ordered else 0, price, provider, index)
+        return (option.rank if ordered else 0, price, preference(placement.provider), index)
 
     return [option for _, option in sorted(enumerate(options), key=key)]
 

@@ -20,7 +20,7 @@ import hashlib
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
@@ -39,8 +39,10 @@ from clusterd.providers.aws.network import (
 from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
+    ForeignReport,
     Orphan,
     Placement,
+    ProviderContext,
     ProviderDefaults,
     ProvisionError,
 )
@@ -71,9 +73,6 @@ NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
 ENABLED_CACHE_S = 60.0
-# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
-# name, and a sentence for the user.
-ForeignReport = Callable[[str, str], Awaitable[None]]
 
 
 class AWSProvider(ProviderDefaults):
@@ -92,6 +91,11 @@ class AWSProvider(ProviderDefaults):
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
         self._network = ClusterNetwork(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> AWSProvider:
+        return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
+                   context.daemon_id, on_foreign=context.on_foreign)
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
