@@ -26,7 +26,6 @@ from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
 from clusterd.nodes import NodeInfo, SSHTarget
-from clusterd.providers.aws import AWSProvider
 from clusterd.providers.base import ProviderContext
 from clusterd.providers.offered import build_providers
 from clusterd.provision.launcher import Provisioner
@@ -157,11 +156,9 @@ class Daemon:
             self.store, self.locks, self.providers, self.access, self.clusters, self.requests,
             settings.autostop_check_s,
         )
-        aws = self.providers.get("aws")
-        assert isinstance(aws, AWSProvider)  # show-gpus asks its catalog (for now)
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
-            self.providers, aws, self.refresh, self.autostop, self.orphans,
+            self.providers, self.refresh, self.autostop, self.orphans,
             strict_by_default=self._strict_by_default,
         )
         self._server_name = f"clusterd/{__version__}"

@@ -121,11 +121,36 @@ class ProvisionError(ProtocolError):
         self.scope = scope
 
 
+class AcceleratorCatalog(Protocol):
+    """What `show-gpus` reads of a provider's catalog."""
+
+    def accelerator_rows(self, name: str | None = None) -> list[dict[str, object]]:
+        """One row per instance type with an accelerator (of `name` only, if given): the
+        accelerator, its count, the machine, prices and regions."""
+        ...
+
+    def accelerator_names(self) -> list[str]:
+        """Every accelerator the catalog knows."""
+        ...
+
+
 class Provider(Protocol):
     """One provider. Methods are idempotent by `cloud_name` where the text says so, must not
-    block the event loop, and raise only ProvisionError (or ProtocolError for bad input)."""
+    block the event loop, and raise only ProvisionError (or ProtocolError for bad input).
+
+    Everything the daemon knows of a provider it asks here: a new provider is its own package
+    and one line in providers/offered.py, and no other module names it (but user_config.py,
+    for a section of the config file of its own)."""
 
     name: ClassVar[str]
+    # What SkyPilot calls it: the `cloud` of SKYPILOT_CLUSTER_INFO ("AWS", "SSH", "Local").
+    skypilot_cloud: ClassVar[str]
+    # The task fields that only some providers honour (tasks/fields.py, Support.SOME) that this
+    # one does. Elsewhere each is refused or warned of, as its row in the table says.
+    honoured_fields: ClassVar[frozenset[str]]
+    # Keys of its `check` answer that the `check` reply carries at its top level instead
+    # (ssh: the pools file and every pool's hosts, which clusterctl draws as a table).
+    check_top_level: ClassVar[tuple[str, ...]]
     # False for machines we do not own (ssh): stop is refused, autostop must tear down.
     can_stop: ClassVar[bool]
     # True only for the test provider: its clusters run no agent, so their status is the
@@ -204,6 +229,12 @@ class Provider(Protocol):
         all (pools defined, credentials present). Cheap: no calls to remote APIs."""
         ...
 
+    def accelerators(self) -> AcceleratorCatalog | None:
+        """The catalog `show-gpus` lists this provider's accelerators from; None where it has
+        none (machines that are what they are). Raises ProtocolError for a catalog that
+        cannot be read."""
+        ...
+
     async def aclose(self) -> None:
         """Release clients and connections (the daemon is stopping)."""
         ...
@@ -221,6 +252,11 @@ class ProviderDefaults:
 
     agentless: ClassVar[bool] = False
     stops_by_shutdown: ClassVar[bool] = False
+    honoured_fields: ClassVar[frozenset[str]] = frozenset()
+    check_top_level: ClassVar[tuple[str, ...]] = ()
+
+    def accelerators(self) -> AcceleratorCatalog | None:
+        return None
 
     async def wait(self, cloud_name: str, handle: dict[str, Any],
                    timeout_s: float) -> dict[str, Any]:

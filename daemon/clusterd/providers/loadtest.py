@@ -25,6 +25,7 @@ API_CALL_S = 0.05
 
 class LoadTestProvider(ProviderDefaults):
     name: ClassVar[str] = "loadtest"
+    skypilot_cloud: ClassVar[str] = "loadtest"
     can_stop: ClassVar[bool] = True
     agentless: ClassVar[bool] = True
 

@@ -38,7 +38,10 @@ def _this_machine() -> tuple[float, float]:
 
 class LocalProvider(ProviderDefaults):
     name: ClassVar[str] = "local"
+    skypilot_cloud: ClassVar[str] = "Local"
     can_stop: ClassVar[bool] = True
+    # Its ports are this machine's own: nothing stands in front of them.
+    honoured_fields: ClassVar[frozenset[str]] = frozenset({"resources.ports"})
 
     def __init__(self, base_dir: Path) -> None:
         self._base_dir = base_dir

@@ -16,6 +16,7 @@ from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
+from clusterd.tasks import fields
 
 OFFERED: tuple[type[Provider], ...] = (
     LocalProvider,
@@ -34,3 +35,9 @@ def build_providers(context: ProviderContext,
     """One instance of every offered provider (and of the test-only ones named)."""
     classes = [*OFFERED, *(c for c in TEST_ONLY if c.name in test_providers)]
     return ProviderRegistry([cls.build(context) for cls in classes], planned=PLANNED)
+
+
+def fields_page() -> str:
+    """docs/skypilot-compatibility.md (scripts/gen-docs): the table of task fields, with the
+    offered providers that honour each field that applies on some only."""
+    return fields.markdown({cls.name: cls.honoured_fields for cls in OFFERED})

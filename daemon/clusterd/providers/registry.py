@@ -23,6 +23,12 @@ class ProviderRegistry:
     def all(self) -> list[Provider]:
         return [self._providers[name] for name in self.names()]
 
+    def honoured_fields(self, name: str) -> frozenset[str]:
+        """The provider-dependent task fields `name` honours (none for a provider not offered
+        here: its clusters are refused wherever the provider itself is needed)."""
+        provider = self._providers.get(name)
+        return provider.honoured_fields if provider is not None else frozenset()
+
     def preference(self, name: str) -> int:
         """Where prices tie, the lower goes first (an unknown name last)."""
         return self._preference.get(name, len(self._preference))

@@ -36,7 +36,9 @@ REACH_TIMEOUT_S = 10.0
 
 class SSHProvider(ProviderDefaults):
     name: ClassVar[str] = "ssh"
+    skypilot_cloud: ClassVar[str] = "SSH"
     can_stop: ClassVar[bool] = False
+    check_top_level: ClassVar[tuple[str, ...]] = ("pools_file", "hosts")
 
     def __init__(self, pools_path: Path, connections: SSHConnections,
                  hosts_in_use: HostsInUse) -> None:

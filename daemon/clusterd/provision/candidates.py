@@ -60,7 +60,9 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
     async def one(index: int, candidate: Candidate) -> None:
         request = ClusterRequest(name, cloud_name, num_nodes, candidate.resources,
                                  autostop_down=autostop_down)
-        warnings, refused = fields.on_provider(candidate.resources, candidate.provider, strict)
+        warnings, refused = fields.on_provider(candidate.resources, candidate.provider,
+                                               providers.honoured_fields(candidate.provider),
+                                               strict)
         try:
             if refused:
                 raise ProvisionError("; ".join(refused), BlockScope.PROVIDER)

@@ -169,7 +169,9 @@ class ClusterService:
                         args.strict)
                     warnings += landed
                 else:
-                    resources, fitting = fit_to_cluster(record, task, override, args.strict)
+                    resources, fitting = fit_to_cluster(
+                        record, task, self._providers.honoured_fields(record.provider),
+                        override, args.strict)
                     warnings += fitting
                     provider = self._providers.get(record.provider)
                     record = await self._bring_existing_up(request, record, provider,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import getpass
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd.requests import RunningRequest
@@ -97,13 +97,15 @@ async def announce_warnings(request: RunningRequest, store: ClusterStore, name: 
         await store.add_event(name, "warning", warning, request.id)
 
 
-def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None = None,
+def fit_to_cluster(record: ClusterRecord, task: TaskSpec, honoured: Collection[str],
+                   override: Infra | None = None,
                    strict: bool = False) -> tuple[Resources, list[str]]:
     """Whether the task can run on an existing cluster, checked as SkyPilot checks a task
     against the cluster it is sent to (by `launch` onto it, and by `exec`). Returns the
     task's resources that the cluster meets (one of its alternatives, if it has several) and
-    warnings for the fields it sets that have no effect on the cluster's provider: the same
-    check (fields.on_provider) a new launch makes of each provider it may try. Raises
+    warnings for the fields it sets that have no effect on the cluster's provider (which
+    honours the fields in `honoured`): the same check (fields.on_provider) a new launch makes
+    of each provider it may try. Raises
     CLUSTER_MISMATCH for what the cluster cannot give: another provider or place, more
     nodes, CPUs, memory or accelerators than it has, a field that cannot apply on its
     provider, or (with `strict`) one that would have no effect there."""
@@ -131,7 +133,7 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None
                             "launch a new cluster with what the task needs under another name")
     have = str((record.launched_resources or {}).get("accelerator") or "").lower()
     wanted = next((r for r in fits if have and (r.accelerator or "").lower() == have), fits[0])
-    warnings, refusals = fields.on_provider(wanted, record.provider, strict)
+    warnings, refusals = fields.on_provider(wanted, record.provider, honoured, strict)
     if refusals:
         raise ProtocolError(
             ErrorCode.CLUSTER_MISMATCH,

@@ -77,8 +77,13 @@ ENABLED_CACHE_S = 60.0
 
 class AWSProvider(ProviderDefaults):
     name: ClassVar[str] = "aws"
+    skypilot_cloud: ClassVar[str] = "AWS"
     can_stop: ClassVar[bool] = True
     stops_by_shutdown: ClassVar[bool] = True
+    honoured_fields: ClassVar[frozenset[str]] = frozenset({
+        "resources.instance_type", "resources.use_spot", "resources.disk_size",
+        "resources.disk_tier", "resources.image_id", "resources.ports", "resources.labels",
+    })
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, api: EC2Api | None = None,
@@ -107,6 +112,9 @@ class AWSProvider(ProviderDefaults):
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, str(exc),
                                 "fix catalog_dir in the config, or unset "
                                 "CLUSTERD_CATALOG_DIR to use clusterd's own") from None
+
+    def accelerators(self) -> Catalog:
+        return self.catalog()
 
     # -- placements -----------------------------------------------------------------------
 
