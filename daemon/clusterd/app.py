@@ -8,6 +8,7 @@ connections and the database, and returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import secrets
@@ -54,7 +55,7 @@ from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.runner import SSHRunner
-from clusterd.ssh.tunnels import TunnelManager
+from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
@@ -178,8 +179,7 @@ class Daemon:
     def _recorded(self, provider: str) -> list[tuple[str, dict[str, Any]]]:
         """(name, provider handle) of every cluster of `provider` that has one, oldest first."""
         return [(record.name, handle) for record in self.store.all()
-                if record.provider == provider
-                and (handle := (record.handle or {}).get("provider"))]
+                if record.provider == provider and (handle := record.handle.provider)]
 
     async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> bool:
         """A host key met for the first time (trusted, and pinned): say so where the user
@@ -206,14 +206,12 @@ class Daemon:
         await self.store.add_event(record.name if record else cloud_name, "foreign", text,
                                    request.id if request else None)
 
-    async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
+    async def _record_tunnel(self, cluster: str, state: TunnelState | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""
         record = self.store.get(cluster)
         if record is None:
             return
-        handle = dict(record.handle or {})
-        handle["tunnel"] = state
-        await self.store.update(cluster, handle=handle)
+        await self.store.update(cluster, handle=dataclasses.replace(record.handle, tunnel=state))
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -36,8 +36,12 @@ class SSHTarget:
     # strict_host_key_checking). Not part of the host's identity: a pool may change it.
     strict_host_keys: bool = dataclasses.field(default=False, compare=False)
 
+    def to_json(self) -> dict[str, Any]:
+        """As a cluster's handle records it (see state/)."""
+        return dataclasses.asdict(self)
+
     @classmethod
-    def from_handle(cls, host: dict[str, Any]) -> SSHTarget:
+    def from_json(cls, host: dict[str, Any]) -> SSHTarget:
         """A host as a cluster's handle records it (other keys, such as cpus, are ignored)."""
         return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"),
                    host.get("host_key_alias"), host.get("proxy_command"),

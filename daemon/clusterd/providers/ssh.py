@@ -52,7 +52,7 @@ class SSHProvider(ProviderDefaults):
     @classmethod
     def build(cls, context: ProviderContext) -> SSHProvider:
         def in_use() -> dict[SSHTarget, str]:
-            return {SSHTarget.from_handle(host): name
+            return {SSHTarget.from_json(host): name
                     for name, handle in context.recorded(cls.name)
                     for host in handle.get("hosts", [])}
 
@@ -158,7 +158,7 @@ class SSHProvider(ProviderDefaults):
                 node_id=f"{host['host']}:{host['port']}",
                 internal_ip=host["host"],
                 status=status,
-                ssh=SSHTarget.from_handle(host),
+                ssh=SSHTarget.from_json(host),
                 runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
                 workdir="~/sky_workdir",
                 cpus=float(host.get("cpus") or 1),
@@ -177,7 +177,7 @@ class SSHProvider(ProviderDefaults):
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """Each host is reached once, however many clusters ask (a host has one cluster,
         but a refresh may list a cluster twice)."""
-        targets = {SSHTarget.from_handle(h) for _, handle in clusters
+        targets = {SSHTarget.from_json(h) for _, handle in clusters
                    for h in handle.get("hosts", [])}
         reachable: dict[SSHTarget, bool] = {}
 
@@ -194,7 +194,7 @@ class SSHProvider(ProviderDefaults):
                 group.start_soon(reach, target)
         return {
             name: self._nodes(name, handle, [
-                NodeStatus.RUNNING if reachable.get(SSHTarget.from_handle(h))
+                NodeStatus.RUNNING if reachable.get(SSHTarget.from_json(h))
                 else NodeStatus.UNREACHABLE
                 for h in handle.get("hosts", [])
             ])

@@ -45,6 +45,7 @@ from clusterd.services.common import (
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.state.handles import ClusterHandle, RuntimeHandle
 from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
 
 logger = log.get("clusterd.clusters")
@@ -136,9 +137,10 @@ class ClusterService:
             "autostopping": False,
             "busy": [],
             "cloud_name": record.cloud_name,
-            "hosts": [str(SSHTarget.from_handle(h)) for h in
-                      ((record.handle or {}).get("provider") or {}).get("hosts", [])],
-            "tunnel": (record.handle or {}).get("tunnel"),
+            "hosts": [str(SSHTarget.from_json(h)) for h in
+                      (record.handle.provider or {}).get("hosts", [])],
+            "tunnel": (dataclasses.asdict(record.handle.tunnel)
+                       if record.handle.tunnel is not None else None),
         }
 
     def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
@@ -260,15 +262,16 @@ class ClusterService:
         verb: str,
         *,
         fresh: bool = False,
-        previous: dict[str, Any] | None = None,
+        previous: RuntimeHandle | None = None,
     ) -> ClusterRecord:
         """Ray and the agent up on the cluster's nodes; `previous` is the runtime handle of
         what may still run there (else the record's)."""
         info = await provider.cluster_info(record.cloud_name, provider_handle)
-        previous = previous or (record.handle or {}).get("runtime")
-        async def checkpoint(runtime: dict[str, Any]) -> None:
-            await self._store.update(record.name, handle={"provider": provider_handle,
-                                                          "runtime": runtime})
+        previous = previous or record.handle.runtime
+
+        async def checkpoint(runtime: RuntimeHandle) -> None:
+            await self._store.update(record.name, handle=ClusterHandle(
+                provider=provider_handle, runtime=runtime))
 
         runtime = await self._runtime.up(record.name, record.cloud_name, info, previous,
                                          request.progress, fresh=fresh, checkpoint=checkpoint)
@@ -278,8 +281,8 @@ class ClusterService:
             ClusterStatus.UP,
             f"{verb} by request {request.id}",
             request.id,
-            handle={"provider": provider_handle, "runtime": runtime,
-                    "tunnel": self._access.tunnels.describe(record.name)},
+            handle=ClusterHandle(provider=provider_handle, runtime=runtime,
+                                 tunnel=self._access.tunnels.describe(record.name)),
             launched_at=record.launched_at or time.time(),
             refreshed_at=time.time(),
         )
@@ -321,7 +324,7 @@ class ClusterService:
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,
         retry_until_up: bool = False,
     ) -> ClusterRecord:
-        handle = (record.handle or {}).get("provider")
+        handle = record.handle.provider
         if record.status == ClusterStatus.STOPPED:
             await request.progress(f"starting stopped cluster {record.name}", "start")
             try:
@@ -354,7 +357,7 @@ class ClusterService:
     def _resume_plan(self, record: ClusterRecord) -> Plan:
         base = Resources.from_view(record.requested_resources)
         choices, ordered = choices_from_view(record.requested_resources)
-        intent = (record.handle or {}).get("intent")
+        intent = record.handle.intent
 
         async def planner() -> tuple[list[Option], list[Attempt]]:
             found = await candidates(choices or (base,), None, self._providers)
@@ -401,7 +404,7 @@ class ClusterService:
         # on the ports recorded before provisioning rewrote the handle; only new nodes start.
         return await self._start_runtime(request, done.record, done.provider, done.handle,
                                          "repaired",
-                                         previous=(record.handle or {}).get("runtime"))
+                                         previous=record.handle.runtime)
 
     async def _runtime_health(
         self, record: ClusterRecord
@@ -440,7 +443,7 @@ class ClusterService:
                 autostop_wait_for=setting.wait_for, autostop_set_at=now,
                 autostop_deadline=now + setting.idle_minutes * 60,
             )
-        provider_handle = (record.handle or {}).get("provider")
+        provider_handle = record.handle.provider
         if provider_handle is not None:
             await provider.apply_autostop(record.cloud_name, provider_handle,
                                           None if setting is None else setting.down)
@@ -493,7 +496,7 @@ class ClusterService:
                 return {"cluster": name, "status": str(record.status), "changed": False,
                         "skipped": why}
             await request.progress(f"stopping {name}", "stop")
-            handle = (record.handle or {}).get("provider") or {}
+            handle = record.handle.provider or {}
             info = await provider.cluster_info(record.cloud_name, handle)
             await self._runtime.stop(info)
             await self._access.close(name, grace_s=FOLLOWER_GRACE_S)
@@ -544,13 +547,14 @@ class ClusterService:
                         purge: bool) -> list[SSHTarget]:
         """Stop, clean up and terminate; returns how its nodes were reached (to forget)."""
         provider = self._providers.get(record.provider)
-        handle = (record.handle or {}).get("provider")
+        handle = record.handle.provider
         if handle is None:
             await self._access.close(record.name)
-            intent = (record.handle or {}).get("intent")
+            intent = record.handle.intent
             if intent is not None:
                 # A launch died around its create call: sweep whatever it may have made.
-                await self._cleanup_cloud(request, record, provider, intent, purge)
+                await self._cleanup_cloud(request, record, provider, intent.resources_view(),
+                                          purge)
             return []
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -560,7 +564,7 @@ class ClusterService:
         every = info
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
-        if info is not None and not record.ever_up and "runtime" not in (record.handle or {}):
+        if info is not None and not record.ever_up and record.handle.runtime is None:
             # A launch cut short before the runtime's first start (waiting for the nodes,
             # or installing): nothing of the cluster's runs there or was written there, and
             # nodes that never answered would hold the teardown up for nothing.
@@ -615,7 +619,7 @@ class ClusterService:
         self._ssh_config.remove(name)
     async def forget_nodes(self, record: ClusterRecord) -> None:
         """Drop the SSH connections of a cluster found gone (best effort)."""
-        if self._forget_nodes is None or not (record.handle or {}).get("provider"):
+        if self._forget_nodes is None or not record.handle.provider:
             return
         try:
             info = await self.cluster_info(record)

@@ -73,7 +73,7 @@ def require_head(record: ClusterRecord) -> ClusterRecord:
     """Reading and cancelling jobs needs the head's agent, not every node: a cluster that is
     INIT because it lost a worker still answers for its jobs (and the one that failed with
     the worker). One with no runtime recorded is refused as require_up refuses it."""
-    if record.status == ClusterStatus.INIT and (record.handle or {}).get("runtime"):
+    if record.status == ClusterStatus.INIT and record.handle.runtime is not None:
         return record
     return require_up(record)
 

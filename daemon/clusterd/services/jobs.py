@@ -76,9 +76,7 @@ class JobService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
-        return await provider.cluster_info(
-            record.cloud_name, (record.handle or {}).get("provider") or {}
-        )
+        return await provider.cluster_info(record.cloud_name, record.handle.provider or {})
 
     # -- submission -----------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ async def node_views(providers: ProviderRegistry, record: ClusterRecord) -> list
     """One map per node, the head first: what a person looking at the cluster wants to see,
     and nothing secret (no key paths, no tokens). A cluster whose provider has not answered a
     create call yet has no nodes to show. Provider errors propagate as they are."""
-    handle = (record.handle or {}).get("provider")
+    handle = record.handle.provider
     if not handle:
         return []
     nodes = await providers.get(record.provider).query(record.cloud_name, handle)

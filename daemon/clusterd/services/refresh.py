@@ -136,7 +136,7 @@ class RefreshService:
         for record in chosen:
             if self._busy(record):
                 continue
-            if not (record.handle or {}).get("provider"):
+            if not record.handle.provider:
                 await self._note_unstarted(record)
                 continue
             by_provider.setdefault(record.provider, []).append(record)
@@ -152,18 +152,18 @@ class RefreshService:
     async def _note_unstarted(self, record: ClusterRecord) -> None:
         """A launch that died before the provider answered its create call: say what it
         left (nodes found where it was creating them, or none) and what to do."""
-        intent = (record.handle or {}).get("intent")
+        intent = record.handle.intent
         found = 0
         if intent is not None:
             try:
-                nodes = await self._providers.get(record.provider).query(record.cloud_name,
-                                                                          intent)
+                nodes = await self._providers.get(record.provider).query(
+                    record.cloud_name, intent.resources_view())
                 found = sum(1 for n in nodes if n.status != NodeStatus.TERMINATED)
             except ProtocolError as exc:
                 logger.info("cannot look for an interrupted launch's nodes",
                             cluster=record.name, error=exc.message)
-        what = (f"launch interrupted after creating {found} node(s) in {intent.get('provider')}"
-                f"/{intent.get('region')}/{intent.get('zone')}" if found and intent else
+        what = (f"launch interrupted after creating {found} node(s) in {intent.provider}"
+                f"/{intent.region}/{intent.zone}" if found and intent else
                 "launch interrupted before any node was created")
         reason = (f"{what}: `clusterctl launch -c {record.name}` finishes it, "
                   f"`clusterctl down {record.name}` drops it")
@@ -179,7 +179,7 @@ class RefreshService:
         provider = self._providers.get(provider_name)
         try:
             found = await provider.query_many(
-                [(r.cloud_name, (r.handle or {})["provider"]) for r in records]
+                [(r.cloud_name, r.handle.provider or {}) for r in records]
             )
         except ProvisionError as exc:
             found = {r.cloud_name: exc for r in records}
@@ -240,7 +240,7 @@ class RefreshService:
         """Every node went away behind our back (preempted, terminated by hand): what the
         cluster had around its nodes (a security group) goes too. Failing that, the record
         stays, and the next refresh tries again."""
-        handle = (record.handle or {}).get("provider") or {}
+        handle = record.handle.provider or {}
         with anyio.fail_after(CLEANUP_TIMEOUT_S):
             await self._providers.get(record.provider).cleanup_ports(record.cloud_name, handle)
         self._clusters.forget_config(record.name)

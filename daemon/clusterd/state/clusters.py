@@ -19,6 +19,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from clusterctl.protocol import ClusterStatus
 from clusterd.redact import redact_urls
 from clusterd.state.db import Database, dumps, loads
+from clusterd.state.handles import ClusterHandle
 
 # Bound on the events table; the oldest beyond it are pruned on start and every so often.
 EVENT_RETENTION = 20_000
@@ -37,7 +38,7 @@ class ClusterRecord:
     status_updated_at: float
     status_reason: str = ""
     launched_resources: dict[str, Any] | None = None
-    handle: dict[str, Any] | None = None
+    handle: ClusterHandle = dataclasses.field(default_factory=ClusterHandle)
     autostop_minutes: float | None = None
     autostop_down: bool = False
     autostop_wait_for: str = "jobs_and_ssh"
@@ -50,13 +51,14 @@ class ClusterRecord:
     launch_request_id: int | None = None
 
     def to_row(self) -> dict[str, Any]:
-        row = dataclasses.asdict(self)
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         row["status"] = str(self.status)
         row["requested_resources"] = dumps(self.requested_resources)
         row["launched_resources"] = (
             None if self.launched_resources is None else dumps(self.launched_resources)
         )
-        row["handle"] = None if self.handle is None else dumps(self.handle)
+        handle = self.handle.to_json()
+        row["handle"] = None if handle is None else dumps(handle)
         row["autostop_down"] = int(self.autostop_down)
         row["ever_up"] = int(self.ever_up)
         return row
@@ -67,7 +69,7 @@ class ClusterRecord:
         values["status"] = ClusterStatus(values["status"])
         values["requested_resources"] = loads(values["requested_resources"]) or {}
         values["launched_resources"] = loads(values["launched_resources"])
-        values["handle"] = loads(values["handle"])
+        values["handle"] = ClusterHandle.from_json(loads(values["handle"]))
         values["autostop_down"] = bool(values["autostop_down"])
         values["ever_up"] = bool(values["ever_up"])
         return cls(**values)
