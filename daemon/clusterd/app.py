@@ -15,7 +15,7 @@ import secrets
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -27,7 +27,7 @@ from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
 from clusterd.nodes import NodeInfo, SSHTarget
-from clusterd.providers.base import ProviderContext
+from clusterd.providers.base import ProviderContext, ProviderHandle
 from clusterd.providers.offered import build_providers
 from clusterd.provision.launcher import Provisioner
 from clusterd.requests import RequestManager, current_request
@@ -176,10 +176,11 @@ class Daemon:
         return SSHRunner(self.ssh, node.ssh, node.node_id, CURRENT_PYTHON,
                          self.settings.runtime_dir / "relay")
 
-    def _recorded(self, provider: str) -> list[tuple[str, dict[str, Any]]]:
+    def _recorded(self, provider: str) -> list[tuple[str, ProviderHandle]]:
         """(name, provider handle) of every cluster of `provider` that has one, oldest first."""
         return [(record.name, handle) for record in self.store.all()
-                if record.provider == provider and (handle := record.handle.provider)]
+                if record.provider == provider
+                and (handle := record.handle.provider) is not None]
 
     async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> bool:
         """A host key met for the first time (trusted, and pinned): say so where the user

@@ -15,7 +15,7 @@ from clusterd.providers.base import ProviderContext, ProviderDefaults
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.offered import OFFERED, TEST_ONLY, build_providers
 from clusterd.providers.registry import ProviderRegistry
-from clusterd.providers.ssh import SSHProvider
+from clusterd.providers.ssh import SSHHandle, SSHHost, SSHProvider
 from clusterd.server.handlers import Handlers
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
@@ -58,10 +58,8 @@ def test_a_planned_provider_and_an_unknown_one_are_refused_as_such(tmp_path: Pat
 
 
 def test_the_ssh_provider_counts_the_hosts_its_recorded_clusters_hold(tmp_path: Path) -> None:
-    host = {"host": "10.0.0.5", "port": 22, "user": "alice", "identity_file": None,
-            "host_key_alias": None, "proxy_command": None, "strict_host_keys": False,
-            "cpus": 4.0, "memory_gb": 15.6}
-    built = build_providers(context(tmp_path, {"ssh": [("dev", {"pool": "p", "hosts": [host]})]}))
+    host = SSHHost(SSHTarget("10.0.0.5", 22, "alice"), 4.0, 15.6)
+    built = build_providers(context(tmp_path, {"ssh": [("dev", SSHHandle("p", (host,)))]}))
     ssh = built.get("ssh")
     assert isinstance(ssh, SSHProvider)
     assert ssh._taken() == {SSHTarget("10.0.0.5", 22, "alice"): "dev"}

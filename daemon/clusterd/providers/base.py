@@ -13,10 +13,10 @@ import dataclasses
 import enum
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.nodes import ClusterInfo, NodeInfo
+from clusterd.nodes import ClusterInfo, NodeInfo, SSHTarget
 from clusterd.tasks.spec import Resources
 
 if TYPE_CHECKING:
@@ -100,6 +100,66 @@ class Orphan:
                                                       f"{self.cloud_name}"}
 
 
+class ProviderHandle:
+    """A provider's handle of a cluster: what its create call answers and every other call
+    is given back (instance ids, the hosts it holds, ...).
+
+    Each provider has a frozen dataclass of its own, declared with the provider's name
+    (`class AWSHandle(ProviderHandle, provider="aws")`), which registers it: the state store
+    reads a record's handle back into its provider's type by the record's provider name
+    (`decode`) without importing any provider. Only state/ calls `to_json`/`from_json`."""
+
+    _types: ClassVar[dict[str, type[ProviderHandle]]] = {}
+
+    def __init_subclass__(cls, *, provider: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if provider is None:
+            return
+        known = ProviderHandle._types.get(provider)
+        if known is not None and (known.__module__, known.__qualname__) != (
+                cls.__module__, cls.__qualname__):
+            raise TypeError(f"{known.__qualname__} is the {provider} provider's handle already")
+        ProviderHandle._types[provider] = cls
+
+    @staticmethod
+    def decode(provider: str, data: dict[str, Any]) -> ProviderHandle:
+        """A recorded handle, as the type `provider` registered; the handle of a provider
+        this clusterd does not have is kept as it was read (RawHandle)."""
+        cls = ProviderHandle._types.get(provider)
+        return cls.from_json(data) if cls is not None else RawHandle(data)
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        raise NotImplementedError
+
+    def held_hosts(self) -> tuple[SSHTarget, ...]:
+        """The machines the cluster holds by address (an ssh pool's hosts), which no other
+        cluster may take, and which `status -v` lists; none where the provider makes its
+        nodes."""
+        return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RawHandle(ProviderHandle):
+    """The handle of a provider this clusterd does not have (a record written by another
+    build): kept as read and written back unchanged; no provider is ever given it."""
+
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RawHandle:
+        return cls(data)
+
+
+H = TypeVar("H", bound=ProviderHandle)
+
+
 # Told what of another clusterd's was found under a cluster's name and left alone: the cloud
 # name, and a sentence for the user.
 ForeignReport = Callable[[str, str], Awaitable[None]]
@@ -117,7 +177,7 @@ class ProviderContext:
     daemon_id: str  # what this daemon tags its cloud resources with
     # (cluster name, provider handle) of every recorded cluster of the provider named that
     # has a handle, oldest first.
-    recorded: Callable[[str], list[tuple[str, dict[str, Any]]]]
+    recorded: Callable[[str], list[tuple[str, ProviderHandle]]]
     on_foreign: ForeignReport | None = None
 
 
@@ -142,9 +202,10 @@ class AcceleratorCatalog(Protocol):
         ...
 
 
-class Provider(Protocol):
-    """One provider. Methods are idempotent by `cloud_name` where the text says so, must not
-    block the event loop, and raise only ProvisionError (or ProtocolError for bad input).
+class ProviderOf(Protocol[H]):
+    """One provider, whose handles are of type H. Methods are idempotent by `cloud_name`
+    where the text says so, must not block the event loop, and raise only ProvisionError (or
+    ProtocolError for bad input).
 
     Everything the daemon knows of a provider it asks here: a new provider is its own package
     and one line in providers/offered.py, and no other module names it (but user_config.py,
@@ -179,48 +240,54 @@ class Provider(Protocol):
         Raises ProvisionError(FATAL) with the reason when the request can never fit."""
         ...
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+    async def create(self, request: ClusterRequest, placement: Placement) -> H:
         """Create (or find, if they exist) the cluster's nodes; returns the provider's handle,
         which the daemon stores and passes back to every other call. Idempotent."""
         ...
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any],
-                   timeout_s: float) -> dict[str, Any]:
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> H:
+        """The handle of a cluster whose create call has not answered (a launch failed or
+        was killed around it): no nodes recorded, and where the launch was creating them
+        (`intent`), if known. Enough to look for (query), remove (terminate) and clean up
+        after (cleanup_ports) whatever it may have made there."""
+        ...
+
+    async def wait(self, cloud_name: str, handle: H, timeout_s: float) -> H:
         """Return once every node is running and reachable, with the handle as it is now
         (addresses may only be known once the nodes run)."""
         ...
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: H) -> list[NodeInfo]:
         """The nodes that exist now, with their states; empty if the cluster is gone."""
         ...
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, H]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """`query` for many clusters at once (by cloud name), in as few calls to the
         provider as it allows; a cluster whose query failed maps to its error."""
         ...
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+    async def cluster_info(self, cloud_name: str, handle: H) -> ClusterInfo:
         """How to reach every node, head first."""
         ...
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None: ...
+    async def stop(self, cloud_name: str, handle: H) -> None: ...
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, cloud_name: str, handle: H) -> H:
         """Start stopped nodes; returns the (possibly changed) handle."""
         ...
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def terminate(self, cloud_name: str, handle: H) -> None:
         """Remove every node and per-cluster resource. Idempotent: gone is success."""
         ...
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+    async def open_ports(self, cloud_name: str, handle: H,
                          ports: tuple[str, ...]) -> None: ...
 
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None: ...
+    async def cleanup_ports(self, cloud_name: str, handle: H) -> None: ...
 
-    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+    async def apply_autostop(self, cloud_name: str, handle: H,
                              down: bool | None) -> None:
         """The cluster's autostop setting changed (None: cancelled): prepare the nodes for
         stopping themselves (`down`: terminate rather than stop). Most have nothing to do."""
@@ -253,11 +320,22 @@ class Provider(Protocol):
         before creating anything, so nothing new is taken for an orphan)."""
         ...
 
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        """Remove what `orphans` reported: its nodes, then what was around them."""
+        ...
 
-class ProviderDefaults:
+
+# A provider as the services hold it: whichever it is, given its own handles. (A record's
+# handle is read back by its provider's name, so the handle a service hands a provider is
+# that provider's; the registry is where the types cannot say so.)
+Provider = ProviderOf[ProviderHandle]
+
+
+class ProviderDefaults(Generic[H]):
     """What a provider with no cloud resources of its own does for the optional operations:
     nothing. Providers inherit it and override what applies to them."""
 
+    name: ClassVar[str]
     agentless: ClassVar[bool] = False
     stops_by_shutdown: ClassVar[bool] = False
     honoured_fields: ClassVar[frozenset[str]] = frozenset()
@@ -266,19 +344,16 @@ class ProviderDefaults:
     def accelerators(self) -> AcceleratorCatalog | None:
         return None
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any],
-                   timeout_s: float) -> dict[str, Any]:
+    async def wait(self, cloud_name: str, handle: H, timeout_s: float) -> H:
         return handle  # the nodes were running before we came
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
-                         ports: tuple[str, ...]) -> None:
+    async def open_ports(self, cloud_name: str, handle: H, ports: tuple[str, ...]) -> None:
         return None  # no firewall of ours in front of the nodes
 
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def cleanup_ports(self, cloud_name: str, handle: H) -> None:
         return None
 
-    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
-                             down: bool | None) -> None:
+    async def apply_autostop(self, cloud_name: str, handle: H, down: bool | None) -> None:
         return None
 
     async def aclose(self) -> None:
@@ -286,3 +361,7 @@ class ProviderDefaults:
 
     async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
         return []  # nothing made here that could outlive a record
+
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        raise ProtocolError(ErrorCode.UNSUPPORTED,
+                            f"the {self.name} provider reports no orphans to remove")

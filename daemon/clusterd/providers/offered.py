@@ -9,22 +9,23 @@ where places cost the same: your own machines first, since they cost nothing.
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import Any
 
 from clusterd.providers.aws import AWSProvider
-from clusterd.providers.base import Provider, ProviderContext
+from clusterd.providers.base import ProviderContext, ProviderOf
 from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
 from clusterd.tasks import fields
 
-OFFERED: tuple[type[Provider], ...] = (
+OFFERED: tuple[type[ProviderOf[Any]], ...] = (
     LocalProvider,
     SSHProvider,
     AWSProvider,
 )
 # Built only when CLUSTERD_TEST_PROVIDERS names them (benchmarks, scale tests): never for users.
-TEST_ONLY: tuple[type[Provider], ...] = (LoadTestProvider,)
+TEST_ONLY: tuple[type[ProviderOf[Any]], ...] = (LoadTestProvider,)
 # Named in the docs and in SkyPilot task files, but not offered by this version yet: refused
 # as "not available in this version" rather than as an unknown infra.
 PLANNED = ("kubernetes",)

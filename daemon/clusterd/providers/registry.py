@@ -4,16 +4,22 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.providers.base import Provider
+from clusterd.providers.base import Provider, ProviderOf
 
 
 class ProviderRegistry:
-    def __init__(self, providers: Iterable[Provider], planned: Iterable[str] = ()) -> None:
+    """The daemon's providers by name. Each is given back as a `Provider` (its handles typed
+    as ProviderHandle): the services hand it only handles read back under its own name (the
+    store decodes a record's handle by the record's provider), or made by itself."""
+
+    def __init__(self, providers: Iterable[ProviderOf[Any]],
+                 planned: Iterable[str] = ()) -> None:
         """`providers` in the order of preference where places cost the same; `planned`:
         names users may write that this version does not offer (refused as such)."""
-        self._providers: dict[str, Provider] = {p.name: p for p in providers}
+        self._providers: dict[str, ProviderOf[Any]] = {p.name: p for p in providers}
         self._preference = {name: index for index, name in enumerate(self._providers)}
         self._planned = frozenset(planned)
 

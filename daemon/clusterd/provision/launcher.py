@@ -18,14 +18,19 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.faults import fault_point
-from clusterd.providers.base import BlockScope, Placement, Provider, ProvisionError
+from clusterd.providers.base import (
+    BlockScope,
+    Placement,
+    Provider,
+    ProviderHandle,
+    ProvisionError,
+)
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.failover import Attempt, Failover, Option, format_table
 from clusterd.requests import RunningRequest
@@ -42,7 +47,7 @@ Plan = Callable[[], Awaitable[tuple[list[Option], list[Attempt]]]]
 class Provisioned:
     record: ClusterRecord
     provider: Provider
-    handle: dict[str, Any]
+    handle: ProviderHandle
     resources: Resources  # what the winning option asked for (its candidate's resources)
     warnings: tuple[str, ...] = ()  # task fields without effect where it landed
 
@@ -112,16 +117,17 @@ class Provisioner:
         self.attempts += 1
         started = time.monotonic()
         deciding = started - decided
-        handle: dict[str, Any] | None = None
+        handle: ProviderHandle | None = None
         await fault_point("launch.before_create")
         try:
-            handle = await provider.create(option.request, placement)
+            created = await provider.create(option.request, placement)
+            handle = created
             await fault_point("launch.after_create")
             record = await self._store.update(
-                record.name, handle=ClusterHandle(intent=placement, provider=handle))
+                record.name, handle=ClusterHandle(intent=placement, provider=created))
             await fault_point("launch.waiting")
             with anyio.fail_after(self._wait_timeout_s):
-                handle = await provider.wait(record.cloud_name, handle, self._wait_timeout_s)
+                handle = await provider.wait(record.cloud_name, created, self._wait_timeout_s)
             if option.request.resources.ports:
                 await provider.open_ports(record.cloud_name, handle,
                                           option.request.resources.ports)
@@ -143,7 +149,7 @@ class Provisioner:
         await self._store.add_event(record.name, "provision", line, request.id)
         cleaning = time.monotonic()
         await self._clean_up(record, provider, option, failover,
-                             handle or placement.resources_view())
+                             handle or provider.handle_for_intent(record.cloud_name, placement))
         cleaned = time.monotonic()
         self.provider_seconds += cleaned - cleaning
         self.decision_seconds.append(deciding + (cleaning - noted))
@@ -152,7 +158,7 @@ class Provisioner:
         return record
 
     async def _clean_up(self, record: ClusterRecord, provider: Provider, option: Option,
-                        failover: Failover, handle: dict[str, Any]) -> None:
+                        failover: Failover, handle: ProviderHandle) -> None:
         """Remove what the failed attempt made; leaving its region, the per-region resources
         too (the next attempt in the same region reuses them)."""
         with anyio.CancelScope(shield=True):

@@ -22,7 +22,7 @@ from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
-from clusterd.providers.base import ClusterRequest, Provider, ProvisionError
+from clusterd.providers.base import ClusterRequest, Provider, ProviderHandle, ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
 from clusterd.provision.failover import Attempt, Option
@@ -40,6 +40,7 @@ from clusterd.services.common import (
     announce_warnings,
     cloud_name_for,
     fit_to_cluster,
+    provider_handle,
     require_cluster,
 )
 from clusterd.services.jobs import JobService
@@ -137,8 +138,8 @@ class ClusterService:
             "autostopping": False,
             "busy": [],
             "cloud_name": record.cloud_name,
-            "hosts": [str(SSHTarget.from_json(h)) for h in
-                      (record.handle.provider or {}).get("hosts", [])],
+            "hosts": [str(host) for host in (record.handle.provider.held_hosts()
+                                             if record.handle.provider is not None else ())],
             "tunnel": (dataclasses.asdict(record.handle.tunnel)
                        if record.handle.tunnel is not None else None),
         }
@@ -258,7 +259,7 @@ class ClusterService:
         request: RunningRequest,
         record: ClusterRecord,
         provider: Provider,
-        provider_handle: dict[str, Any],
+        provider_handle: ProviderHandle,
         verb: str,
         *,
         fresh: bool = False,
@@ -328,7 +329,8 @@ class ClusterService:
         if record.status == ClusterStatus.STOPPED:
             await request.progress(f"starting stopped cluster {record.name}", "start")
             try:
-                handle = await provider.start(record.cloud_name, handle or {})
+                handle = await provider.start(record.cloud_name,
+                                              provider_handle(record, provider))
             except ProvisionError as exc:
                 raise _not_where_it_lives(record, exc) from None
             return await self._start_runtime(request, record, provider, handle, "started")
@@ -369,7 +371,7 @@ class ClusterService:
         return planner
 
     async def _lost_nodes(self, record: ClusterRecord, provider: Provider,
-                          handle: dict[str, Any]) -> bool:
+                          handle: ProviderHandle) -> bool:
         """Whether nodes of the cluster are gone for good (a spot node preempted, say)."""
         try:
             nodes = await provider.query(record.cloud_name, handle)
@@ -496,7 +498,7 @@ class ClusterService:
                 return {"cluster": name, "status": str(record.status), "changed": False,
                         "skipped": why}
             await request.progress(f"stopping {name}", "stop")
-            handle = record.handle.provider or {}
+            handle = provider_handle(record, provider)
             info = await provider.cluster_info(record.cloud_name, handle)
             await self._runtime.stop(info)
             await self._access.close(name, grace_s=FOLLOWER_GRACE_S)
@@ -553,8 +555,9 @@ class ClusterService:
             intent = record.handle.intent
             if intent is not None:
                 # A launch died around its create call: sweep whatever it may have made.
-                await self._cleanup_cloud(request, record, provider, intent.resources_view(),
-                                          purge)
+                await self._cleanup_cloud(
+                    request, record, provider,
+                    provider.handle_for_intent(record.cloud_name, intent), purge)
             return []
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -582,7 +585,8 @@ class ClusterService:
         return [node.ssh for node in (every.nodes if every else ()) if node.ssh is not None]
 
     async def _reachable_part(self, record: ClusterRecord, provider: Provider,
-                              handle: dict[str, Any], info: ClusterInfo) -> ClusterInfo | None:
+                              handle: ProviderHandle, info: ClusterInfo
+                              ) -> ClusterInfo | None:
         """The nodes worth stopping the runtime on: not the ones gone for good (a preempted
         worker) or stopped, and none if the head is (Ray's workers die with it)."""
         try:
@@ -598,7 +602,7 @@ class ClusterService:
         return dataclasses.replace(info, nodes=alive)
 
     async def _cleanup_cloud(self, request: RunningRequest, record: ClusterRecord,
-                             provider: Provider, handle: dict[str, Any], purge: bool) -> None:
+                             provider: Provider, handle: ProviderHandle, purge: bool) -> None:
         for step in (provider.terminate, provider.cleanup_ports):
             try:
                 await step(record.cloud_name, handle)

@@ -8,6 +8,7 @@ import secrets
 from collections.abc import Collection, Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd.providers.base import Provider, ProviderHandle
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks import fields
@@ -67,6 +68,14 @@ def require_up(record: ClusterRecord) -> ClusterRecord:
             hint,
         )
     return record
+
+
+def provider_handle(record: ClusterRecord, provider: Provider) -> ProviderHandle:
+    """The provider's handle of the cluster; for one whose create call never answered, the
+    handle of where a launch was making it (if known), with no nodes."""
+    if record.handle.provider is not None:
+        return record.handle.provider
+    return provider.handle_for_intent(record.cloud_name, record.handle.intent)
 
 
 def require_head(record: ClusterRecord) -> ClusterRecord:

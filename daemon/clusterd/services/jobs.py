@@ -27,6 +27,7 @@ from clusterd.services.common import (
     announce_warnings,
     fit_to_cluster,
     head_unreachable,
+    provider_handle,
     require_cluster,
     require_head,
     require_up,
@@ -76,7 +77,7 @@ class JobService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
-        return await provider.cluster_info(record.cloud_name, record.handle.provider or {})
+        return await provider.cluster_info(record.cloud_name, provider_handle(record, provider))
 
     # -- submission -----------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ async def node_views(providers: ProviderRegistry, record: ClusterRecord) -> list
     and nothing secret (no key paths, no tokens). A cluster whose provider has not answered a
     create call yet has no nodes to show. Provider errors propagate as they are."""
     handle = record.handle.provider
-    if not handle:
+    if handle is None:
         return []
     nodes = await providers.get(record.provider).query(record.cloud_name, handle)
     return [_view(node, index) for index, node in enumerate(nodes)]

@@ -69,7 +69,7 @@ class ClusterRecord:
         values["status"] = ClusterStatus(values["status"])
         values["requested_resources"] = loads(values["requested_resources"]) or {}
         values["launched_resources"] = loads(values["launched_resources"])
-        values["handle"] = ClusterHandle.from_json(loads(values["handle"]))
+        values["handle"] = ClusterHandle.from_json(loads(values["handle"]), values["provider"])
         values["autostop_down"] = bool(values["autostop_down"])
         values["ever_up"] = bool(values["ever_up"])
         return cls(**values)

@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from clusterd.nodes import SSHTarget
-from clusterd.providers.base import Placement
+from clusterd.providers.base import Placement, ProviderHandle
 from clusterd.ssh.tunnels import TunnelState
 
 
@@ -70,8 +70,9 @@ class ClusterHandle:
     # Where a launch attempt is creating the nodes, written before the provider's create
     # call: until the runtime first starts, it is where anything of the cluster can exist.
     intent: Placement | None = None
-    # The provider's handle, from its create call (None: it has not answered one yet).
-    provider: dict[str, Any] | None = None
+    # The provider's handle, from its create call (None: it has not answered one yet), of
+    # the type that provider registered for its handles.
+    provider: ProviderHandle | None = None
     runtime: RuntimeHandle | None = None  # once the runtime's start began
     tunnel: TunnelState | None = None  # the agent tunnel, as last described
 
@@ -81,7 +82,7 @@ class ClusterHandle:
         if self.intent is not None:
             data["intent"] = self.intent.resources_view()
         if self.provider is not None:
-            data["provider"] = self.provider
+            data["provider"] = self.provider.to_json()
         if self.runtime is not None:
             data["runtime"] = self.runtime.to_json()
         if self.tunnel is not None:
@@ -89,12 +90,14 @@ class ClusterHandle:
         return data or None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any] | None) -> ClusterHandle:
+    def from_json(cls, data: dict[str, Any] | None, provider: str) -> ClusterHandle:
+        """The handle of a record of `provider`'s (whose handle type reads its part)."""
         data = data or {}
         intent, runtime, tunnel = data.get("intent"), data.get("runtime"), data.get("tunnel")
+        recorded = data.get("provider")
         return cls(
             intent=Placement.from_view(intent) if intent else None,
-            provider=data.get("provider"),
+            provider=ProviderHandle.decode(provider, recorded) if recorded else None,
             runtime=RuntimeHandle.from_json(runtime) if runtime else None,
             tunnel=TunnelState.from_json(tunnel) if tunnel else None,
         )
