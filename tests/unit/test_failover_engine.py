@@ -121,3 +121,10 @@ def test_format_table_keeps_one_line_per_attempt() -> None:
 
     text = format_table([Attempt("aws/us-east-1", "m6i.large", "first line\nsecond", "zone")])
     assert text.splitlines()[1].endswith("first line")
+
+
+def test_places_are_labelled_by_the_parts_they_have() -> None:
+    assert option("aws", "us-east-1", "us-east-1a", 1.0).placement.infra == (
+        "aws/us-east-1/us-east-1a")
+    assert option("ssh", "pool", None, 0.0, instance_type=None).describe() == "ssh/pool"
+    assert option("local", None, None, 0.0).describe() == "local (p4d.24xlarge)"

@@ -33,6 +33,12 @@ class BlockScope(enum.StrEnum):
     FATAL = "fatal"  # no other placement can help (bad credentials, bad request)
 
 
+def infra_label(*parts: str | None) -> str:
+    """Where something is, as `provider/region/zone`, leaving out the parts not known (or
+    that it does not have: an ssh pool has no zone)."""
+    return "/".join(p for p in parts if p)
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
     """Where a cluster could go, and what each of its nodes would have."""
@@ -48,9 +54,12 @@ class Placement:
     price_per_hour: float = 0.0  # per node
     spot: bool = False
 
+    @property
+    def infra(self) -> str:
+        return infra_label(self.provider, self.region, self.zone)
+
     def describe(self) -> str:
-        where = "/".join(p for p in (self.provider, self.region, self.zone) if p)
-        return f"{where} ({self.instance_type})" if self.instance_type else where
+        return f"{self.infra} ({self.instance_type})" if self.instance_type else self.infra
 
     def resources_view(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -86,7 +95,7 @@ class Orphan:
     groups: tuple[str, ...] = ()  # per-cluster resources left behind (security groups)
 
     def describe(self) -> str:
-        where = "/".join(p for p in (self.provider, self.region) if p)
+        where = infra_label(self.provider, self.region)
         parts = []
         if self.instances:
             parts.append(f"{len(self.instances)} instance(s)")

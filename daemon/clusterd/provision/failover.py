@@ -15,7 +15,13 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
-from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterRequest,
+    Placement,
+    ProvisionError,
+    infra_label,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +48,6 @@ class Attempt:
 
     def to_wire(self) -> dict[str, object]:
         return dataclasses.asdict(self)
-
-
-def infra_of(placement: Placement) -> str:
-    return "/".join(p for p in (placement.provider, placement.region, placement.zone) if p)
 
 
 def resources_of(option: Option) -> str:
@@ -129,7 +131,7 @@ class Failover:
         progress line `aws/us-east-1/us-east-1a (p4d.24xlarge): Insufficient... — trying
         us-east-1b`."""
         self.blocklist.add(option.placement, error.scope)
-        self.history.append(Attempt(infra_of(option.placement), resources_of(option),
+        self.history.append(Attempt(option.placement.infra, resources_of(option),
                                     error.message, str(error.scope),
                                     round(time.monotonic() - started, 3)))
         line = f"{option.describe()}: {_first_line(error.message)}"
@@ -141,7 +143,7 @@ class Failover:
         return line + f" — trying {_difference(option.placement, upcoming.placement)}"
 
     def succeeded(self, option: Option, started: float) -> None:
-        self.history.append(Attempt(infra_of(option.placement), resources_of(option), "UP",
+        self.history.append(Attempt(option.placement.infra, resources_of(option), "UP",
                                     None, round(time.monotonic() - started, 3)))
 
     def new_round(self) -> None:
@@ -168,9 +170,9 @@ def _first_line(text: str, limit: int = 200) -> str:
 def _difference(tried: Placement, upcoming: Placement) -> str:
     """The next place, named by what changes: the zone, the region, or the provider."""
     if upcoming.provider != tried.provider:
-        return infra_of(upcoming)
+        return upcoming.infra
     if upcoming.region != tried.region:
-        return "/".join(p for p in (upcoming.region, upcoming.zone) if p)
+        return infra_label(upcoming.region, upcoming.zone)
     if upcoming.zone != tried.zone and upcoming.zone:
         return upcoming.zone
     return upcoming.describe()

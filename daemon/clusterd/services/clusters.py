@@ -22,7 +22,13 @@ from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
-from clusterd.providers.base import ClusterRequest, Provider, ProviderHandle, ProvisionError
+from clusterd.providers.base import (
+    ClusterRequest,
+    Provider,
+    ProviderHandle,
+    ProvisionError,
+    infra_label,
+)
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
 from clusterd.provision.failover import Attempt, Option
@@ -654,8 +660,7 @@ def _infra_text(record: ClusterRecord) -> str:
     """Where the cluster is (as placed: provider/region/zone), else where it was asked for."""
     placed = record.launched_resources or {}
     if placed.get("provider"):
-        return "/".join(p for p in (placed["provider"], placed.get("region"),
-                                    placed.get("zone")) if p)
+        return infra_label(placed["provider"], placed.get("region"), placed.get("zone"))
     infra = record.requested_resources.get("infra")
     return str(infra) if infra and infra != "*" else record.provider
 

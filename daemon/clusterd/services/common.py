@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Collection, Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
-from clusterd.providers.base import Provider, ProviderHandle
+from clusterd.providers.base import Provider, ProviderHandle, infra_label
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks import fields
@@ -155,7 +155,7 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, honoured: Collection[s
 
 def _where(record: ClusterRecord) -> str:
     placed = record.launched_resources or {}
-    return "/".join(p for p in (record.provider, placed.get("region"), placed.get("zone")) if p)
+    return infra_label(record.provider, placed.get("region"), placed.get("zone"))
 
 
 def _lives_in(infra: Infra, record: ClusterRecord) -> bool:
