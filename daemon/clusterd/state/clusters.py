@@ -25,8 +25,11 @@ from clusterd.state.handles import ClusterHandle
 EVENT_RETENTION = 20_000
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ClusterRecord:
+    """A live cluster. Frozen: a change makes a new record (ClusterStore.update, set_status),
+    so whatever holds one, such as the status views cached per record, never sees it change."""
+
     name: str
     provider: str
     cloud_name: str  # the name the provider knows it by; recorded before any create call
@@ -174,7 +177,7 @@ class ClusterStore:
             record, status=status, status_reason=reason, status_updated_at=now, **fields
         )
         if status == ClusterStatus.UP:
-            updated.ever_up = True
+            updated = dataclasses.replace(updated, ever_up=True)
         row = updated.to_row()
         changed = [c for c in _COLUMNS if c != "name" and row[c] != record.to_row()[c]]
         statements: list[tuple[str, Any]] = []
