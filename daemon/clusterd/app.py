@@ -8,13 +8,14 @@ connections and the database, and returns.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import os
 import secrets
 import signal
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -25,12 +26,9 @@ from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
-from clusterd.providers.aws import AWSProvider
-from clusterd.providers.base import NodeInfo, Provider, SSHTarget
-from clusterd.providers.loadtest import LoadTestProvider
-from clusterd.providers.local import LocalProvider
-from clusterd.providers.registry import ProviderRegistry
-from clusterd.providers.ssh import SSHProvider
+from clusterd.nodes import NodeInfo, SSHTarget
+from clusterd.providers.base import ProviderContext, ProviderHandle
+from clusterd.providers.offered import build_providers
 from clusterd.provision.launcher import Provisioner
 from clusterd.requests import RequestManager, current_request
 from clusterd.runtime.agent_access import AgentAccess
@@ -56,9 +54,8 @@ from clusterd.services.refresh import RefreshService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
-from clusterd.ssh.keys import DaemonKey
 from clusterd.ssh.runner import SSHRunner
-from clusterd.ssh.tunnels import TunnelManager
+from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
@@ -124,18 +121,13 @@ class Daemon:
             AgentConnections(), TunnelManager(self.ssh, settings.runtime_dir / "tunnels"),
             on_tunnel=self._record_tunnel,
         )
-        self.ssh_provider = SSHProvider(settings.config_dir / "ssh_node_pools.yaml", self.ssh,
-                                        self._ssh_hosts_in_use)
         self.config = ConfigFile()
-        self.aws_provider = AWSProvider(self.config.get, self.ssh,
-                                        DaemonKey(settings.state_dir / "ssh"),
-                                        daemon_id(settings.state_dir),
-                                        on_foreign=self._announce_foreign)
-        providers: list[Provider] = [LocalProvider(settings.state_dir / "local"),
-                                     self.ssh_provider, self.aws_provider]
-        if "loadtest" in os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","):
-            providers.append(LoadTestProvider())  # benchmarks only; see its module
-        self.providers = ProviderRegistry(providers)
+        self.providers = build_providers(
+            ProviderContext(settings.state_dir, settings.config_dir, self.ssh, self.config.get,
+                            daemon_id(settings.state_dir), self._recorded,
+                            on_foreign=self._announce_foreign),
+            # Benchmarks only (see providers/loadtest.py).
+            test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,
@@ -167,7 +159,7 @@ class Daemon:
         )
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
-            self.providers, self.aws_provider, self.refresh, self.autostop, self.orphans,
+            self.providers, self.refresh, self.autostop, self.orphans,
             strict_by_default=self._strict_by_default,
         )
         self._server_name = f"clusterd/{__version__}"
@@ -184,14 +176,11 @@ class Daemon:
         return SSHRunner(self.ssh, node.ssh, node.node_id, CURRENT_PYTHON,
                          self.settings.runtime_dir / "relay")
 
-    def _ssh_hosts_in_use(self) -> dict[SSHTarget, str]:
-        taken: dict[SSHTarget, str] = {}
-        for record in self.store.all():
-            if record.provider != SSHProvider.name:
-                continue
-            for host in ((record.handle or {}).get("provider") or {}).get("hosts", []):
-                taken[SSHTarget.from_handle(host)] = record.name
-        return taken
+    def _recorded(self, provider: str) -> list[tuple[str, ProviderHandle]]:
+        """(name, provider handle) of every cluster of `provider` that has one, oldest first."""
+        return [(record.name, handle) for record in self.store.all()
+                if record.provider == provider
+                and (handle := record.handle.provider) is not None]
 
     async def _announce_host_key(self, target: SSHTarget, fingerprint: str) -> bool:
         """A host key met for the first time (trusted, and pinned): say so where the user
@@ -218,14 +207,12 @@ class Daemon:
         await self.store.add_event(record.name if record else cloud_name, "foreign", text,
                                    request.id if request else None)
 
-    async def _record_tunnel(self, cluster: str, state: dict[str, Any] | None) -> None:
+    async def _record_tunnel(self, cluster: str, state: TunnelState | None) -> None:
         """Tunnels are daemon state like any other: written down, shown by `status -v`."""
         record = self.store.get(cluster)
         if record is None:
             return
-        handle = dict(record.handle or {})
-        handle["tunnel"] = state
-        await self.store.update(cluster, handle=handle)
+        await self.store.update(cluster, handle=dataclasses.replace(record.handle, tunnel=state))
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import (
     CONNECT_ATTEMPTS,
     CONNECT_TIMEOUT_S,

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from tests.e2e.sshbed import (
     GRPC_PROBE,
     PREFIX,

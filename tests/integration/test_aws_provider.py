@@ -27,6 +27,8 @@ import boto3
 import pytest
 
 from clusterctl.protocol import ProtocolError
+from clusterd.nodes import NodeStatus
+from clusterd.providers.aws.handle import AWSHandle
 from clusterd.providers.aws.provider import (
     TAG_CLOUD_NAME,
     TAG_MANAGED_BY,
@@ -34,7 +36,7 @@ from clusterd.providers.aws.provider import (
     TAG_ROLE,
     AWSProvider,
 )
-from clusterd.providers.base import BlockScope, ClusterRequest, NodeStatus, ProvisionError
+from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
@@ -189,29 +191,29 @@ async def test_create_query_stop_start_terminate(provider: AWSProvider, moto: st
     assert tags["team"] == "infra" and tags["project"] == "x"
     assert all(i["PrivateIpAddress"].startswith("127.1.") for i in instances)
     assert all(i["Placement"]["AvailabilityZone"] == placement.zone for i in instances)
-    assert handle["nodes"][0]["role"] == "head"
+    assert handle.nodes[0].role == "head"
     # The root volumes: SkyPilot's default disk tier (medium: gp3).
     volumes = ec2(moto, "us-east-1").describe_volumes(Filters=[
         {"Name": "attachment.instance-id", "Values": [i["InstanceId"] for i in instances]}])
     assert {v["VolumeType"] for v in volumes["Volumes"]} == {"gp3"}
     # The security group: SSH and the task's ports from anywhere, everything from its members.
     group = ec2(moto, "us-east-1").describe_security_groups(
-        GroupIds=[handle["security_group"]])["SecurityGroups"][0]
+        GroupIds=[handle.security_group])["SecurityGroups"][0]
     tcp = [p for p in group["IpPermissions"] if p["IpProtocol"] == "tcp"]
     assert {(p["FromPort"], p["ToPort"]) for p in tcp} == {(22, 22), (8080, 8080), (9000, 9010)}
     assert all(p["IpRanges"] == [{"CidrIp": "0.0.0.0/0"}] for p in tcp)
     members = [p for p in group["IpPermissions"] if p["IpProtocol"] == "-1"]
     assert [[pair["GroupId"] for pair in p["UserIdGroupPairs"]] for p in members] == [
-        [handle["security_group"]]]
+        [handle.security_group]]
     assert all(not p.get("IpRanges") for p in members)
     # Create again (a resumed launch): the same instances, none added.
     again = await provider.create(want, placement)
-    assert {n["id"] for n in again["nodes"]} == {n["id"] for n in handle["nodes"]}
+    assert {n.id for n in again.nodes} == {n.id for n in handle.nodes}
     nodes = await provider.query(want.cloud_name, handle)
     assert [n.status for n in nodes] == [NodeStatus.RUNNING] * 2
     info = await provider.cluster_info(want.cloud_name, handle)
     assert info.head.ssh is not None and info.head.ssh.user == "ubuntu"
-    assert info.head.ssh.host_key_alias == handle["nodes"][0]["id"]
+    assert info.head.ssh.host_key_alias == handle.nodes[0].id
 
     await provider.stop(want.cloud_name, handle)
     assert {n.status for n in await provider.query(want.cloud_name, handle)} == {
@@ -237,7 +239,7 @@ async def test_disk_tier_and_max_hourly_cost(provider: AWSProvider, moto: str) -
                        disk_size=64)
         handle = await provider.create(want, (await provider.placements(want))[0])
         volumes = ec2(moto, "us-east-1").describe_volumes(Filters=[
-            {"Name": "attachment.instance-id", "Values": [n["id"] for n in handle["nodes"]]}])
+            {"Name": "attachment.instance-id", "Values": [n.id for n in handle.nodes]}])
         assert [(v["VolumeType"], v["Size"]) for v in volumes["Volumes"]] == [
             (volume_type, 64)]
         await provider.terminate(want.cloud_name, handle)
@@ -392,27 +394,27 @@ async def test_another_daemons_instance_of_the_same_name_is_never_ours(
     heard = listen(provider)
     placement = (await provider.placements(want))[0]
     handle = await provider.create(want, placement)
-    ours = {n["id"] for n in handle["nodes"]}
+    ours = {n.id for n in handle.nodes}
     # Its head is not ours to use: we made our own, and did not terminate theirs as extra.
     assert theirs not in ours and len(ours) == 2
-    assert [n["role"] for n in handle["nodes"]] == ["head", "worker"]
+    assert [n.role for n in handle.nodes] == ["head", "worker"]
     assert state_of(moto, "us-east-1", theirs) == "running"
     assert told(heard, want.cloud_name, theirs, OTHER_DAEMON, "left alone")
 
     # A repairing launch (our worker lost behind our back) makes our worker again.
-    worker = handle["nodes"][1]["id"]
+    worker = handle.nodes[1].id
     ec2(moto, "us-east-1").terminate_instances(InstanceIds=[worker])
     heard.clear()
     repaired = await provider.create(want, placement)
-    assert repaired["nodes"][0]["id"] == handle["nodes"][0]["id"]
-    assert {n["id"] for n in repaired["nodes"]}.isdisjoint({theirs, worker})
+    assert repaired.nodes[0].id == handle.nodes[0].id
+    assert {n.id for n in repaired.nodes}.isdisjoint({theirs, worker})
     assert state_of(moto, "us-east-1", theirs) == "running"
     assert told(heard, theirs, OTHER_DAEMON)
 
     heard.clear()
     await provider.stop(want.cloud_name, repaired)
     assert state_of(moto, "us-east-1", theirs) == "running"
-    assert {state_of(moto, "us-east-1", n["id"]) for n in repaired["nodes"]} == {"stopped"}
+    assert {state_of(moto, "us-east-1", n.id) for n in repaired.nodes} == {"stopped"}
     assert told(heard, theirs, OTHER_DAEMON)
 
     heard.clear()
@@ -433,8 +435,10 @@ async def test_a_failed_launch_cleans_up_only_its_own_instances(
         await provider.create(want, (await provider.placements(want))[0])
     assert state_of(moto, "us-east-1", theirs) == "running"
     # The launch's own clean-up after a failed attempt (terminate with the intent).
-    await provider.terminate(want.cloud_name, {"region": "us-east-1"})
-    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    intent = provider.handle_for_intent(want.cloud_name, Placement(
+        "aws", "us-east-1", None, "c6i.large", 2, 4))
+    await provider.terminate(want.cloud_name, intent)
+    await provider.cleanup_ports(want.cloud_name, intent)
     assert state_of(moto, "us-east-1", theirs) == "running"
     assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
 
@@ -451,7 +455,7 @@ async def test_another_daemons_security_group_of_the_same_name_is_left_alone(
             {"Key": TAG_CLOUD_NAME, "Value": want.cloud_name},
             {"Key": TAG_MANAGED_BY, "Value": OTHER_DAEMON}]}])["GroupId"]
     heard = listen(provider)
-    await provider.cleanup_ports(want.cloud_name, {"region": "us-east-1"})
+    await provider.cleanup_ports(want.cloud_name, AWSHandle("us-east-1"))
     assert client.describe_security_groups(GroupIds=[theirs])["SecurityGroups"]
     assert told(heard, want.cloud_name, theirs, OTHER_DAEMON)
     # Launching into it would share its rules with a stranger: refused, saying why.
@@ -556,7 +560,7 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         token = current_request.set(request)
         try:
             for _ in range(2):  # as a failed attempt's clean-up and then the launch's do
-                await daemon.aws_provider.terminate(cloud_name, {"region": "us-east-1"})
+                await daemon.providers.get("aws").terminate(cloud_name, AWSHandle("us-east-1"))
         finally:
             current_request.reset(token)
         assert state_of(moto, "us-east-1", theirs) == "running"
@@ -569,5 +573,5 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         assert [(e.kind, e.request_id) for e in events if theirs in e.reason] == [
             ("foreign", request.id)]
     finally:
-        await daemon.aws_provider.aclose()
+        await daemon.providers.get("aws").aclose()
         await daemon.db.close()

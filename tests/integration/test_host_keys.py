@@ -11,7 +11,7 @@ import asyncssh
 import pytest
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore, fingerprint
 

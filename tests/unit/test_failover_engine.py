@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
 from clusterd.provision.failover import Failover, Option, format_table, order_options
 from clusterd.tasks.spec import Resources
 
 REQUEST = ClusterRequest("c", "c-1", 1, Resources())
+# Where prices tie: as the daemon's providers are listed (providers/offered.py).
+PREFERENCE = ["local", "ssh", "aws"].index
 
 
 def option(provider: str, region: str | None, zone: str | None, price: float,
@@ -38,15 +41,25 @@ def walk(failover: Failover, failures: dict[str, BlockScope]) -> list[str]:
     return tried
 
 
+def providers_in_order(options: list[Option], ordered: bool,
+                       preference: Callable[[str], int] = PREFERENCE) -> list[str]:
+    return [o.placement.provider for o in order_options(options, ordered, preference)]
+
+
 def test_order_is_cheapest_first_and_ordered_keeps_the_users_order() -> None:
-    options = aws_options()
-    assert order_options(options, ordered=False)[0].placement.provider == "local"
+    assert providers_in_order(aws_options(), ordered=False)[0] == "local"
     ranked = [option("aws", "us-east-1", "us-east-1a", 32.77, rank=0),
               option("local", None, None, 0.0, rank=1, instance_type=None)]
-    assert [o.placement.provider for o in order_options(ranked, ordered=True)] == [
-        "aws", "local"]
-    assert [o.placement.provider for o in order_options(ranked, ordered=False)] == [
-        "local", "aws"]
+    assert providers_in_order(ranked, ordered=True) == ["aws", "local"]
+    assert providers_in_order(ranked, ordered=False) == ["local", "aws"]
+
+
+def test_where_prices_tie_the_providers_preference_decides() -> None:
+    free = [option("ssh", "pool", None, 0.0, instance_type=None),
+            option("local", None, None, 0.0, instance_type=None)]
+    assert providers_in_order(free, ordered=False) == ["local", "ssh"]
+    assert providers_in_order(free, ordered=False, preference=["ssh", "local"].index) == [
+        "ssh", "local"]
 
 
 def test_a_zone_failure_moves_to_the_next_zone() -> None:
@@ -108,3 +121,10 @@ def test_format_table_keeps_one_line_per_attempt() -> None:
 
     text = format_table([Attempt("aws/us-east-1", "m6i.large", "first line\nsecond", "zone")])
     assert text.splitlines()[1].endswith("first line")
+
+
+def test_places_are_labelled_by_the_parts_they_have() -> None:
+    assert option("aws", "us-east-1", "us-east-1a", 1.0).placement.infra == (
+        "aws/us-east-1/us-east-1a")
+    assert option("ssh", "pool", None, 0.0, instance_type=None).describe() == "ssh/pool"
+    assert option("local", None, None, 0.0).describe() == "local (p4d.24xlarge)"

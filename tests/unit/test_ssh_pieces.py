@@ -3,7 +3,6 @@ config files, and git checkouts (with a local repository)."""
 
 from __future__ import annotations
 
-import dataclasses
 import subprocess
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 
 from clusterctl.protocol import ProtocolError
 from clusterd.agent import node
-from clusterd.providers.base import NodeInfo, NodeStatus, SSHTarget
+from clusterd.nodes import NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.ssh_pools import load_pools
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.host_keys import HostKeyStore
@@ -154,17 +153,17 @@ def test_git_token_travels_in_the_environment_not_argv(
 def test_ssh_target_from_a_recorded_host_and_back() -> None:
     recorded = {"host": "127.0.0.2", "port": "2322", "user": "cdt1", "cpus": 2.0,
                 "memory_gb": 1.5}
-    target = SSHTarget.from_handle(recorded)
+    target = SSHTarget.from_json(recorded)
     assert target == SSHTarget("127.0.0.2", 2322, "cdt1", None)
     assert str(target) == "cdt1@127.0.0.2:2322"
     pinned = SSHTarget("10.0.0.5", 22, "alice", "/k")
-    assert SSHTarget.from_handle(dataclasses.asdict(pinned)) == pinned
+    assert SSHTarget.from_json(pinned.to_json()) == pinned
 
 
 @pytest.mark.anyio
 async def test_remote_mkdir_takes_home_only_at_the_start_and_ends_options(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from clusterd.runtime.runner import CommandResult
+    from clusterd.commands import CommandResult
     from clusterd.ssh import runner as runner_module
 
     seen: list[list[str]] = []

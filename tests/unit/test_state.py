@@ -12,9 +12,11 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from clusterctl.protocol import ClusterStatus
+from clusterd.providers.local import LocalHandle
 from clusterd.state import ClusterRecord, ClusterStore, Database, RequestStore
 from clusterd.state.clusters import ClusterEvent
 from clusterd.state.db import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew
+from clusterd.state.handles import ClusterHandle, RuntimeHandle
 from clusterd.state.requests import RequestState
 
 pytestmark = pytest.mark.anyio
@@ -160,12 +162,13 @@ async def test_insert_records_and_writes_creation_event(db: Database) -> None:
 async def test_status_changes_write_events_oldest_first(db: Database) -> None:
     store = ClusterStore(db)
     await store.insert(make_record(), "created", 1)
-    up = await store.set_status("dev", ClusterStatus.UP, "nodes ready", 1,
-                                handle={"head_ip": "10.0.0.1"})
+    handle = ClusterHandle(provider=LocalHandle("/state/local/dev-abc123"),
+                           runtime=RuntimeHandle(ports={"gcs_port": 6379}, agent_token="t"))
+    up = await store.set_status("dev", ClusterStatus.UP, "nodes ready", 1, handle=handle)
     assert up.status == ClusterStatus.UP
     assert up.ever_up is True
     assert up.status_reason == "nodes ready"
-    assert up.handle == {"head_ip": "10.0.0.1"}
+    assert up.handle == handle
     await store.update("dev", autostop_minutes=10.0, autostop_down=True)
     # Same status again: fields change, but no event.
     await store.set_status("dev", ClusterStatus.UP, "refreshed", None, refreshed_at=2000.0)
@@ -241,7 +244,7 @@ async def test_records_persist_across_store_instances(db_path: Path) -> None:
     await store.insert(make_record("dev"), "created", None)
     await store.set_status("dev", ClusterStatus.UP, "ready", None,
                            launched_resources={"cpus": 4.0}, launched_at=1001.5,
-                           handle={"ips": ["10.0.0.1", "10.0.0.2"]})
+                           handle=ClusterHandle(provider=LocalHandle("/state/local/dev-abc123")))
     await store.update("dev", autostop_minutes=5.0, autostop_wait_for="jobs")
     await store.insert(make_record("other", 999.0), "created", None)
     expected = {r.name: r for r in store.all()}
@@ -258,7 +261,7 @@ async def test_records_persist_across_store_instances(db_path: Path) -> None:
         assert dev is not None
         assert dev.status is ClusterStatus.UP
         assert dev.ever_up is True
-        assert dev.handle == {"ips": ["10.0.0.1", "10.0.0.2"]}
+        assert dev.handle == ClusterHandle(provider=LocalHandle("/state/local/dev-abc123"))
         assert [r.name for r in reloaded.all()] == ["other", "dev"]
     finally:
         await second_db.close()

@@ -2,29 +2,26 @@
 
 A provider creates, queries, stops, starts and terminates a cluster's nodes and says how to
 reach them. It knows nothing of Ray, the agent or jobs (the runtime layer does that), and it
-translates its library's errors into `ProvisionError` in one place (`classify`), so the launch
-and failover code only ever sees those.
+translates its library's errors into `ProvisionError` (with the `BlockScope` a failure rules
+out) at one choke point of its own (aws: every EC2 call through `aws/ec2.py`, mapped by
+`aws/errors.py`), so the launch and failover code only ever sees those.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
-from typing import Any, ClassVar, Protocol
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.nodes import ClusterInfo, NodeInfo, SSHTarget
 from clusterd.tasks.spec import Resources
 
-
-class NodeStatus(enum.StrEnum):
-    PENDING = "pending"
-    RUNNING = "running"
-    STOPPING = "stopping"
-    STOPPED = "stopped"
-    UNREACHABLE = "unreachable"  # exists, as far as we know, but does not answer
-    # Gone for good (a cloud keeps terminated instances listed for a while, with the reason).
-    TERMINATED = "terminated"
+if TYPE_CHECKING:
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.user_config import UserConfig
 
 
 class BlockScope(enum.StrEnum):
@@ -34,6 +31,12 @@ class BlockScope(enum.StrEnum):
     REGION = "region"
     PROVIDER = "provider"
     FATAL = "fatal"  # no other placement can help (bad credentials, bad request)
+
+
+def infra_label(*parts: str | None) -> str:
+    """Where something is, as `provider/region/zone`, leaving out the parts not known (or
+    that it does not have: an ssh pool has no zone)."""
+    return "/".join(p for p in parts if p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,12 +54,23 @@ class Placement:
     price_per_hour: float = 0.0  # per node
     spot: bool = False
 
+    @property
+    def infra(self) -> str:
+        return infra_label(self.provider, self.region, self.zone)
+
     def describe(self) -> str:
-        where = "/".join(p for p in (self.provider, self.region, self.zone) if p)
-        return f"{where} ({self.instance_type})" if self.instance_type else where
+        return f"{self.infra} ({self.instance_type})" if self.instance_type else self.infra
 
     def resources_view(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def from_view(cls, view: dict[str, Any]) -> Placement:
+        """A placement from its `resources_view` (keys it does not have are ignored)."""
+        return cls(**{k: v for k, v in view.items() if k in _PLACEMENT_FIELDS})
+
+
+_PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Placement))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,63 +81,6 @@ class ClusterRequest:
     resources: Resources
     # When nodes stop themselves (autostop with no daemon about): tear down, not stop.
     autostop_down: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class SSHTarget:
-    host: str
-    port: int
-    user: str
-    identity_file: str | None = None
-    # Names the host's key instead of its address (a cloud instance: addresses are reused by
-    # other instances, and may change when it starts again).
-    host_key_alias: str | None = None
-    proxy_command: str | None = None
-    # Refuse a host key that is not known already (ssh_node_pools.yaml's
-    # strict_host_key_checking). Not part of the host's identity: a pool may change it.
-    strict_host_keys: bool = dataclasses.field(default=False, compare=False)
-
-    @classmethod
-    def from_handle(cls, host: dict[str, Any]) -> SSHTarget:
-        """A host as a cluster's handle records it (other keys, such as cpus, are ignored)."""
-        return cls(host["host"], int(host["port"]), host["user"], host.get("identity_file"),
-                   host.get("host_key_alias"), host.get("proxy_command"),
-                   bool(host.get("strict_host_keys", False)))
-
-    @property
-    def key_name(self) -> str:
-        """What the host's pinned key is filed under."""
-        return self.host_key_alias or self.host
-
-    def __str__(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeInfo:
-    node_id: str
-    internal_ip: str
-    status: NodeStatus
-    ssh: SSHTarget | None = None  # None: this machine, reached without SSH
-    # Where this cluster's runtime lives on the node (pid files, agent state, Ray token).
-    runtime_dir: str = "~/.clusterd/runtime"
-    # Where the task's workdir is synced and its scripts run (SkyPilot's ~/sky_workdir).
-    workdir: str = "~/sky_workdir"
-    cpus: float = 0
-    gpus: float = 0
-    reason: str = ""  # the provider's word on its state (a cloud's state reason), if any
-
-
-@dataclasses.dataclass(frozen=True)
-class ClusterInfo:
-    nodes: tuple[NodeInfo, ...]  # the head first
-    # The agent's own autostop ends by shutting the nodes' OS down (cloud VMs, where that
-    # stops or terminates the instance), not only by stopping Ray.
-    shutdown_to_stop: bool = False
-
-    @property
-    def head(self) -> NodeInfo:
-        return self.nodes[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +95,7 @@ class Orphan:
     groups: tuple[str, ...] = ()  # per-cluster resources left behind (security groups)
 
     def describe(self) -> str:
-        where = "/".join(p for p in (self.provider, self.region) if p)
+        where = infra_label(self.provider, self.region)
         parts = []
         if self.instances:
             parts.append(f"{len(self.instances)} instance(s)")
@@ -152,6 +109,87 @@ class Orphan:
                                                       f"{self.cloud_name}"}
 
 
+class ProviderHandle:
+    """A provider's handle of a cluster: what its create call answers and every other call
+    is given back (instance ids, the hosts it holds, ...).
+
+    Each provider has a frozen dataclass of its own, declared with the provider's name
+    (`class AWSHandle(ProviderHandle, provider="aws")`), which registers it: the state store
+    reads a record's handle back into its provider's type by the record's provider name
+    (`decode`) without importing any provider. Only state/ calls `to_json`/`from_json`."""
+
+    _types: ClassVar[dict[str, type[ProviderHandle]]] = {}
+
+    def __init_subclass__(cls, *, provider: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if provider is None:
+            return
+        known = ProviderHandle._types.get(provider)
+        if known is not None and (known.__module__, known.__qualname__) != (
+                cls.__module__, cls.__qualname__):
+            raise TypeError(f"{known.__qualname__} is the {provider} provider's handle already")
+        ProviderHandle._types[provider] = cls
+
+    @staticmethod
+    def decode(provider: str, data: dict[str, Any]) -> ProviderHandle:
+        """A recorded handle, as the type `provider` registered; the handle of a provider
+        this clusterd does not have is kept as it was read (RawHandle)."""
+        cls = ProviderHandle._types.get(provider)
+        return cls.from_json(data) if cls is not None else RawHandle(data)
+
+    def to_json(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Self:
+        raise NotImplementedError
+
+    def held_hosts(self) -> tuple[SSHTarget, ...]:
+        """The machines the cluster holds by address (an ssh pool's hosts), which no other
+        cluster may take, and which `status -v` lists; none where the provider makes its
+        nodes."""
+        return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class RawHandle(ProviderHandle):
+    """The handle of a provider this clusterd does not have (a record written by another
+    build): kept as read and written back unchanged; no provider is ever given it."""
+
+    data: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RawHandle:
+        return cls(data)
+
+
+H = TypeVar("H", bound=ProviderHandle)
+
+
+# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
+# name, and a sentence for the user.
+ForeignReport = Callable[[str, str], Awaitable[None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProviderContext:
+    """What the daemon gives a provider class to build its one instance with (`build`): each
+    provider takes what it needs and leaves the rest."""
+
+    state_dir: Path  # the daemon's own state; a provider keeps its files under it
+    config_dir: Path  # the user's configuration (ssh_node_pools.yaml lives here)
+    connections: SSHConnections  # the daemon's SSH connections, one per node
+    config: Callable[[], UserConfig]  # the user's config file, as it is now
+    daemon_id: str  # what this daemon tags its cloud resources with
+    # (cluster name, provider handle) of every recorded cluster of the provider named that
+    # has a handle, oldest first.
+    recorded: Callable[[str], list[tuple[str, ProviderHandle]]]
+    on_foreign: ForeignReport | None = None
+
+
 class ProvisionError(ProtocolError):
     def __init__(self, message: str, scope: BlockScope, hint: str = "") -> None:
         code = ErrorCode.RESOURCES_UNAVAILABLE if scope != BlockScope.FATAL else (
@@ -160,11 +198,37 @@ class ProvisionError(ProtocolError):
         self.scope = scope
 
 
-class Provider(Protocol):
-    """One provider. Methods are idempotent by `cloud_name` where the text says so, must not
-    block the event loop, and raise only ProvisionError (or ProtocolError for bad input)."""
+class AcceleratorCatalog(Protocol):
+    """What `show-gpus` reads of a provider's catalog."""
+
+    def accelerator_rows(self, name: str | None = None) -> list[dict[str, object]]:
+        """One row per instance type with an accelerator (of `name` only, if given): the
+        accelerator, its count, the machine, prices and regions."""
+        ...
+
+    def accelerator_names(self) -> list[str]:
+        """Every accelerator the catalog knows."""
+        ...
+
+
+class ProviderOf(Protocol[H]):
+    """One provider, whose handles are of type H. Methods are idempotent by `cloud_name`
+    where the text says so, must not block the event loop, and raise only ProvisionError (or
+    ProtocolError for bad input).
+
+    Everything the daemon knows of a provider it asks here: a new provider is its own package
+    and one line in providers/offered.py, and no other module names it (but user_config.py,
+    for a section of the config file of its own)."""
 
     name: ClassVar[str]
+    # What SkyPilot calls it: the `cloud` of SKYPILOT_CLUSTER_INFO ("AWS", "SSH", "Local").
+    skypilot_cloud: ClassVar[str]
+    # The task fields that only some providers honour (tasks/fields.py, Support.SOME) that this
+    # one does. Elsewhere each is refused or warned of, as its row in the table says.
+    honoured_fields: ClassVar[frozenset[str]]
+    # Keys of its `check` answer that the `check` reply carries at its top level instead
+    # (ssh: the pools file and every pool's hosts, which clusterctl draws as a table).
+    check_top_level: ClassVar[tuple[str, ...]]
     # False for machines we do not own (ssh): stop is refused, autostop must tear down.
     can_stop: ClassVar[bool]
     # True only for the test provider: its clusters run no agent, so their status is the
@@ -174,60 +238,68 @@ class Provider(Protocol):
     # autostop ends by shutting its nodes down (cloud VMs).
     stops_by_shutdown: ClassVar[bool] = False
 
+    @classmethod
+    def build(cls, context: ProviderContext) -> Self:
+        """The daemon's one instance of this provider (see providers/offered.py). Cheap: no
+        calls to remote APIs."""
+        ...
+
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         """Feasible placements for the request, cheapest first; empty if none could work.
         Raises ProvisionError(FATAL) with the reason when the request can never fit."""
         ...
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+    async def create(self, request: ClusterRequest, placement: Placement) -> H:
         """Create (or find, if they exist) the cluster's nodes; returns the provider's handle,
         which the daemon stores and passes back to every other call. Idempotent."""
         ...
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any],
-                   timeout_s: float) -> dict[str, Any]:
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> H:
+        """The handle of a cluster whose create call has not answered (a launch failed or
+        was killed around it): no nodes recorded, and where the launch was creating them
+        (`intent`), if known. Enough to look for (query), remove (terminate) and clean up
+        after (cleanup_ports) whatever it may have made there."""
+        ...
+
+    async def wait(self, cloud_name: str, handle: H, timeout_s: float) -> H:
         """Return once every node is running and reachable, with the handle as it is now
         (addresses may only be known once the nodes run)."""
         ...
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: H) -> list[NodeInfo]:
         """The nodes that exist now, with their states; empty if the cluster is gone."""
         ...
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, H]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """`query` for many clusters at once (by cloud name), in as few calls to the
         provider as it allows; a cluster whose query failed maps to its error."""
         ...
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+    async def cluster_info(self, cloud_name: str, handle: H) -> ClusterInfo:
         """How to reach every node, head first."""
         ...
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None: ...
+    async def stop(self, cloud_name: str, handle: H) -> None: ...
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, cloud_name: str, handle: H) -> H:
         """Start stopped nodes; returns the (possibly changed) handle."""
         ...
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def terminate(self, cloud_name: str, handle: H) -> None:
         """Remove every node and per-cluster resource. Idempotent: gone is success."""
         ...
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+    async def open_ports(self, cloud_name: str, handle: H,
                          ports: tuple[str, ...]) -> None: ...
 
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None: ...
+    async def cleanup_ports(self, cloud_name: str, handle: H) -> None: ...
 
-    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+    async def apply_autostop(self, cloud_name: str, handle: H,
                              down: bool | None) -> None:
         """The cluster's autostop setting changed (None: cancelled): prepare the nodes for
         stopping themselves (`down`: terminate rather than stop). Most have nothing to do."""
-        ...
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        """Map this provider's library errors to what they rule out."""
         ...
 
     async def check(self) -> dict[str, Any]:
@@ -241,6 +313,12 @@ class Provider(Protocol):
         all (pools defined, credentials present). Cheap: no calls to remote APIs."""
         ...
 
+    def accelerators(self) -> AcceleratorCatalog | None:
+        """The catalog `show-gpus` lists this provider's accelerators from; None where it has
+        none (machines that are what they are). Raises ProtocolError for a catalog that
+        cannot be read."""
+        ...
+
     async def aclose(self) -> None:
         """Release clients and connections (the daemon is stopping)."""
         ...
@@ -251,27 +329,40 @@ class Provider(Protocol):
         before creating anything, so nothing new is taken for an orphan)."""
         ...
 
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        """Remove what `orphans` reported: its nodes, then what was around them."""
+        ...
 
-class ProviderDefaults:
+
+# A provider as the services hold it: whichever it is, given its own handles. (A record's
+# handle is read back by its provider's name, so the handle a service hands a provider is
+# that provider's; the registry is where the types cannot say so.)
+Provider = ProviderOf[ProviderHandle]
+
+
+class ProviderDefaults(Generic[H]):
     """What a provider with no cloud resources of its own does for the optional operations:
     nothing. Providers inherit it and override what applies to them."""
 
+    name: ClassVar[str]
     agentless: ClassVar[bool] = False
     stops_by_shutdown: ClassVar[bool] = False
+    honoured_fields: ClassVar[frozenset[str]] = frozenset()
+    check_top_level: ClassVar[tuple[str, ...]] = ()
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any],
-                   timeout_s: float) -> dict[str, Any]:
-        return handle  # the nodes were running before we came
-
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
-                         ports: tuple[str, ...]) -> None:
-        return None  # no firewall of ours in front of the nodes
-
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    def accelerators(self) -> AcceleratorCatalog | None:
         return None
 
-    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
-                             down: bool | None) -> None:
+    async def wait(self, cloud_name: str, handle: H, timeout_s: float) -> H:
+        return handle  # the nodes were running before we came
+
+    async def open_ports(self, cloud_name: str, handle: H, ports: tuple[str, ...]) -> None:
+        return None  # no firewall of ours in front of the nodes
+
+    async def cleanup_ports(self, cloud_name: str, handle: H) -> None:
+        return None
+
+    async def apply_autostop(self, cloud_name: str, handle: H, down: bool | None) -> None:
         return None
 
     async def aclose(self) -> None:
@@ -279,3 +370,7 @@ class ProviderDefaults:
 
     async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
         return []  # nothing made here that could outlive a record
+
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        raise ProtocolError(ErrorCode.UNSUPPORTED,
+                            f"the {self.name} provider reports no orphans to remove")

@@ -7,75 +7,105 @@ one provider API call (for all clusters at once, as a real provider's list call 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 import anyio
 
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
-    BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
+    ProviderContext,
     ProviderDefaults,
+    ProviderHandle,
+    ProviderOf,
     ProvisionError,
 )
 
 API_CALL_S = 0.05
 
 
-class LoadTestProvider(ProviderDefaults):
+@dataclasses.dataclass(frozen=True)
+class LoadTestHandle(ProviderHandle, provider="loadtest"):
+    nodes: int = 1
+    stopped: bool | None = None  # as `start` last left it (None: never started again)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"nodes": self.nodes}
+        if self.stopped is not None:
+            data["stopped"] = self.stopped
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LoadTestHandle:
+        stopped = data.get("stopped")
+        return cls(int(data.get("nodes", 1)), None if stopped is None else bool(stopped))
+
+
+class LoadTestProvider(ProviderDefaults[LoadTestHandle]):
     name: ClassVar[str] = "loadtest"
+    skypilot_cloud: ClassVar[str] = "loadtest"
     can_stop: ClassVar[bool] = True
     agentless: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.calls = 0
+        # Clusters stopped since they were last started: in memory only, as the nodes are.
+        self._stopped: set[str] = set()
 
-    def _nodes(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
-        count = int(handle.get("nodes", 1))
-        status = NodeStatus.STOPPED if handle.get("stopped") else NodeStatus.RUNNING
+    @classmethod
+    def build(cls, context: ProviderContext) -> LoadTestProvider:
+        return cls()
+
+    def _nodes(self, cloud_name: str, handle: LoadTestHandle) -> list[NodeInfo]:
+        count = handle.nodes
+        stopped = handle.stopped or cloud_name in self._stopped
+        status = NodeStatus.STOPPED if stopped else NodeStatus.RUNNING
         return [NodeInfo(f"{cloud_name}-{i}", f"10.255.0.{i + 1}", status, cpus=4)
                 for i in range(count)]
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
         return [Placement("loadtest", "mem", None, "m.test", cpus=4, memory_gb=16)]
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
-        return {"nodes": request.num_nodes}
+    async def create(self, request: ClusterRequest, placement: Placement) -> LoadTestHandle:
+        return LoadTestHandle(request.num_nodes)
+
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> LoadTestHandle:
+        return LoadTestHandle()
 
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: LoadTestHandle) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
         assert not isinstance(result, ProvisionError)
         return result
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, LoadTestHandle]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         self.calls += 1
         await anyio.sleep(API_CALL_S)
         return {name: self._nodes(name, handle) for name, handle in clusters}
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+    async def cluster_info(self, cloud_name: str, handle: LoadTestHandle) -> ClusterInfo:
         return ClusterInfo(tuple(self._nodes(cloud_name, handle)))
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        handle["stopped"] = True
+    async def stop(self, cloud_name: str, handle: LoadTestHandle) -> None:
+        self._stopped.add(cloud_name)
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
-        return {**handle, "stopped": False}
+    async def start(self, cloud_name: str, handle: LoadTestHandle) -> LoadTestHandle:
+        self._stopped.discard(cloud_name)
+        return dataclasses.replace(handle, stopped=False)
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def terminate(self, cloud_name: str, handle: LoadTestHandle) -> None:
         return None
-
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(str(error), BlockScope.FATAL)
 
     async def enabled(self) -> bool:
         return True
 
     async def check(self) -> dict[str, Any]:
         return {"ok": True, "detail": "in-memory test provider (benchmarks only)"}
+
+
+# mypy checks here that the class is a provider of its own handles, whole.
+_PROVIDER: type[ProviderOf[LoadTestHandle]] = LoadTestProvider

@@ -7,6 +7,7 @@ it removes the directory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 from pathlib import Path
@@ -16,19 +17,32 @@ import anyio
 import psutil
 
 from clusterd.agent import containers
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
+    ProviderContext,
     ProviderDefaults,
+    ProviderHandle,
+    ProviderOf,
     ProvisionError,
 )
 
 STOPPED_MARKER = "stopped"
 LOOPBACK = "127.0.0.1"
+
+
+@dataclasses.dataclass(frozen=True)
+class LocalHandle(ProviderHandle, provider="local"):
+    dir: str  # the cluster's runtime directory on this machine (found by its cloud name too)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dir": self.dir}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LocalHandle:
+        return cls(str(data.get("dir", "")))
 
 
 def _this_machine() -> tuple[float, float]:
@@ -37,12 +51,19 @@ def _this_machine() -> tuple[float, float]:
     return cpus, psutil.virtual_memory().total / 1024**3
 
 
-class LocalProvider(ProviderDefaults):
+class LocalProvider(ProviderDefaults[LocalHandle]):
     name: ClassVar[str] = "local"
+    skypilot_cloud: ClassVar[str] = "Local"
     can_stop: ClassVar[bool] = True
+    # Its ports are this machine's own: nothing stands in front of them.
+    honoured_fields: ClassVar[frozenset[str]] = frozenset({"resources.ports"})
 
     def __init__(self, base_dir: Path) -> None:
         self._base_dir = base_dir
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> LocalProvider:
+        return cls(context.state_dir / "local")
 
     def _dir(self, cloud_name: str) -> Path:
         return self._base_dir / cloud_name
@@ -79,14 +100,17 @@ class LocalProvider(ProviderDefaults):
             )
         return [Placement("local", None, None, None, cpus, memory_gb)]
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+    async def create(self, request: ClusterRequest, placement: Placement) -> LocalHandle:
         path = self._dir(request.cloud_name)
         path.mkdir(parents=True, exist_ok=True)
         (path / STOPPED_MARKER).unlink(missing_ok=True)
-        return {"dir": str(path)}
+        return LocalHandle(str(path))
+
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> LocalHandle:
+        return LocalHandle(str(self._dir(cloud_name)))
 
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: LocalHandle) -> list[NodeInfo]:
         path = self._dir(cloud_name)
         if not path.is_dir():
             return []
@@ -105,35 +129,31 @@ class LocalProvider(ProviderDefaults):
         ]
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, LocalHandle]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         return {name: await self.query(name, handle) for name, handle in clusters}
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
+    async def cluster_info(self, cloud_name: str, handle: LocalHandle) -> ClusterInfo:
         nodes = await self.query(cloud_name, handle)
         if not nodes:
             raise ProvisionError(f"local cluster {cloud_name} has no runtime directory",
                                  BlockScope.FATAL)
         return ClusterInfo(tuple(nodes))
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def stop(self, cloud_name: str, handle: LocalHandle) -> None:
         path = self._dir(cloud_name)
         if path.is_dir():
             (path / STOPPED_MARKER).touch()
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, cloud_name: str, handle: LocalHandle) -> LocalHandle:
         path = self._dir(cloud_name)
         path.mkdir(parents=True, exist_ok=True)
         (path / STOPPED_MARKER).unlink(missing_ok=True)
-        return {"dir": str(path)}
+        return LocalHandle(str(path))
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def terminate(self, cloud_name: str, handle: LocalHandle) -> None:
         path = self._dir(cloud_name)
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(path, ignore_errors=True))
-
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(f"local provider: {error}", BlockScope.FATAL)
 
     async def enabled(self) -> bool:
         return True
@@ -141,3 +161,7 @@ class LocalProvider(ProviderDefaults):
     async def check(self) -> dict[str, Any]:
         cpus, memory_gb = _this_machine()
         return {"ok": True, "detail": f"this machine ({cpus:g} CPUs, {memory_gb:.0f} GB)"}
+
+
+# mypy checks here that the class is a provider of its own handles, whole.
+_PROVIDER: type[ProviderOf[LocalHandle]] = LocalProvider

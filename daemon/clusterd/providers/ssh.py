@@ -16,16 +16,16 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.concurrency import first_error
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
     Placement,
+    ProviderContext,
     ProviderDefaults,
+    ProviderHandle,
+    ProviderOf,
     ProvisionError,
-    SSHTarget,
 )
 from clusterd.providers.ssh_pools import Pool, load_pools
 from clusterd.ssh.connections import SSHConnections
@@ -36,9 +36,43 @@ PROBE = "nproc; awk '/MemTotal/ {print $2}' /proc/meminfo"
 REACH_TIMEOUT_S = 10.0
 
 
-class SSHProvider(ProviderDefaults):
+@dataclasses.dataclass(frozen=True)
+class SSHHost:
+    """A host a cluster holds, with what it had when it was taken."""
+
+    target: SSHTarget
+    cpus: float = 0
+    memory_gb: float = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.target.to_json(), "cpus": self.cpus, "memory_gb": self.memory_gb}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SSHHost:
+        return cls(SSHTarget.from_json(data), data.get("cpus", 0), data.get("memory_gb", 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class SSHHandle(ProviderHandle, provider="ssh"):
+    pool: str | None  # None: no pool was chosen (a launch that never got hosts)
+    hosts: tuple[SSHHost, ...] = ()  # the head first
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pool": self.pool, "hosts": [h.to_json() for h in self.hosts]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SSHHandle:
+        return cls(data.get("pool"), tuple(SSHHost.from_json(h) for h in data.get("hosts", [])))
+
+    def held_hosts(self) -> tuple[SSHTarget, ...]:
+        return tuple(h.target for h in self.hosts)
+
+
+class SSHProvider(ProviderDefaults[SSHHandle]):
     name: ClassVar[str] = "ssh"
+    skypilot_cloud: ClassVar[str] = "SSH"
     can_stop: ClassVar[bool] = False
+    check_top_level: ClassVar[tuple[str, ...]] = ("pools_file", "hosts")
 
     def __init__(self, pools_path: Path, connections: SSHConnections,
                  hosts_in_use: HostsInUse) -> None:
@@ -48,6 +82,14 @@ class SSHProvider(ProviderDefaults):
         # Hosts handed to a launch whose record may not hold them yet: (name, cloud name).
         self._reserved: dict[SSHTarget, tuple[str, str]] = {}
         self._choosing = anyio.Lock()
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> SSHProvider:
+        def in_use() -> dict[SSHTarget, str]:
+            return {host: name for name, handle in context.recorded(cls.name)
+                    for host in handle.held_hosts()}
+
+        return cls(context.config_dir / "ssh_node_pools.yaml", context.connections, in_use)
 
     def pools(self) -> dict[str, Pool]:
         return load_pools(self.pools_path)
@@ -84,7 +126,7 @@ class SSHProvider(ProviderDefaults):
             )
         return [Placement("ssh", pool.name, None, None, cpus=0, memory_gb=0)]
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+    async def create(self, request: ClusterRequest, placement: Placement) -> SSHHandle:
         async with self._choosing:
             pool = self._pool(placement.region)
             taken = self._taken()
@@ -112,13 +154,11 @@ class SSHProvider(ProviderDefaults):
                 raise ProvisionError(
                     f"{host.host} has {memory_gb:.1f} GB of memory; the task asks for "
                     f"{wanted.memory_gb:g}", BlockScope.FATAL)
-        return {
-            "pool": pool.name,
-            "hosts": [
-                {**dataclasses.asdict(h), "cpus": cpus, "memory_gb": round(mem, 1)}
-                for h, (cpus, mem) in zip(chosen, facts, strict=True)
-            ],
-        }
+        return SSHHandle(pool.name, tuple(
+            SSHHost(h, cpus, round(mem, 1)) for h, (cpus, mem) in zip(chosen, facts, strict=True)))
+
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> SSHHandle:
+        return SSHHandle(None)  # no pool chosen, no hosts taken
 
     async def _probe_all(self, hosts: list[SSHTarget]) -> list[tuple[float, float]]:
         facts: list[tuple[float, float]] = [(0.0, 0.0)] * len(hosts)
@@ -142,34 +182,33 @@ class SSHProvider(ProviderDefaults):
             del self._reserved[host]
 
 
-    def _nodes(self, cloud_name: str, handle: dict[str, Any],
+    def _nodes(self, cloud_name: str, handle: SSHHandle,
                statuses: list[NodeStatus]) -> list[NodeInfo]:
         return [
             NodeInfo(
-                node_id=f"{host['host']}:{host['port']}",
-                internal_ip=host["host"],
+                node_id=f"{host.target.host}:{host.target.port}",
+                internal_ip=host.target.host,
                 status=status,
-                ssh=SSHTarget.from_handle(host),
+                ssh=host.target,
                 runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
                 workdir="~/sky_workdir",
-                cpus=float(host.get("cpus") or 1),
+                cpus=float(host.cpus or 1),
             )
-            for host, status in zip(handle.get("hosts", []), statuses, strict=True)
+            for host, status in zip(handle.hosts, statuses, strict=True)
         ]
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: SSHHandle) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
         if isinstance(result, ProvisionError):
             raise result
         return result
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, SSHHandle]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """Each host is reached once, however many clusters ask (a host has one cluster,
         but a refresh may list a cluster twice)."""
-        targets = {SSHTarget.from_handle(h) for _, handle in clusters
-                   for h in handle.get("hosts", [])}
+        targets = {target for _, handle in clusters for target in handle.held_hosts()}
         reachable: dict[SSHTarget, bool] = {}
 
         async def reach(target: SSHTarget) -> None:
@@ -185,32 +224,26 @@ class SSHProvider(ProviderDefaults):
                 group.start_soon(reach, target)
         return {
             name: self._nodes(name, handle, [
-                NodeStatus.RUNNING if reachable.get(SSHTarget.from_handle(h))
-                else NodeStatus.UNREACHABLE
-                for h in handle.get("hosts", [])
+                NodeStatus.RUNNING if reachable.get(target) else NodeStatus.UNREACHABLE
+                for target in handle.held_hosts()
             ])
             for name, handle in clusters
         }
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
-        hosts = handle.get("hosts", [])
-        if not hosts:
+    async def cluster_info(self, cloud_name: str, handle: SSHHandle) -> ClusterInfo:
+        if not handle.hosts:
             raise ProvisionError(f"{cloud_name} holds no hosts", BlockScope.FATAL)
         return ClusterInfo(tuple(self._nodes(cloud_name, handle,
-                                             [NodeStatus.RUNNING] * len(hosts))))
+                                             [NodeStatus.RUNNING] * len(handle.hosts))))
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def stop(self, cloud_name: str, handle: SSHHandle) -> None:
         raise ProtocolError(ErrorCode.UNSUPPORTED, "ssh hosts cannot be stopped by clusterd")
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
+    async def start(self, cloud_name: str, handle: SSHHandle) -> SSHHandle:
         return handle
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def terminate(self, cloud_name: str, handle: SSHHandle) -> None:
         self._release(cloud_name)  # the hosts go back to the pool with the record
-
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return ProvisionError(f"ssh provider: {error}", BlockScope.FATAL)
 
     async def enabled(self) -> bool:
         try:
@@ -259,3 +292,7 @@ class SSHProvider(ProviderDefaults):
             for row, (_, host) in zip(rows, hosts, strict=True):
                 group.start_soon(one, row, host)
         return rows
+
+
+# mypy checks here that the class is a provider of its own handles, whole.
+_PROVIDER: type[ProviderOf[SSHHandle]] = SSHProvider

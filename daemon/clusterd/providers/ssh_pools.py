@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
 POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password", "strict_host_key_checking"}

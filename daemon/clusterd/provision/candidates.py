@@ -12,7 +12,7 @@ import dataclasses
 import anyio
 
 from clusterd.providers.base import BlockScope, ClusterRequest, ProvisionError
-from clusterd.providers.registry import PROVIDER_ORDER, ProviderRegistry
+from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.failover import Attempt, Option, order_options
 from clusterd.tasks import fields
 from clusterd.tasks.spec import Infra, Resources
@@ -38,8 +38,7 @@ async def candidates(options: tuple[Resources, ...], infra: Infra | None,
         else:
             if enabled is None:
                 enabled = [p.name for p in providers.all() if await p.enabled()]
-                enabled.sort(key=lambda n: PROVIDER_ORDER.index(n) if n in PROVIDER_ORDER
-                             else len(PROVIDER_ORDER))
+                enabled.sort(key=providers.preference)
             names = enabled
         for name in names:
             placed = dataclasses.replace(resources, infra=Infra(name, where.region, where.zone))
@@ -61,7 +60,9 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
     async def one(index: int, candidate: Candidate) -> None:
         request = ClusterRequest(name, cloud_name, num_nodes, candidate.resources,
                                  autostop_down=autostop_down)
-        warnings, refused = fields.on_provider(candidate.resources, candidate.provider, strict)
+        warnings, refused = fields.on_provider(candidate.resources, candidate.provider,
+                                               providers.honoured_fields(candidate.provider),
+                                               strict)
         try:
             if refused:
                 raise ProvisionError("; ".join(refused), BlockScope.PROVIDER)
@@ -94,4 +95,5 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
     fatal = [exc for _, _, exc in refusals if exc.scope == BlockScope.FATAL]
     if not options and fatal and len(fatal) == len(refusals) == 1:
         raise fatal[0]
-    return order_options(options, ordered), [attempt for _, attempt, _ in refusals]
+    return (order_options(options, ordered, providers.preference),
+            [attempt for _, attempt, _ in refusals])

@@ -3,8 +3,9 @@
 The options of a launch are its candidates' placements: cheapest first across every candidate
 (SkyPilot's `any_of`, and a task naming one or no provider), or candidate by candidate in the
 user's order (`ordered`), each candidate's placements cheapest first. A failure blocks what its
-provider's `classify` says it rules out (the zone, the region or the whole provider) for the
-rest of the round; a fatal one ends the launch. Every attempt is kept, so a launch that found
+ProvisionError's scope rules out (the zone, the region or the whole provider: the provider
+says which, where it maps its library's errors) for the rest of the round; a fatal one ends
+the launch. Every attempt is kept, so a launch that found
 nothing can say where it looked and why each place failed.
 """
 
@@ -12,10 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
-from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
-from clusterd.providers.registry import PROVIDER_ORDER
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterRequest,
+    Placement,
+    ProvisionError,
+    infra_label,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,10 +48,6 @@ class Attempt:
 
     def to_wire(self) -> dict[str, object]:
         return dataclasses.asdict(self)
-
-
-def infra_of(placement: Placement) -> str:
-    return "/".join(p for p in (placement.provider, placement.region, placement.zone) if p)
 
 
 def resources_of(option: Option) -> str:
@@ -83,16 +85,15 @@ class Blocklist:
         self._providers.clear()
 
 
-def order_options(options: list[Option], ordered: bool) -> list[Option]:
-    """Cheapest first (whole cluster per hour), ties by provider preference, then as the
-    provider listed them; with `ordered`, by the candidate's rank first."""
+def order_options(options: list[Option], ordered: bool,
+                  preference: Callable[[str], int]) -> list[Option]:
+    """Cheapest first (whole cluster per hour), ties by provider `preference` (lower first),
+    then as the provider listed them; with `ordered`, by the candidate's rank first."""
     def key(indexed: tuple[int, Option]) -> tuple[int, float, int, int]:
         index, option = indexed
         placement = option.placement
-        provider = (PROVIDER_ORDER.index(placement.provider)
-                    if placement.provider in PROVIDER_ORDER else len(PROVIDER_ORDER))
         price = placement.price_per_hour * option.request.num_nodes
-        return (option.rank if ordered else 0, price, provider, index)
+        return (option.rank if ordered else 0, price, preference(placement.provider), index)
 
     return [option for _, option in sorted(enumerate(options), key=key)]
 
@@ -130,7 +131,7 @@ class Failover:
         progress line `aws/us-east-1/us-east-1a (p4d.24xlarge): Insufficient... — trying
         us-east-1b`."""
         self.blocklist.add(option.placement, error.scope)
-        self.history.append(Attempt(infra_of(option.placement), resources_of(option),
+        self.history.append(Attempt(option.placement.infra, resources_of(option),
                                     error.message, str(error.scope),
                                     round(time.monotonic() - started, 3)))
         line = f"{option.describe()}: {_first_line(error.message)}"
@@ -142,7 +143,7 @@ class Failover:
         return line + f" — trying {_difference(option.placement, upcoming.placement)}"
 
     def succeeded(self, option: Option, started: float) -> None:
-        self.history.append(Attempt(infra_of(option.placement), resources_of(option), "UP",
+        self.history.append(Attempt(option.placement.infra, resources_of(option), "UP",
                                     None, round(time.monotonic() - started, 3)))
 
     def new_round(self) -> None:
@@ -169,9 +170,9 @@ def _first_line(text: str, limit: int = 200) -> str:
 def _difference(tried: Placement, upcoming: Placement) -> str:
     """The next place, named by what changes: the zone, the region, or the provider."""
     if upcoming.provider != tried.provider:
-        return infra_of(upcoming)
+        return upcoming.infra
     if upcoming.region != tried.region:
-        return "/".join(p for p in (upcoming.region, upcoming.zone) if p)
+        return infra_label(upcoming.region, upcoming.zone)
     if upcoming.zone != tried.zone and upcoming.zone:
         return upcoming.zone
     return upcoming.describe()

@@ -18,18 +18,24 @@ import dataclasses
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.faults import fault_point
-from clusterd.providers.base import BlockScope, Placement, Provider, ProvisionError
+from clusterd.providers.base import (
+    BlockScope,
+    Placement,
+    Provider,
+    ProviderHandle,
+    ProvisionError,
+)
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.failover import Attempt, Failover, Option, format_table
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.state.handles import ClusterHandle
 from clusterd.tasks.spec import Resources
 
 logger = log.get("clusterd.provision")
@@ -41,7 +47,7 @@ Plan = Callable[[], Awaitable[tuple[list[Option], list[Attempt]]]]
 class Provisioned:
     record: ClusterRecord
     provider: Provider
-    handle: dict[str, Any]
+    handle: ProviderHandle
     resources: Resources  # what the winning option asked for (its candidate's resources)
     warnings: tuple[str, ...] = ()  # task fields without effect where it landed
 
@@ -104,23 +110,24 @@ class Provisioner:
         option: Option, failover: Failover, decided: float,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
-        intent = placement.resources_view()
         await request.progress(f"creating nodes on {placement.describe()}", "provision")
         record = await self._store.update(record.name, provider=provider.name,
-                                          launched_resources=intent, handle={"intent": intent})
+                                          launched_resources=placement.resources_view(),
+                                          handle=ClusterHandle(intent=placement))
         self.attempts += 1
         started = time.monotonic()
         deciding = started - decided
-        handle: dict[str, Any] | None = None
+        handle: ProviderHandle | None = None
         await fault_point("launch.before_create")
         try:
-            handle = await provider.create(option.request, placement)
+            created = await provider.create(option.request, placement)
+            handle = created
             await fault_point("launch.after_create")
-            record = await self._store.update(record.name,
-                                              handle={"intent": intent, "provider": handle})
+            record = await self._store.update(
+                record.name, handle=ClusterHandle(intent=placement, provider=created))
             await fault_point("launch.waiting")
             with anyio.fail_after(self._wait_timeout_s):
-                handle = await provider.wait(record.cloud_name, handle, self._wait_timeout_s)
+                handle = await provider.wait(record.cloud_name, created, self._wait_timeout_s)
             if option.request.resources.ports:
                 await provider.open_ports(record.cloud_name, handle,
                                           option.request.resources.ports)
@@ -141,7 +148,8 @@ class Provisioner:
         await request.progress(line, "failover")
         await self._store.add_event(record.name, "provision", line, request.id)
         cleaning = time.monotonic()
-        await self._clean_up(record, provider, option, failover, handle or intent)
+        await self._clean_up(record, provider, option, failover,
+                             handle or provider.handle_for_intent(record.cloud_name, placement))
         cleaned = time.monotonic()
         self.provider_seconds += cleaned - cleaning
         self.decision_seconds.append(deciding + (cleaning - noted))
@@ -150,7 +158,7 @@ class Provisioner:
         return record
 
     async def _clean_up(self, record: ClusterRecord, provider: Provider, option: Option,
-                        failover: Failover, handle: dict[str, Any]) -> None:
+                        failover: Failover, handle: ProviderHandle) -> None:
         """Remove what the failed attempt made; leaving its region, the per-region resources
         too (the next attempt in the same region reuses them)."""
         with anyio.CancelScope(shield=True):
@@ -191,24 +199,18 @@ def no_placement(name: str, attempts: list[Attempt]) -> ProtocolError:
 
 def placement_of(record: ClusterRecord) -> Placement:
     """Where a cluster lives (as its record says it was placed)."""
-    view = record.launched_resources or {}
-    return Placement(**{k: v for k, v in view.items() if k in _PLACEMENT_FIELDS})
+    return Placement.from_view(record.launched_resources or {})
 
 
-def intent_first(options: list[Option], intent: dict[str, Any] | None,
+def intent_first(options: list[Option], intent: Placement | None,
                  record: ClusterRecord) -> list[Option]:
     """A launch resuming goes first where the interrupted one was creating nodes (they are
     reused there, not leaked)."""
-    if not intent:
+    if intent is None:
         return options
-    where = (intent.get("provider"), intent.get("region"), intent.get("zone"),
-             intent.get("instance_type"))
+    where = (intent.provider, intent.region, intent.zone, intent.instance_type)
     first = [o for o in options if (o.placement.provider, o.placement.region,
                                     o.placement.zone, o.placement.instance_type) == where]
     if not first and options:
-        placement = Placement(**{k: v for k, v in intent.items() if k in _PLACEMENT_FIELDS})
-        first = [Option(placement, options[0].request)]
+        first = [Option(intent, options[0].request)]
     return first + [o for o in options if o not in first]
-
-
-_PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Placement))

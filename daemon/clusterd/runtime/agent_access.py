@@ -9,20 +9,14 @@ re-launch replaces it (see ClusterService._runtime_health)."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.providers.base import SSHTarget
 from clusterd.runtime.agent_client import AgentClient, AgentConnections
-from clusterd.ssh.tunnels import TunnelManager
+from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterRecord
+from clusterd.state.handles import RuntimeHandle
 
-TunnelListener = Callable[[str, dict[str, Any] | None], Awaitable[None]]
-
-
-def head_target(runtime: dict[str, Any]) -> SSHTarget | None:
-    head = runtime.get("head_ssh")
-    return SSHTarget.from_handle(head) if head else None
+TunnelListener = Callable[[str, TunnelState | None], Awaitable[None]]
 
 
 class AgentAccess:
@@ -32,29 +26,19 @@ class AgentAccess:
         self.tunnels = tunnels
         self._on_tunnel = on_tunnel
 
-    async def endpoint(self, cluster: str, cloud_name: str, runtime: dict[str, Any]) -> str:
-        if not runtime.get("agent_token"):
-            if not runtime:
-                raise ProtocolError(
-                    ErrorCode.AGENT_UNREACHABLE, f"cluster {cluster} has no agent recorded",
-                    f"re-launch it: clusterctl launch -c {cluster}",
-                )
-            raise ProtocolError(
-                ErrorCode.AGENT_VERSION_MISMATCH,
-                f"the agent of cluster {cluster} was started by an older clusterd (one with "
-                "no token and, on remote heads, a TCP port); this daemon will not use it",
-                f"re-launch to upgrade it: clusterctl launch -c {cluster}",
-            )
-        target = head_target(runtime)
+    async def endpoint(self, cluster: str, cloud_name: str,
+                       runtime: RuntimeHandle | None) -> str:
+        runtime, _ = _with_token(cluster, runtime)
+        target = runtime.head_ssh
         if target is None:
-            endpoint = runtime.get("agent_endpoint")
+            endpoint = runtime.agent_endpoint
             if not endpoint:
                 raise ProtocolError(
                     ErrorCode.AGENT_UNREACHABLE, f"cluster {cluster} has no agent recorded",
                     f"re-launch it: clusterctl launch -c {cluster}",
                 )
             return str(endpoint)
-        remote = runtime.get("agent_socket")
+        remote = runtime.agent_socket
         if not remote:
             raise ProtocolError(
                 ErrorCode.AGENT_UNREACHABLE,
@@ -64,15 +48,14 @@ class AgentAccess:
         before = self.tunnels.describe(cluster)
         endpoint = await self.tunnels.ensure(cluster, cloud_name, target, str(remote))
         after = self.tunnels.describe(cluster)
-        if self._on_tunnel is not None and (before or {}).get("opened_at") != (after or {}).get(
-                "opened_at"):
+        if self._on_tunnel is not None and _opened_at(before) != _opened_at(after):
             await self._on_tunnel(cluster, after)
         return endpoint
 
     async def client(self, record: ClusterRecord) -> AgentClient:
-        runtime = (record.handle or {}).get("runtime") or {}
-        endpoint = await self.endpoint(record.name, record.cloud_name, runtime)
-        return await self._agents.get(record.name, endpoint, str(runtime["agent_token"]))
+        _, token = _with_token(record.name, record.handle.runtime)
+        endpoint = await self.endpoint(record.name, record.cloud_name, record.handle.runtime)
+        return await self._agents.get(record.name, endpoint, token)
 
     async def close(self, cluster: str, grace_s: float | None = None) -> None:
         """Close the agent client, then the tunnel under it."""
@@ -89,3 +72,25 @@ class AgentAccess:
     async def close_all(self) -> None:
         await self._agents.close_all()
         await self.tunnels.close_all()
+
+
+def _with_token(cluster: str, runtime: RuntimeHandle | None) -> tuple[RuntimeHandle, str]:
+    """The runtime and its agent's token, or why it cannot be used: none recorded, or one
+    started by an older clusterd (no token)."""
+    if runtime is None:
+        raise ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE, f"cluster {cluster} has no agent recorded",
+            f"re-launch it: clusterctl launch -c {cluster}",
+        )
+    if not runtime.agent_token:
+        raise ProtocolError(
+            ErrorCode.AGENT_VERSION_MISMATCH,
+            f"the agent of cluster {cluster} was started by an older clusterd (one with "
+            "no token and, on remote heads, a TCP port); this daemon will not use it",
+            f"re-launch to upgrade it: clusterctl launch -c {cluster}",
+        )
+    return runtime, runtime.agent_token
+
+
+def _opened_at(tunnel: TunnelState | None) -> float | None:
+    return tunnel.opened_at if tunnel is not None else None

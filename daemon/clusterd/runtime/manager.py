@@ -27,12 +27,13 @@ from clusterd import log
 from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
-from clusterd.providers.base import ClusterInfo, NodeInfo
+from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient
 from clusterd.runtime.install import WheelhouseBuilder, install_runtime
 from clusterd.runtime.runner import CommandRunner
+from clusterd.state.handles import RuntimeHandle
 
 logger = log.get("clusterd.runtime")
 
@@ -123,12 +124,12 @@ class RuntimeManager:
         cluster: str,
         cloud_name: str,
         info: ClusterInfo,
-        previous: dict[str, Any] | None,
+        previous: RuntimeHandle | None,
         progress: Progress,
         *,
         fresh: bool = False,
-        checkpoint: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
-    ) -> dict[str, Any]:
+        checkpoint: Callable[[RuntimeHandle], Awaitable[None]] | None = None,
+    ) -> RuntimeHandle:
         """Bring Ray and the agent up on every node; returns the runtime handle to store.
         With `fresh`, whatever runs is stopped first (a runtime of another version).
         `checkpoint` gets the handle before anything starts, so a daemon killed mid-way
@@ -143,8 +144,8 @@ class RuntimeManager:
         head_layout = NodeLayout(head.runtime_dir)
         state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
         running_at = state["ray"].get("address")  # None: not known (an older helper)
-        head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.get("ports"))
-                      and running_at in (None, (previous or {}).get("ray_address")))
+        head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.ports)
+                      and running_at in (None, previous.ray_address if previous else None))
         if not head_alive and state["ray"]["alive"]:
             # A Ray head on ports other than recorded (or none recorded): starting anew on
             # fresh ports beside it would leave it holding the head (start-ray keeps a live
@@ -157,8 +158,8 @@ class RuntimeManager:
                                    {"dir": head_layout.run_dir, "parts": ["agent"]})
         if head_alive:
             assert previous is not None
-            ports: dict[str, int] = dict(previous["ports"])
-            worker_ports: dict[str, dict[str, int]] = dict(previous.get("worker_ports") or {})
+            ports: dict[str, int] = dict(previous.ports)
+            worker_ports: dict[str, dict[str, int]] = dict(previous.worker_ports)
             token = None  # nodes keep the token file Ray was started with
         else:
             ports = await self._free_ports(head, HEAD_PORTS)
@@ -166,7 +167,7 @@ class RuntimeManager:
             token = secrets.token_hex(32)
         # The agent's token stays what it was (an agent still running keeps it), unless the
         # runtime is replaced.
-        agent_token = (previous or {}).get("agent_token") if not fresh else None
+        agent_token = previous.agent_token if previous and not fresh else None
         agent_token = agent_token or new_token()
         for node in info.nodes[1:]:
             if _node_key(node) not in worker_ports:
@@ -174,17 +175,11 @@ class RuntimeManager:
         address = f"{head.internal_ip}:{ports['gcs_port']}"
         listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
                   else "unix:" + REMOTE_AGENT_SOCKET.format(key=ray_temp_key(cloud_name)))
-        handle: dict[str, Any] = {
-            "ports": ports,
-            "worker_ports": worker_ports,
-            "ray_address": address,
-            "agent_listen": listen,
-            "agent_token": agent_token,
-        }
-        if head.ssh is None:
-            handle["agent_endpoint"] = listen
-        else:
-            handle["head_ssh"] = dataclasses.asdict(head.ssh)
+        handle = RuntimeHandle(
+            ports=ports, worker_ports=worker_ports, ray_address=address, agent_listen=listen,
+            agent_token=agent_token,
+            # The head is this machine: its socket, directly; else over SSH, by a tunnel.
+            agent_endpoint=listen if head.ssh is None else None, head_ssh=head.ssh)
         if checkpoint is not None:
             await checkpoint(handle)
         # A worker whose Ray runs but which the head's Ray no longer counts (cut off for a
@@ -214,7 +209,7 @@ class RuntimeManager:
             },
             timeout_s=self._start_timeout_s + 30,
         )
-        handle["agent_socket"] = str(started["socket"])
+        handle = dataclasses.replace(handle, agent_socket=str(started["socket"]))
         await fault_point("launch.after_agent")
         await self._access.reset(cluster)
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
@@ -222,18 +217,18 @@ class RuntimeManager:
         return handle
 
     async def _ray_members(self, cluster: str, cloud_name: str,
-                           previous: dict[str, Any] | None) -> set[str] | None:
+                           previous: RuntimeHandle | None) -> set[str] | None:
         """The node addresses the head's Ray counts alive, asked of the running agent; None
         when it cannot tell (no agent, or it does not answer)."""
-        if not previous or not previous.get("agent_token"):
+        if previous is None or not previous.agent_token:
             return None
         client = None
         try:
             with anyio.fail_after(MEMBERS_TIMEOUT_S):
                 endpoint = await self._access.endpoint(cluster, cloud_name, previous)
-                client = AgentClient(cluster, endpoint, str(previous["agent_token"]))
+                client = AgentClient(cluster, endpoint, previous.agent_token)
                 health = await client.check_version()
-        except (ProtocolError, TimeoutError, KeyError) as exc:
+        except (ProtocolError, TimeoutError) as exc:
             logger.info("cannot ask the head which nodes Ray counts", cluster=cluster,
                         error=str(exc))
             return None

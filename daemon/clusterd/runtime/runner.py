@@ -3,9 +3,7 @@ a node is reached (a local process for the `local` provider, an SSH channel othe
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -14,26 +12,7 @@ from typing import Protocol
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-
-RSYNC_FILTERS = (
-    # As SkyPilot: a .skyignore in the directory wins, else .gitignore rules apply.
-    "--filter=:- .skyignore",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class CommandResult:
-    exit_code: int
-    stdout: bytes
-    stderr: bytes
-
-    @property
-    def text(self) -> str:
-        return self.stdout.decode(errors="replace")
-
-    def error_tail(self, lines: int = 15) -> str:
-        text = (self.stderr or self.stdout).decode(errors="replace").rstrip()
-        return "\n".join(text.splitlines()[-lines:])
+from clusterd.commands import CommandResult, ignore_filters, rsync_binary
 
 
 class CommandRunner(Protocol):
@@ -56,22 +35,6 @@ class CommandRunner(Protocol):
     async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
         """Copy a local file or directory to `destination` on the node."""
         ...
-
-
-def rsync_binary() -> str:
-    found = shutil.which("rsync")
-    if found is None:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED,
-            "rsync is not installed on this machine; it is needed to copy workdirs and mounts",
-            "install it (Debian: apt-get install rsync)",
-        )
-    return found
-
-
-def ignore_filters(source: str) -> list[str]:
-    has_skyignore = os.path.exists(os.path.join(source, ".skyignore"))
-    return list(RSYNC_FILTERS) if has_skyignore else ["--filter=:- .gitignore"]
 
 
 class LocalRunner:

@@ -14,7 +14,7 @@ import anyio
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
-from clusterd.providers.aws import AWSProvider
+from clusterd.providers.base import Provider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.autostop import AutostopService
@@ -58,7 +58,6 @@ class Handlers:
         store: ClusterStore,
         request_store: RequestStore,
         providers: ProviderRegistry,
-        aws: AWSProvider,
         refresh: RefreshService,
         autostop: AutostopService,
         orphans: OrphanWatch,
@@ -67,7 +66,6 @@ class Handlers:
         self._strict_by_default = strict_by_default
         self._orphans = orphans
         self._providers = providers
-        self._aws = aws
         self._refresh = refresh
         self._autostop = autostop
         self._clusters = clusters
@@ -179,30 +177,38 @@ class Handlers:
         return await _follow(call, request)
 
     async def check(self, call: Call, args: protocol.CheckArgs) -> dict[str, Any]:
+        """Every provider's answer under its name; the keys a provider says belong at the top
+        of the reply (ssh's pools file and hosts) go there."""
         found: dict[str, dict[str, Any]] = {}
 
-        async def one(provider: Any) -> None:
+        async def one(provider: Provider) -> None:
             found[provider.name] = await provider.check()
 
         async with anyio.create_task_group() as group:
             for provider in self._providers.all():
                 group.start_soon(one, provider)
-        ssh = found.get("ssh", {})
-        providers = {name: {k: v for k, v in found[name].items()
-                            if k not in ("hosts", "pools_file")}
-                     for name in self._providers.names()}
-        return {"providers": providers, "pools_file": ssh.get("pools_file"),
-                "hosts": ssh.get("hosts", [])}
+        result: dict[str, Any] = {"providers": {}}
+        for provider in self._providers.all():
+            answer = dict(found[provider.name])
+            for key in provider.check_top_level:
+                result[key] = answer.pop(key, None)
+            result["providers"][provider.name] = answer
+        return result
 
     async def show_gpus(self, call: Call, args: protocol.ShowGpusArgs) -> dict[str, Any]:
-        catalog = self._aws.catalog()
-        rows = catalog.accelerator_rows(args.name)
+        """The accelerators of every provider that has a catalog of them."""
+        catalogs = [(provider.name, catalog) for provider in self._providers.all()
+                    if (catalog := provider.accelerators()) is not None]
+        rows = [{**row, "provider": name} for name, catalog in catalogs
+                for row in catalog.accelerator_rows(args.name)]
         if args.name and not rows:
             shown = args.name if len(args.name) <= 40 else args.name[:37] + "..."
+            known = dict.fromkeys(n for _, catalog in catalogs
+                                  for n in catalog.accelerator_names())
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                 f"no accelerator named {shown!r} in the catalog",
-                                f"known: {', '.join(catalog.accelerator_names())}")
-        return {"accelerators": [{**row, "provider": "aws"} for row in rows]}
+                                f"known: {', '.join(known)}")
+        return {"accelerators": rows}
 
     async def list_requests(self, call: Call, args: protocol.RequestsArgs) -> dict[str, Any]:
         running = [r.describe() for r in self._requests.running()]

@@ -21,13 +21,13 @@ from clusterd import log
 from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
+from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
 from clusterd.providers.base import (
-    ClusterInfo,
     ClusterRequest,
-    NodeStatus,
     Provider,
+    ProviderHandle,
     ProvisionError,
-    SSHTarget,
+    infra_label,
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
@@ -46,11 +46,13 @@ from clusterd.services.common import (
     announce_warnings,
     cloud_name_for,
     fit_to_cluster,
+    provider_handle,
     require_cluster,
 )
 from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.state.handles import ClusterHandle, RuntimeHandle
 from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
 
 logger = log.get("clusterd.clusters")
@@ -142,9 +144,10 @@ class ClusterService:
             "autostopping": False,
             "busy": [],
             "cloud_name": record.cloud_name,
-            "hosts": [str(SSHTarget.from_handle(h)) for h in
-                      ((record.handle or {}).get("provider") or {}).get("hosts", [])],
-            "tunnel": (record.handle or {}).get("tunnel"),
+            "hosts": [str(host) for host in (record.handle.provider.held_hosts()
+                                             if record.handle.provider is not None else ())],
+            "tunnel": (dataclasses.asdict(record.handle.tunnel)
+                       if record.handle.tunnel is not None else None),
         }
 
     def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
@@ -175,7 +178,9 @@ class ClusterService:
                         args.strict)
                     warnings += landed
                 else:
-                    resources, fitting = fit_to_cluster(record, task, override, args.strict)
+                    resources, fitting = fit_to_cluster(
+                        record, task, self._providers.honoured_fields(record.provider),
+                        override, args.strict)
                     warnings += fitting
                     provider = self._providers.get(record.provider)
                     record = await self._bring_existing_up(request, record, provider,
@@ -260,19 +265,20 @@ class ClusterService:
         request: RunningRequest,
         record: ClusterRecord,
         provider: Provider,
-        provider_handle: dict[str, Any],
+        provider_handle: ProviderHandle,
         verb: str,
         *,
         fresh: bool = False,
-        previous: dict[str, Any] | None = None,
+        previous: RuntimeHandle | None = None,
     ) -> ClusterRecord:
         """Ray and the agent up on the cluster's nodes; `previous` is the runtime handle of
         what may still run there (else the record's)."""
         info = await provider.cluster_info(record.cloud_name, provider_handle)
-        previous = previous or (record.handle or {}).get("runtime")
-        async def checkpoint(runtime: dict[str, Any]) -> None:
-            await self._store.update(record.name, handle={"provider": provider_handle,
-                                                          "runtime": runtime})
+        previous = previous or record.handle.runtime
+
+        async def checkpoint(runtime: RuntimeHandle) -> None:
+            await self._store.update(record.name, handle=ClusterHandle(
+                provider=provider_handle, runtime=runtime))
 
         runtime = await self._runtime.up(record.name, record.cloud_name, info, previous,
                                          request.progress, fresh=fresh, checkpoint=checkpoint)
@@ -282,8 +288,8 @@ class ClusterService:
             ClusterStatus.UP,
             f"{verb} by request {request.id}",
             request.id,
-            handle={"provider": provider_handle, "runtime": runtime,
-                    "tunnel": self._access.tunnels.describe(record.name)},
+            handle=ClusterHandle(provider=provider_handle, runtime=runtime,
+                                 tunnel=self._access.tunnels.describe(record.name)),
             launched_at=record.launched_at or time.time(),
             refreshed_at=time.time(),
         )
@@ -325,11 +331,12 @@ class ClusterService:
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,
         retry_until_up: bool = False,
     ) -> ClusterRecord:
-        handle = (record.handle or {}).get("provider")
+        handle = record.handle.provider
         if record.status == ClusterStatus.STOPPED:
             await request.progress(f"starting stopped cluster {record.name}", "start")
             try:
-                handle = await provider.start(record.cloud_name, handle or {})
+                handle = await provider.start(record.cloud_name,
+                                              provider_handle(record, provider))
             except ProvisionError as exc:
                 raise _not_where_it_lives(record, exc) from None
             return await self._start_runtime(request, record, provider, handle, "started")
@@ -358,7 +365,7 @@ class ClusterService:
     def _resume_plan(self, record: ClusterRecord) -> Plan:
         base = Resources.from_view(record.requested_resources)
         choices, ordered = choices_from_view(record.requested_resources)
-        intent = (record.handle or {}).get("intent")
+        intent = record.handle.intent
 
         async def planner() -> tuple[list[Option], list[Attempt]]:
             found = await candidates(choices or (base,), None, self._providers)
@@ -370,7 +377,7 @@ class ClusterService:
         return planner
 
     async def _lost_nodes(self, record: ClusterRecord, provider: Provider,
-                          handle: dict[str, Any]) -> bool:
+                          handle: ProviderHandle) -> bool:
         """Whether nodes of the cluster are gone for good (a spot node preempted, say)."""
         try:
             nodes = await provider.query(record.cloud_name, handle)
@@ -405,7 +412,7 @@ class ClusterService:
         # on the ports recorded before provisioning rewrote the handle; only new nodes start.
         return await self._start_runtime(request, done.record, done.provider, done.handle,
                                          "repaired",
-                                         previous=(record.handle or {}).get("runtime"))
+                                         previous=record.handle.runtime)
 
     async def _runtime_health(
         self, record: ClusterRecord
@@ -444,7 +451,7 @@ class ClusterService:
                 autostop_wait_for=setting.wait_for, autostop_set_at=now,
                 autostop_deadline=now + setting.idle_minutes * 60,
             )
-        provider_handle = (record.handle or {}).get("provider")
+        provider_handle = record.handle.provider
         if provider_handle is not None:
             await provider.apply_autostop(record.cloud_name, provider_handle,
                                           None if setting is None else setting.down)
@@ -497,7 +504,7 @@ class ClusterService:
                 return {"cluster": name, "status": str(record.status), "changed": False,
                         "skipped": why}
             await request.progress(f"stopping {name}", "stop")
-            handle = (record.handle or {}).get("provider") or {}
+            handle = provider_handle(record, provider)
             info = await provider.cluster_info(record.cloud_name, handle)
             await self._runtime.stop(info)
             await self._access.close(name, grace_s=FOLLOWER_GRACE_S)
@@ -548,13 +555,15 @@ class ClusterService:
                         purge: bool) -> list[SSHTarget]:
         """Stop, clean up and terminate; returns how its nodes were reached (to forget)."""
         provider = self._providers.get(record.provider)
-        handle = (record.handle or {}).get("provider")
+        handle = record.handle.provider
         if handle is None:
             await self._access.close(record.name)
-            intent = (record.handle or {}).get("intent")
+            intent = record.handle.intent
             if intent is not None:
                 # A launch died around its create call: sweep whatever it may have made.
-                await self._cleanup_cloud(request, record, provider, intent, purge)
+                await self._cleanup_cloud(
+                    request, record, provider,
+                    provider.handle_for_intent(record.cloud_name, intent), purge)
             return []
         try:
             info = await provider.cluster_info(record.cloud_name, handle)
@@ -564,7 +573,7 @@ class ClusterService:
         every = info
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
-        if info is not None and not record.ever_up and "runtime" not in (record.handle or {}):
+        if info is not None and not record.ever_up and record.handle.runtime is None:
             # A launch cut short before the runtime's first start (waiting for the nodes,
             # or installing): nothing of the cluster's runs there or was written there, and
             # nodes that never answered would hold the teardown up for nothing.
@@ -582,7 +591,8 @@ class ClusterService:
         return [node.ssh for node in (every.nodes if every else ()) if node.ssh is not None]
 
     async def _reachable_part(self, record: ClusterRecord, provider: Provider,
-                              handle: dict[str, Any], info: ClusterInfo) -> ClusterInfo | None:
+                              handle: ProviderHandle, info: ClusterInfo
+                              ) -> ClusterInfo | None:
         """The nodes worth stopping the runtime on: not the ones gone for good (a preempted
         worker) or stopped, and none if the head is (Ray's workers die with it)."""
         try:
@@ -598,7 +608,7 @@ class ClusterService:
         return dataclasses.replace(info, nodes=alive)
 
     async def _cleanup_cloud(self, request: RunningRequest, record: ClusterRecord,
-                             provider: Provider, handle: dict[str, Any], purge: bool) -> None:
+                             provider: Provider, handle: ProviderHandle, purge: bool) -> None:
         for step in (provider.terminate, provider.cleanup_ports):
             try:
                 await step(record.cloud_name, handle)
@@ -619,7 +629,7 @@ class ClusterService:
         self._ssh_config.remove(name)
     async def forget_nodes(self, record: ClusterRecord) -> None:
         """Drop the SSH connections of a cluster found gone (best effort)."""
-        if self._forget_nodes is None or not (record.handle or {}).get("provider"):
+        if self._forget_nodes is None or not record.handle.provider:
             return
         try:
             info = await self.cluster_info(record)
@@ -650,8 +660,7 @@ def _infra_text(record: ClusterRecord) -> str:
     """Where the cluster is (as placed: provider/region/zone), else where it was asked for."""
     placed = record.launched_resources or {}
     if placed.get("provider"):
-        return "/".join(p for p in (placed["provider"], placed.get("region"),
-                                    placed.get("zone")) if p)
+        return infra_label(placed["provider"], placed.get("region"), placed.get("zone"))
     infra = record.requested_resources.get("infra")
     return str(infra) if infra and infra != "*" else record.provider
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import getpass
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd.providers.base import Provider, ProviderHandle, infra_label
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks import fields
@@ -69,11 +70,19 @@ def require_up(record: ClusterRecord) -> ClusterRecord:
     return record
 
 
+def provider_handle(record: ClusterRecord, provider: Provider) -> ProviderHandle:
+    """The provider's handle of the cluster; for one whose create call never answered, the
+    handle of where a launch was making it (if known), with no nodes."""
+    if record.handle.provider is not None:
+        return record.handle.provider
+    return provider.handle_for_intent(record.cloud_name, record.handle.intent)
+
+
 def require_head(record: ClusterRecord) -> ClusterRecord:
     """Reading and cancelling jobs needs the head's agent, not every node: a cluster that is
     INIT because it lost a worker still answers for its jobs (and the one that failed with
     the worker). One with no runtime recorded is refused as require_up refuses it."""
-    if record.status == ClusterStatus.INIT and (record.handle or {}).get("runtime"):
+    if record.status == ClusterStatus.INIT and record.handle.runtime is not None:
         return record
     return require_up(record)
 
@@ -97,13 +106,15 @@ async def announce_warnings(request: RunningRequest, store: ClusterStore, name: 
         await store.add_event(name, "warning", warning, request.id)
 
 
-def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None = None,
+def fit_to_cluster(record: ClusterRecord, task: TaskSpec, honoured: Collection[str],
+                   override: Infra | None = None,
                    strict: bool = False) -> tuple[Resources, list[str]]:
     """Whether the task can run on an existing cluster, checked as SkyPilot checks a task
     against the cluster it is sent to (by `launch` onto it, and by `exec`). Returns the
     task's resources that the cluster meets (one of its alternatives, if it has several) and
-    warnings for the fields it sets that have no effect on the cluster's provider: the same
-    check (fields.on_provider) a new launch makes of each provider it may try. Raises
+    warnings for the fields it sets that have no effect on the cluster's provider (which
+    honours the fields in `honoured`): the same check (fields.on_provider) a new launch makes
+    of each provider it may try. Raises
     CLUSTER_MISMATCH for what the cluster cannot give: another provider or place, more
     nodes, CPUs, memory or accelerators than it has, a field that cannot apply on its
     provider, or (with `strict`) one that would have no effect there."""
@@ -131,7 +142,7 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None
                             "launch a new cluster with what the task needs under another name")
     have = str((record.launched_resources or {}).get("accelerator") or "").lower()
     wanted = next((r for r in fits if have and (r.accelerator or "").lower() == have), fits[0])
-    warnings, refusals = fields.on_provider(wanted, record.provider, strict)
+    warnings, refusals = fields.on_provider(wanted, record.provider, honoured, strict)
     if refusals:
         raise ProtocolError(
             ErrorCode.CLUSTER_MISMATCH,
@@ -144,7 +155,7 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, override: Infra | None
 
 def _where(record: ClusterRecord) -> str:
     placed = record.launched_resources or {}
-    return "/".join(p for p in (record.provider, placed.get("region"), placed.get("zone")) if p)
+    return infra_label(record.provider, placed.get("region"), placed.get("zone"))
 
 
 def _lives_in(infra: Infra, record: ClusterRecord) -> bool:

@@ -17,7 +17,7 @@ from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
-from clusterd.providers.base import ClusterInfo, NodeInfo
+from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.runtime import node_helper
@@ -27,6 +27,7 @@ from clusterd.services.common import (
     announce_warnings,
     fit_to_cluster,
     head_unreachable,
+    provider_handle,
     require_cluster,
     require_head,
     require_up,
@@ -76,9 +77,7 @@ class JobService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
-        return await provider.cluster_info(
-            record.cloud_name, (record.handle or {}).get("provider") or {}
-        )
+        return await provider.cluster_info(record.cloud_name, provider_handle(record, provider))
 
     # -- submission -----------------------------------------------------------------------
 
@@ -91,7 +90,8 @@ class JobService:
         async with self._locks.hold(name, LockMode.SHARED, request.id, "exec",
                                     on_blocked=request.blocked):
             record = require_up(require_cluster(self._store, name))
-            resources, warnings = fit_to_cluster(record, task, strict=strict)
+            resources, warnings = fit_to_cluster(
+                record, task, self._providers.honoured_fields(record.provider), strict=strict)
             await announce_warnings(request, self._store, name, [*task.warnings, *warnings])
             task = dataclasses.replace(task, resources=resources, resource_choices=())
             return await self.submit(request, record, task, run_setup=False)
@@ -135,7 +135,7 @@ class JobService:
             cluster_name=record.name,
             resources_display=resources.display(task.num_nodes),
             container_image=image or "",
-            **_where(record),
+            **_where(record, self._providers.get(record.provider).skypilot_cloud),
         )
         agent = await self._access.client(record)
         await fault_point("exec.during_submit")
@@ -295,15 +295,11 @@ class JobService:
                 record = self._still_up(name, current)
 
 
-# What SkyPilot calls each provider in SKYPILOT_CLUSTER_INFO's "cloud" (its own names where
-# it has the provider).
-CLOUD_NAMES = {"aws": "AWS", "kubernetes": "Kubernetes", "ssh": "SSH", "local": "Local"}
-
-
-def _where(record: ClusterRecord) -> dict[str, str]:
+def _where(record: ClusterRecord, cloud: str) -> dict[str, str]:
+    """SKYPILOT_CLUSTER_INFO's place: `cloud` as SkyPilot names the provider."""
     placed = record.launched_resources or {}
     return {
-        "cloud": CLOUD_NAMES.get(record.provider, record.provider),
+        "cloud": cloud,
         "region": str(placed.get("region") or ""),
         "zone": str(placed.get("zone") or ""),
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterd.providers.base import NodeInfo
+from clusterd.nodes import NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.state.clusters import ClusterRecord
 
@@ -13,8 +13,8 @@ async def node_views(providers: ProviderRegistry, record: ClusterRecord) -> list
     """One map per node, the head first: what a person looking at the cluster wants to see,
     and nothing secret (no key paths, no tokens). A cluster whose provider has not answered a
     create call yet has no nodes to show. Provider errors propagate as they are."""
-    handle = (record.handle or {}).get("provider")
-    if not handle:
+    handle = record.handle.provider
+    if handle is None:
         return []
     nodes = await providers.get(record.provider).query(record.cloud_name, handle)
     return [_view(node, index) for index, node in enumerate(nodes)]

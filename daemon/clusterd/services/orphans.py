@@ -80,9 +80,7 @@ class OrphanWatch:
                                 "tear the cluster down with `clusterctl down NAME`")
         provider = self._providers.get(orphan.provider)
         await request.progress(f"removing {orphan.describe()}", "down")
-        handle = {"region": orphan.region, "nodes": [{"id": i} for i in orphan.instances]}
-        await provider.terminate(cloud_name, handle)
-        await provider.cleanup_ports(cloud_name, handle)
+        await provider.remove_orphan(orphan)
         self.found.pop(cloud_name, None)
         await self._store.add_event(cloud_name, "orphan", f"removed {orphan.describe()} "
                                     f"(request {request.id})", request.id)

@@ -23,12 +23,14 @@ from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import first_error, survive
 from clusterd.locks import ClusterLocks, LockMode
-from clusterd.providers.base import NodeInfo, NodeStatus, ProvisionError
+from clusterd.nodes import NodeInfo, NodeStatus
+from clusterd.providers.base import ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RuntimeManager
 from clusterd.services.clusters import ClusterService
+from clusterd.services.common import provider_handle
 from clusterd.services.orphans import OrphanWatch
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 
@@ -135,7 +137,7 @@ class RefreshService:
         for record in chosen:
             if self._busy(record):
                 continue
-            if not (record.handle or {}).get("provider"):
+            if record.handle.provider is None:
                 await self._note_unstarted(record)
                 continue
             by_provider.setdefault(record.provider, []).append(record)
@@ -151,18 +153,19 @@ class RefreshService:
     async def _note_unstarted(self, record: ClusterRecord) -> None:
         """A launch that died before the provider answered its create call: say what it
         left (nodes found where it was creating them, or none) and what to do."""
-        intent = (record.handle or {}).get("intent")
+        intent = record.handle.intent
         found = 0
         if intent is not None:
             try:
-                nodes = await self._providers.get(record.provider).query(record.cloud_name,
-                                                                          intent)
+                provider = self._providers.get(record.provider)
+                nodes = await provider.query(
+                    record.cloud_name, provider.handle_for_intent(record.cloud_name, intent))
                 found = sum(1 for n in nodes if n.status != NodeStatus.TERMINATED)
             except ProtocolError as exc:
                 logger.info("cannot look for an interrupted launch's nodes",
                             cluster=record.name, error=exc.message)
-        what = (f"launch interrupted after creating {found} node(s) in {intent.get('provider')}"
-                f"/{intent.get('region')}/{intent.get('zone')}" if found and intent else
+        what = (f"launch interrupted after creating {found} node(s) in {intent.provider}"
+                f"/{intent.region}/{intent.zone}" if found and intent else
                 "launch interrupted before any node was created")
         reason = (f"{what}: `clusterctl launch -c {record.name}` finishes it, "
                   f"`clusterctl down {record.name}` drops it")
@@ -178,7 +181,8 @@ class RefreshService:
         provider = self._providers.get(provider_name)
         try:
             found = await provider.query_many(
-                [(r.cloud_name, (r.handle or {})["provider"]) for r in records]
+                [(r.cloud_name, handle) for r in records
+                 if (handle := r.handle.provider) is not None]  # all (see _cycle)
             )
         except ProvisionError as exc:
             found = {r.cloud_name: exc for r in records}
@@ -239,9 +243,9 @@ class RefreshService:
         """Every node went away behind our back (preempted, terminated by hand): what the
         cluster had around its nodes (a security group) goes too. Failing that, the record
         stays, and the next refresh tries again."""
-        handle = (record.handle or {}).get("provider") or {}
+        provider = self._providers.get(record.provider)
         with anyio.fail_after(CLEANUP_TIMEOUT_S):
-            await self._providers.get(record.provider).cleanup_ports(record.cloud_name, handle)
+            await provider.cleanup_ports(record.cloud_name, provider_handle(record, provider))
         self._clusters.forget_config(record.name)
 
     async def _reconcile(

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from clusterctl._private import ensure_private_dir
-from clusterd.providers.base import NodeInfo
+from clusterd.nodes import NodeInfo
 
 
 def quoted(value: str) -> str:

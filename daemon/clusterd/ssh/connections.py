@@ -21,8 +21,8 @@ import asyncssh
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.providers.base import SSHTarget
-from clusterd.runtime.runner import CommandResult
+from clusterd.commands import CommandResult
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.host_keys import HostKeyStore, KnownKeys, fingerprint
 
 logger = log.get("clusterd.ssh")

@@ -24,8 +24,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.providers.base import SSHTarget
-from clusterd.runtime.runner import CommandResult, ignore_filters, rsync_binary
+from clusterd.commands import CommandResult, ignore_filters, rsync_binary
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import (
     NodeConnection,
     SSHConnections,

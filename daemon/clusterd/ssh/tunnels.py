@@ -21,10 +21,31 @@ import asyncssh
 from clusterctl._private import ensure_private_dir
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.providers.base import SSHTarget
+from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import NodeConnection, SSHConnections
 
 logger = log.get("clusterd.tunnels")
+
+
+@dataclasses.dataclass(frozen=True)
+class TunnelState:
+    """A tunnel as last described: what `status -v` shows, and the cluster's record keeps."""
+
+    socket: str  # the local end
+    head: str  # the head, as user@host:port
+    remote: str  # the agent's socket on the head
+    alive: bool
+    opened_at: float
+    reopened: int  # times it was opened again after its connection died
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TunnelState:
+        return cls(str(data.get("socket", "")), str(data.get("head", "")),
+                   str(data.get("remote", "")), bool(data.get("alive", False)),
+                   data.get("opened_at", 0.0), data.get("reopened", 0))
 
 
 @dataclasses.dataclass
@@ -42,15 +63,9 @@ class Tunnel:
     def alive(self) -> bool:
         return self.node.alive and self.path.exists()
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "socket": str(self.path),
-            "head": str(self.target),
-            "remote": self.remote_path,
-            "alive": self.alive,
-            "opened_at": self.opened_at,
-            "reopened": self.reopened,
-        }
+    def describe(self) -> TunnelState:
+        return TunnelState(str(self.path), str(self.target), self.remote_path, self.alive,
+                           self.opened_at, self.reopened)
 
 
 class TunnelManager:
@@ -64,7 +79,7 @@ class TunnelManager:
     def path_for(self, cloud_name: str) -> Path:
         return self._socket_dir / f"{cloud_name}.sock"
 
-    def describe(self, cluster: str) -> dict[str, Any] | None:
+    def describe(self, cluster: str) -> TunnelState | None:
         tunnel = self._tunnels.get(cluster)
         return tunnel.describe() if tunnel else None
 

@@ -19,13 +19,17 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from clusterctl.protocol import ClusterStatus
 from clusterd.redact import redact_urls
 from clusterd.state.db import Database, dumps, loads
+from clusterd.state.handles import ClusterHandle
 
 # Bound on the events table; the oldest beyond it are pruned on start and every so often.
 EVENT_RETENTION = 20_000
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ClusterRecord:
+    """A live cluster. Frozen: a change makes a new record (ClusterStore.update, set_status),
+    so whatever holds one, such as the status views cached per record, never sees it change."""
+
     name: str
     provider: str
     cloud_name: str  # the name the provider knows it by; recorded before any create call
@@ -37,7 +41,7 @@ class ClusterRecord:
     status_updated_at: float
     status_reason: str = ""
     launched_resources: dict[str, Any] | None = None
-    handle: dict[str, Any] | None = None
+    handle: ClusterHandle = dataclasses.field(default_factory=ClusterHandle)
     autostop_minutes: float | None = None
     autostop_down: bool = False
     autostop_wait_for: str = "jobs_and_ssh"
@@ -50,13 +54,14 @@ class ClusterRecord:
     launch_request_id: int | None = None
 
     def to_row(self) -> dict[str, Any]:
-        row = dataclasses.asdict(self)
+        row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         row["status"] = str(self.status)
         row["requested_resources"] = dumps(self.requested_resources)
         row["launched_resources"] = (
             None if self.launched_resources is None else dumps(self.launched_resources)
         )
-        row["handle"] = None if self.handle is None else dumps(self.handle)
+        handle = self.handle.to_json()
+        row["handle"] = None if handle is None else dumps(handle)
         row["autostop_down"] = int(self.autostop_down)
         row["ever_up"] = int(self.ever_up)
         return row
@@ -67,7 +72,7 @@ class ClusterRecord:
         values["status"] = ClusterStatus(values["status"])
         values["requested_resources"] = loads(values["requested_resources"]) or {}
         values["launched_resources"] = loads(values["launched_resources"])
-        values["handle"] = loads(values["handle"])
+        values["handle"] = ClusterHandle.from_json(loads(values["handle"]), values["provider"])
         values["autostop_down"] = bool(values["autostop_down"])
         values["ever_up"] = bool(values["ever_up"])
         return cls(**values)
@@ -172,7 +177,7 @@ class ClusterStore:
             record, status=status, status_reason=reason, status_updated_at=now, **fields
         )
         if status == ClusterStatus.UP:
-            updated.ever_up = True
+            updated = dataclasses.replace(updated, ever_up=True)
         row = updated.to_row()
         changed = [c for c in _COLUMNS if c != "name" and row[c] != record.to_row()[c]]
         statements: list[tuple[str, Any]] = []

@@ -6,13 +6,17 @@ apply on some providers only), and docs/skypilot-compatibility.md is made from i
 so the three cannot disagree. Nothing in a task file is dropped without a word: a field is
 honoured, or refused by name, or accepted with a warning that names it and says why it has no
 effect (`--strict` turns those warnings into refusals).
+
+Where a field applies on some providers only (Support.SOME), each provider says whether it
+honours it (`honoured_fields` on its class); the row says what the field does, and what
+becomes of it on the others.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 
 from clusterd.tasks.spec import Resources
 
@@ -30,17 +34,13 @@ class Field:
     path: str  # "resources.disk_tier"
     support: Support
     note: str  # what clusterd does with it: one line, for the docs and for messages
-    # With Support.SOME: where it is honoured; elsewhere it is `elsewhere`, saying why.
-    providers: tuple[str, ...] = ()
+    # With Support.SOME: on a provider that does not honour it, it is `elsewhere`, saying why.
     elsewhere: Support = Support.WARNED
     why_elsewhere: str = ""
 
     @property
     def name(self) -> str:
         return self.path.rsplit(".", 1)[-1]
-
-    def applies_on(self, provider: str) -> bool:
-        return self.support != Support.SOME or provider in self.providers
 
 
 FIELDS: tuple[Field, ...] = (
@@ -86,19 +86,19 @@ FIELDS: tuple[Field, ...] = (
     Field("resources.cpus", Support.HONOURED, "vCPUs per node: 4 exactly, 4+ at least"),
     Field("resources.memory", Support.HONOURED, "GiB per node: 32 exactly, 32+ at least"),
     Field("resources.instance_type", Support.SOME, "the instance type to launch",
-          ("aws",), Support.REFUSED, "there are no instance types to choose from"),
+          Support.REFUSED, "there are no instance types to choose from"),
     Field("resources.use_spot", Support.SOME, "spot instances (cheaper, may be preempted)",
-          ("aws",), Support.WARNED, "these machines are not spot instances"),
+          Support.WARNED, "these machines are not spot instances"),
     Field("resources.job_recovery", Support.WARNED,
           "how SkyPilot's managed jobs recover from preemption; clusterd runs no managed jobs"),
     Field("resources.spot_recovery", Support.WARNED,
           "the old name of job_recovery; clusterd runs no managed jobs"),
     Field("resources.disk_size", Support.SOME, "GB of the root disk (default 256)",
-          ("aws",), Support.WARNED, "the disks of these machines are what they are"),
+          Support.WARNED, "the disks of these machines are what they are"),
     Field("resources.disk_tier", Support.SOME,
           "low, medium (the default), high, ultra, best: the EBS volume type and IOPS, as "
           "SkyPilot sets them (standard; gp3 3,500; gp3 7,000; io2 20,000)",
-          ("aws",), Support.WARNED, "the disks of these machines are what they are"),
+          Support.WARNED, "the disks of these machines are what they are"),
     Field("resources.network_tier", Support.WARNED,
           "SkyPilot's high-performance networking (GPUDirect, EFA) is not set up by clusterd"),
     Field("resources.max_hourly_cost", Support.HONOURED,
@@ -108,13 +108,13 @@ FIELDS: tuple[Field, ...] = (
           "aws: an AMI, or a map of region to AMI (which also limits the regions); "
           "docker:IMAGE anywhere: the job runs in that container where the node has a "
           "container runtime (docker, podman)",
-          ("aws",), Support.REFUSED,
+          Support.REFUSED,
           "a machine image cannot apply to machines that exist already (docker:IMAGE can)"),
     Field("resources.ports", Support.SOME, "opened in the cluster's security group",
-          ("aws", "local"), Support.WARNED,
+          Support.WARNED,
           "clusterd keeps no firewall in front of these hosts (nothing to open)"),
     Field("resources.labels", Support.SOME, "tags on the instances and their volumes",
-          ("aws",), Support.WARNED, "there is nothing to label"),
+          Support.WARNED, "there is nothing to label"),
     Field("resources.autostop", Support.HONOURED,
           "true, minutes, or {idle_minutes, down, wait_for}"),
     Field("resources.autostop.idle_minutes", Support.HONOURED, "idle minutes before stopping"),
@@ -165,16 +165,17 @@ STRICT_HINT = ("refused under --strict (or strict: true in the config); drop the
                "without --strict to take it as a warning")
 
 
-def on_provider(resources: Resources, provider: str,
+def on_provider(resources: Resources, provider: str, honoured: Collection[str],
                 strict: bool = False) -> tuple[list[str], list[str]]:
-    """What the fields a task set mean on `provider`: warnings (accepted, no effect there)
-    and refusals (they cannot apply there), each naming the field and saying why. With
-    `strict`, the warnings are refusals too (marked so). Both a new launch (of each provider
-    it may try) and a task sent to an existing cluster (of that cluster's provider) ask this."""
+    """What the fields a task set mean on `provider`, which honours the fields in `honoured`
+    (its `honoured_fields`): warnings (accepted, no effect there) and refusals (they cannot
+    apply there), each naming the field and saying why. With `strict`, the warnings are
+    refusals too (marked so). Both a new launch (of each provider it may try) and a task sent
+    to an existing cluster (of that cluster's provider) ask this."""
     warnings, refusals = [], []
     for path, asked in _ASKED.items():
         field = BY_PATH[path]
-        if not asked(resources) or field.applies_on(provider):
+        if not asked(resources) or path in honoured:
             continue
         if field.elsewhere == Support.REFUSED:
             refusals.append(f"{path}: cannot apply on {provider}: {field.why_elsewhere}")
@@ -185,7 +186,8 @@ def on_provider(resources: Resources, provider: str,
     return warnings, refusals
 
 
-def markdown() -> str:
+def markdown(honoured: Mapping[str, Collection[str]]) -> str:
+    """The compatibility page, with `honoured`: provider name -> the fields it honours."""
     lines = [
         "# SkyPilot task files in clusterd",
         "",
@@ -205,7 +207,8 @@ def markdown() -> str:
         support = str(field.support)
         note = field.note
         if field.support == Support.SOME:
-            support = f"honoured on {', '.join(field.providers)}"
+            where = sorted(name for name, paths in honoured.items() if field.path in paths)
+            support = f"honoured on {', '.join(where)}"
             note += f". Elsewhere {field.elsewhere.value.split(' (')[0]}: {field.why_elsewhere}"
         lines.append(f"| `{field.path}` | {support} | {note} |")
     lines += [

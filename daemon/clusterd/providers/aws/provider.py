@@ -15,21 +15,23 @@ cluster's name are another clusterd's: reported (`on_foreign`) and left alone.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import hashlib
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
-from clusterd.providers.aws.errors import classify
+from clusterd.providers.aws.handle import AWSHandle, AWSNode
 from clusterd.providers.aws.network import (
     TAG_CLOUD_NAME,
     TAG_MANAGED_BY,
@@ -38,15 +40,14 @@ from clusterd.providers.aws.network import (
 )
 from clusterd.providers.base import (
     BlockScope,
-    ClusterInfo,
     ClusterRequest,
-    NodeInfo,
-    NodeStatus,
+    ForeignReport,
     Orphan,
     Placement,
+    ProviderContext,
     ProviderDefaults,
+    ProviderOf,
     ProvisionError,
-    SSHTarget,
 )
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.keys import DaemonKey
@@ -75,15 +76,17 @@ NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
 ENABLED_CACHE_S = 60.0
-# Told what of another clusterd's was found under a cluster's name and left alone: the cloud
-# name, and a sentence for the user.
-ForeignReport = Callable[[str, str], Awaitable[None]]
 
 
-class AWSProvider(ProviderDefaults):
+class AWSProvider(ProviderDefaults[AWSHandle]):
     name: ClassVar[str] = "aws"
+    skypilot_cloud: ClassVar[str] = "AWS"
     can_stop: ClassVar[bool] = True
     stops_by_shutdown: ClassVar[bool] = True
+    honoured_fields: ClassVar[frozenset[str]] = frozenset({
+        "resources.instance_type", "resources.use_spot", "resources.disk_size",
+        "resources.disk_tier", "resources.image_id", "resources.ports", "resources.labels",
+    })
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, api: EC2Api | None = None,
@@ -97,6 +100,11 @@ class AWSProvider(ProviderDefaults):
         self._network = ClusterNetwork(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
 
+    @classmethod
+    def build(cls, context: ProviderContext) -> AWSProvider:
+        return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
+                   context.daemon_id, on_foreign=context.on_foreign)
+
     def _aws(self) -> AWSConfig:
         return self._config().aws
 
@@ -107,6 +115,9 @@ class AWSProvider(ProviderDefaults):
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, str(exc),
                                 "fix catalog_dir in the config, or unset "
                                 "CLUSTERD_CATALOG_DIR to use clusterd's own") from None
+
+    def accelerators(self) -> Catalog:
+        return self.catalog()
 
     # -- placements -----------------------------------------------------------------------
 
@@ -158,7 +169,7 @@ class AWSProvider(ProviderDefaults):
 
     # -- create / wait --------------------------------------------------------------------
 
-    async def create(self, request: ClusterRequest, placement: Placement) -> dict[str, Any]:
+    async def create(self, request: ClusterRequest, placement: Placement) -> AWSHandle:
         region, zone = placement.region or "", placement.zone or ""
         try:
             return await self._create(request, placement, region, zone)
@@ -169,7 +180,7 @@ class AWSProvider(ProviderDefaults):
             raise
 
     async def _create(self, request: ClusterRequest, placement: Placement, region: str,
-                      zone: str) -> dict[str, Any]:
+                      zone: str) -> AWSHandle:
         config = self._aws()
         resources = request.resources
         pair = await anyio.to_thread.run_sync(self._key.ensure)
@@ -215,21 +226,17 @@ class AWSProvider(ProviderDefaults):
         if workers > 0:
             launched += await self._run(region, zone, request, launch, "worker", workers)
         instances = await self._keep(region, request, existing + launched)
-        return {
-            "region": region,
-            "zone": zone,
-            "instance_type": placement.instance_type,
-            "spot": placement.spot,
-            "vpc": vpc,
-            "subnet": subnet,
-            "security_group": group,
-            "key_name": key_name,
-            "ssh_user": config.ssh_user,
-            "use_internal_ips": config.use_internal_ips,
-            "cpus": placement.cpus,
-            "gpus": _gpus(placement.accelerator, placement.accelerator_count),
-            "nodes": _nodes_of(instances),
-        }
+        return AWSHandle(
+            region=region, zone=zone, instance_type=placement.instance_type,
+            spot=placement.spot, vpc=vpc, subnet=subnet, security_group=group,
+            key_name=key_name, ssh_user=config.ssh_user,
+            use_internal_ips=config.use_internal_ips, cpus=placement.cpus,
+            gpus=_gpus(placement.accelerator, placement.accelerator_count),
+            nodes=_nodes_of(instances),
+        )
+
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> AWSHandle:
+        return AWSHandle.for_intent(intent)
 
     async def _run(self, region: str, zone: str, request: ClusterRequest,
                    launch: dict[str, Any], role: str, count: int) -> list[Instance]:
@@ -297,14 +304,13 @@ class AWSProvider(ProviderDefaults):
             image = await self.api.default_image(region, arch)
         return image, await self._network.root_device(region, image)
 
-    async def wait(self, cloud_name: str, handle: dict[str, Any],
-                   timeout_s: float) -> dict[str, Any]:
+    async def wait(self, cloud_name: str, handle: AWSHandle, timeout_s: float) -> AWSHandle:
         """Every node running, with its addresses, and answering SSH."""
-        region = handle["region"]
-        ids = [n["id"] for n in handle["nodes"]]
+        region = handle.region
+        ids = handle.instance_ids
         with anyio.fail_after(timeout_s):
             instances = await self._wait_states(region, ids, {"running"})
-            handle = {**handle, "nodes": _nodes_of(instances)}
+            handle = dataclasses.replace(handle, nodes=_nodes_of(instances))
             info = await self.cluster_info(cloud_name, handle)
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
@@ -391,22 +397,22 @@ class AWSProvider(ProviderDefaults):
         if self.on_foreign is not None:
             await self.on_foreign(cloud_name, text)
 
-    async def query(self, cloud_name: str, handle: dict[str, Any]) -> list[NodeInfo]:
+    async def query(self, cloud_name: str, handle: AWSHandle) -> list[NodeInfo]:
         result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
         if isinstance(result, ProvisionError):
             raise result
         return result
 
     async def query_many(
-        self, clusters: list[tuple[str, dict[str, Any]]]
+        self, clusters: list[tuple[str, AWSHandle]]
     ) -> dict[str, list[NodeInfo] | ProvisionError]:
         """One DescribeInstances per region (all of this daemon's instances, by tag)."""
-        by_region: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+        by_region: dict[str, list[tuple[str, AWSHandle]]] = {}
         for cloud_name, handle in clusters:
-            by_region.setdefault(handle.get("region") or "", []).append((cloud_name, handle))
+            by_region.setdefault(handle.region, []).append((cloud_name, handle))
         found: dict[str, list[NodeInfo] | ProvisionError] = {}
 
-        async def one_region(region: str, members: list[tuple[str, dict[str, Any]]]) -> None:
+        async def one_region(region: str, members: list[tuple[str, AWSHandle]]) -> None:
             try:
                 instances = await self.managed_instances(region)
             except ProvisionError as exc:
@@ -429,9 +435,9 @@ class AWSProvider(ProviderDefaults):
         return await self.api.instances(
             region, [{"Name": f"tag:{TAG_MANAGED_BY}", "Values": [self.managed_by]}])
 
-    def _node_infos(self, cloud_name: str, handle: dict[str, Any],
+    def _node_infos(self, cloud_name: str, handle: AWSHandle,
                     instances: list[Instance]) -> list[NodeInfo]:
-        recorded = {n["id"] for n in handle.get("nodes", [])}
+        recorded = set(handle.instance_ids)
         current = [i for i in instances if i["State"]["Name"] != "terminated"
                    or i["InstanceId"] in recorded]
         seen = {i["InstanceId"] for i in current}
@@ -441,32 +447,30 @@ class AWSProvider(ProviderDefaults):
                   for node_id in sorted(recorded - seen)]
         return infos
 
-    def _node_info(self, cloud_name: str, handle: dict[str, Any],
-                   node: dict[str, Any]) -> NodeInfo:
-        region = handle.get("region") or ""
-        address = node.get("ip") if handle.get("use_internal_ips", True) else (
-            node.get("public_ip") or node.get("ip"))
+    def _node_info(self, cloud_name: str, handle: AWSHandle, node: AWSNode) -> NodeInfo:
+        region = handle.region
+        address = node.ip if handle.use_internal_ips else (node.public_ip or node.ip)
         target = None
         if address:
             target = SSHTarget(
-                host=address, port=22, user=handle.get("ssh_user") or self._aws().ssh_user,
+                host=address, port=22, user=handle.ssh_user or self._aws().ssh_user,
                 identity_file=str(self._key.ensure().private_path),
-                host_key_alias=node["id"], proxy_command=self._aws().proxy_command(region),
+                host_key_alias=node.id, proxy_command=self._aws().proxy_command(region),
             )
         return NodeInfo(
-            node_id=node["id"],
-            internal_ip=node.get("ip") or "",
-            status=NODE_STATES.get(node.get("state", "running"), NodeStatus.PENDING),
+            node_id=node.id,
+            internal_ip=node.ip,
+            status=NODE_STATES.get(node.state, NodeStatus.PENDING),
             ssh=target,
             runtime_dir=f"~/.clusterd/clusters/{cloud_name}",
             workdir="~/sky_workdir",
-            cpus=float(handle.get("cpus") or 1),
-            gpus=float(handle.get("gpus") or 0),
-            reason=node.get("reason", ""),
+            cpus=float(handle.cpus or 1),
+            gpus=float(handle.gpus or 0),
+            reason=node.reason,
         )
 
-    async def cluster_info(self, cloud_name: str, handle: dict[str, Any]) -> ClusterInfo:
-        nodes = [self._node_info(cloud_name, handle, n) for n in handle.get("nodes", [])]
+    async def cluster_info(self, cloud_name: str, handle: AWSHandle) -> ClusterInfo:
+        nodes = [self._node_info(cloud_name, handle, n) for n in handle.nodes]
         if not nodes or any(n.ssh is None for n in nodes):
             raise ProvisionError(f"{cloud_name} has no reachable instances recorded",
                                  BlockScope.FATAL)
@@ -474,21 +478,21 @@ class AWSProvider(ProviderDefaults):
 
     # -- stop / start / terminate ---------------------------------------------------------
 
-    async def stop(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        if handle.get("spot"):
+    async def stop(self, cloud_name: str, handle: AWSHandle) -> None:
+        if handle.spot:
             raise ProtocolError(ErrorCode.UNSUPPORTED,
                                 "spot instances cannot be stopped, only terminated",
                                 "tear the cluster down instead: clusterctl down")
-        region = handle["region"]
+        region = handle.region
         ids = [i["InstanceId"] for i in await self._cluster_instances(
-            region, cloud_name, _recorded(handle))]
+            region, cloud_name, handle.instance_ids)]
         if ids:
             await self.api.call(region, "StopInstances", InstanceIds=ids)
             await self._wait_states(region, ids, {"stopped"})
 
-    async def start(self, cloud_name: str, handle: dict[str, Any]) -> dict[str, Any]:
-        region = handle["region"]
-        recorded = [n["id"] for n in handle.get("nodes", [])]
+    async def start(self, cloud_name: str, handle: AWSHandle) -> AWSHandle:
+        region = handle.region
+        recorded = handle.instance_ids
         instances = await self.api.instances(region, [{"Name": "instance-id",
                                                        "Values": recorded}])
         gone = [i for i in instances if i["State"]["Name"] in ("terminated", "shutting-down")]
@@ -497,7 +501,7 @@ class AWSProvider(ProviderDefaults):
                     f"({gone[0].get('StateReason', {}).get('Message') or 'no reason given'})"
                     if gone else "an instance no longer exists")
             raise ProvisionError(f"{cloud_name} cannot be started where it lives "
-                                 f"(aws/{region}/{handle.get('zone')}): {what}",
+                                 f"(aws/{region}/{handle.zone}): {what}",
                                  BlockScope.FATAL, "tear it down and launch it again")
         await self._wait_states(region, recorded, {"stopped", "running"})
         stopped = [i["InstanceId"] for i in await self.api.instances(
@@ -508,11 +512,10 @@ class AWSProvider(ProviderDefaults):
         # Addresses can change when an instance starts again: the handle follows them.
         return await self.wait(cloud_name, handle, STATE_TIMEOUT_S)
 
-    async def terminate(self, cloud_name: str, handle: dict[str, Any]) -> None:
-        region = handle.get("region")
-        if not region:
+    async def terminate(self, cloud_name: str, handle: AWSHandle) -> None:
+        if not handle.region:
             return
-        await self._terminate_tagged(region, cloud_name, _recorded(handle))
+        await self._terminate_tagged(handle.region, cloud_name, handle.instance_ids)
 
     async def _terminate_tagged(self, region: str, cloud_name: str,
                                 extra: list[str] | None = None) -> None:
@@ -531,35 +534,32 @@ class AWSProvider(ProviderDefaults):
                         instances=sorted(ids))
             await self.api.call(region, "TerminateInstances", InstanceIds=sorted(ids))
 
-    async def open_ports(self, cloud_name: str, handle: dict[str, Any],
+    async def open_ports(self, cloud_name: str, handle: AWSHandle,
                          ports: tuple[str, ...]) -> None:
-        if ports and handle.get("security_group"):
-            await self._network.open_ports(handle["region"], handle["security_group"],
+        if ports and handle.security_group:
+            await self._network.open_ports(handle.region, handle.security_group,
                                            port_ranges(ports))
 
-    async def cleanup_ports(self, cloud_name: str, handle: dict[str, Any]) -> None:
+    async def cleanup_ports(self, cloud_name: str, handle: AWSHandle) -> None:
         """Remove the cluster's security group, once no instance of it holds it (another
         clusterd's of the same name is left alone, and reported)."""
-        if handle.get("region"):
-            foreign = await self._network.remove_security_groups(handle["region"], cloud_name)
+        if handle.region:
+            foreign = await self._network.remove_security_groups(handle.region, cloud_name)
             if foreign:
-                await self._report_foreign(handle["region"], cloud_name, "security group",
+                await self._report_foreign(handle.region, cloud_name, "security group",
                                            foreign)
 
-    async def apply_autostop(self, cloud_name: str, handle: dict[str, Any],
+    async def apply_autostop(self, cloud_name: str, handle: AWSHandle,
                              down: bool | None) -> None:
-        if handle.get("spot") or not handle.get("region"):
+        if handle.spot or not handle.region:
             return  # one-time spot instances only ever terminate
         behaviour = "terminate" if down else "stop"
-        for node in handle.get("nodes", []):
+        for node in handle.nodes:
             # The Attribute/Value form: EC2 takes both, and some EC2-compatible endpoints
             # (moto) only this one.
-            await self.api.call(handle["region"], "ModifyInstanceAttribute",
-                                InstanceId=node["id"],
+            await self.api.call(handle.region, "ModifyInstanceAttribute",
+                                InstanceId=node.id,
                                 Attribute="instanceInitiatedShutdownBehavior", Value=behaviour)
-
-    def classify(self, error: BaseException) -> ProvisionError:
-        return classify(error)
 
     # -- check ----------------------------------------------------------------------------
 
@@ -625,25 +625,31 @@ class AWSProvider(ProviderDefaults):
                 if cloud_name not in recorded]
 
 
-def _recorded(handle: dict[str, Any]) -> list[str]:
-    """The instance ids a cluster's handle holds."""
-    return [n["id"] for n in handle.get("nodes", [])]
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        """Terminate its instances (this daemon's by tag, and those it listed), then remove
+        its security group."""
+        handle = AWSHandle(orphan.region or "", nodes=tuple(AWSNode(i) for i in orphan.instances))
+        await self.terminate(orphan.cloud_name, handle)
+        await self.cleanup_ports(orphan.cloud_name, handle)
 
-
-def _nodes_of(instances: list[Instance]) -> list[dict[str, Any]]:
+def _nodes_of(instances: list[Instance]) -> tuple[AWSNode, ...]:
     """Instances as a handle records them: the head first, then workers by launch time."""
-    nodes = [{
-        "id": i["InstanceId"],
-        "role": tag_value(i, TAG_ROLE) or "worker",
-        "ip": i.get("PrivateIpAddress") or "",
-        "public_ip": i.get("PublicIpAddress"),
-        "state": i["State"]["Name"],
-        "reason": (i.get("StateReason") or {}).get("Message", "")
+    nodes = [AWSNode(
+        id=i["InstanceId"],
+        role=tag_value(i, TAG_ROLE) or "worker",
+        ip=i.get("PrivateIpAddress") or "",
+        public_ip=i.get("PublicIpAddress"),
+        state=i["State"]["Name"],
+        reason=(i.get("StateReason") or {}).get("Message", "")
         if i["State"]["Name"] != "running" else "",
-        "launched": str(i.get("LaunchTime") or ""),
-    } for i in instances]
-    nodes.sort(key=lambda n: (n["role"] != "head", n["launched"], n["id"]))
-    return nodes
+        launched=str(i.get("LaunchTime") or ""),
+    ) for i in instances]
+    nodes.sort(key=lambda n: (n.role != "head", n.launched, n.id))
+    return tuple(nodes)
+
+
+# mypy checks here that the class is a provider of its own handles, whole.
+_PROVIDER: type[ProviderOf[AWSHandle]] = AWSProvider
 
 
 def ebs_volume(tier: str | None) -> dict[str, Any]:

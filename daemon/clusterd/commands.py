@@ -1,0 +1,50 @@
+"""Commands on nodes, as both ways of reaching one share them: what running a command gives
+back (`CommandResult`) and how files are copied (rsync, honouring .skyignore/.gitignore).
+
+The local runner (runtime/runner.py) and the SSH runner (ssh/runner.py) both build on this
+module, which imports neither.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+
+RSYNC_FILTERS = (
+    # As SkyPilot: a .skyignore in the directory wins, else .gitignore rules apply.
+    "--filter=:- .skyignore",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+
+    @property
+    def text(self) -> str:
+        return self.stdout.decode(errors="replace")
+
+    def error_tail(self, lines: int = 15) -> str:
+        text = (self.stderr or self.stdout).decode(errors="replace").rstrip()
+        return "\n".join(text.splitlines()[-lines:])
+
+
+def rsync_binary() -> str:
+    found = shutil.which("rsync")
+    if found is None:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED,
+            "rsync is not installed on this machine; it is needed to copy workdirs and mounts",
+            "install it (Debian: apt-get install rsync)",
+        )
+    return found
+
+
+def ignore_filters(source: str) -> list[str]:
+    has_skyignore = os.path.exists(os.path.join(source, ".skyignore"))
+    return list(RSYNC_FILTERS) if has_skyignore else ["--filter=:- .gitignore"]

@@ -1,0 +1,67 @@
+"""The daemon's modules form layers, and every import points down (or sideways, in its layer):
+the SSH layer knows nothing of providers, the runtime or services; providers know nothing of
+the state, the runtime or the services that use them; and so on up to the app that builds
+them all. An arrow pointing up is a name in the wrong home: move it down (as `clusterd.nodes`
+and `clusterd.commands` hold what the SSH layer and the providers share)."""
+
+from __future__ import annotations
+
+from tests.import_graph import ROOT, cycles, import_graph
+
+PACKAGE = ROOT / "daemon" / "clusterd"
+GENERATED = ("agent/v1",)
+
+# Lowest first. A module belongs to the longest name here that it starts with; it may import
+# modules of its own layer and of lower ones, nothing above (and no cycle, whatever the layer).
+LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
+    # Helpers and shared vocabulary (and the agent, shipped to nodes with only these).
+    {"clusterd", "clusterd.redact", "clusterd.safe_yaml", "clusterd.sqlite", "clusterd.log",
+     "clusterd.faults", "clusterd.concurrency", "clusterd.config", "clusterd.user_config",
+     "clusterd.locks", "clusterd.nodes", "clusterd.commands", "clusterd.agent"},
+    # How nodes are reached; what tasks ask for.
+    {"clusterd.ssh", "clusterd.tasks"},
+    # Where nodes come from.
+    {"clusterd.providers"},
+    # What the daemon remembers.
+    {"clusterd.state"},
+    {"clusterd.requests", "clusterd.runtime"},
+    {"clusterd.provision"},
+    {"clusterd.services"},
+    {"clusterd.server"},
+    {"clusterd.app"},
+    {"clusterd.main", "clusterd.__main__"},
+))
+RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}
+
+
+def part_of(module: str) -> str:
+    """The name in LAYERS a module belongs to (the longest that is it or a package of it)."""
+    candidates = [p for p in RANK if module == p or module.startswith(p + ".")]
+    assert candidates, f"{module} is in no layer: add it to LAYERS"
+    return max(candidates, key=len)
+
+
+def test_no_module_of_clusterd_imports_one_that_imports_it() -> None:
+    graph = import_graph(PACKAGE, GENERATED)
+    assert graph["clusterd.app"], "the import graph was not read"
+    assert cycles(graph) == []
+
+
+def test_every_import_points_down_or_sideways() -> None:
+    graph = import_graph(PACKAGE, GENERATED)
+    upward = sorted(
+        f"{module} ({part_of(module)}) imports {imported} ({part_of(imported)})"
+        for module, imports in graph.items() for imported in imports
+        if RANK[part_of(imported)] > RANK[part_of(module)])
+    assert upward == []
+
+
+def test_ssh_imports_nothing_of_providers_runtime_or_services() -> None:
+    graph = import_graph(PACKAGE, GENERATED)
+    above = ("clusterd.providers", "clusterd.runtime", "clusterd.services", "clusterd.state",
+             "clusterd.provision", "clusterd.server", "clusterd.app")
+    found = sorted(f"{module} imports {imported}" for module, imports in graph.items()
+                   if module.startswith("clusterd.ssh") for imported in imports
+                   if imported.startswith(above))
+    assert graph["clusterd.ssh.runner"], "the import graph was not read"
+    assert found == []
