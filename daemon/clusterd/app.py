@@ -123,9 +123,9 @@ class Daemon:
         )
         self.config = ConfigFile()
         self.providers = build_providers(
-            ProviderContext(settings.state_dir, settings.config_dir, self.ssh, self.config.get,
-                            daemon_id(settings.state_dir), self._recorded,
-                            on_foreign=self._announce_foreign),
+            ProviderContext(settings.state_dir, settings.runtime_dir, settings.config_dir,
+                            self.ssh, self.config.get, daemon_id(settings.state_dir),
+                            self._recorded, on_foreign=self._announce_foreign),
             # Benchmarks only (see providers/loadtest.py).
             test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
         self.runtime = RuntimeManager(
@@ -262,6 +262,8 @@ class Daemon:
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
                 # autostop timers (every autostop_check_s), event and request retention
                 # (hourly).
+                for provider in self.providers.all():
+                    await root.start(provider.run)
                 await root.start(self.refresh.run)
                 await root.start(self.autostop.run)
                 root.start_soon(self._prune_history)

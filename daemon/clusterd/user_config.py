@@ -13,6 +13,14 @@ settings carry over:
       labels: {team: ml}                # tags on everything clusterd creates
       request_timeout: 30               # seconds an EC2 API call may take (then retried)
       owner_tag_hostname: true          # tag clusterd-owner: user@host (default: user only)
+    kubernetes:
+      allowed_contexts: [ctx-a, ctx-b]  # the kubeconfig contexts to use, in failover order
+                                        # (default: the current context)
+      networking_mode: portforward      # or nodeport: how the daemon reaches the pods' sshd
+      provision_timeout: 10             # seconds a pod may wait unscheduled before failover
+      image: registry/node:tag          # the pods' image (sshd, python3, rsync, sudo)
+      ssh_user: sky                     # the image's login user
+      image_pull_policy: IfNotPresent
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -33,10 +41,16 @@ MAX_CONFIG_BYTES = 1024 * 1024
 
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
             "request_timeout", "owner_tag_hostname"}
-TOP_LEVEL_KEYS = {"catalog_dir", "aws", "strict"}
+KUBERNETES_KEYS = {"allowed_contexts", "networking_mode", "provision_timeout", "image",
+                   "ssh_user", "image_pull_policy"}
+# SkyPilot's Kubernetes keys that clusterd does not read (yet): accepted, not read.
+IGNORED_KUBERNETES_KEYS = {"ports", "remote_identity", "custom_metadata", "pod_config",
+                           "autoscaler", "high_availability", "kueue", "dws", "context_configs",
+                           "fuse_device_manager_daemonset_config"}
+TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict"}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
-                     "kubernetes", "gcp", "azure", "api_server", "workspaces", "provision"}
+                     "gcp", "azure", "api_server", "workspaces", "provision"}
 IGNORED_AWS_KEYS = {"security_group_name", "remote_identity", "specific_reservations",
                     "prioritize_reservations", "disk_encrypted", "post_provision_runcmd"}
 
@@ -66,10 +80,22 @@ class AWSConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class KubernetesConfig:
+    allowed_contexts: tuple[str, ...] = ()  # none: the kubeconfig's current context
+    networking_mode: str = "portforward"
+    # SkyPilot's default: a pod the scheduler cannot place within this is capacity elsewhere.
+    provision_timeout_s: float = 10.0
+    image: str | None = None
+    ssh_user: str = "sky"
+    image_pull_policy: str = "IfNotPresent"
+
+
+@dataclasses.dataclass(frozen=True)
 class UserConfig:
     path: Path
     catalog_dir: Path | None = None
     aws: AWSConfig = dataclasses.field(default_factory=AWSConfig)
+    kubernetes: KubernetesConfig = dataclasses.field(default_factory=KubernetesConfig)
     # Refuse task fields that would be accepted without effect (as --strict does).
     strict: bool = False
 
@@ -99,6 +125,7 @@ def parse(path: Path, text: str) -> UserConfig:
         path=path,
         catalog_dir=Path(os.path.expanduser(catalog)) if catalog else None,
         aws=_aws(path, raw.get("aws")),
+        kubernetes=_kubernetes(path, raw.get("kubernetes")),
         strict=strict,
     )
 
@@ -120,10 +147,7 @@ def _aws(path: Path, raw: Any) -> AWSConfig:
     owner_host = raw.get("owner_tag_hostname", False)
     if not isinstance(owner_host, bool):
         raise ConfigError(path, "aws.owner_tag_hostname", "expected true or false")
-    user = raw.get("ssh_user", "ubuntu")
-    if not isinstance(user, str) or not user or not user.replace("-", "").replace(
-            "_", "").isalnum():
-        raise ConfigError(path, "aws.ssh_user", f"not a user name: {user!r}")
+    user = _user_name(path, "aws.ssh_user", raw.get("ssh_user", "ubuntu"))
     proxy = raw.get("ssh_proxy_command")
     if proxy is not None:
         if isinstance(proxy, dict):
@@ -150,6 +174,51 @@ def _aws(path: Path, raw: Any) -> AWSConfig:
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         request_timeout_s=float(timeout),
         owner_tag_hostname=owner_host,
+    )
+
+
+def _user_name(path: Path, key: str, user: Any) -> str:
+    if not isinstance(user, str) or not user or not user.replace("-", "").replace(
+            "_", "").isalnum():
+        raise ConfigError(path, key, f"not a user name: {user!r}")
+    return user
+
+
+def _kubernetes(path: Path, raw: Any) -> KubernetesConfig:
+    if raw is None:
+        return KubernetesConfig()
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "kubernetes", "expected a map")
+    for key in raw:
+        if key not in KUBERNETES_KEYS | IGNORED_KUBERNETES_KEYS:
+            raise ConfigError(path, f"kubernetes.{key}", "unknown key")
+    contexts = raw.get("allowed_contexts") or []
+    if not isinstance(contexts, list) or not all(isinstance(c, str) and c for c in contexts):
+        raise ConfigError(path, "kubernetes.allowed_contexts", "expected a list of context "
+                          "names")
+    mode = raw.get("networking_mode", "portforward")
+    if mode not in ("portforward", "nodeport"):
+        raise ConfigError(path, "kubernetes.networking_mode",
+                          "expected portforward or nodeport")
+    timeout = raw.get("provision_timeout", 10)
+    if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
+            or not 0 <= timeout <= 86400):
+        raise ConfigError(path, "kubernetes.provision_timeout",
+                          "expected seconds between 0 and 86400")
+    image = raw.get("image")
+    if image is not None and (not isinstance(image, str) or not image.strip()):
+        raise ConfigError(path, "kubernetes.image", "expected an image reference")
+    policy = raw.get("image_pull_policy", "IfNotPresent")
+    if policy not in ("Always", "IfNotPresent", "Never"):
+        raise ConfigError(path, "kubernetes.image_pull_policy",
+                          "expected Always, IfNotPresent or Never")
+    return KubernetesConfig(
+        allowed_contexts=tuple(dict.fromkeys(contexts)),
+        networking_mode=mode,
+        provision_timeout_s=float(timeout),
+        image=image,
+        ssh_user=_user_name(path, "kubernetes.ssh_user", raw.get("ssh_user", "sky")),
+        image_pull_policy=policy,
     )
 
 

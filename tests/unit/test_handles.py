@@ -75,7 +75,7 @@ LOCAL_PRE_TOKEN = (
     '{"provider":{"dir":"/s/local/old-1"},"runtime":{"agent_port":12345,'
     '"ports":{"gcs_port":6379},"ray_address":"127.0.0.1:6379","worker_ports":{}}}')
 # A record of a provider this clusterd does not have (written by another build).
-KUBERNETES = '{"provider":{"context":"kind-dev","namespace":"clusterd","pods":["p-0"]}}'
+NOT_OFFERED = '{"provider":{"project":"p-1","vms":["vm-0"],"zone":"us-central1-a"}}'
 
 
 @pytest.fixture
@@ -187,15 +187,15 @@ async def test_a_runtime_from_before_agent_tokens_loads_and_is_refused_as_before
 
 async def test_a_handle_of_a_provider_not_offered_here_is_kept_as_it_was(
         db: Database) -> None:
-    handle = await loaded(db, "k", "kubernetes", KUBERNETES)
-    assert handle.provider == RawHandle(json.loads(KUBERNETES)["provider"])
+    handle = await loaded(db, "k", "gcp", NOT_OFFERED)
+    assert handle.provider == RawHandle(json.loads(NOT_OFFERED)["provider"])
     store = ClusterStore(db)
     await store.load()
     await store.update("k", autostop_minutes=5.0)
     record = store.get("k")
     assert record is not None
     await store.update("k", handle=dataclasses.replace(record.handle))  # rewritten whole
-    assert column(db.path, "k") == KUBERNETES
+    assert column(db.path, "k") == NOT_OFFERED
 
 
 async def test_an_empty_handle_is_a_null_column(db: Database) -> None:

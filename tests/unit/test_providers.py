@@ -27,7 +27,7 @@ from clusterd.user_config import UserConfig
 def context(tmp_path: Path, recorded: dict[str, list[tuple[str, Any]]] | None = None
             ) -> ProviderContext:
     return ProviderContext(
-        state_dir=tmp_path / "state", config_dir=tmp_path / "config",
+        state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", config_dir=tmp_path / "config",
         connections=SSHConnections(HostKeyStore(tmp_path / "known_hosts")),
         config=lambda: UserConfig(tmp_path / "config.yaml"), daemon_id="clusterd-test",
         recorded=lambda provider: (recorded or {}).get(provider, []))
@@ -36,23 +36,25 @@ def context(tmp_path: Path, recorded: dict[str, list[tuple[str, Any]]] | None = 
 def test_the_daemon_offers_each_listed_provider_once_in_the_listed_preference(
         tmp_path: Path) -> None:
     registry = build_providers(context(tmp_path))
-    assert registry.names() == sorted(cls.name for cls in OFFERED) == ["aws", "local", "ssh"]
-    assert sorted(registry.names(), key=registry.preference) == ["local", "ssh", "aws"]
+    assert registry.names() == sorted(cls.name for cls in OFFERED) == [
+        "aws", "kubernetes", "local", "ssh"]
+    assert sorted(registry.names(), key=registry.preference) == [
+        "local", "ssh", "aws", "kubernetes"]
     assert registry.preference("nowhere") > registry.preference("aws")
     assert "loadtest" not in registry.names()
     assert "loadtest" in build_providers(context(tmp_path), ["loadtest"]).names()
 
 
 def test_a_planned_provider_and_an_unknown_one_are_refused_as_such(tmp_path: Path) -> None:
-    registry = build_providers(context(tmp_path))
+    registry = ProviderRegistry([LocalProvider.build(context(tmp_path))], planned=["gcp"])
     with pytest.raises(ProtocolError) as planned:
-        registry.get("kubernetes")
+        registry.get("gcp")
     assert (planned.value.code, planned.value.message, planned.value.hint) == (
         ErrorCode.UNSUPPORTED,
-        "the kubernetes provider is not available in this version of clusterd",
-        "available: aws, local, ssh")
+        "the gcp provider is not available in this version of clusterd",
+        "available: local")
     with pytest.raises(ProtocolError) as unknown:
-        registry.get("gcp")
+        build_providers(context(tmp_path)).get("gcp")
     assert (unknown.value.code, unknown.value.message) == (
         ErrorCode.INVALID_ARGUMENT, "unknown infra 'gcp'")
 
@@ -70,7 +72,7 @@ def test_each_provider_honours_only_fields_that_depend_on_the_provider() -> None
     for cls in (*OFFERED, *TEST_ONLY):
         assert cls.honoured_fields <= some, cls.name
     assert {cls.name: cls.skypilot_cloud for cls in OFFERED} == {
-        "local": "Local", "ssh": "SSH", "aws": "AWS"}
+        "local": "Local", "ssh": "SSH", "aws": "AWS", "kubernetes": "Kubernetes"}
 
 
 class TinyCatalog:

@@ -15,6 +15,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, Self, TypeVar
 
+import anyio
+import anyio.abc
+
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.nodes import ClusterInfo, NodeInfo, SSHTarget
 from clusterd.tasks.spec import Resources
@@ -180,6 +183,7 @@ class ProviderContext:
     provider takes what it needs and leaves the rest."""
 
     state_dir: Path  # the daemon's own state; a provider keeps its files under it
+    runtime_dir: Path  # the daemon's private run-time files (sockets), gone with the daemon
     config_dir: Path  # the user's configuration (ssh_node_pools.yaml lives here)
     connections: SSHConnections  # the daemon's SSH connections, one per node
     config: Callable[[], UserConfig]  # the user's config file, as it is now
@@ -229,8 +233,12 @@ class ProviderOf(Protocol[H]):
     # Keys of its `check` answer that the `check` reply carries at its top level instead
     # (ssh: the pools file and every pool's hosts, which clusterctl draws as a table).
     check_top_level: ClassVar[tuple[str, ...]]
-    # False for machines we do not own (ssh): stop is refused, autostop must tear down.
+    # False for machines we do not own (ssh) and for pods: stop is refused, autostop must
+    # tear down.
     can_stop: ClassVar[bool]
+    # True where nodes that cannot stop are torn down by an autostop that did not say --down
+    # (kubernetes, as SkyPilot); else such an autostop is refused (ssh: the user's machines).
+    autostop_tears_down: ClassVar[bool] = False
     # True only for the test provider: its clusters run no agent, so their status is the
     # provider's word alone.
     agentless: ClassVar[bool] = False
@@ -319,6 +327,13 @@ class ProviderOf(Protocol[H]):
         cannot be read."""
         ...
 
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Work the provider keeps up for the daemon's lifetime, in the daemon's root task
+        group (kubernetes: the port-forwards to its pods); `task_status.started()` once it
+        serves. Most have none, and return at once."""
+        ...
+
     async def aclose(self) -> None:
         """Release clients and connections (the daemon is stopping)."""
         ...
@@ -347,6 +362,7 @@ class ProviderDefaults(Generic[H]):
     name: ClassVar[str]
     agentless: ClassVar[bool] = False
     stops_by_shutdown: ClassVar[bool] = False
+    autostop_tears_down: ClassVar[bool] = False
     honoured_fields: ClassVar[frozenset[str]] = frozenset()
     check_top_level: ClassVar[tuple[str, ...]] = ()
 
@@ -364,6 +380,10 @@ class ProviderDefaults(Generic[H]):
 
     async def apply_autostop(self, cloud_name: str, handle: H, down: bool | None) -> None:
         return None
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        task_status.started()
 
     async def aclose(self) -> None:
         return None

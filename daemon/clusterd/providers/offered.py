@@ -13,6 +13,7 @@ from typing import Any
 
 from clusterd.providers.aws import AWSProvider
 from clusterd.providers.base import ProviderContext, ProviderOf
+from clusterd.providers.kubernetes import KubernetesProvider
 from clusterd.providers.loadtest import LoadTestProvider
 from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
@@ -23,12 +24,13 @@ OFFERED: tuple[type[ProviderOf[Any]], ...] = (
     LocalProvider,
     SSHProvider,
     AWSProvider,
+    KubernetesProvider,
 )
 # Built only when CLUSTERD_TEST_PROVIDERS names them (benchmarks, scale tests): never for users.
 TEST_ONLY: tuple[type[ProviderOf[Any]], ...] = (LoadTestProvider,)
 # Named in the docs and in SkyPilot task files, but not offered by this version yet: refused
 # as "not available in this version" rather than as an unknown infra.
-PLANNED = ("kubernetes",)
+PLANNED: tuple[str, ...] = ()
 
 
 def build_providers(context: ProviderContext,

@@ -435,6 +435,9 @@ class ClusterService:
         """Set (None: cancel) autostop: in the record (deadlines survive restarts) and in the
         agent (which enforces it itself when no daemon comes by). The caller holds the lock."""
         provider = self._providers.get(record.provider)
+        if (setting is not None and not provider.can_stop and not setting.down
+                and provider.autostop_tears_down):
+            setting = dataclasses.replace(setting, down=True)
         if setting is not None and not provider.can_stop and not setting.down:
             raise ProtocolError(
                 ErrorCode.UNSUPPORTED,

@@ -73,7 +73,8 @@ FIELDS: tuple[Field, ...] = (
           "a hint to SkyPilot's optimizer about data transfer; clusterd has no such optimizer"),
     # -- resources -----------------------------------------------------------------------
     Field("resources.infra", Support.HONOURED,
-          "provider[/region[/zone]]: local, ssh/POOL, aws, aws/REGION, aws/REGION/ZONE"),
+          "provider[/region[/zone]]: local, ssh/POOL, aws, aws/REGION, aws/REGION/ZONE, "
+          "kubernetes, kubernetes/CONTEXT"),
     Field("resources.cloud", Support.HONOURED, "the older form of infra (with region, zone)"),
     Field("resources.region", Support.HONOURED, "with cloud: the region"),
     Field("resources.zone", Support.HONOURED, "with cloud: the zone"),
@@ -106,14 +107,17 @@ FIELDS: tuple[Field, ...] = (
           "machines cost nothing"),
     Field("resources.image_id", Support.SOME,
           "aws: an AMI, or a map of region to AMI (which also limits the regions); "
-          "docker:IMAGE anywhere: the job runs in that container where the node has a "
+          "kubernetes: docker:IMAGE is the pods' image; docker:IMAGE elsewhere: the job runs in that container where the node has a "
           "container runtime (docker, podman)",
           Support.REFUSED,
           "a machine image cannot apply to machines that exist already (docker:IMAGE can)"),
-    Field("resources.ports", Support.SOME, "opened in the cluster's security group",
+    Field("resources.ports", Support.SOME,
+          "aws: opened in the cluster's security group; kubernetes: a NodePort Service on "
+          "the head pod",
           Support.WARNED,
           "clusterd keeps no firewall in front of these hosts (nothing to open)"),
-    Field("resources.labels", Support.SOME, "tags on the instances and their volumes",
+    Field("resources.labels", Support.SOME,
+          "aws: tags on the instances and their volumes; kubernetes: labels on the pods",
           Support.WARNED, "there is nothing to label"),
     Field("resources.autostop", Support.HONOURED,
           "true, minutes, or {idle_minutes, down, wait_for}"),

@@ -19,6 +19,7 @@ import asyncssh
 from clusterd import log
 from clusterd.providers.aws.ec2 import EC2Api, tag_value
 from clusterd.providers.base import BlockScope, ProvisionError
+from clusterd.providers.ports import port_ranges
 
 logger = log.get("clusterd.aws")
 
@@ -28,23 +29,6 @@ TAG_CLOUD_NAME = "clusterd-cluster-name"
 TAG_MANAGED_BY = "clusterd-managed-by"
 # After its instances are terminated, EC2 lets go of a security group within a minute or two.
 GROUP_RELEASE_TIMEOUT_S = 600.0
-
-
-def port_ranges(ports: tuple[str, ...]) -> list[tuple[int, int]]:
-    """SkyPilot's port forms ("8080", "10000-10010") as (from, to) pairs."""
-    ranges = []
-    for text in ports:
-        low, _, high = str(text).partition("-")
-        try:
-            first, last = int(low), int(high or low)
-        except ValueError:
-            raise ProvisionError(f"resources.ports: {text!r} is not a port or a range",
-                                 BlockScope.FATAL) from None
-        if not 1 <= first <= last <= 65535:
-            raise ProvisionError(f"resources.ports: {text!r} is out of range",
-                                 BlockScope.FATAL)
-        ranges.append((first, last))
-    return ranges
 
 
 def _ingress(ranges: list[tuple[int, int]]) -> list[dict[str, Any]]:

@@ -32,12 +32,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
-from clusterd.providers.aws.network import (
-    TAG_CLOUD_NAME,
-    TAG_MANAGED_BY,
-    ClusterNetwork,
-    port_ranges,
-)
+from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
 from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
@@ -49,6 +44,7 @@ from clusterd.providers.base import (
     ProviderOf,
     ProvisionError,
 )
+from clusterd.providers.ports import port_ranges
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.keys import DaemonKey
 from clusterd.user_config import AWSConfig, UserConfig

@@ -1,0 +1,238 @@
+"""A cluster's objects on the API server: made (adopting what a retried or resumed create finds
+there already), waited for (scheduled, running, ready; a pod the scheduler cannot place past
+the provision timeout is capacity, with the scheduler's reason), listed (one call per context
+for every cluster of this daemon), and removed (nothing labelled with the cluster stays).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import anyio
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from clusterd import log
+from clusterd.nodes import NodeStatus
+from clusterd.providers.base import BlockScope, ProvisionError
+from clusterd.providers.kubernetes.api import KubeApi
+from clusterd.providers.kubernetes.handle import KubernetesPod
+from clusterd.providers.kubernetes.manifests import (
+    LABEL_CLOUD_NAME,
+    LABEL_MANAGED_BY,
+    PodSpec,
+    pod_manifest,
+    pod_name,
+    ports_service_manifest,
+    ssh_service_manifest,
+    ssh_service_name,
+)
+
+logger = log.get("clusterd.kubernetes")
+
+POLL_S = 0.5
+DELETE_TIMEOUT_S = 120.0
+# Pod waiting reasons that no amount of waiting fixes.
+STUCK = frozenset({"ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull", "InvalidImageName",
+                   "CreateContainerConfigError", "CreateContainerError"})
+
+
+def selector(cloud_name: str | None, managed_by: str) -> str:
+    parts = [f"{LABEL_MANAGED_BY}={managed_by}"]
+    if cloud_name:
+        parts.append(f"{LABEL_CLOUD_NAME}={cloud_name}")
+    return ",".join(parts)
+
+
+async def _create(api: KubeApi, context: str, kind: str, namespace: str,
+                  manifest: dict[str, Any], managed_by: str) -> None:
+    """Create one object; one of that name already there is adopted if it is ours."""
+    name = manifest["metadata"]["name"]
+
+    async def make(core: Any) -> Any:
+        if kind == "pod":
+            return await core.create_namespaced_pod(namespace, manifest)
+        return await core.create_namespaced_service(namespace, manifest)
+
+    async def read(core: Any) -> Any:
+        if kind == "pod":
+            return await core.read_namespaced_pod(name, namespace)
+        return await core.read_namespaced_service(name, namespace)
+
+    try:
+        await api.call(context, make)
+    except ApiException as exc:  # 409: it is there (a create retried, or resumed)
+        assert exc.status == 409
+        found = await api.call(context, read)
+        owner = (found.metadata.labels or {}).get(LABEL_MANAGED_BY)
+        if owner != managed_by:
+            raise ProvisionError(
+                f"kubernetes/{context}: a {kind} named {name} exists in namespace {namespace} "
+                f"and is not this clusterd's ({LABEL_MANAGED_BY}: {owner})", BlockScope.FATAL,
+                "launch the cluster under another name") from None
+        logger.info("adopted", kind=kind, name=name, context=context)
+
+
+async def create(api: KubeApi, context: str, namespace: str, spec: PodSpec, num_nodes: int,
+                 nodeport: bool, ports: list[tuple[int, int]]) -> None:
+    """Every object of the cluster: pods, their SSH Services (nodeport), the ports Service."""
+    async with anyio.create_task_group() as group:
+        for index in range(num_nodes):
+            group.start_soon(_create, api, context, "pod", namespace,
+                             pod_manifest(spec, index), spec.managed_by)
+            if nodeport:
+                group.start_soon(_create, api, context, "service", namespace,
+                                 ssh_service_manifest(spec, pod_name(spec.cloud_name, index)),
+                                 spec.managed_by)
+        if ports:
+            group.start_soon(_create, api, context, "service", namespace,
+                             ports_service_manifest(spec, ports), spec.managed_by)
+
+
+def _ready(pod: Any) -> bool:
+    return any(c.type == "Ready" and c.status == "True"
+               for c in (pod.status.conditions if pod.status else None) or [])
+
+
+def _unschedulable(pod: Any) -> str | None:
+    for c in (pod.status.conditions if pod.status else None) or []:
+        if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable":
+            return str(c.message or c.reason)
+    return None
+
+
+def _stuck(pod: Any) -> str | None:
+    for status in (pod.status.container_statuses if pod.status else None) or []:
+        waiting = status.state.waiting if status.state else None
+        if waiting is not None and waiting.reason in STUCK:
+            return f"{waiting.reason}: {waiting.message or ''}".strip(": ")
+    return None
+
+
+def ended(pod: Any) -> str | None:
+    """Why the pod is gone for good (it failed, was evicted, or is being deleted), if so."""
+    if pod.metadata.deletion_timestamp is not None:
+        return "the pod is being deleted"
+    phase = pod.status.phase if pod.status else None
+    if phase in ("Failed", "Succeeded"):
+        reason = pod.status.reason or phase
+        message = pod.status.message or "its container exited"
+        return f"{reason}: {message}"
+    return None
+
+
+async def wait_ready(api: KubeApi, context: str, namespace: str, cloud_name: str,
+                     managed_by: str, num_nodes: int, provision_timeout_s: float,
+                     timeout_s: float) -> list[Any]:
+    """The cluster's pods once every one runs and is ready (head first). A pod the scheduler
+    still cannot place after provision_timeout_s is capacity this context lacks (REGION, with
+    the scheduler's message); a pod that fails, or whose image cannot be had, is an error of
+    the context too."""
+    started = time.monotonic()
+    names = [pod_name(cloud_name, i) for i in range(num_nodes)]
+    while True:
+        listed = await api.call(context, lambda core: core.list_namespaced_pod(
+            namespace, label_selector=selector(cloud_name, managed_by)))
+        pods = {p.metadata.name: p for p in listed.items}
+        missing = [n for n in names if n not in pods]
+        if missing:
+            raise ProvisionError(f"kubernetes/{context}: pod {missing[0]} is gone",
+                                 BlockScope.REGION)
+        for name in names:
+            pod = pods[name]
+            why = ended(pod) or _stuck(pod)
+            if why:
+                raise ProvisionError(f"kubernetes/{context}: pod {name}: {why}",
+                                     BlockScope.REGION)
+            unplaced = _unschedulable(pod)
+            if unplaced and time.monotonic() - started > provision_timeout_s:
+                raise ProvisionError(
+                    f"kubernetes/{context}: pod {name} could not be scheduled within "
+                    f"{provision_timeout_s:.0f} s: {unplaced}", BlockScope.REGION,
+                    "free capacity in the cluster, raise kubernetes.provision_timeout, or "
+                    "let clusterd try elsewhere")
+        if all(_ready(pods[n]) for n in names):
+            return [pods[n] for n in names]
+        if time.monotonic() - started > timeout_s:
+            waiting = [n for n in names if not _ready(pods[n])]
+            raise ProvisionError(f"kubernetes/{context}: pods {', '.join(waiting)} not ready "
+                                 f"within {timeout_s:.0f} s", BlockScope.REGION)
+        await anyio.sleep(POLL_S)
+
+
+async def ssh_node_ports(api: KubeApi, context: str, namespace: str,
+                         pods: list[str]) -> dict[str, int]:
+    """The node port each pod's SSH Service was given."""
+    out = {}
+    for pod in pods:
+        name = ssh_service_name(pod)
+
+        async def read(core: Any, name: str = name) -> Any:
+            return await core.read_namespaced_service(name, namespace)
+
+        service = await api.call(context, read)
+        out[pod] = int(service.spec.ports[0].node_port)
+    return out
+
+
+def recorded(pod: Any, node_port: int = 0) -> KubernetesPod:
+    return KubernetesPod(pod.metadata.name, pod.status.pod_ip or "", pod.spec.node_name or "",
+                         pod.status.host_ip or "", node_port)
+
+
+async def list_ours(api: KubeApi, context: str, namespace: str, managed_by: str,
+                    cloud_name: str | None = None) -> list[Any]:
+    """Every pod of this daemon in the context's namespace (of one cluster, if named)."""
+    listed = await api.call(context, lambda core: core.list_namespaced_pod(
+        namespace, label_selector=selector(cloud_name, managed_by)))
+    return list(listed.items)
+
+
+def node_status(pod: Any | None) -> tuple[NodeStatus, str]:
+    """What a pod says of the node it is, and why (the pod's reason and message)."""
+    if pod is None:
+        return NodeStatus.TERMINATED, "the pod no longer exists"
+    why = ended(pod)
+    if why:
+        return NodeStatus.TERMINATED, why
+    phase = pod.status.phase if pod.status else None
+    if phase == "Pending":
+        return NodeStatus.PENDING, _unschedulable(pod) or _stuck(pod) or ""
+    if not _ready(pod):
+        # The node lifecycle controller marks the pods of a node that stopped reporting
+        # NotReady, as does a probe that fails.
+        condition = next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
+        detail = (condition.message or condition.reason) if condition is not None else None
+        return NodeStatus.UNREACHABLE, (f"pod {pod.metadata.name} on node "
+                                        f"{pod.spec.node_name} is not ready"
+                                        + (f" ({detail})" if detail else ""))
+    return NodeStatus.RUNNING, ""
+
+
+async def delete(api: KubeApi, context: str, namespace: str, cloud_name: str,
+                 managed_by: str) -> None:
+    """Remove every pod and Service of the cluster (of this daemon), and wait until the pods
+    are gone. Idempotent."""
+    chosen = selector(cloud_name, managed_by)
+    await api.call(context, lambda core: core.delete_collection_namespaced_pod(
+        namespace, label_selector=chosen, grace_period_seconds=0))
+    services = await api.call(context, lambda core: core.list_namespaced_service(
+        namespace, label_selector=chosen))
+    for service in services.items:
+        name = service.metadata.name
+
+        async def remove(core: Any, name: str = name) -> Any:
+            return await core.delete_namespaced_service(name, namespace)
+
+        try:
+            await api.call(context, remove)
+        except ProvisionError as exc:
+            if ": NotFound" not in exc.message:  # gone already is what we want
+                raise
+    deadline = time.monotonic() + DELETE_TIMEOUT_S
+    while await list_ours(api, context, namespace, managed_by, cloud_name):
+        if time.monotonic() > deadline:
+            raise ProvisionError(f"kubernetes/{context}: the pods of {cloud_name} are still "
+                                 f"there after {DELETE_TIMEOUT_S:.0f} s", BlockScope.FATAL,
+                                 "run `clusterctl down` again later")
+        await anyio.sleep(POLL_S)

@@ -1,0 +1,440 @@
+"""The `kubernetes` provider: clusters of pods, one per node, through kubernetes-asyncio.
+
+Each allowed kubeconfig context is a region for failover (`kubernetes.allowed_contexts`, else
+the current context), and the cluster's pods live in that context's namespace. A pod asks for
+the task's CPUs, memory and GPUs (`nvidia.com/gpu`, on a node labelled with the GPU model), runs
+the configured node image (or the task's `image_id: docker:IMAGE`), and lets the daemon's key in
+over SSH: through a port-forward the daemon serves over the API server (the default, as
+SkyPilot's), or a NodePort Service per pod (`networking_mode: nodeport`). Pods cannot be
+stopped: `stop` is refused, and autostop means down.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anyio
+import anyio.abc
+from kubernetes_asyncio import client
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
+from clusterd.providers.base import (
+    BlockScope,
+    ClusterRequest,
+    Orphan,
+    Placement,
+    ProviderContext,
+    ProviderDefaults,
+    ProviderOf,
+    ProvisionError,
+)
+from clusterd.providers.kubernetes import pods
+from clusterd.providers.kubernetes.api import KubeApi, read_contexts
+from clusterd.providers.kubernetes.capacity import NodeCapacity, capacities, nearest
+from clusterd.providers.kubernetes.handle import KubernetesHandle, KubernetesPod
+from clusterd.providers.kubernetes.manifests import LABEL_CLOUD_NAME, PodSpec, pod_name
+from clusterd.providers.kubernetes.portforward import PodPort, PortForwards
+from clusterd.providers.ports import port_ranges
+from clusterd.ssh.connections import SSHConnections
+from clusterd.ssh.keys import DaemonKey
+from clusterd.user_config import KubernetesConfig, UserConfig
+
+logger = log.get("clusterd.kubernetes")
+
+DEFAULT_CPUS = 2.0  # SkyPilot's default pod on Kubernetes: 2 CPUs, 8 GB
+DEFAULT_MEMORY_GB = 8.0
+SSH_ATTEMPT_S = 20.0
+CHECK_TIMEOUT_S = 15.0
+
+
+class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
+    name: ClassVar[str] = "kubernetes"
+    skypilot_cloud: ClassVar[str] = "Kubernetes"
+    can_stop: ClassVar[bool] = False
+    autostop_tears_down: ClassVar[bool] = True
+    honoured_fields: ClassVar[frozenset[str]] = frozenset({
+        "resources.ports", "resources.image_id", "resources.labels"})
+
+    def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
+                 key: DaemonKey, managed_by: str, runtime_dir: Path) -> None:
+        self._config = config
+        self._connections = connections
+        self._key = key
+        self.managed_by = managed_by
+        self.api = KubeApi(runtime_dir / "kubernetes" / "tmp")
+        self.forwards = PortForwards(runtime_dir / "kubernetes" / "pf", self._open_forward)
+
+    @classmethod
+    def build(cls, context: ProviderContext) -> KubernetesProvider:
+        return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
+                   context.daemon_id, context.runtime_dir)
+
+    def _k8s(self) -> KubernetesConfig:
+        return self._config().kubernetes
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """The port-forwards, served for the daemon's lifetime."""
+        await self.forwards.run(task_status=task_status)
+
+    async def _open_forward(self, target: PodPort) -> Any:
+        ws = await self.api.ws_client(target.context)
+        return await client.CoreV1Api(ws).connect_get_namespaced_pod_portforward(
+            target.pod, target.namespace, ports=target.port, _preload_content=False)
+
+    # -- contexts ---------------------------------------------------------------------------
+
+    def contexts(self) -> dict[str, str]:
+        """{context: namespace} of the contexts clusterd may use, in preference order."""
+        try:
+            found, current = read_contexts()
+        except Exception as exc:  # a kubeconfig that cannot be read: none usable
+            raise ProvisionError(f"kubernetes: the kubeconfig cannot be read: {exc}",
+                                 BlockScope.PROVIDER, "check KUBECONFIG or ~/.kube/config"
+                                 ) from None
+        by_name = {c.name: c.namespace for c in found}
+        allowed = self._k8s().allowed_contexts
+        names = list(allowed) if allowed else ([current] if current else [])
+        return {n: by_name[n] for n in names if n in by_name}
+
+    def _namespace(self, context: str) -> str:
+        namespace = self.contexts().get(context)
+        if namespace is None:
+            raise ProvisionError(f"kubernetes: context {context!r} is not one clusterd may "
+                                 "use", BlockScope.REGION,
+                                 "add it to kubernetes.allowed_contexts in the config")
+        return namespace
+
+    # -- placements -------------------------------------------------------------------------
+
+    def _asked(self, request: ClusterRequest) -> tuple[float, float, float, str | None]:
+        resources = request.resources
+        cpus = resources.cpus if resources.cpus is not None else DEFAULT_CPUS
+        memory = resources.memory_gb if resources.memory_gb is not None else DEFAULT_MEMORY_GB
+        gpus = resources.accelerator_count if resources.accelerator else 0.0
+        return cpus, memory, gpus, resources.accelerator
+
+    async def placements(self, request: ClusterRequest) -> list[Placement]:
+        cpus, memory, gpus, accelerator = self._asked(request)
+        contexts = self.contexts()
+        wanted = request.resources.infra.region
+        if wanted:
+            if wanted not in contexts:
+                raise ProvisionError(f"kubernetes: context {wanted!r} is not one clusterd may "
+                                     "use", BlockScope.PROVIDER,
+                                     f"allowed: {', '.join(contexts) or 'none'} "
+                                     "(kubernetes.allowed_contexts)")
+            contexts = {wanted: contexts[wanted]}
+        if not contexts:
+            raise ProvisionError("kubernetes: no kubeconfig context to use", BlockScope.PROVIDER,
+                                 "set KUBECONFIG, or kubernetes.allowed_contexts")
+        kind = f"{_n(cpus)}CPU--{_n(memory)}GB" + (f"--{_n(gpus)}{accelerator}" if gpus else "")
+        nodes: dict[str, list[NodeCapacity] | None] = {}
+
+        async def look(context: str) -> None:
+            nodes[context] = await self._capacities(context, contexts[context])
+
+        async with anyio.create_task_group() as group:
+            for context in contexts:
+                group.start_soon(look, context)
+        placements, seen = [], []
+        for context in contexts:
+            found = nodes.get(context)
+            fits = found is None or any(
+                n.ready and n.schedulable and n.holds(cpus, memory, gpus, accelerator)
+                for n in found)
+            if fits:
+                placements.append(Placement("kubernetes", context, None, kind, cpus, memory,
+                                            accelerator, gpus, 0.0, False))
+            elif found:
+                seen += found
+        if not placements:
+            named = "; ".join(n.describe() for n in nearest(seen, gpus)) or "no nodes"
+            raise ProvisionError(
+                f"kubernetes: no node can hold a pod of {cpus:g} CPUs, {memory:g} GB"
+                + (f", {gpus:g} {accelerator}" if gpus else "") + f"; the nearest: {named}",
+                BlockScope.PROVIDER, "ask for less, or add nodes that can hold it")
+        return placements
+
+    async def _capacities(self, context: str, namespace: str) -> list[NodeCapacity] | None:
+        """The context's nodes, with what the pods this user can see take of them; None when
+        the context's user may not read nodes (then the scheduler decides)."""
+        try:
+            listed = await self.api.call(context, lambda core: core.list_node())
+        except ProvisionError as exc:
+            if exc.scope == BlockScope.PROVIDER:
+                raise
+            logger.info("cannot read the context's nodes", context=context, error=exc.message)
+            return None
+        try:
+            in_use = await self.api.call(context, lambda core: core.list_pod_for_all_namespaces())
+        except ProvisionError:  # may read nodes, not every namespace's pods: its own then
+            in_use = await self.api.call(context, lambda core: core.list_namespaced_pod(
+                namespace))
+        return capacities(listed.items, in_use.items)
+
+    # -- create / wait ----------------------------------------------------------------------
+
+    def _image(self, request: ClusterRequest) -> str:
+        image_id = request.resources.image_id or ""
+        if image_id.startswith("docker:"):
+            return image_id.removeprefix("docker:")
+        if image_id:
+            raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
+                                 "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
+        image = self._k8s().image
+        if not image:
+            raise ProvisionError("kubernetes: no image for the pods", BlockScope.FATAL,
+                                 "set kubernetes.image in clusterd's config, or image_id: "
+                                 "docker:IMAGE in the task (an image with sshd, python3 and "
+                                 "rsync; see the README)")
+        return image
+
+    async def create(self, request: ClusterRequest, placement: Placement) -> KubernetesHandle:
+        context = placement.region or ""
+        namespace = self._namespace(context)
+        config = self._k8s()
+        cpus, memory, gpus, accelerator = self._asked(request)
+        pair = await anyio.to_thread.run_sync(self._key.ensure)
+        spec = PodSpec(request.cloud_name, request.name, self.managed_by, self._image(request),
+                       config.image_pull_policy, pair.public_openssh.strip(), cpus, memory,
+                       gpus, accelerator, request.resources.labels)
+        nodeport = config.networking_mode == "nodeport"
+        try:
+            await pods.create(self.api, context, namespace, spec, request.num_nodes, nodeport,
+                              port_ranges(request.resources.ports))
+        except BaseException:
+            # Nothing of a failed attempt stays behind (the next one goes elsewhere).
+            with anyio.CancelScope(shield=True), anyio.move_on_after(120):
+                await pods.delete(self.api, context, namespace, request.cloud_name,
+                                  self.managed_by)
+            raise
+        names = [pod_name(request.cloud_name, i) for i in range(request.num_nodes)]
+        return KubernetesHandle(context, namespace, config.networking_mode, config.ssh_user,
+                                cpus, memory, gpus, accelerator,
+                                tuple(KubernetesPod(n) for n in names))
+
+    def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> KubernetesHandle:
+        handle = KubernetesHandle.for_intent(intent)
+        namespace = self.contexts().get(handle.context, "") if handle.context else ""
+        return KubernetesHandle(handle.context, namespace)
+
+    async def wait(self, cloud_name: str, handle: KubernetesHandle,
+                   timeout_s: float) -> KubernetesHandle:
+        """Every pod scheduled, running and ready, with its address; then SSH answers."""
+        ready = await pods.wait_ready(self.api, handle.context, handle.namespace, cloud_name,
+                                      self.managed_by, len(handle.pods),
+                                      self._k8s().provision_timeout_s, timeout_s)
+        ports = (await pods.ssh_node_ports(self.api, handle.context, handle.namespace,
+                                           [p.metadata.name for p in ready])
+                 if handle.networking == "nodeport" else {})
+        handle = KubernetesHandle(
+            handle.context, handle.namespace, handle.networking, handle.ssh_user, handle.cpus,
+            handle.memory_gb, handle.gpus, handle.accelerator,
+            tuple(pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
+        info = await self.cluster_info(cloud_name, handle)
+        with anyio.fail_after(timeout_s):
+            async with anyio.create_task_group() as group:
+                for node in info.nodes:
+                    assert node.ssh is not None
+                    group.start_soon(self._wait_ssh, node.ssh)
+        return handle
+
+    async def _wait_ssh(self, target: SSHTarget) -> None:
+        delay = 0.5
+        while True:
+            try:
+                with anyio.fail_after(SSH_ATTEMPT_S):
+                    await self._connections.get(target)
+                return
+            except (ProtocolError, TimeoutError) as exc:
+                if isinstance(exc, ProtocolError) and exc.code == ErrorCode.HOST_KEY_MISMATCH:
+                    raise
+                logger.info("waiting for ssh", node=str(target))
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+    # -- reach ------------------------------------------------------------------------------
+
+    async def _target(self, handle: KubernetesHandle, pod: KubernetesPod) -> SSHTarget:
+        user = handle.ssh_user or self._k8s().ssh_user
+        identity = str(self._key.ensure().private_path)
+        alias = f"k8s/{handle.context}/{handle.namespace}/{pod.name}"
+        if handle.networking == "nodeport":
+            return SSHTarget(pod.host_ip, pod.ssh_node_port, user, identity, alias)
+        path = await self.forwards.ensure(PodPort(handle.context, handle.namespace, pod.name))
+        proxy = shlex.join([sys.executable, "-m", "clusterd.ssh.unix_connect", str(path)])
+        return SSHTarget(pod.name, 22, user, identity, alias, proxy)
+
+    def _node(self, cloud_name: str, handle: KubernetesHandle, pod: KubernetesPod,
+              status: NodeStatus, reason: str, target: SSHTarget | None) -> NodeInfo:
+        return NodeInfo(node_id=pod.name, internal_ip=pod.ip, status=status, ssh=target,
+                        runtime_dir=f"~/.clusterd/clusters/{cloud_name}", workdir="~/sky_workdir",
+                        cpus=handle.cpus, gpus=handle.gpus, reason=reason)
+
+    async def cluster_info(self, cloud_name: str, handle: KubernetesHandle) -> ClusterInfo:
+        if not handle.pods or any(not p.ip for p in handle.pods):
+            raise ProvisionError(f"{cloud_name} has no running pods recorded", BlockScope.FATAL)
+        nodes = [self._node(cloud_name, handle, p, NodeStatus.RUNNING, "",
+                            await self._target(handle, p)) for p in handle.pods]
+        return ClusterInfo(tuple(nodes))
+
+    # -- what exists ------------------------------------------------------------------------
+
+    async def query(self, cloud_name: str, handle: KubernetesHandle) -> list[NodeInfo]:
+        result = (await self.query_many([(cloud_name, handle)]))[cloud_name]
+        if isinstance(result, ProvisionError):
+            raise result
+        return result
+
+    async def query_many(
+        self, clusters: list[tuple[str, KubernetesHandle]]
+    ) -> dict[str, list[NodeInfo] | ProvisionError]:
+        """One pod list per context and namespace, for all of this daemon's clusters there."""
+        by_place: dict[tuple[str, str], list[tuple[str, KubernetesHandle]]] = {}
+        for cloud_name, handle in clusters:
+            by_place.setdefault((handle.context, handle.namespace), []).append(
+                (cloud_name, handle))
+        found: dict[str, list[NodeInfo] | ProvisionError] = {}
+
+        async def one(place: tuple[str, str], members: list[tuple[str, KubernetesHandle]]
+                      ) -> None:
+            context, namespace = place
+            if not context:  # a launch that never chose a context made nothing
+                found.update({name: [] for name, _ in members})
+                return
+            try:
+                listed = await pods.list_ours(self.api, context, namespace, self.managed_by)
+            except ProvisionError as exc:
+                found.update({name: exc for name, _ in members})
+                return
+            by_name = {p.metadata.name: p for p in listed}
+            for cloud_name, handle in members:
+                recorded = {p.name for p in handle.pods}
+                live = [p for p in listed
+                        if (p.metadata.labels or {}).get(LABEL_CLOUD_NAME) == cloud_name]
+                names = [p.name for p in handle.pods] + sorted(
+                    p.metadata.name for p in live if p.metadata.name not in recorded)
+                infos = []
+                for name in names:
+                    pod = by_name.get(name)
+                    status, reason = pods.node_status(pod)
+                    kept = next((p for p in handle.pods if p.name == name), None)
+                    record = pods.recorded(pod) if pod is not None and pod.status.pod_ip \
+                        else kept or KubernetesPod(name)
+                    infos.append(self._node(cloud_name, handle, record, status, reason, None))
+                found[cloud_name] = infos
+
+        async with anyio.create_task_group() as group:
+            for place, members in by_place.items():
+                group.start_soon(one, place, members)
+        return found
+
+    # -- stop / start / terminate -----------------------------------------------------------
+
+    async def stop(self, cloud_name: str, handle: KubernetesHandle) -> None:
+        raise ProtocolError(ErrorCode.UNSUPPORTED, "Kubernetes pods cannot be stopped",
+                            "tear the cluster down instead: clusterctl down (autostop on "
+                            "Kubernetes tears down)")
+
+    async def start(self, cloud_name: str, handle: KubernetesHandle) -> KubernetesHandle:
+        raise ProtocolError(ErrorCode.UNSUPPORTED, "Kubernetes pods cannot be stopped or "
+                            "started", "launch the cluster again: clusterctl launch -c NAME")
+
+    async def terminate(self, cloud_name: str, handle: KubernetesHandle) -> None:
+        if not handle.context:
+            return
+        await pods.delete(self.api, handle.context, handle.namespace or
+                          self._namespace(handle.context), cloud_name, self.managed_by)
+        await self.forwards.close(lambda t: not t.pod.startswith(f"{cloud_name}-"))
+
+    async def open_ports(self, cloud_name: str, handle: KubernetesHandle,
+                         ports: tuple[str, ...]) -> None:
+        return None  # the ports Service is made with the pods
+
+    # -- check ------------------------------------------------------------------------------
+
+    async def enabled(self) -> bool:
+        try:
+            return bool(self.contexts())
+        except ProvisionError:
+            return False
+
+    async def check(self) -> dict[str, Any]:
+        try:
+            contexts = self.contexts()
+        except ProvisionError as exc:
+            return {"ok": False, "detail": exc.message, "hint": exc.hint}
+        if not contexts:
+            return {"ok": False, "detail": "no kubeconfig context (KUBECONFIG, "
+                    "~/.kube/config; kubernetes.allowed_contexts)"}
+        rows: list[dict[str, Any]] = []
+
+        async def one(context: str, namespace: str) -> None:
+            row: dict[str, Any] = {"context": context, "namespace": namespace}
+            try:
+                with anyio.fail_after(CHECK_TIMEOUT_S):
+                    nodes = await self._capacities(context, namespace)
+                row["ok"] = True
+                if nodes is not None:
+                    row["nodes"] = len(nodes)
+                    row["ready"] = sum(1 for n in nodes if n.ready)
+                    row["gpus"] = {a: sum(n.gpus for n in nodes if n.accelerator == a)
+                                   for a in sorted({n.accelerator for n in nodes
+                                                    if n.accelerator})}
+            except (ProvisionError, TimeoutError) as exc:
+                row["ok"] = False
+                row["error"] = getattr(exc, "message", None) or "no answer within " \
+                    f"{CHECK_TIMEOUT_S:.0f} s"
+            rows.append(row)
+
+        async with anyio.create_task_group() as group:
+            for context, namespace in contexts.items():
+                group.start_soon(one, context, namespace)
+        rows.sort(key=lambda r: list(contexts).index(r["context"]))
+        good = [r for r in rows if r["ok"]]
+        detail = ", ".join(
+            f"{r['context']} ({r.get('ready', '?')} of {r.get('nodes', '?')} nodes ready"
+            + "".join(f", {_n(c)} {a}" for a, c in (r.get("gpus") or {}).items()) + ")"
+            if r["ok"] else f"{r['context']}: {r['error']}" for r in rows)
+        return {"ok": bool(good), "detail": detail, "contexts": rows}
+
+    async def aclose(self) -> None:
+        await self.api.aclose()
+
+    # -- orphans ----------------------------------------------------------------------------
+
+    async def orphans(self, known: Callable[[], set[str]]) -> list[Orphan]:
+        found: dict[tuple[str, str], list[str]] = {}
+
+        async def one(context: str, namespace: str) -> None:
+            for pod in await pods.list_ours(self.api, context, namespace, self.managed_by):
+                name = (pod.metadata.labels or {}).get(LABEL_CLOUD_NAME) or "?"
+                found.setdefault((context, name), []).append(pod.metadata.name)
+
+        async with anyio.create_task_group() as group:
+            for context, namespace in self.contexts().items():
+                group.start_soon(one, context, namespace)
+        recorded = known()
+        return [Orphan(self.name, context, cloud_name, tuple(sorted(names)))
+                for (context, cloud_name), names in sorted(found.items())
+                if cloud_name not in recorded]
+
+    async def remove_orphan(self, orphan: Orphan) -> None:
+        context = orphan.region or ""
+        await pods.delete(self.api, context, self._namespace(context), orphan.cloud_name,
+                          self.managed_by)
+
+
+def _n(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
+# mypy checks here that the class is a provider of its own handles, whole.
+_PROVIDER: type[ProviderOf[KubernetesHandle]] = KubernetesProvider
