@@ -41,11 +41,13 @@ class NodeView:
 
 
 def _bundle(resources: dict[str, Any]) -> dict[str, float]:
+    # Memory sizes the nodes (the placement chose them for it), as in SkyPilot, and is no
+    # part of the bundle: Ray counts a node's memory as what is left beside its object store
+    # (in a pod, of the pod's limit), so a task asking for all of a node's memory, as
+    # SkyPilot's tasks do, would never fit.
     bundle = {"CPU": float(resources.get("cpus") or 0)}
     if resources.get("gpus"):
         bundle["GPU"] = float(resources["gpus"])
-    if resources.get("memory_gb"):
-        bundle["memory"] = float(resources["memory_gb"]) * 1024**3
     return {k: v for k, v in bundle.items() if v > 0} or {"CPU": 0.001}
 
 
@@ -111,9 +113,7 @@ class Scheduler:
         fitting = [n for n in nodes if all(n.resources.get(k, 0) >= v for k, v in demand.items())]
         if len(fitting) < num_nodes:
             best = max(nodes, key=lambda n: n.resources.get("CPU", 0))
-            have = ", ".join(
-                f"{k}: {best.resources.get(k, 0):g}" for k in demand if k != "memory"
-            )
+            have = ", ".join(f"{k}: {best.resources.get(k, 0):g}" for k in demand)
             raise Infeasible(
                 f"the task asks per node for {_describe(demand)}; "
                 f"{len(fitting)} of {len(nodes)} nodes can ever give that (largest: {have})"
@@ -278,10 +278,4 @@ class Scheduler:
 
 
 def _describe(demand: dict[str, float]) -> str:
-    parts = []
-    for key, value in demand.items():
-        if key == "memory":
-            parts.append(f"{value / 1024**3:g} GB memory")
-        else:
-            parts.append(f"{value:g} {key}")
-    return ", ".join(parts)
+    return ", ".join(f"{value:g} {key}" for key, value in demand.items())

@@ -128,6 +128,11 @@ class Provisioner:
             await fault_point("launch.waiting")
             with anyio.fail_after(self._wait_timeout_s):
                 handle = await provider.wait(record.cloud_name, created, self._wait_timeout_s)
+            if handle != created:
+                # What only running nodes tell (addresses) is on disk before the runtime
+                # starts: a teardown of a launch that fails from here on finds them.
+                record = await self._store.update(
+                    record.name, handle=ClusterHandle(intent=placement, provider=handle))
             if option.request.resources.ports:
                 await provider.open_ports(record.cloud_name, handle,
                                           option.request.resources.ports)

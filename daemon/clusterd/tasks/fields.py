@@ -107,8 +107,8 @@ FIELDS: tuple[Field, ...] = (
           "machines cost nothing"),
     Field("resources.image_id", Support.SOME,
           "aws: an AMI, or a map of region to AMI (which also limits the regions); "
-          "kubernetes: docker:IMAGE is the pods' image; docker:IMAGE elsewhere: the job runs in that container where the node has a "
-          "container runtime (docker, podman)",
+          "kubernetes: docker:IMAGE is the pods' image; docker:IMAGE elsewhere: the job "
+          "runs in that container where the node has a container runtime (docker, podman)",
           Support.REFUSED,
           "a machine image cannot apply to machines that exist already (docker:IMAGE can)"),
     Field("resources.ports", Support.SOME,

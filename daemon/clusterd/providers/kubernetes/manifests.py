@@ -96,6 +96,12 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
             "volumes": [{"name": SHM_VOLUME, "emptyDir": {"medium": "Memory"}}],
         },
     }
+    # The cluster's pods on distinct nodes where there are enough: a node lost takes one.
+    pod["spec"]["affinity"] = {"podAntiAffinity": {
+        "preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100,
+            "podAffinityTerm": {"labelSelector": {"matchLabels": spec.selector()},
+                                "topologyKey": "kubernetes.io/hostname"}}]}}
     if spec.accelerator:
         pod["spec"]["nodeSelector"] = {ACCELERATOR_SELECTOR: spec.accelerator.lower()}
     return pod

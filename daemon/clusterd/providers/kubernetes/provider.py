@@ -11,6 +11,7 @@ stopped: `stop` is refused, and autostop means down.
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import sys
 from collections.abc import Callable
@@ -279,6 +280,14 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                         cpus=handle.cpus, gpus=handle.gpus, reason=reason)
 
     async def cluster_info(self, cloud_name: str, handle: KubernetesHandle) -> ClusterInfo:
+        if handle.pods and handle.context and any(not p.ip for p in handle.pods):
+            # Recorded before the pods ran (a launch that failed after its create): ask.
+            live = {p.metadata.name: p for p in await pods.list_ours(
+                self.api, handle.context, handle.namespace, self.managed_by, cloud_name)}
+            handle = dataclasses.replace(handle, pods=tuple(
+                pods.recorded(live[p.name], p.ssh_node_port)
+                if not p.ip and p.name in live and live[p.name].status.pod_ip else p
+                for p in handle.pods))
         if not handle.pods or any(not p.ip for p in handle.pods):
             raise ProvisionError(f"{cloud_name} has no running pods recorded", BlockScope.FATAL)
         nodes = [self._node(cloud_name, handle, p, NodeStatus.RUNNING, "",
