@@ -17,6 +17,9 @@ class KubernetesPod:
     node: str = ""  # the Kubernetes node it runs on
     host_ip: str = ""  # that node's address (NodePort SSH goes there)
     ssh_node_port: int = 0  # networking_mode nodeport: its SSH Service's node port
+    # The pod's identity: a pod made again under its name is another machine (its host key
+    # is pinned afresh).
+    uid: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -24,7 +27,8 @@ class KubernetesPod:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> KubernetesPod:
         return cls(str(data["name"]), str(data.get("ip") or ""), str(data.get("node") or ""),
-                   str(data.get("host_ip") or ""), int(data.get("ssh_node_port") or 0))
+                   str(data.get("host_ip") or ""), int(data.get("ssh_node_port") or 0),
+                   str(data.get("uid") or ""))
 
 
 @dataclasses.dataclass(frozen=True)

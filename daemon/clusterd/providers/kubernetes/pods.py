@@ -59,18 +59,50 @@ async def _create(api: KubeApi, context: str, kind: str, namespace: str,
             return await core.read_namespaced_pod(name, namespace)
         return await core.read_namespaced_service(name, namespace)
 
-    try:
-        await api.call(context, make)
-    except ApiException as exc:  # 409: it is there (a create retried, or resumed)
-        assert exc.status == 409
+    async def remove(core: Any) -> Any:
+        return await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+    for _ in range(3):
+        try:
+            await api.call(context, make)
+            return
+        except ApiException as exc:  # 409: it is there (a create retried, or resumed)
+            assert exc.status == 409
         found = await api.call(context, read)
         owner = (found.metadata.labels or {}).get(LABEL_MANAGED_BY)
         if owner != managed_by:
             raise ProvisionError(
                 f"kubernetes/{context}: a {kind} named {name} exists in namespace {namespace} "
                 f"and is not this clusterd's ({LABEL_MANAGED_BY}: {owner})", BlockScope.FATAL,
-                "launch the cluster under another name") from None
-        logger.info("adopted", kind=kind, name=name, context=context)
+                "launch the cluster under another name")
+        gone = lost(found) if kind == "pod" else None
+        if gone is None:
+            logger.info("adopted", kind=kind, name=name, context=context)
+            return
+        # A node lost (the pod ended, or its node stopped reporting): made again, as the
+        # repair of a cluster that lost nodes asks.
+        logger.info("replacing a lost pod", name=name, context=context, reason=gone)
+        await api.call(context, remove)
+        await _gone(api, context, namespace, name)
+    raise ProvisionError(f"kubernetes/{context}: pod {name} keeps coming back",
+                         BlockScope.REGION)
+
+
+async def _gone(api: KubeApi, context: str, namespace: str, name: str) -> None:
+    async def read(core: Any) -> Any:
+        return await core.read_namespaced_pod(name, namespace)
+
+    deadline = time.monotonic() + DELETE_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            await api.call(context, read)
+        except ProvisionError as exc:
+            if ": NotFound" in exc.message:
+                return
+            raise
+        await anyio.sleep(POLL_S)
+    raise ProvisionError(f"kubernetes/{context}: pod {name} is still there after "
+                         f"{DELETE_TIMEOUT_S:.0f} s", BlockScope.REGION)
 
 
 async def create(api: KubeApi, context: str, namespace: str, spec: PodSpec, num_nodes: int,
@@ -119,6 +151,23 @@ def ended(pod: Any) -> str | None:
         message = pod.status.message or "its container exited"
         return f"{reason}: {message}"
     return None
+
+
+def node_lost(pod: Any) -> str | None:
+    """Why the pod is lost with its node, if it is: the node controller marked a running pod
+    not ready (the Ready condition False without a reason; the kubelet's own says
+    ContainersNotReady), because its node stopped reporting."""
+    if pod.status is None or pod.status.phase != "Running":
+        return None
+    ready = next((c for c in pod.status.conditions or [] if c.type == "Ready"), None)
+    if ready is not None and ready.status == "False" and not ready.reason:
+        return f"its node {pod.spec.node_name} stopped reporting (NotReady)"
+    return None
+
+
+def lost(pod: Any) -> str | None:
+    """Why the pod is a node lost for good (ended, or on a node that stopped), if it is."""
+    return ended(pod) or node_lost(pod)
 
 
 async def wait_ready(api: KubeApi, context: str, namespace: str, cloud_name: str,
@@ -177,7 +226,7 @@ async def ssh_node_ports(api: KubeApi, context: str, namespace: str,
 
 def recorded(pod: Any, node_port: int = 0) -> KubernetesPod:
     return KubernetesPod(pod.metadata.name, pod.status.pod_ip or "", pod.spec.node_name or "",
-                         pod.status.host_ip or "", node_port)
+                         pod.status.host_ip or "", node_port, pod.metadata.uid or "")
 
 
 async def list_ours(api: KubeApi, context: str, namespace: str, managed_by: str,
@@ -192,9 +241,9 @@ def node_status(pod: Any | None) -> tuple[NodeStatus, str]:
     """What a pod says of the node it is, and why (the pod's reason and message)."""
     if pod is None:
         return NodeStatus.TERMINATED, "the pod no longer exists"
-    why = ended(pod)
+    why = lost(pod)
     if why:
-        return NodeStatus.TERMINATED, why
+        return NodeStatus.TERMINATED, f"pod {pod.metadata.name}: {why}"
     phase = pod.status.phase if pod.status else None
     if phase == "Pending":
         return NodeStatus.PENDING, _unschedulable(pod) or _stuck(pod) or ""

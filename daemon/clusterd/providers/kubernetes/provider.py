@@ -240,14 +240,19 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
             handle.memory_gb, handle.gpus, handle.accelerator,
             tuple(pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
         info = await self.cluster_info(cloud_name, handle)
+        refused: list[ProtocolError] = []
         with anyio.fail_after(timeout_s):
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
                     assert node.ssh is not None
-                    group.start_soon(self._wait_ssh, node.ssh)
+                    group.start_soon(self._wait_ssh, node.ssh, refused)
+        if refused:
+            raise refused[0]
         return handle
 
-    async def _wait_ssh(self, target: SSHTarget) -> None:
+    async def _wait_ssh(self, target: SSHTarget, refused: list[ProtocolError]) -> None:
+        """Until the pod's sshd lets us in; a host key that is not the pinned one is no
+        sshd still starting: it goes in `refused`."""
         delay = 0.5
         while True:
             try:
@@ -256,7 +261,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                 return
             except (ProtocolError, TimeoutError) as exc:
                 if isinstance(exc, ProtocolError) and exc.code == ErrorCode.HOST_KEY_MISMATCH:
-                    raise
+                    refused.append(exc)
+                    return
                 logger.info("waiting for ssh", node=str(target))
             await anyio.sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -266,7 +272,10 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     async def _target(self, handle: KubernetesHandle, pod: KubernetesPod) -> SSHTarget:
         user = handle.ssh_user or self._k8s().ssh_user
         identity = str(self._key.ensure().private_path)
-        alias = f"k8s/{handle.context}/{handle.namespace}/{pod.name}"
+        # Keyed by the pod's uid: a pod made again under the same name (a lost node
+        # repaired) is a new machine with a new host key, not an impersonator.
+        alias = (f"k8s-pod-{pod.uid}" if pod.uid
+                 else f"k8s/{handle.context}/{handle.namespace}/{pod.name}")
         if handle.networking == "nodeport":
             return SSHTarget(pod.host_ip, pod.ssh_node_port, user, identity, alias)
         path = await self.forwards.ensure(PodPort(handle.context, handle.namespace, pod.name))
@@ -334,6 +343,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                 for name in names:
                     pod = by_name.get(name)
                     status, reason = pods.node_status(pod)
+                    if pod is None:
+                        reason = f"pod {name} no longer exists"
                     kept = next((p for p in handle.pods if p.name == name), None)
                     record = pods.recorded(pod) if pod is not None and pod.status.pod_ip \
                         else kept or KubernetesPod(name)

@@ -1,0 +1,285 @@
+"""Kubernetes clusters end to end on the Kubernetes test bed: upstream Kubernetes (API server,
+scheduler, controller-manager, kubelets with containerd) in a network namespace with no link
+out; the daemon and clusterctl run inside it too. Nothing is mocked: the provider speaks to the
+API server over HTTPS with kubernetes-asyncio, reaches each pod's sshd through a port-forward
+the API server carries (or a NodePort), and Ray and the agent run in the pods."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.k8sbed import LABEL_CLOUD_NAME, K8sBed
+from tests.support import Daemon, wait_for
+
+pytestmark = [pytest.mark.k8s, pytest.mark.ray]
+
+CONFIG = """
+kubernetes:
+  allowed_contexts: [bed-b, bed-a]
+  image: {image}
+  image_pull_policy: Never
+  provision_timeout: 5
+  networking_mode: {mode}
+"""
+
+
+def config(bed: K8sBed, mode: str = "portforward") -> str:
+    return CONFIG.format(image=bed.image, mode=mode)
+
+
+@pytest.fixture(scope="module")
+def daemon(k8s: K8sBed) -> Iterator[Daemon]:
+    daemon = k8s.daemon("cdk8d-", config(k8s), CLUSTERD_AGENT_AUTOSTOP_GRACE="5")
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        try:
+            daemon.down_all()
+            daemon.stop()
+        finally:
+            import shutil
+
+            shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+def cloud_name(daemon: Daemon, cluster: str) -> str:
+    found = daemon.cluster(cluster)
+    assert found is not None, f"no cluster {cluster}"
+    return str(found["cloud_name"])
+
+
+def launch(daemon: Daemon, cluster: str, task: str, *args: str,
+           timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    (daemon.root / f"{cluster}.yaml").write_text(task)
+    return daemon.ctl("launch", "-c", cluster, f"{cluster}.yaml", *args, timeout=timeout)
+
+
+def by_role(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Head first, then workers by name."""
+    return sorted(pods, key=lambda p: (p["metadata"]["labels"]["clusterd-node-role"] != "head",
+                                       p["metadata"]["name"]))
+
+
+DUO = """
+name: duo
+num_nodes: 2
+resources:
+  infra: kubernetes/bed-a
+  cpus: 1
+  memory: 1
+  labels: {team: e2e}
+run: |
+  echo "rank=$SKYPILOT_NODE_RANK of $SKYPILOT_NUM_NODES ips=$(echo $SKYPILOT_NODE_IPS) as $(whoami)"
+  echo "info=$SKYPILOT_CLUSTER_INFO"
+"""
+
+
+@pytest.fixture(scope="module")
+def duo(k8s: K8sBed, daemon: Daemon) -> dict[str, Any]:
+    result = launch(daemon, "duo", DUO)
+    assert result.returncode == 0, result.stderr + daemon.log()[-4000:]
+    for phase in ("creating nodes on kubernetes/bed-a", "starting Ray on 2",
+                  "cluster duo is UP"):
+        assert phase in result.stderr, phase
+    pods = by_role(k8s.pods(cloud_name(daemon, "duo")))
+    return {"result": result, "pods": pods}
+
+
+def test_two_pods_on_two_nodes_run_one_ray_cluster(k8s: K8sBed, daemon: Daemon,
+                                                   duo: dict[str, Any]) -> None:
+    pods = duo["pods"]
+    assert [p["metadata"]["labels"]["clusterd-node-role"] for p in pods] == ["head", "worker"]
+    assert all(p["metadata"]["namespace"] == "bed-a" for p in pods)
+    assert all(p["metadata"]["labels"]["team"] == "e2e" for p in pods)
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2, "one node holds both pods"
+    container = pods[0]["spec"]["containers"][0]
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert not any("PRIVATE" in e["value"] for e in container["env"])
+    ips = " ".join(p["status"]["podIP"] for p in pods)
+    info = {"cluster_name": "duo", "cloud": "Kubernetes", "region": "bed-a", "zone": None,
+            "num_nodes": 2}
+    lines = sorted(duo["result"].stdout.splitlines())
+    assert lines == sorted([
+        f"(head, rank=0) rank=0 of 2 ips={ips} as sky",
+        f"(head, rank=0) info={json.dumps(info)}",
+        f"(worker1, rank=1) rank=1 of 2 ips={ips} as sky",
+        f"(worker1, rank=1) info={json.dumps(info)}",
+    ]), duo["result"].stdout
+    row = daemon.cluster("duo")
+    assert row is not None and row["status"] == "UP"
+    assert row["infra"] == "kubernetes/bed-a", row
+
+
+def test_exec_and_logs_reach_the_pods(daemon: Daemon, duo: dict[str, Any]) -> None:
+    done = daemon.ctl("exec", "duo", "--", "echo hello from $SKYPILOT_NODE_RANK; hostname")
+    assert done.returncode == 0, done.stderr
+    names = [p["metadata"]["name"] for p in duo["pods"]]
+    assert sorted(done.stdout.splitlines()) == sorted(
+        ["(head, rank=0) hello from 0", f"(head, rank=0) {names[0]}",
+         "(worker1, rank=1) hello from 1", f"(worker1, rank=1) {names[1]}"])
+    logs = daemon.ctl("logs", "duo")
+    assert logs.returncode == 0 and "hello from 1" in logs.stdout, logs.stderr
+
+
+def test_stop_is_refused_and_autostop_means_down(daemon: Daemon, duo: dict[str, Any]) -> None:
+    stop = daemon.ctl("stop", "-y", "duo")
+    assert stop.returncode == 1
+    assert "cannot be stopped" in stop.stderr and "clusterctl down duo" in stop.stderr
+    set_ = daemon.ctl("autostop", "duo", "-i", "30")
+    assert set_.returncode == 0, set_.stderr
+    events = daemon.ctl("events", "duo").stdout
+    assert "autostop set: tear down after 30 idle min" in events, events
+    assert daemon.ctl("autostop", "duo", "--cancel").returncode == 0
+
+
+def test_refresh_names_a_lost_pod_and_launch_repairs_it(
+        k8s: K8sBed, daemon: Daemon, duo: dict[str, Any]) -> None:
+    worker = duo["pods"][1]["metadata"]["name"]
+    k8s.kubectl("delete", "pod", "-n", "bed-a", worker, "--grace-period=0", "--force")
+
+    def init() -> dict[str, Any] | None:
+        done = daemon.ctl("status", "--refresh", "--json")
+        row = next(c for c in json.loads(done.stdout) if c["name"] == "duo")
+        return row if row["status"] == "INIT" else None
+
+    row = wait_for(init, 120, "duo to be INIT", interval=2)
+    assert worker in row["status_reason"], row
+    again = launch(daemon, "duo", DUO)
+    assert again.returncode == 0, again.stderr + daemon.log()[-3000:]
+    assert "rank=1 of 2" in again.stdout
+    pods = k8s.pods(cloud_name(daemon, "duo"))
+    assert len(pods) == 2 and all(p["status"]["phase"] == "Running" for p in pods)
+
+
+def test_down_leaves_no_pod_service_or_secret(k8s: K8sBed, daemon: Daemon,
+                                              duo: dict[str, Any]) -> None:
+    name = cloud_name(daemon, "duo")
+    done = daemon.ctl("down", "-y", "duo")
+    assert done.returncode == 0, done.stderr
+    assert k8s.leftovers(name) == []
+
+
+GPU = """
+resources:
+  infra: kubernetes
+  accelerators: A100:1
+  cpus: 0.5
+  memory: 1
+run: echo gpus=$SKYPILOT_NUM_GPUS_PER_NODE
+"""
+
+
+def test_a_gpu_task_lands_on_the_gpu_node_with_the_gpu_in_its_limits(
+        k8s: K8sBed, daemon: Daemon) -> None:
+    k8s.ok("quota", "--pods", "0")  # bed-b first in the list: out of the way
+    try:
+        result = launch(daemon, "gpu", GPU)
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert "gpus=1" in result.stdout
+        (pod,) = k8s.pods(cloud_name(daemon, "gpu"))
+        assert pod["spec"]["nodeName"] == "gpu-1"
+        limits = pod["spec"]["containers"][0]["resources"]["limits"]
+        assert limits["nvidia.com/gpu"] == "1"
+        assert pod["spec"]["nodeSelector"] == {"skypilot.co/accelerator": "a100"}
+        # Failover from bed-b (its quota used up) to bed-a, with the reason in the table.
+        assert "kubernetes/bed-b" in result.stderr and "exceeded quota" in result.stderr
+    finally:
+        daemon.ctl("down", "-y", "gpu")
+        k8s.ok("quota", "--pods", "20")
+
+
+def test_more_gpus_than_any_node_has_fails_at_once_naming_the_nearest(
+        k8s: K8sBed, daemon: Daemon) -> None:
+    started = time.monotonic()
+    result = launch(daemon, "big", GPU.replace("A100:1", "A100:8"), timeout=120)
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "nearest" in result.stderr and "gpu-1" in result.stderr, result.stderr
+    assert daemon.cluster("big") is None or daemon.ctl("down", "-y", "big").returncode == 0
+
+
+ONE = """
+resources:
+  infra: kubernetes/bed-a
+  cpus: 0.5
+  memory: 1
+run: echo one on $(hostname)
+"""
+
+
+def test_a_daemon_killed_mid_launch_leaves_one_set_of_pods(k8s: K8sBed) -> None:
+    daemon = k8s.daemon("cdk8k-", config(k8s))
+    try:
+        daemon.start()
+        (daemon.root / "pair.yaml").write_text(ONE.replace("resources:", "num_nodes: 2\n"
+                                                                          "resources:"))
+        launching = subprocess.Popen(
+            [*daemon.wrap, daemon.env["PATH"].split(":")[0] + "/clusterctl", "launch", "-c",
+             "pair", "pair.yaml"], env=daemon.env, cwd=daemon.root,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_for(lambda: (c := daemon.cluster("pair")) is not None and len(
+            k8s.pods(c["cloud_name"])) == 2, 120, "the launch to create its pods", interval=0.5)
+        name = cloud_name(daemon, "pair")
+        daemon.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
+        daemon.process.wait()  # type: ignore[union-attr]
+        launching.communicate(timeout=60)
+        daemon.start()
+        again = daemon.ctl("launch", "-c", "pair", "pair.yaml", timeout=900)
+        assert again.returncode == 0, again.stderr + daemon.log()[-3000:]
+        pods = k8s.pods(name)
+        assert sorted(p["metadata"]["name"] for p in pods) == [f"{name}-head",
+                                                                f"{name}-worker1"]
+        assert daemon.ctl("down", "-y", "pair").returncode == 0
+        assert k8s.leftovers(name) == []
+    finally:
+        daemon.down_all()
+        daemon.stop()
+
+
+def test_exec_reopens_the_port_forward_after_the_api_server_restarts(
+        k8s: K8sBed, daemon: Daemon) -> None:
+    result = launch(daemon, "pf", ONE)
+    assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+    try:
+        k8s.ok("restart-apiserver")
+        done = daemon.ctl("exec", "pf", "--", "echo after the restart", timeout=300)
+        assert done.returncode == 0, done.stderr + daemon.log()[-3000:]
+        assert "after the restart" in done.stdout
+    finally:
+        daemon.ctl("down", "-y", "pf")
+
+
+def test_nodeport_networking(k8s: K8sBed) -> None:
+    daemon = k8s.daemon("cdk8n-", config(k8s, "nodeport"))
+    try:
+        daemon.start()
+        result = launch(daemon, "np", ONE)
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert "one on" in result.stdout
+        name = cloud_name(daemon, "np")
+        (service,) = k8s.objects("services", name)
+        assert service["spec"]["type"] == "NodePort"
+        port = service["spec"]["ports"][0]["nodePort"]
+        ssh_config = (daemon.root / "config" / "clusterd" / "ssh").read_text() \
+            if (daemon.root / "config" / "clusterd" / "ssh").is_file() else ""
+        assert daemon.ctl("down", "-y", "np").returncode == 0
+        assert k8s.leftovers(name) == [], (port, ssh_config)
+    finally:
+        daemon.down_all()
+        daemon.stop()
+
+
+def test_the_label_selects_only_this_daemons_pods(k8s: K8sBed, daemon: Daemon) -> None:
+    """Nothing of the tests above stays: every pod the bed holds is someone else's."""
+    listed = json.loads(k8s.kubectl("get", "pods", "-A", "-o", "json"))
+    ours = [p["metadata"]["name"] for p in listed["items"]
+            if LABEL_CLOUD_NAME in (p["metadata"].get("labels") or {})]
+    assert ours == []
