@@ -8,126 +8,32 @@ directory of its own, and a second daemon inside it; both go away at the end.
 from __future__ import annotations
 
 import json
-import os
-import re
-import shutil
-import signal
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-TESTBED = Path(__file__).resolve().parent / "testbed"
-PROGRESS = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
-# Progress lines that open each phase of a launch, in order.
-PHASES = (("placement", "checking where"), ("provision", "creating nodes on"),
-          ("install", "preparing the runtime"), ("ray", "starting Ray"),
-          ("agent", "starting the agent"), ("up", " is UP"))
+from bench_bed import PROGRESS, BedDaemon, launch_beside_local, timed
 
 
-class AWSBed:
+class AWSBed(BedDaemon):
     """The EC2 test bed, and a daemon of its own inside the bed's namespace."""
 
-    def __init__(self, bench: Any) -> None:
-        self.bench = bench
-        self.dir = Path(tempfile.mkdtemp(prefix="cdbec2-", dir="/tmp"))
-        self.netns = f"cdbench-{os.getpid()}"
-        self.root = Path(tempfile.mkdtemp(prefix="cdba-", dir="/tmp"))
-        self.daemon: subprocess.Popen[bytes] | None = None
-        self.env: dict[str, str] = {}
+    kind = "ec2"
 
-    def up(self) -> None:
-        done = self._testbed("up", "--netns", self.netns, "--regions", "us-east-1,us-west-2")
-        if done.returncode != 0:
-            raise SystemExit(f"ec2 test bed failed: {done.stderr}")
-        bed_env = json.loads(self._testbed("env", "--json").stdout)
-        runtime = self.root / "rt"
-        runtime.mkdir(mode=0o700)
-        (self.root / "home").mkdir()
-        self.env = {**self.bench.env,
-                    **{k: v for k, v in bed_env.items() if k.startswith("AWS_")},
-                    "CLUSTERD_CONFIG": bed_env["CLUSTERD_CONFIG"],
-                    "CLUSTERD_WHEELHOUSE_DIR": bed_env["CLUSTERD_WHEELHOUSE_DIR"],
-                    "XDG_RUNTIME_DIR": str(runtime),
-                    "XDG_STATE_HOME": str(self.root / "state"),
-                    "XDG_CONFIG_HOME": str(self.root / "config"),
-                    "HOME": str(self.root / "home")}
-        self.start_daemon()
+    def up_args(self) -> list[str]:
+        return ["--regions", "us-east-1,us-west-2"]
 
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state" / "clusterd"
-
-    def start_daemon(self) -> None:
-        socket_path = self.root / "rt" / "clusterd" / "clusterd.sock"
-        with open(self.root / "daemon.log", "ab") as log:
-            self.daemon = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, sys.executable, "-m", "clusterd"],
-                env=self.env, stdout=log, stderr=log, start_new_session=True, cwd="/")
-        deadline = time.monotonic() + 30
-        while not socket_path.exists():
-            if time.monotonic() > deadline or self.daemon.poll() is not None:
-                raise SystemExit(f"clusterd in the bed did not start; see {self.root}")
-            time.sleep(0.05)
-
-    def stop_daemon(self) -> None:
-        if self.daemon is not None and self.daemon.poll() is None:
-            self.daemon.send_signal(signal.SIGTERM)
-            self.daemon.wait(30)
-
-    def ctl(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", self.netns, str(
-            Path(sys.executable).with_name("clusterctl")), *args], env=self.env,
-            capture_output=True, text=True, timeout=timeout, cwd=self.root)
-
-    def python(self, code: str) -> str:
-        done = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", code],
-                              env=self.env, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise SystemExit(f"python in the bed failed: {done.stderr}")
-        return done.stdout
+    def daemon_env(self, bed_env: dict[str, str]) -> dict[str, str]:
+        return {**{k: v for k, v in bed_env.items() if k.startswith("AWS_")},
+                "CLUSTERD_CONFIG": bed_env["CLUSTERD_CONFIG"]}
 
     def calls(self, reset: bool = False) -> list[dict[str, Any]]:
         args = ["calls", "--json"] + (["--reset"] if reset else [])
         calls: list[dict[str, Any]] = json.loads(self._testbed(*args).stdout)["calls"]
         return calls
-
-    def down(self) -> None:
-        try:
-            for cluster in json.loads(self.ctl("status", "--json").stdout or "[]"):
-                self.ctl("down", "-y", "--purge", cluster["name"])
-        finally:
-            self.stop_daemon()
-            self._testbed("down")
-            shutil.rmtree(self.root, ignore_errors=True)
-
-    def _testbed(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(TESTBED), "ec2", *args, "--dir",
-                               str(self.dir)], capture_output=True, text=True, timeout=600)
-
-
-def phases(stderr: str, wall: float) -> dict[str, float]:
-    """Seconds spent in each launch phase, from the progress lines' timestamps."""
-    marks: list[tuple[str, float]] = []
-    for line in stderr.splitlines():
-        found = PROGRESS.match(line.strip())
-        if not found:
-            continue
-        for phase, text in PHASES:
-            if text in found.group(2) and phase not in dict(marks):
-                marks.append((phase, float(found.group(1))))
-    marks.append(("job", wall))
-    return {name: round(marks[i + 1][1] - at, 2) for i, (name, at) in enumerate(marks[:-1])}
-
-
-def _timed(run: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
-    started = time.monotonic()
-    done = run()
-    return time.monotonic() - started, done
 
 
 def bench_aws_launch(bench: Any, runs: int = 2) -> None:
@@ -136,33 +42,7 @@ def bench_aws_launch(bench: Any, runs: int = 2) -> None:
     bed = AWSBed(bench)
     try:
         bed.up()
-        aws, local, aws_phases, local_phases = [], [], [], []
-        for index in range(runs):
-            wall, done = _timed(lambda i=index: bed.ctl(
-                "launch", "-c", f"bl{i}", "--infra", "aws/us-east-1", "--num-nodes", "2",
-                "--cpus", "2", "--", "true"))
-            if done.returncode != 0:
-                raise SystemExit(f"aws launch failed: {done.stderr}")
-            aws.append(wall)
-            aws_phases.append(phases(done.stderr, wall))
-            bed.ctl("down", "-y", f"bl{index}")
-            wall, done = _timed(lambda i=index: bench.ctl("launch", "-c", f"bloc{i}", "--",
-                                                          "true"))
-            if done.returncode != 0:
-                raise SystemExit(f"local launch failed: {done.stderr}")
-            local.append(wall)
-            local_phases.append(phases(done.stderr, wall))
-            bench.ctl("down", "-y", f"bloc{index}")
-        median = statistics.median(aws)
-
-        def split(rows: list[dict[str, float]]) -> str:
-            keys = list(dict.fromkeys(k for row in rows for k in row))
-            return ",".join(f"{k}:{statistics.median(r.get(k, 0.0) for r in rows):.1f}"
-                            for k in keys)
-
-        bench.record("aws_launch_2_nodes", median, "s", baseline=statistics.median(local),
-                     baseline_name="local launch", phases=split(aws_phases),
-                     local_phases=split(local_phases))
+        launch_beside_local(bench, bed, "aws_launch_2_nodes", "aws/us-east-1", runs, "2")
     finally:
         bed.down()
 
@@ -216,7 +96,7 @@ def bench_aws_security_groups(bench: Any, runs: int = 2, rounds: int = 5) -> Non
             for enforce, walls in ((False, open_ports), (True, enforced)):
                 bed._testbed("firewall", "--on" if enforce else "--off")
                 name = f"sg{index}{'on' if enforce else 'off'}"
-                wall, done = _timed(lambda n=name: bed.ctl(
+                wall, done = timed(lambda n=name: bed.ctl(
                     "launch", "-c", n, "--infra", "aws/us-east-1", "--num-nodes", "2",
                     "--cpus", "2", "--", "true"))
                 if done.returncode != 0:
@@ -287,7 +167,7 @@ def bench_aws_refresh(bench: Any, clusters: int = 100) -> None:
         bed.start_daemon()
         bed.ctl("status", "--refresh")  # settles the inserted records once
         bed.calls(reset=True)
-        wall, done = _timed(lambda: bed.ctl("status", "--refresh", "--json"))
+        wall, done = timed(lambda: bed.ctl("status", "--refresh", "--json"))
         listed = [c for c in json.loads(done.stdout) if c["status"] == "STOPPED"]
         calls = bed.calls()
         describes = sum(c["count"] for c in calls if c["action"] == "DescribeInstances")

@@ -37,6 +37,7 @@ from bench_aws import (
     bench_failover,
 )
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
+from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -580,6 +581,9 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "aws_refresh": bench_aws_refresh,
     "failover": bench_failover,
     "aws_security_groups": bench_aws_security_groups,
+    "k8s_launch": bench_k8s_launch,
+    "k8s_refresh": bench_k8s_refresh,
+    "k8s_bed": bench_k8s_bed,
     "dashboard_page": bench_dashboard_page,
     "dashboard_logs": bench_dashboard_logs,
 }

@@ -153,6 +153,8 @@ def _check_options(check: argparse.ArgumentParser) -> None:
 def _show_gpus_options(show: argparse.ArgumentParser) -> None:
     show.add_argument("name", nargs="?", metavar="NAME",
                       help="one accelerator (e.g. A100): its instance types and prices")
+    show.add_argument("--infra", metavar="PROVIDER",
+                      help="one provider's only (kubernetes: what its nodes have and have free)")
     show.add_argument("--json", action="store_true")
 
 
@@ -549,10 +551,22 @@ def _price(value: Any) -> str:
 
 
 def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
-    rows = client.call(protocol.ShowGpusArgs(name=args.name)).get("accelerators", [])
+    rows = client.call(protocol.ShowGpusArgs(name=args.name, infra=args.infra)).get(
+        "accelerators", [])
     if args.json:
         print_json(rows)
         return ExitCode.SUCCEEDED
+    # Nodes that are there (kubernetes), then a cloud's catalog of instance types.
+    nodes = [r for r in rows if "node" in r]
+    rows = [r for r in rows if "node" not in r]
+    if nodes:
+        sys.stdout.write(table(
+            ["CONTEXT", "NODE", "ACCELERATOR", "TOTAL", "FREE", "vCPUs", "MEMORY"],
+            [[r["region"], r["node"], r["accelerator"], f"{r['count']:g}", f"{r['free']:g}",
+              f"{r['vcpus']:g}", f"{r['memory_gb']:g}GB"] for r in nodes]))
+        if not rows:
+            return ExitCode.SUCCEEDED
+        print()
     if args.name:
         table_rows = [[r["accelerator"], f"{r['count']:g}", r["instance_type"],
                        f"{r['vcpus']:g}", f"{r['memory_gb']:g}GB", _price(r["price"]),

@@ -467,6 +467,7 @@ class ShowGpusArgs(OpArgs):
 
     op = "show_gpus"
     name: str | None = None
+    infra: str | None = None  # one provider's only (kubernetes: its nodes, free and total)
 
 
 class RequestsArgs(OpArgs):

@@ -283,3 +283,23 @@ def test_the_label_selects_only_this_daemons_pods(k8s: K8sBed, daemon: Daemon) -
     ours = [p["metadata"]["name"] for p in listed["items"]
             if LABEL_CLOUD_NAME in (p["metadata"].get("labels") or {})]
     assert ours == []
+
+
+def test_check_lists_the_contexts_and_show_gpus_the_nodes(k8s: K8sBed, daemon: Daemon) -> None:
+    check = daemon.ctl("check", "--json")
+    assert check.returncode == 0, check.stderr
+    kube = json.loads(check.stdout)["providers"]["kubernetes"]
+    assert kube["ok"] is True
+    rows = {r["context"]: r for r in kube["contexts"]}
+    assert list(rows) == ["bed-b", "bed-a"]
+    assert rows["bed-a"]["ok"] and rows["bed-a"]["gpus"] == {"A100": 2}
+    shown = daemon.ctl("show-gpus", "--infra", "kubernetes", "--json")
+    assert shown.returncode == 0, shown.stderr
+    gpus = json.loads(shown.stdout)
+    assert {(r["region"], r["node"], r["accelerator"], r["count"], r["free"])
+            for r in gpus} == {("bed-a", "gpu-1", "A100", 2, 2), ("bed-b", "gpu-1", "A100", 2, 2)}
+    table = daemon.ctl("show-gpus", "--infra", "kubernetes")
+    assert table.stdout.splitlines()[0].split() == ["CONTEXT", "NODE", "ACCELERATOR", "TOTAL",
+                                                    "FREE", "vCPUs", "MEMORY"]
+    unknown = daemon.ctl("show-gpus", "--infra", "kubernetes", "H100")
+    assert unknown.returncode == 1 and "known: A100" in unknown.stderr

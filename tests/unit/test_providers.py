@@ -93,7 +93,7 @@ class NewProvider(ProviderDefaults):
     honoured_fields: ClassVar[frozenset[str]] = frozenset({"resources.labels"})
     check_top_level: ClassVar[tuple[str, ...]] = ("widgets",)
 
-    def accelerators(self) -> TinyCatalog:
+    async def accelerators(self) -> TinyCatalog:
         return TinyCatalog()
 
     async def check(self) -> dict[str, Any]:

@@ -321,9 +321,10 @@ class ProviderOf(Protocol[H]):
         all (pools defined, credentials present). Cheap: no calls to remote APIs."""
         ...
 
-    def accelerators(self) -> AcceleratorCatalog | None:
+    async def accelerators(self) -> AcceleratorCatalog | None:
         """The catalog `show-gpus` lists this provider's accelerators from; None where it has
-        none (machines that are what they are). Raises ProtocolError for a catalog that
+        none (machines that are what they are). Kubernetes reads it from the clusters' nodes
+        (what each has, and what is free now). Raises ProtocolError for a catalog that
         cannot be read."""
         ...
 
@@ -366,7 +367,7 @@ class ProviderDefaults(Generic[H]):
     honoured_fields: ClassVar[frozenset[str]] = frozenset()
     check_top_level: ClassVar[tuple[str, ...]] = ()
 
-    def accelerators(self) -> AcceleratorCatalog | None:
+    async def accelerators(self) -> AcceleratorCatalog | None:
         return None
 
     async def wait(self, cloud_name: str, handle: H, timeout_s: float) -> H:

@@ -198,7 +198,8 @@ class Handlers:
     async def show_gpus(self, call: Call, args: protocol.ShowGpusArgs) -> dict[str, Any]:
         """The accelerators of every provider that has a catalog of them."""
         catalogs = [(provider.name, catalog) for provider in self._providers.all()
-                    if (catalog := provider.accelerators()) is not None]
+                    if args.infra in (None, provider.name)
+                    and (catalog := await provider.accelerators()) is not None]
         rows = [{**row, "provider": name} for name, catalog in catalogs
                 for row in catalog.accelerator_rows(args.name)]
         if args.name and not rows:

@@ -112,7 +112,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
                                 "fix catalog_dir in the config, or unset "
                                 "CLUSTERD_CATALOG_DIR to use clusterd's own") from None
 
-    def accelerators(self) -> Catalog:
+    async def accelerators(self) -> Catalog:
         return self.catalog()
 
     # -- placements -----------------------------------------------------------------------

@@ -425,6 +425,30 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
             if r["ok"] else f"{r['context']}: {r['error']}" for r in rows)
         return {"ok": bool(good), "detail": detail, "contexts": rows}
 
+    async def accelerators(self) -> GpuNodes | None:
+        """The GPU nodes of every allowed context, with what is free on each now; a context
+        that does not answer (or whose user may not read nodes) is left out."""
+        try:
+            contexts = self.contexts()
+        except ProvisionError:
+            return None
+        if not contexts:
+            return None
+        found: dict[str, list[NodeCapacity]] = {}
+
+        async def one(context: str, namespace: str) -> None:
+            with anyio.move_on_after(CHECK_TIMEOUT_S):
+                try:
+                    found[context] = await self._capacities(context, namespace) or []
+                except ProvisionError as exc:
+                    logger.info("no GPUs read", context=context, error=exc.message)
+
+        async with anyio.create_task_group() as group:
+            for context, namespace in contexts.items():
+                group.start_soon(one, context, namespace)
+        return GpuNodes([(context, node) for context in contexts
+                         for node in found.get(context, []) if node.accelerator and node.gpus])
+
     async def aclose(self) -> None:
         await self.api.aclose()
 
@@ -450,6 +474,26 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         context = orphan.region or ""
         await pods.delete(self.api, context, self._namespace(context), orphan.cloud_name,
                           self.managed_by)
+
+
+class GpuNodes:
+    """`show-gpus` of Kubernetes: one row per GPU node (a context is its region), with its
+    total and free accelerators."""
+
+    def __init__(self, nodes: list[tuple[str, NodeCapacity]]) -> None:
+        self._nodes = nodes
+
+    def accelerator_rows(self, name: str | None = None) -> list[dict[str, object]]:
+        return [{"accelerator": node.accelerator, "count": node.gpus, "free": node.free_gpus,
+                 "node": node.name, "region": context, "vcpus": node.cpus,
+                 "memory_gb": round(node.memory_gb, 1), "ready": node.ready,
+                 "regions": [context], "instance_type": None, "price": None,
+                 "spot_price": None}
+                for context, node in self._nodes
+                if name is None or (node.accelerator or "").lower() == name.lower()]
+
+    def accelerator_names(self) -> list[str]:
+        return sorted({node.accelerator for _, node in self._nodes if node.accelerator})
 
 
 def _n(value: float) -> str:

@@ -1,0 +1,164 @@
+"""A test bed (scripts/testbed ec2|k8s) and a daemon of its own inside the bed's namespace, for
+the benchmarks that need one; both go away at `down`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+TESTBED = Path(__file__).resolve().parent / "testbed"
+PROGRESS = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
+# Progress lines that open each phase of a launch, in order.
+PHASES = (("placement", "checking where"), ("provision", "creating nodes on"),
+          ("install", "preparing the runtime"), ("ray", "starting Ray"),
+          ("agent", "starting the agent"), ("up", " is UP"))
+
+
+class BedDaemon:
+    """The `kind` test bed, and a daemon of its own inside the bed's namespace."""
+
+    kind = ""
+
+    def __init__(self, bench: Any) -> None:
+        self.bench = bench
+        self.dir = Path(tempfile.mkdtemp(prefix=f"cdb{self.kind}-", dir="/tmp"))
+        self.netns = f"cdbench-{self.kind}-{os.getpid()}"
+        self.root = Path(tempfile.mkdtemp(prefix="cdba-", dir="/tmp"))
+        self.daemon: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+
+    def up_args(self) -> list[str]:
+        return []
+
+    def daemon_env(self, bed_env: dict[str, str]) -> dict[str, str]:
+        """What of the bed's environment the daemon gets."""
+        raise NotImplementedError
+
+    def up(self) -> None:
+        done = self._testbed("up", "--netns", self.netns, *self.up_args())
+        if done.returncode != 0:
+            raise SystemExit(f"{self.kind} test bed failed: {done.stderr}")
+        bed_env = json.loads(self._testbed("env", "--json").stdout)
+        runtime = self.root / "rt"
+        runtime.mkdir(mode=0o700)
+        (self.root / "home").mkdir()
+        self.env = {**self.bench.env, **self.daemon_env(bed_env),
+                    "CLUSTERD_WHEELHOUSE_DIR": bed_env["CLUSTERD_WHEELHOUSE_DIR"],
+                    "XDG_RUNTIME_DIR": str(runtime),
+                    "XDG_STATE_HOME": str(self.root / "state"),
+                    "XDG_CONFIG_HOME": str(self.root / "config"),
+                    "HOME": str(self.root / "home")}
+        self.start_daemon()
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state" / "clusterd"
+
+    def start_daemon(self) -> None:
+        socket_path = self.root / "rt" / "clusterd" / "clusterd.sock"
+        with open(self.root / "daemon.log", "ab") as log:
+            self.daemon = subprocess.Popen(
+                ["ip", "netns", "exec", self.netns, sys.executable, "-m", "clusterd"],
+                env=self.env, stdout=log, stderr=log, start_new_session=True, cwd="/")
+        deadline = time.monotonic() + 30
+        while not socket_path.exists():
+            if time.monotonic() > deadline or self.daemon.poll() is not None:
+                raise SystemExit(f"clusterd in the bed did not start; see {self.root}")
+            time.sleep(0.05)
+
+    def stop_daemon(self) -> None:
+        if self.daemon is not None and self.daemon.poll() is None:
+            self.daemon.send_signal(signal.SIGTERM)
+            self.daemon.wait(30)
+
+    def ctl(self, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.netns, str(
+            Path(sys.executable).with_name("clusterctl")), *args], env=self.env,
+            capture_output=True, text=True, timeout=timeout, cwd=self.root)
+
+    def run(self, *cmd: str, timeout: float = 300) -> str:
+        """A command inside the bed's namespace, with the daemon's environment."""
+        done = subprocess.run(["ip", "netns", "exec", self.netns, *cmd], env=self.env,
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise SystemExit(f"{cmd[0]} in the bed failed: {done.stderr}")
+        return done.stdout
+
+    def python(self, code: str) -> str:
+        return self.run(sys.executable, "-c", code)
+
+    def down(self) -> None:
+        try:
+            for cluster in json.loads(self.ctl("status", "--json").stdout or "[]"):
+                self.ctl("down", "-y", "--purge", cluster["name"])
+        finally:
+            self.stop_daemon()
+            self._testbed("down")
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def _testbed(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, str(TESTBED), self.kind, *args, "--dir",
+                               str(self.dir)], capture_output=True, text=True, timeout=2400)
+
+
+def phases(stderr: str, wall: float) -> dict[str, float]:
+    """Seconds spent in each launch phase, from the progress lines' timestamps."""
+    marks: list[tuple[str, float]] = []
+    for line in stderr.splitlines():
+        found = PROGRESS.match(line.strip())
+        if not found:
+            continue
+        for phase, text in PHASES:
+            if text in found.group(2) and phase not in dict(marks):
+                marks.append((phase, float(found.group(1))))
+    marks.append(("job", wall))
+    return {name: round(marks[i + 1][1] - at, 2) for i, (name, at) in enumerate(marks[:-1])}
+
+
+def timed(run: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
+    started = time.monotonic()
+    done = run()
+    return time.monotonic() - started, done
+
+
+def split(rows: list[dict[str, float]]) -> str:
+    """Median seconds per phase over runs, as `phase:s,...`."""
+    import statistics
+
+    keys = list(dict.fromkeys(k for row in rows for k in row))
+    return ",".join(f"{k}:{statistics.median(r.get(k, 0.0) for r in rows):.1f}" for k in keys)
+
+
+def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs: int,
+                        cpus: str) -> None:
+    """A 2-node launch on the bed's provider against a local launch, alternating, by phase."""
+    import statistics
+
+    remote, local, remote_phases, local_phases = [], [], [], []
+    for index in range(runs):
+        wall, done = timed(lambda i=index: bed.ctl(
+            "launch", "-c", f"bl{i}", "--infra", infra, "--num-nodes", "2", "--cpus", cpus,
+            "--", "true"))
+        if done.returncode != 0:
+            raise SystemExit(f"{infra} launch failed: {done.stderr}")
+        remote.append(wall)
+        remote_phases.append(phases(done.stderr, wall))
+        bed.ctl("down", "-y", f"bl{index}")
+        wall, done = timed(lambda i=index: bench.ctl("launch", "-c", f"bloc{i}", "--", "true"))
+        if done.returncode != 0:
+            raise SystemExit(f"local launch failed: {done.stderr}")
+        local.append(wall)
+        local_phases.append(phases(done.stderr, wall))
+        bench.ctl("down", "-y", f"bloc{index}")
+    bench.record(name, statistics.median(remote), "s", baseline=statistics.median(local),
+                 baseline_name="local launch", phases=split(remote_phases),
+                 local_phases=split(local_phases))
