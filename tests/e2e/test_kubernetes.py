@@ -119,7 +119,8 @@ def test_two_pods_on_two_nodes_run_one_ray_cluster(k8s: K8sBed, daemon: Daemon,
 
 
 def test_exec_and_logs_reach_the_pods(daemon: Daemon, duo: dict[str, Any]) -> None:
-    done = daemon.ctl("exec", "duo", "--", "echo hello from $SKYPILOT_NODE_RANK; hostname")
+    done = daemon.ctl("exec", "duo", "--num-nodes", "2", "--",
+                      "echo hello from $SKYPILOT_NODE_RANK; hostname")
     assert done.returncode == 0, done.stderr
     names = [p["metadata"]["name"] for p in duo["pods"]]
     assert sorted(done.stdout.splitlines()) == sorted(
