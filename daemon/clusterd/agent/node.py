@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -250,7 +251,8 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         ray_bin, "start", "--block", "--disable-usage-stats",
         f"--temp-dir={temp_dir}",
         f"--node-ip-address={params['node_ip']}",
-        f"--num-cpus={round(float(params['num_cpus']))}",
+        # Whole CPUs, rounded up: a pod of 0.5 CPU is one to Ray, where its task of 0.5 fits.
+        f"--num-cpus={math.ceil(float(params['num_cpus']))}",
         f"--num-gpus={round(float(params.get('num_gpus', 0)))}",
         f"--object-store-memory={int(params['object_store_bytes'])}",
         "--log-style=record",

@@ -13,6 +13,7 @@ import anyio
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from clusterd import log
+from clusterd.concurrency import first_error
 from clusterd.nodes import NodeStatus
 from clusterd.providers.base import BlockScope, ProvisionError
 from clusterd.providers.kubernetes.api import KubeApi
@@ -108,17 +109,18 @@ async def _gone(api: KubeApi, context: str, namespace: str, name: str) -> None:
 async def create(api: KubeApi, context: str, namespace: str, spec: PodSpec, num_nodes: int,
                  nodeport: bool, ports: list[tuple[int, int]]) -> None:
     """Every object of the cluster: pods, their SSH Services (nodeport), the ports Service."""
-    async with anyio.create_task_group() as group:
-        for index in range(num_nodes):
-            group.start_soon(_create, api, context, "pod", namespace,
-                             pod_manifest(spec, index), spec.managed_by)
-            if nodeport:
+    with first_error():
+        async with anyio.create_task_group() as group:
+            for index in range(num_nodes):
+                group.start_soon(_create, api, context, "pod", namespace,
+                                 pod_manifest(spec, index), spec.managed_by)
+                if nodeport:
+                    group.start_soon(_create, api, context, "service", namespace,
+                                     ssh_service_manifest(spec, pod_name(spec.cloud_name, index)),
+                                     spec.managed_by)
+            if ports:
                 group.start_soon(_create, api, context, "service", namespace,
-                                 ssh_service_manifest(spec, pod_name(spec.cloud_name, index)),
-                                 spec.managed_by)
-        if ports:
-            group.start_soon(_create, api, context, "service", namespace,
-                             ports_service_manifest(spec, ports), spec.managed_by)
+                                 ports_service_manifest(spec, ports), spec.managed_by)
 
 
 def _ready(pod: Any) -> bool:

@@ -24,6 +24,7 @@ from kubernetes_asyncio import client
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.concurrency import first_error
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.base import (
     BlockScope,
@@ -139,11 +140,20 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         nodes: dict[str, list[NodeCapacity] | None] = {}
 
         async def look(context: str) -> None:
-            nodes[context] = await self._capacities(context, contexts[context])
+            try:
+                nodes[context] = await self._capacities(context, contexts[context])
+            except ProvisionError as exc:
+                if exc.scope == BlockScope.PROVIDER:
+                    raise
+                # The create there fails the same way, and failover says so in its table.
+                logger.info("cannot read the context's capacity", context=context,
+                            error=exc.message)
+                nodes[context] = None
 
-        async with anyio.create_task_group() as group:
-            for context in contexts:
-                group.start_soon(look, context)
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for context in contexts:
+                    group.start_soon(look, context)
         placements, seen = [], []
         for context in contexts:
             found = nodes.get(context)
@@ -458,7 +468,12 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         found: dict[tuple[str, str], list[str]] = {}
 
         async def one(context: str, namespace: str) -> None:
-            for pod in await pods.list_ours(self.api, context, namespace, self.managed_by):
+            try:
+                listed = await pods.list_ours(self.api, context, namespace, self.managed_by)
+            except ProvisionError as exc:  # looked for again on the next cycle
+                logger.info("cannot look for orphans", context=context, error=exc.message)
+                return
+            for pod in listed:
                 name = (pod.metadata.labels or {}).get(LABEL_CLOUD_NAME) or "?"
                 found.setdefault((context, name), []).append(pod.metadata.name)
 
