@@ -278,6 +278,95 @@ def test_nodeport_networking(k8s: K8sBed) -> None:
         daemon.stop()
 
 
+def test_api_errors_are_retried_adopted_or_failed_over(k8s: K8sBed, daemon: Daemon) -> None:
+    """429 and 500 are retried, a 409 on create is a pod there already, and RBAC's 403 in one
+    context moves the launch to the next."""
+    k8s.ok("fault", "add", "--verb", "create", "--resource", "pods", "--code", "429",
+           "--count", "1")
+    k8s.ok("fault", "add", "--verb", "create", "--resource", "pods", "--code", "500",
+           "--count", "1")
+    k8s.ok("fault", "add", "--verb", "create", "--resource", "pods", "--code", "409",
+           "--count", "1")
+    k8s.ok("fault", "add", "--verb", "create", "--resource", "pods", "--code", "403",
+           "--namespace", "bed-b")
+    try:
+        result = launch(daemon, "flaky", ONE.replace("kubernetes/bed-a", "kubernetes"))
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        rules = json.loads(k8s.ok("fault", "list", "--json"))["rules"]
+        assert [r["fired"] for r in rules][:3] == [1, 1, 1], rules
+        tried = [line for line in result.stderr.splitlines() if " — " in line]
+        assert len(tried) == 1 and "kubernetes/bed-b" in tried[0] and "Forbidden" in tried[0]
+        assert daemon.cluster("flaky")["infra"] == "kubernetes/bed-a"  # type: ignore[index]
+    finally:
+        k8s.ok("fault", "clear")
+        daemon.ctl("down", "-y", "flaky")
+
+
+BUSY = """
+resources:
+  ordered:
+    - infra: kubernetes/bed-a
+      accelerators: A100:1
+      cpus: 0.5
+      memory: 1
+    - infra: kubernetes/bed-a
+      cpus: 0.5
+      memory: 1
+run: echo gpus=$SKYPILOT_NUM_GPUS_PER_NODE
+"""
+
+
+def test_busy_gpus_leave_a_pod_pending_then_failover_says_why(k8s: K8sBed,
+                                                              daemon: Daemon) -> None:
+    hog = launch(daemon, "hog", GPU.replace("A100:1", "A100:2").replace(
+        "infra: kubernetes", "infra: kubernetes/bed-a"))
+    assert hog.returncode == 0, hog.stderr + daemon.log()[-3000:]
+    try:
+        result = launch(daemon, "busy", BUSY)
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        tried = [line for line in result.stderr.splitlines() if " — " in line]
+        assert len(tried) == 1, result.stderr
+        assert "could not be scheduled within 5 s" in tried[0]
+        assert "Insufficient nvidia.com/gpu" in tried[0], tried[0]
+        assert "gpus=0" in result.stdout
+        (pod,) = k8s.pods(cloud_name(daemon, "busy"))
+        assert "nvidia.com/gpu" not in pod["spec"]["containers"][0]["resources"]["limits"]
+    finally:
+        daemon.ctl("down", "-y", "busy")
+        daemon.ctl("down", "-y", "hog")
+
+
+def test_a_lost_node_makes_the_cluster_init_and_launch_repairs_it(
+        k8s: K8sBed, daemon: Daemon) -> None:
+    two = ONE.replace("resources:", "num_nodes: 2\nresources:")
+    result = launch(daemon, "kn", two)
+    assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+    name = cloud_name(daemon, "kn")
+    head, worker = by_role(k8s.pods(name))
+    lost = worker["spec"]["nodeName"]
+    assert head["spec"]["nodeName"] != lost
+    try:
+        k8s.ok("kill-node", lost)
+
+        def init() -> dict[str, Any] | None:
+            done = daemon.ctl("status", "--refresh", "--json")
+            row = next(c for c in json.loads(done.stdout) if c["name"] == "kn")
+            return row if row["status"] == "INIT" else None
+
+        row = wait_for(init, 180, "kn to be INIT", interval=2)
+        assert f"its node {lost} stopped reporting" in row["status_reason"], row
+        again = launch(daemon, "kn", two)
+        assert again.returncode == 0, again.stderr + daemon.log()[-3000:]
+        pods = by_role(k8s.pods(name))
+        assert [p["metadata"]["name"] for p in pods] == [f"{name}-head", f"{name}-worker1"]
+        assert pods[1]["spec"]["nodeName"] != lost
+        assert pods[1]["metadata"]["uid"] != worker["metadata"]["uid"]
+        assert daemon.cluster("kn")["status"] == "UP"  # type: ignore[index]
+    finally:
+        daemon.ctl("down", "-y", "kn")
+        k8s.ok("up", timeout=600)  # the node boots again, for what follows
+
+
 def test_the_label_selects_only_this_daemons_pods(k8s: K8sBed, daemon: Daemon) -> None:
     """Nothing of the tests above stays: every pod the bed holds is someone else's."""
     listed = json.loads(k8s.kubectl("get", "pods", "-A", "-o", "json"))

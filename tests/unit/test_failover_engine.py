@@ -76,6 +76,17 @@ def test_a_region_failure_skips_the_whole_region() -> None:
                      "aws/us-west-2/us-west-2a (p4d.24xlarge)"]
 
 
+def test_a_placement_failure_leaves_other_shapes_in_the_same_place() -> None:
+    # Kubernetes: the GPU pod cannot be scheduled now; a CPU pod in the same context can.
+    gpu = option("kubernetes", "bed-a", None, 0.0, rank=0, instance_type="1CPU--1A100")
+    cpu = option("kubernetes", "bed-a", None, 0.0, rank=1, instance_type="1CPU")
+    other = option("kubernetes", "bed-b", None, 0.0, rank=2, instance_type="1CPU--1A100")
+    failover = Failover([gpu, cpu, other])
+    tried = walk(failover, {"kubernetes/bed-a (1CPU--1A100)": BlockScope.PLACEMENT})
+    assert tried == ["kubernetes/bed-a (1CPU--1A100)", "kubernetes/bed-a (1CPU)"]
+    assert not failover.blocklist.blocks(other.placement)
+
+
 def test_a_provider_failure_skips_the_provider() -> None:
     failover = Failover(aws_options())
     tried = walk(failover, {"aws": BlockScope.PROVIDER})

@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 class BlockScope(enum.StrEnum):
     """What a provisioning failure rules out for the rest of this launch."""
 
+    # This placement only (its shape, where it is): the same place may still take another
+    # shape (Kubernetes: a pod the scheduler cannot place now, while a smaller one fits).
+    PLACEMENT = "placement"
     ZONE = "zone"
     REGION = "region"
     PROVIDER = "provider"

@@ -59,12 +59,15 @@ def resources_of(option: Option) -> str:
 
 class Blocklist:
     def __init__(self) -> None:
+        self._placements: set[Placement] = set()
         self._zones: set[tuple[str, str | None, str | None]] = set()
         self._regions: set[tuple[str, str | None]] = set()
         self._providers: set[str] = set()
 
     def add(self, placement: Placement, scope: BlockScope) -> None:
-        if scope == BlockScope.ZONE:
+        if scope == BlockScope.PLACEMENT:
+            self._placements.add(placement)
+        elif scope == BlockScope.ZONE:
             self._zones.add((placement.provider, placement.region, placement.zone))
         elif scope == BlockScope.REGION:
             self._regions.add((placement.provider, placement.region))
@@ -75,11 +78,13 @@ class Blocklist:
         self._providers.add(provider)
 
     def blocks(self, placement: Placement) -> bool:
-        return (placement.provider in self._providers
+        return (placement in self._placements
+                or placement.provider in self._providers
                 or (placement.provider, placement.region) in self._regions
                 or (placement.provider, placement.region, placement.zone) in self._zones)
 
     def clear(self) -> None:
+        self._placements.clear()
         self._zones.clear()
         self._regions.clear()
         self._providers.clear()

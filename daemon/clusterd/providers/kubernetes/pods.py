@@ -69,7 +69,12 @@ async def _create(api: KubeApi, context: str, kind: str, namespace: str,
             return
         except ApiException as exc:  # 409: it is there (a create retried, or resumed)
             assert exc.status == 409
-        found = await api.call(context, read)
+        try:
+            found = await api.call(context, read)
+        except ProvisionError as exc:
+            if ": NotFound" not in exc.message:
+                raise
+            continue  # gone again since (deleted meanwhile): made anew
         owner = (found.metadata.labels or {}).get(LABEL_MANAGED_BY)
         if owner != managed_by:
             raise ProvisionError(
@@ -199,7 +204,7 @@ async def wait_ready(api: KubeApi, context: str, namespace: str, cloud_name: str
             if unplaced and time.monotonic() - started > provision_timeout_s:
                 raise ProvisionError(
                     f"kubernetes/{context}: pod {name} could not be scheduled within "
-                    f"{provision_timeout_s:.0f} s: {unplaced}", BlockScope.REGION,
+                    f"{provision_timeout_s:.0f} s: {unplaced}", BlockScope.PLACEMENT,
                     "free capacity in the cluster, raise kubernetes.provision_timeout, or "
                     "let clusterd try elsewhere")
         if all(_ready(pods[n]) for n in names):
