@@ -88,6 +88,8 @@ def bench_k8s_refresh(bench: Any, clusters: int = 100) -> None:
         bed.up()
         managed_by = (bed.state_dir / "daemon-id").read_text().strip()
         made = [(f"kref-{i:03d}-x", CONTEXTS[i % 2]) for i in range(clusters)]
+        if bed._testbed("quota", "--pods", str(clusters)).returncode != 0:  # bed-b's: 20
+            raise SystemExit("cannot raise bed-b's pod quota")
         bed.kubectl("apply", "-f", "-", stdin=_pending_pods(managed_by, made))
         bed.stop_daemon()
         _insert_records(bed.state_dir / "state.db", made)
