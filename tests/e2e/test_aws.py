@@ -242,12 +242,14 @@ def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo:
     and nothing else (here, Ray's GCS on the head), while a member (the worker) does."""
     name = cloud_name(bed, duo)
     head = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "head")
-    listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltn")
+    listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltnp")
     assert listening.returncode == 0, listening.stderr
-    # Ray's ports (the GCS, the raylet's...), on the head's address or on every address.
-    ports = sorted({int(port) for address, port in (
-        line.split()[3].rsplit(":", 1) for line in listening.stdout.splitlines())
-        if address in (head["ip"], "0.0.0.0", "*", "[::]")})
+    # The GCS's port on the head's address (or on every address): it listens as long as the
+    # cluster runs, where a Ray worker's port may close between the listing and the probe.
+    ports = sorted({int(port) for line in listening.stdout.splitlines()
+                    if "gcs_server" in line
+                    for address, port in [line.split()[3].rsplit(":", 1)]
+                    if address in (head["ip"], "0.0.0.0", "*", "[::]")})
     ray_port = next((p for p in ports if p not in (22, 8080)), None)
     assert ray_port is not None, listening.stdout
     probe = ("import socket, sys\n"
