@@ -242,13 +242,14 @@ def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo:
     and nothing else (here, Ray's GCS on the head), while a member (the worker) does."""
     name = cloud_name(bed, duo)
     head = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "head")
-    listening = bed.daemon.ctl("exec", duo, "--", "ss -Hltnp")
+    # On both nodes, since a 1-node exec may run on either; the head's lines are kept.
+    listening = bed.daemon.ctl("exec", duo, "--num-nodes", "2", "--", "ss -Hltnp")
     assert listening.returncode == 0, listening.stderr
-    # The GCS's port on the head's address (or on every address): it listens as long as the
-    # cluster runs, where a Ray worker's port may close between the listing and the probe.
+    # The GCS's or the raylet's port on the head's address (or on every address): they listen
+    # as long as the cluster runs, where a Ray worker's port may close before the probe.
     ports = sorted({int(port) for line in listening.stdout.splitlines()
-                    if "gcs_server" in line
-                    for address, port in [line.split()[3].rsplit(":", 1)]
+                    if line.startswith("(head") and ("gcs_server" in line or "raylet" in line)
+                    for address, port in [line.split(") ", 1)[1].split()[3].rsplit(":", 1)]
                     if address in (head["ip"], "0.0.0.0", "*", "[::]")})
     ray_port = next((p for p in ports if p not in (22, 8080)), None)
     assert ray_port is not None, listening.stdout
