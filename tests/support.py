@@ -212,6 +212,23 @@ def ray_processes_of(runtime_dir: Path) -> list[int]:
     return alive
 
 
+def daemons_of(runtime_dir: Path) -> list[int]:
+    """Pids of every clusterd whose XDG_RUNTIME_DIR is `runtime_dir`, read from /proc: one an
+    autostart spawned that does not answer yet is found too."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"clusterd" in argv and f"XDG_RUNTIME_DIR={runtime_dir}".encode() in environ:
+            found.append(int(entry.name))
+    return found
+
+
 def make_git_repo(path: Path, first: str, second: str, name: str = "f.txt") -> Path:
     """A repository whose file `name` reads `first` at tag v1 and `second` at HEAD."""
     subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)

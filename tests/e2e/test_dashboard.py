@@ -26,7 +26,7 @@ from tests.e2e.dashboard_support import (
     start_dashboard,
     stop_dashboard,
 )
-from tests.support import Daemon, pid_alive, wait_for
+from tests.support import Daemon, daemons_of, pid_alive, wait_for
 
 # A job that prints a coloured line every 0.3 s for a few minutes (cancelled long before).
 TICKER = 'for i in $(seq 1 600); do printf "\\033[32mtick\\033[0m %d\\n" $i; sleep 0.3; done'
@@ -319,11 +319,13 @@ def test_a_daemon_that_went_away_is_started_again(daemon: Daemon) -> None:
         assert answering_pid(daemon) not in (None, old_pid)
     finally:
         stop_dashboard(board)
-        # Whatever the outcome, a daemon the dashboard started is not left behind.
-        restarted = answering_pid(daemon)
-        if restarted is not None and restarted != old_pid:
-            os.kill(restarted, signal.SIGTERM)
-            wait_for(lambda: not pid_alive(restarted), 30, "the restarted clusterd to stop")
+        # Whatever the outcome, no daemon the dashboard started is left behind: found by its
+        # environment, since one still starting does not answer yet.
+        for restarted in daemons_of(Path(daemon.env["XDG_RUNTIME_DIR"])):
+            if restarted != old_pid:
+                os.kill(restarted, signal.SIGTERM)
+                wait_for(lambda pid=restarted: not pid_alive(pid), 30,
+                         "the restarted clusterd to stop")
 
 
 def test_port_option_and_a_taken_port(shared_daemon: Daemon) -> None:
