@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 import anyio
@@ -22,6 +22,7 @@ import asyncssh
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.commands import CommandResult
+from clusterd.concurrency import first_error
 from clusterd.nodes import SSHTarget
 from clusterd.ssh.host_keys import HostKeyStore, KnownKeys, fingerprint
 
@@ -116,6 +117,33 @@ class SSHConnections:
                     await self.on_new_host_key(target, key)):
                 node.first_contact = False  # announced
             return node
+
+    async def wait_reachable(self, targets: Iterable[SSHTarget], *, attempt_s: float,
+                             first_delay_s: float, max_delay_s: float) -> None:
+        """Return once every target lets us in. New nodes whose sshd is still starting
+        refuse or do not answer: tried again, backing off from first_delay_s to max_delay_s.
+        A host key that is not the pinned one is no sshd starting: it is raised (the first
+        error, not a group). The caller bounds the whole wait."""
+
+        async def one(target: SSHTarget) -> None:
+            delay = first_delay_s
+            while True:
+                try:
+                    with anyio.fail_after(attempt_s):
+                        await self.get(target)
+                    return
+                except (ProtocolError, TimeoutError) as exc:
+                    if (isinstance(exc, ProtocolError)
+                            and exc.code == ErrorCode.HOST_KEY_MISMATCH):
+                        raise
+                    logger.info("waiting for ssh", node=str(target))
+                await anyio.sleep(delay)
+                delay = min(delay * 2, max_delay_s)
+
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for target in targets:
+                    group.start_soon(one, target)
 
     async def run(self, target: SSHTarget, command: str, *, input: bytes | None = None,
                   timeout_s: float = 120, name: str | None = None) -> CommandResult:

@@ -308,25 +308,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             instances = await self._wait_states(region, ids, {"running"})
             handle = dataclasses.replace(handle, nodes=_nodes_of(instances))
             info = await self.cluster_info(cloud_name, handle)
-            async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    assert node.ssh is not None
-                    group.start_soon(self._wait_ssh, node.ssh)
+            await self._connections.wait_reachable(
+                [_ssh_of(node) for node in info.nodes], attempt_s=SSH_ATTEMPT_S,
+                first_delay_s=1.0, max_delay_s=10.0)
         return handle
-
-    async def _wait_ssh(self, target: SSHTarget) -> None:
-        delay = 1.0
-        while True:
-            try:
-                with anyio.fail_after(SSH_ATTEMPT_S):
-                    await self._connections.get(target)
-                return
-            except (ProtocolError, TimeoutError) as exc:
-                if isinstance(exc, ProtocolError) and exc.code == ErrorCode.HOST_KEY_MISMATCH:
-                    raise
-                logger.info("waiting for ssh", node=str(target))
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 10.0)
 
     async def _wait_states(self, region: str, ids: list[str], wanted: set[str]
                            ) -> list[Instance]:
@@ -665,3 +650,7 @@ def _gpus(accelerator: str | None, count: float) -> float:
         return 0.0
     return count
 
+
+def _ssh_of(node: NodeInfo) -> SSHTarget:
+    assert node.ssh is not None  # every node of a cloud cluster is reached over SSH
+    return node.ssh

@@ -250,32 +250,11 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
             handle.memory_gb, handle.gpus, handle.accelerator,
             tuple(pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
         info = await self.cluster_info(cloud_name, handle)
-        refused: list[ProtocolError] = []
         with anyio.fail_after(timeout_s):
-            async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    assert node.ssh is not None
-                    group.start_soon(self._wait_ssh, node.ssh, refused)
-        if refused:
-            raise refused[0]
+            await self._connections.wait_reachable(
+                [node.ssh for node in info.nodes if node.ssh is not None],
+                attempt_s=SSH_ATTEMPT_S, first_delay_s=0.5, max_delay_s=5.0)
         return handle
-
-    async def _wait_ssh(self, target: SSHTarget, refused: list[ProtocolError]) -> None:
-        """Until the pod's sshd lets us in; a host key that is not the pinned one is no
-        sshd still starting: it goes in `refused`."""
-        delay = 0.5
-        while True:
-            try:
-                with anyio.fail_after(SSH_ATTEMPT_S):
-                    await self._connections.get(target)
-                return
-            except (ProtocolError, TimeoutError) as exc:
-                if isinstance(exc, ProtocolError) and exc.code == ErrorCode.HOST_KEY_MISMATCH:
-                    refused.append(exc)
-                    return
-                logger.info("waiting for ssh", node=str(target))
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 5.0)
 
     # -- reach ------------------------------------------------------------------------------
 
