@@ -8,14 +8,12 @@ directory of its own, and a second daemon inside it; both go away at the end.
 from __future__ import annotations
 
 import json
-import sqlite3
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from bench_bed import PROGRESS, BedDaemon, launch_beside_local, timed
+from bench_bed import PROGRESS, BedDaemon, insert_records, launch_beside_local, timed
 
 
 class AWSBed(BedDaemon):
@@ -163,7 +161,12 @@ def bench_aws_refresh(bench: Any, clusters: int = 100) -> None:
         # Records as launches would have left them (the instances exist, stopped): straight
         # into the database while the daemon is down.
         bed.stop_daemon()
-        _insert_aws_records(bed.state_dir / "state.db", made)
+        insert_records(bed.state_dir / "state.db", "aws", "UP", [
+            (cloud_name, {"infra": "aws/us-east-1"},
+             {"provider": "aws", "region": "us-east-1", "cpus": 2},
+             {"provider": {"region": "us-east-1", "ssh_user": "ubuntu",
+                           "nodes": [{"id": instance, "role": "head"}]}})
+            for cloud_name, instance in made])
         bed.start_daemon()
         bed.ctl("status", "--refresh")  # settles the inserted records once
         bed.calls(reset=True)
@@ -214,25 +217,3 @@ def bench_failover(bench: Any) -> None:
                      max_ms=after["decision_ms_max"])
     finally:
         bed.down()
-
-
-def _insert_aws_records(db_path: Path, made: list[list[str]]) -> None:
-    now = time.time()
-    db = sqlite3.connect(db_path)
-    try:
-        with db:
-            db.executemany(
-                "INSERT INTO clusters (name, provider, cloud_name, status, status_reason,"
-                " num_nodes, requested_resources, launched_resources, handle, config_hash,"
-                " created_at, launched_at, status_updated_at, ever_up)"
-                " VALUES (?, 'aws', ?, 'UP', 'inserted by the benchmark', 1, ?, ?, ?,"
-                " 'bench', ?, ?, ?, 1)",
-                [(cloud_name.rsplit("-", 1)[0], cloud_name,
-                  json.dumps({"infra": "aws/us-east-1"}),
-                  json.dumps({"provider": "aws", "region": "us-east-1", "cpus": 2}),
-                  json.dumps({"provider": {"region": "us-east-1", "ssh_user": "ubuntu",
-                                           "nodes": [{"id": instance, "role": "head"}]}}),
-                  now, now, now) for cloud_name, instance in made],
-            )
-    finally:
-        db.close()

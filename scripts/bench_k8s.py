@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import sqlite3
 import subprocess
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-from bench_bed import BedDaemon, launch_beside_local, timed
+from bench_bed import BedDaemon, insert_records, launch_beside_local, timed
 
 CONTEXTS = ("bed-a", "bed-b")
 # The API server's own count of requests, by verb and resource (its /metrics).
@@ -92,7 +89,12 @@ def bench_k8s_refresh(bench: Any, clusters: int = 100) -> None:
             raise SystemExit("cannot raise bed-b's pod quota")
         bed.kubectl("apply", "-f", "-", stdin=_pending_pods(managed_by, made))
         bed.stop_daemon()
-        _insert_records(bed.state_dir / "state.db", made)
+        insert_records(bed.state_dir / "state.db", "kubernetes", "UP", [
+            (cloud_name, {"infra": f"kubernetes/{context}"},
+             {"provider": "kubernetes", "region": context, "cpus": 1},
+             {"provider": {"context": context, "namespace": context,
+                           "pods": [{"name": f"{cloud_name}-head"}]}})
+            for cloud_name, context in made])
         bed.start_daemon()
         bed.ctl("status", "--refresh")  # settles the inserted records once
         before = bed.list_pods_calls()
@@ -127,27 +129,3 @@ def bench_k8s_bed(bench: Any) -> None:
                      down_s=round(down, 1))
     finally:
         bed._testbed("down")
-
-
-def _insert_records(db_path: Path, made: list[tuple[str, str]]) -> None:
-    now = time.time()
-    db = sqlite3.connect(db_path)
-    try:
-        with db:
-            db.executemany(
-                "INSERT INTO clusters (name, provider, cloud_name, status, status_reason,"
-                " num_nodes, requested_resources, launched_resources, handle, config_hash,"
-                " created_at, launched_at, status_updated_at, ever_up)"
-                " VALUES (?, 'kubernetes', ?, 'UP', 'inserted by the benchmark', 1, ?, ?, ?,"
-                " 'bench', ?, ?, ?, 1)",
-                [(cloud_name.rsplit("-", 1)[0], cloud_name,
-                  json.dumps({"infra": f"kubernetes/{context}"}),
-                  json.dumps({"provider": "kubernetes", "region": context, "cpus": 1}),
-                  json.dumps({"provider": {"context": context, "namespace": context,
-                                           "pods": [{"name": f"{cloud_name}-head"}]}}),
-                  now, now, now) for cloud_name, context in made],
-            )
-    finally:
-        db.close()
-
-

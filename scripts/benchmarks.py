@@ -36,6 +36,7 @@ from bench_aws import (
     bench_aws_security_groups,
     bench_failover,
 )
+from bench_bed import insert_records
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
 
@@ -148,7 +149,10 @@ class Bench:
         if self.loadtest == count:
             return
         self._restart_daemon(extra={"CLUSTERD_TEST_PROVIDERS": "loadtest"}, before=lambda: (
-            _insert_loadtest_records(self.root / "state" / "clusterd" / "state.db", count)))
+            insert_records(
+                self.root / "state" / "clusterd" / "state.db", "loadtest", "INIT",
+                [(f"load-{i:04d}-x", {"infra": "loadtest/mem"}, {"cpus": 4},
+                  {"provider": {"nodes": 1}}) for i in range(count)])))
         from clusterctl import Client, StatusArgs
 
         with Client(self.socket, autostart=False) as client:
@@ -513,25 +517,6 @@ def _status_reader(socket_path: str, seconds: float, expected: int) -> list[floa
             if len(reply["clusters"]) < expected:
                 raise SystemExit("status lost clusters")
     return latencies
-
-
-def _insert_loadtest_records(db_path: Path, count: int) -> None:
-    now = time.time()
-    db = sqlite3.connect(db_path)
-    try:
-        with db:
-            db.executemany(
-                "INSERT INTO clusters (name, provider, cloud_name, status, status_reason,"
-                " num_nodes, requested_resources, launched_resources, handle, config_hash,"
-                " created_at, launched_at, status_updated_at, ever_up)"
-                " VALUES (?, 'loadtest', ?, 'INIT', 'inserted by the benchmark', 1, ?, ?, ?,"
-                " 'bench', ?, ?, ?, 1)",
-                [(f"load-{i:04d}", f"load-{i:04d}-x", json.dumps({"infra": "loadtest/mem"}),
-                  json.dumps({"cpus": 4}), json.dumps({"provider": {"nodes": 1}}), now, now,
-                  now) for i in range(count)],
-            )
-    finally:
-        db.close()
 
 
 def bench_autostop_lag(self: Bench, clusters: int = 10, minutes: float = 0.05) -> None:
