@@ -229,6 +229,26 @@ def daemons_of(runtime_dir: Path) -> list[int]:
     return found
 
 
+@contextlib.contextmanager
+def running(daemon: Daemon) -> Iterator[Daemon]:
+    """A daemon (of a test bed), started, and at the end with every cluster torn down."""
+    try:
+        daemon.start()
+        yield daemon
+    finally:
+        try:
+            daemon.down_all()
+            daemon.stop()
+        finally:
+            shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+def cloud_name(daemon: Daemon, cluster: str) -> str:
+    found = daemon.cluster(cluster)
+    assert found is not None, f"no cluster {cluster}"
+    return str(found["cloud_name"])
+
+
 def make_git_repo(path: Path, first: str, second: str, name: str = "f.txt") -> Path:
     """A repository whose file `name` reads `first` at tag v1 and `second` at HEAD."""
     subprocess.run(["git", "init", "-q", "-b", "main", str(path)], check=True)

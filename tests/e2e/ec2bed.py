@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.support import Daemon, make_env, short_tempdir, wait_for
+from tests.support import Daemon, cloud_name, make_env, running, short_tempdir, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTBED = str(ROOT / "scripts" / "testbed")
@@ -143,21 +143,4 @@ def ec2_bed() -> Iterator[EC2Bed]:
         shutil.rmtree(bed_dir, ignore_errors=True)
 
 
-@contextlib.contextmanager
-def running(daemon: Daemon) -> Iterator[Daemon]:
-    """A daemon of the bed, started, and at the end with every cluster torn down."""
-    try:
-        daemon.start()
-        yield daemon
-    finally:
-        try:
-            daemon.down_all()
-            daemon.stop()
-        finally:
-            shutil.rmtree(daemon.root, ignore_errors=True)
-
-
-def cloud_name(daemon: Daemon, cluster: str) -> str:
-    found = daemon.cluster(cluster)
-    assert found is not None, f"no cluster {cluster}"
-    return str(found["cloud_name"])
+__all__ = ["EC2Bed", "cloud_name", "ec2_bed", "running"]

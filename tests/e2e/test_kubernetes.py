@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.k8sbed import LABEL_CLOUD_NAME, K8sBed
-from tests.support import CLUSTERCTL, Daemon, wait_for
+from tests.support import CLUSTERCTL, Daemon, cloud_name, running, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 
@@ -36,24 +36,8 @@ def config(bed: K8sBed, mode: str = "portforward") -> str:
 
 @pytest.fixture(scope="module")
 def daemon(k8s: K8sBed) -> Iterator[Daemon]:
-    daemon = k8s.daemon("cdk8d-", config(k8s), CLUSTERD_AGENT_AUTOSTOP_GRACE="5")
-    try:
-        daemon.start()
-        yield daemon
-    finally:
-        try:
-            daemon.down_all()
-            daemon.stop()
-        finally:
-            import shutil
-
-            shutil.rmtree(daemon.root, ignore_errors=True)
-
-
-def cloud_name(daemon: Daemon, cluster: str) -> str:
-    found = daemon.cluster(cluster)
-    assert found is not None, f"no cluster {cluster}"
-    return str(found["cloud_name"])
+    with running(k8s.daemon("cdk8d-", config(k8s), CLUSTERD_AGENT_AUTOSTOP_GRACE="5")) as d:
+        yield d
 
 
 def launch(daemon: Daemon, cluster: str, task: str, *args: str,
@@ -217,9 +201,7 @@ run: echo one on $(hostname)
 
 
 def test_a_daemon_killed_mid_launch_leaves_one_set_of_pods(k8s: K8sBed) -> None:
-    daemon = k8s.daemon("cdk8k-", config(k8s))
-    try:
-        daemon.start()
+    with running(k8s.daemon("cdk8k-", config(k8s))) as daemon:
         (daemon.root / "pair.yaml").write_text(ONE.replace("resources:", "num_nodes: 2\n"
                                                                           "resources:"))
         launching = subprocess.Popen(
@@ -239,9 +221,6 @@ def test_a_daemon_killed_mid_launch_leaves_one_set_of_pods(k8s: K8sBed) -> None:
                                                                 f"{name}-worker1"]
         assert daemon.ctl("down", "-y", "pair").returncode == 0
         assert k8s.leftovers(name) == []
-    finally:
-        daemon.down_all()
-        daemon.stop()
 
 
 def test_exec_reopens_the_port_forward_after_the_api_server_restarts(
@@ -258,9 +237,7 @@ def test_exec_reopens_the_port_forward_after_the_api_server_restarts(
 
 
 def test_nodeport_networking(k8s: K8sBed) -> None:
-    daemon = k8s.daemon("cdk8n-", config(k8s, "nodeport"))
-    try:
-        daemon.start()
+    with running(k8s.daemon("cdk8n-", config(k8s, "nodeport"))) as daemon:
         result = launch(daemon, "np", ONE)
         assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
         assert "one on" in result.stdout
@@ -273,9 +250,6 @@ def test_nodeport_networking(k8s: K8sBed) -> None:
         assert f"sky@{pod['status']['hostIP']}:{port}" in result.stderr
         assert daemon.ctl("down", "-y", "np").returncode == 0
         assert k8s.leftovers(name) == []
-    finally:
-        daemon.down_all()
-        daemon.stop()
 
 
 def test_api_errors_are_retried_adopted_or_failed_over(k8s: K8sBed, daemon: Daemon) -> None:
