@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from clusterd.providers.base import Placement, ProviderHandle
+from clusterd.providers.base import ProviderHandle
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +56,3 @@ class KubernetesHandle(ProviderHandle, provider="kubernetes"):
             memory_gb=float(data.get("memory_gb") or 0), gpus=float(data.get("gpus") or 0),
             accelerator=data.get("accelerator"),
             pods=tuple(KubernetesPod.from_json(p) for p in data.get("pods") or []))
-
-    @classmethod
-    def for_intent(cls, intent: Placement | None) -> KubernetesHandle:
-        """Where a launch was creating the cluster, with no pods recorded."""
-        return cls(intent.region or "" if intent is not None else "")

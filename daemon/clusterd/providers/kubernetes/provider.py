@@ -232,9 +232,9 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                                 tuple(KubernetesPod(n) for n in names))
 
     def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> KubernetesHandle:
-        handle = KubernetesHandle.for_intent(intent)
-        namespace = self.contexts().get(handle.context, "") if handle.context else ""
-        return KubernetesHandle(handle.context, namespace)
+        """Where the launch was making pods (the intent's region is its context), no pods."""
+        context = (intent.region or "") if intent is not None else ""
+        return KubernetesHandle(context, self.contexts().get(context, "") if context else "")
 
     async def wait(self, cloud_name: str, handle: KubernetesHandle,
                    timeout_s: float) -> KubernetesHandle:
@@ -245,10 +245,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         ports = (await pods.ssh_node_ports(self.api, handle.context, handle.namespace,
                                            [p.metadata.name for p in ready])
                  if handle.networking == "nodeport" else {})
-        handle = KubernetesHandle(
-            handle.context, handle.namespace, handle.networking, handle.ssh_user, handle.cpus,
-            handle.memory_gb, handle.gpus, handle.accelerator,
-            tuple(pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
+        handle = dataclasses.replace(handle, pods=tuple(
+            pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
         info = await self.cluster_info(cloud_name, handle)
         with anyio.fail_after(timeout_s):
             await self._connections.wait_reachable(
