@@ -75,7 +75,8 @@ def skypilot_env(
         "SKYPILOT_NODE_IPS": ips,
         "SKYPILOT_NUM_NODES": str(len(slots)),
         "SKYPILOT_NUM_GPUS_PER_NODE": _count(gpus_per_node),
-        "SKYPILOT_TASK_ID": job.task_id,
+        # The submitter's own (a managed job's, the same in every attempt), else the agent's.
+        "SKYPILOT_TASK_ID": job.spec.get("task_id") or job.task_id,
         # Inherited by everything the job starts, even what leaves its session: the handle
         # by which a restarted agent finds a dead agent's jobs (see node_tasks.kill_tagged).
         JOB_TAG: job.task_id,

@@ -74,6 +74,7 @@ def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
         "cloud": spec.cloud,
         "region": spec.region,
         "zone": spec.zone,
+        "task_id": spec.task_id,
     }
 
 

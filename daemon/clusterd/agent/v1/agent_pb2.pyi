@@ -54,7 +54,7 @@ class NodeResources(_message.Message):
     def __init__(self, cpus: _Optional[float] = ..., gpus: _Optional[float] = ..., memory_gb: _Optional[float] = ..., accelerator: _Optional[str] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("name", "setup", "run", "envs", "secrets", "num_nodes", "resources", "workdir", "user", "cluster_name", "resources_display", "container_image", "cloud", "region", "zone")
+    __slots__ = ("name", "setup", "run", "envs", "secrets", "num_nodes", "resources", "workdir", "user", "cluster_name", "resources_display", "container_image", "cloud", "region", "zone", "task_id")
     class EnvsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class JobSpec(_message.Message):
     CLOUD_FIELD_NUMBER: _ClassVar[int]
     REGION_FIELD_NUMBER: _ClassVar[int]
     ZONE_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
     name: str
     setup: str
     run: str
@@ -99,7 +100,8 @@ class JobSpec(_message.Message):
     cloud: str
     region: str
     zone: str
-    def __init__(self, name: _Optional[str] = ..., setup: _Optional[str] = ..., run: _Optional[str] = ..., envs: _Optional[_Mapping[str, str]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., num_nodes: _Optional[int] = ..., resources: _Optional[_Union[NodeResources, _Mapping]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., cluster_name: _Optional[str] = ..., resources_display: _Optional[str] = ..., container_image: _Optional[str] = ..., cloud: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ...) -> None: ...
+    task_id: str
+    def __init__(self, name: _Optional[str] = ..., setup: _Optional[str] = ..., run: _Optional[str] = ..., envs: _Optional[_Mapping[str, str]] = ..., secrets: _Optional[_Mapping[str, str]] = ..., num_nodes: _Optional[int] = ..., resources: _Optional[_Union[NodeResources, _Mapping]] = ..., workdir: _Optional[str] = ..., user: _Optional[str] = ..., cluster_name: _Optional[str] = ..., resources_display: _Optional[str] = ..., container_image: _Optional[str] = ..., cloud: _Optional[str] = ..., region: _Optional[str] = ..., zone: _Optional[str] = ..., task_id: _Optional[str] = ...) -> None: ...
 
 class AddJobRequest(_message.Message):
     __slots__ = ("spec",)
