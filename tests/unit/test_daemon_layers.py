@@ -26,7 +26,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd.state"},
     {"clusterd.requests", "clusterd.runtime"},
     {"clusterd.provision"},
-    {"clusterd.services"},
+    # Managed jobs drive the services (their records are state of their own).
+    {"clusterd.services", "clusterd.managed"},
     {"clusterd.server"},
     {"clusterd.app"},
     {"clusterd.main", "clusterd.__main__"},

@@ -67,6 +67,40 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE clusters ADD COLUMN autostop_set_at REAL;
     ALTER TABLE clusters ADD COLUMN autostop_deadline REAL;
     """,
+    # 3: managed jobs (see clusterd/managed/store.py) and their status history.
+    """
+    CREATE TABLE managed_jobs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        name TEXT NOT NULL,
+        task TEXT NOT NULL,
+        status TEXT NOT NULL,
+        status_reason TEXT NOT NULL DEFAULT '',
+        cluster TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        recoveries INTEGER NOT NULL DEFAULT 0,
+        user_restarts INTEGER NOT NULL DEFAULT 0,
+        agent_job_id INTEGER,
+        log_base INTEGER NOT NULL DEFAULT 0,
+        ending TEXT,
+        placed TEXT,
+        submitted_at REAL NOT NULL,
+        started_at REAL,
+        ended_at REAL,
+        status_updated_at REAL NOT NULL,
+        run_started_at REAL,
+        run_seconds REAL NOT NULL DEFAULT 0
+    );
+    CREATE TABLE managed_job_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        job_id INTEGER NOT NULL,
+        from_status TEXT,
+        to_status TEXT,
+        reason TEXT NOT NULL
+    );
+    CREATE INDEX managed_job_events_by_job ON managed_job_events (job_id, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

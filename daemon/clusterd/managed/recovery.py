@@ -1,0 +1,85 @@
+"""A managed job's recovery policy: SkyPilot's `resources.job_recovery` (old name
+`spot_recovery`), read from the task as submitted.
+
+    resources:
+      job_recovery:            # or a bare strategy name: job_recovery: FAILOVER
+        strategy: FAILOVER     # the region it lost first, then anywhere (the default)
+        max_restarts_on_errors: 2   # user failures (non-zero exit) retried this many times
+
+EAGER_NEXT_REGION (another region first) needs the failover engine to put a region last,
+which it cannot do yet: it is refused by name rather than run as FAILOVER.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.safe_yaml import YAMLProblem, safe_load
+
+MAX_RESTARTS = 1000
+
+
+class Strategy(enum.StrEnum):
+    FAILOVER = "FAILOVER"
+    EAGER_NEXT_REGION = "EAGER_NEXT_REGION"
+
+
+@dataclasses.dataclass(frozen=True)
+class RecoveryPolicy:
+    strategy: Strategy = Strategy.FAILOVER
+    max_restarts_on_errors: int = 0
+
+    def may_restart(self, restarts_so_far: int) -> bool:
+        """Whether a user failure after `restarts_so_far` retries is retried once more."""
+        return restarts_so_far < self.max_restarts_on_errors
+
+
+def _invalid(source: str, message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.INVALID_TASK, f"{source}: resources.job_recovery: {message}",
+                         "e.g. job_recovery: {strategy: FAILOVER, max_restarts_on_errors: 2}")
+
+
+def policy_from_yaml(yaml_text: str | None, source: str = "<task>") -> RecoveryPolicy:
+    """The policy of a task YAML (the default for a command or a task without one).
+    Only the top-level `resources` is read: a job's recovery is one for all its choices."""
+    if not yaml_text:
+        return RecoveryPolicy()
+    try:
+        raw = safe_load(yaml_text)
+    except YAMLProblem:
+        return RecoveryPolicy()  # the loader has refused it already, naming the problem
+    resources = raw.get("resources") if isinstance(raw, dict) else None
+    if not isinstance(resources, dict):
+        return RecoveryPolicy()
+    value = resources.get("job_recovery", resources.get("spot_recovery"))
+    return parse_policy(value, source)
+
+
+def parse_policy(value: Any, source: str = "<task>") -> RecoveryPolicy:
+    if value is None:
+        return RecoveryPolicy()
+    if isinstance(value, str):
+        value = {"strategy": value}
+    if not isinstance(value, dict):
+        raise _invalid(source, "must be a strategy name or a map")
+    unknown = sorted(str(k) for k in value if k not in ("strategy", "max_restarts_on_errors"))
+    if unknown:
+        raise _invalid(source, f"unknown field {', '.join(unknown)}")
+    name = value.get("strategy") or Strategy.FAILOVER
+    if not isinstance(name, str) or name.upper() not in Strategy.__members__:
+        raise _invalid(source, f"strategy must be one of {', '.join(Strategy)}, got {name!r}")
+    strategy = Strategy(name.upper())
+    if strategy == Strategy.EAGER_NEXT_REGION:
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED,
+            f"{source}: resources.job_recovery: EAGER_NEXT_REGION is not supported yet",
+            "use strategy: FAILOVER (the region it lost first, then the others)")
+    restarts = value.get("max_restarts_on_errors", 0)
+    if (not isinstance(restarts, int) or isinstance(restarts, bool)
+            or not 0 <= restarts <= MAX_RESTARTS):
+        raise _invalid(source, f"max_restarts_on_errors must be a whole number from 0 to "
+                               f"{MAX_RESTARTS}, got {restarts!r}")
+    return RecoveryPolicy(strategy, restarts)

@@ -1,0 +1,160 @@
+"""Managed jobs' records, status transitions and recovery policies (no daemon, no cloud)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from clusterctl.protocol import (
+    ErrorCode,
+    ExitCode,
+    ManagedJobStatus,
+    ProtocolError,
+    exit_code_for_managed_job,
+)
+from clusterctl.protocol import ManagedJobStatus as S
+from clusterd.managed import transitions
+from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, policy_from_yaml
+from clusterd.managed.store import ManagedJobStore, SubmittedTask, cluster_name_for
+from clusterd.state.db import Database
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> AsyncIterator[Database]:
+    database = Database(tmp_path / "state.db")
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+def task(**values: object) -> SubmittedTask:
+    return SubmittedTask.storable(**{"command": "echo hi", **values})  # type: ignore[arg-type]
+
+
+# -- records ---------------------------------------------------------------------------------
+
+
+async def test_a_new_job_is_pending_with_its_cluster_and_task_id_fixed(db: Database) -> None:
+    store = ManagedJobStore(db)
+    record = await store.insert("Train Big!", task(), "sky-managed")
+    assert record.status == S.PENDING
+    assert record.cluster == f"mj-{record.id}-train-big"
+    assert record.task_id.startswith("sky-managed-") and record.task_id.endswith(record.cluster)
+    second = await store.insert("train", task(), "sky-managed")
+    assert second.id == record.id + 1 and second.cluster != record.cluster
+    again = ManagedJobStore(db)
+    await again.load()
+    assert again.get(record.id) == record
+
+
+async def test_every_status_change_is_an_event_with_its_reason(db: Database) -> None:
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(), "t")
+    await store.set_status(record.id, S.STARTING, "launching a cluster")
+    await store.set_status(record.id, S.RUNNING, "attempt 1 running", agent_job_id=1,
+                           attempts=1)
+    await store.set_status(record.id, S.RECOVERING, "cluster lost: node i-1 is terminated",
+                           recoveries=1, agent_job_id=None)
+    await store.add_event(record.id, "launch failed: no capacity; trying again in 10 s")
+    await store.set_status(record.id, S.RUNNING, "attempt 2 running", attempts=2)
+    done = await store.set_status(record.id, S.SUCCEEDED, "attempt 2 succeeded")
+    events = await store.events(record.id)
+    assert [(e.from_status, e.to_status) for e in events] == [
+        (None, "PENDING"), ("PENDING", "STARTING"), ("STARTING", "RUNNING"),
+        ("RUNNING", "RECOVERING"), ("RECOVERING", "RECOVERING"), ("RECOVERING", "RUNNING"),
+        ("RUNNING", "SUCCEEDED")]
+    assert events[3].reason == "cluster lost: node i-1 is terminated"
+    assert done.recoveries == 1 and done.attempts == 2 and done.agent_job_id is None
+    assert done.ended_at is not None and done.started_at is not None
+    assert done.run_started_at is None and done.run_seconds >= 0
+    assert store.active() == [] and store.owner_of(done.cluster) is None
+
+
+async def test_an_illegal_change_is_refused_and_changes_nothing(db: Database) -> None:
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(), "t")
+    await store.set_status(record.id, S.CANCELLING, "cancel requested")
+    with pytest.raises(transitions.IllegalTransition):
+        await store.set_status(record.id, S.RUNNING, "no")
+    assert store.get(record.id).status == S.CANCELLING  # type: ignore[union-attr]
+    assert store.owner_of(record.cluster) == store.get(record.id)
+    await store.set_status(record.id, S.CANCELLED, "cancelled by the user")
+    for target in S:
+        if target != S.CANCELLED:
+            with pytest.raises(transitions.IllegalTransition):
+                await store.set_status(record.id, target, "after the end")
+
+
+def test_final_statuses_have_no_way_out_and_others_can_always_be_cancelled() -> None:
+    for status in S:
+        if status.is_final:
+            assert status not in transitions.ALLOWED
+        else:
+            assert status == S.CANCELLING or S.CANCELLING in transitions.ALLOWED[status]
+            assert any(t.is_final for t in transitions.ALLOWED[status])
+
+
+def test_exit_codes_of_managed_jobs() -> None:
+    assert exit_code_for_managed_job(S.SUCCEEDED) == ExitCode.SUCCEEDED
+    assert exit_code_for_managed_job(S.CANCELLED) == ExitCode.CANCELLED
+    assert exit_code_for_managed_job(S.FAILED_NO_RESOURCE) == ExitCode.FAILED
+    assert exit_code_for_managed_job(S.RECOVERING) == ExitCode.NOT_FINISHED
+    assert exit_code_for_managed_job(None) == ExitCode.NOT_FINISHED
+    assert {s.value for s in ManagedJobStatus} >= {"FAILED_CONTROLLER", "FAILED_PRECHECKS"}
+
+
+async def test_the_stored_task_keeps_secret_names_never_values(db: Database) -> None:
+    text = ("run: echo $TOKEN\nenvs:\n  A: one\n  GIT_TOKEN: ghp_envsecret\n"
+            "secrets:\n  TOKEN: s3cr3t-value\n")
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(yaml_text=text, command=None, envs={"B": "two"},
+                                            secret_names=("TOKEN",)), "t")
+    assert record.task.secret_names == ("TOKEN",)
+    rows = await db.fetchall("SELECT task FROM managed_jobs")
+    stored = rows[0]["task"]
+    assert "s3cr3t-value" not in stored and "ghp_envsecret" not in stored
+    assert "TOKEN" in stored and "echo $TOKEN" in stored and '"B":"two"' in stored
+
+
+def test_cluster_names_are_valid_and_short() -> None:
+    assert cluster_name_for(7, "my_job.v2") == "mj-7-my-job-v2"
+    assert cluster_name_for(7, "!!!") == "mj-7-job"
+    assert len(cluster_name_for(123456, "x" * 200)) <= 40
+
+
+# -- recovery policies -----------------------------------------------------------------------
+
+
+def test_recovery_policies_as_skypilot_writes_them() -> None:
+    assert policy_from_yaml(None) == RecoveryPolicy(Strategy.FAILOVER, 0)
+    assert policy_from_yaml("run: x\n") == RecoveryPolicy()
+    assert policy_from_yaml(
+        "resources:\n  job_recovery:\n    max_restarts_on_errors: 2\n"
+    ) == RecoveryPolicy(Strategy.FAILOVER, 2)
+    assert policy_from_yaml("resources:\n  spot_recovery: failover\n") == RecoveryPolicy()
+    policy = parse_policy({"strategy": "FAILOVER", "max_restarts_on_errors": 2})
+    assert [policy.may_restart(n) for n in range(4)] == [True, True, False, False]
+    assert not RecoveryPolicy().may_restart(0)  # without it, a user failure is final
+
+
+@pytest.mark.parametrize("value", [
+    {"strategy": "SOMETIMES"}, {"max_restarts_on_errors": -1}, {"max_restarts_on_errors": True},
+    {"max_restarts_on_errors": "2"}, {"retries": 2}, ["FAILOVER"],
+])
+def test_a_bad_recovery_policy_is_refused_by_name(value: object) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_policy(value, "task.yaml")
+    assert info.value.code == ErrorCode.INVALID_TASK
+    assert "task.yaml: resources.job_recovery" in info.value.message
+
+
+def test_eager_next_region_is_refused_not_run_as_failover() -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_policy("EAGER_NEXT_REGION")
+    assert info.value.code == ErrorCode.UNSUPPORTED
