@@ -16,47 +16,12 @@ from typing import Any
 from clusterctl import protocol
 from clusterctl._fail import fail, fail_with
 from clusterctl._render import Printer, age, table
+from clusterctl._task_options import add_task_options, print_json, task_args
 from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
 
-YAML_SUFFIXES = (".yaml", ".yml")
-
-
 # -- argument parsing ---------------------------------------------------------------------------
-
-
-def _key_values(pairs: Sequence[str] | None, flag: str) -> dict[str, str]:
-    """--env K=V; a bare --env K takes K's value from this shell's environment."""
-    result: dict[str, str] = {}
-    for pair in pairs or ():
-        key, sep, value = pair.partition("=")
-        if not sep:
-            if key not in os.environ:
-                fail(f"{flag} {key}: no value given and {key} is not set here",
-                     f"use {flag} {key}=VALUE")
-            value = os.environ[key]
-        if not key:
-            fail(f"{flag} {pair!r}: expected KEY=VALUE")
-        result[key] = value
-    return result
-
-
-def _add_task_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-d", "--detach", action="store_true",
-                        help="submit the job and return without streaming its logs")
-    parser.add_argument("--env", action="append", metavar="K=V",
-                        help="set an environment variable for the task (repeatable)")
-    parser.add_argument("--secret", action="append", metavar="K=V",
-                        help="like --env, but never stored or shown (repeatable)")
-    parser.add_argument("--num-nodes", type=int, help="override the task's num_nodes")
-    parser.add_argument("--cpus", help="override the task's CPUs per node, e.g. 2 or 4+")
-    parser.add_argument("--name", help="override the task's name")
-    parser.add_argument("--strict", action="store_true",
-                        help="refuse task fields that would have no effect (else: warnings)")
-    parser.add_argument("entrypoint", nargs="*", metavar="TASK.yaml | COMMAND",
-                        help="a SkyPilot task YAML, or a shell command to run (put it after "
-                             "-- if it has options of its own)")
 
 
 def _launch_options(launch: argparse.ArgumentParser) -> None:
@@ -70,12 +35,12 @@ def _launch_options(launch: argparse.ArgumentParser) -> None:
     launch.add_argument("--retry-until-up", action="store_true",
                         help="when no place has capacity, wait and try them all again (with a "
                              "growing gap) until the cluster is up; `down` calls it off")
-    _add_task_options(launch)
+    add_task_options(launch)
 
 
 def _exec_options(exec_: argparse.ArgumentParser) -> None:
     exec_.add_argument("cluster")
-    _add_task_options(exec_)
+    add_task_options(exec_)
 
 
 def _status_options(status: argparse.ArgumentParser) -> None:
@@ -158,6 +123,12 @@ def _show_gpus_options(show: argparse.ArgumentParser) -> None:
     show.add_argument("--json", action="store_true")
 
 
+def _jobs() -> Any:
+    import clusterctl._jobs_cli  # only when `jobs` runs
+
+    return clusterctl._jobs_cli
+
+
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
@@ -176,6 +147,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                   _show_gpus_options),
     "autostop": ("stop (or tear down) a cluster after it has been idle a while",
                  _autostop_options),
+    "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
+             lambda sub: _jobs().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),
@@ -208,36 +181,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 # -- output -------------------------------------------------------------------------------------
 
 
-def print_json(value: Any) -> None:
-    import json  # only for --json: most runs never need it
-
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True, default=str) + "\n")
-
-
 # -- commands -----------------------------------------------------------------------------------
-
-
-def _task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
-    entry = list(args.entrypoint or [])
-    source: dict[str, Any] = {}
-    if len(entry) == 1 and entry[0].endswith(YAML_SUFFIXES):
-        source["yaml_path"] = os.path.abspath(entry[0])
-    elif entry:
-        source["command"] = " ".join(entry)
-    elif cls is protocol.ExecArgs:
-        fail("exec needs a task YAML or a command", "e.g. clusterctl exec CLUSTER -- echo hi")
-    return cls(
-        cwd=os.getcwd(),
-        envs=_key_values(args.env, "--env"),
-        secrets=_key_values(args.secret, "--secret"),
-        num_nodes=args.num_nodes,
-        cpus=args.cpus,
-        detach=args.detach,
-        name=args.name,
-        strict=args.strict,
-        **source,
-        **extra,
-    )
 
 
 def _drain(stream: Stream, printer: Printer, state: dict[str, Any]) -> dict[str, Any] | None:
@@ -287,14 +231,14 @@ def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> i
 
 
 def cmd_launch(client: Client, args: argparse.Namespace) -> int:
-    request = _task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
+    request = task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
                          idle_minutes=args.idle_minutes, down=args.down,
                          retry_until_up=args.retry_until_up)
     return _run_job_stream(client, request, args.detach)
 
 
 def cmd_exec(client: Client, args: argparse.Namespace) -> int:
-    request = _task_args(args, protocol.ExecArgs, cluster=args.cluster)
+    request = task_args(args, protocol.ExecArgs, cluster=args.cluster)
     return _run_job_stream(client, request, args.detach)
 
 
@@ -593,7 +537,11 @@ def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
     return ExitCode.SUCCEEDED
 
 
-COMMANDS = {
+def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
+    return int(_jobs().main(client, args))
+
+
+COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "launch": cmd_launch,
     "exec": cmd_exec,
     "status": cmd_status,
@@ -608,6 +556,7 @@ COMMANDS = {
     "check": cmd_check,
     "autostop": cmd_autostop,
     "show-gpus": cmd_show_gpus,
+    "jobs": cmd_jobs,
 }
 
 

@@ -70,6 +70,8 @@ class ErrorCode(enum.StrEnum):
     CLUSTER_NOT_UP = "CLUSTER_NOT_UP"
     CLUSTER_MISMATCH = "CLUSTER_MISMATCH"
     JOB_NOT_FOUND = "JOB_NOT_FOUND"
+    MANAGED_JOB_NOT_FOUND = "MANAGED_JOB_NOT_FOUND"
+    MANAGED_CLUSTER = "MANAGED_CLUSTER"
     RESOURCES_UNAVAILABLE = "RESOURCES_UNAVAILABLE"
     UNSUPPORTED = "UNSUPPORTED"
     LOCK_TIMEOUT = "LOCK_TIMEOUT"
@@ -87,7 +89,8 @@ class ErrorCode(enum.StrEnum):
     INTERNAL = "INTERNAL"
 
 
-NOT_FOUND_CODES = frozenset({ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND})
+NOT_FOUND_CODES = frozenset({ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
+                             ErrorCode.MANAGED_JOB_NOT_FOUND})
 
 
 class JobStatus(enum.StrEnum):
@@ -124,6 +127,40 @@ class ClusterStatus(enum.StrEnum):
     TERMINATED = "TERMINATED"  # only in events: the record has left the live table
 
 
+class ManagedJobStatus(enum.StrEnum):
+    """A managed job's status, with SkyPilot's names and meanings."""
+
+    PENDING = "PENDING"
+    STARTING = "STARTING"
+    RUNNING = "RUNNING"
+    RECOVERING = "RECOVERING"
+    CANCELLING = "CANCELLING"
+    SUCCEEDED = "SUCCEEDED"
+    CANCELLED = "CANCELLED"
+    FAILED = "FAILED"
+    FAILED_SETUP = "FAILED_SETUP"
+    FAILED_PRECHECKS = "FAILED_PRECHECKS"
+    FAILED_NO_RESOURCE = "FAILED_NO_RESOURCE"
+    FAILED_CONTROLLER = "FAILED_CONTROLLER"
+
+    @property
+    def is_final(self) -> bool:
+        return self in _FINAL_MANAGED_STATUSES
+
+
+_FINAL_MANAGED_STATUSES = frozenset(
+    {
+        ManagedJobStatus.SUCCEEDED,
+        ManagedJobStatus.CANCELLED,
+        ManagedJobStatus.FAILED,
+        ManagedJobStatus.FAILED_SETUP,
+        ManagedJobStatus.FAILED_PRECHECKS,
+        ManagedJobStatus.FAILED_NO_RESOURCE,
+        ManagedJobStatus.FAILED_CONTROLLER,
+    }
+)
+
+
 class ExitCode(enum.IntEnum):
     """Exit codes of clusterctl, also carried in the final reply of job streams."""
 
@@ -146,6 +183,17 @@ def exit_code_for_job(status: JobStatus | str | None) -> ExitCode:
     if status.is_terminal:
         return ExitCode.FAILED
     return ExitCode.NOT_FINISHED
+
+
+def exit_code_for_managed_job(status: ManagedJobStatus | str | None) -> ExitCode:
+    if status is None or not ManagedJobStatus(status).is_final:
+        return ExitCode.NOT_FINISHED
+    status = ManagedJobStatus(status)
+    if status == ManagedJobStatus.SUCCEEDED:
+        return ExitCode.SUCCEEDED
+    if status == ManagedJobStatus.CANCELLED:
+        return ExitCode.CANCELLED
+    return ExitCode.FAILED
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,6 +542,42 @@ class NodesArgs(OpArgs):
     cluster: str
 
 
+class JobsLaunchArgs(TaskArgs):
+    """Submit a managed job: it gets a cluster of its own (named ``mj-ID-NAME``), is
+    recovered when that cluster is lost, and the cluster is torn down when the job ends.
+    Streams the job's log (``log`` events) unless ``detach``; the final reply carries the
+    managed job's id, status and exit code."""
+
+    op = "jobs_launch"
+    streams = True
+    infra: str | None = None
+
+
+class JobsQueueArgs(OpArgs):
+    """Managed jobs, newest first; without ``all``, only those not finished."""
+
+    op = "jobs_queue"
+    all: bool = False
+
+
+class JobsLogsArgs(OpArgs):
+    """A managed job's whole log across its attempts (a marker line at each recovery), as
+    ``log`` events; with ``follow``, until the job ends."""
+
+    op = "jobs_logs"
+    streams = True
+    job_id: int
+    follow: bool = True
+
+
+class JobsCancelArgs(OpArgs):
+    """Cancel managed jobs in any state; their clusters are torn down."""
+
+    op = "jobs_cancel"
+    job_ids: list[int] = []
+    all: bool = False
+
+
 OPS: dict[str, type[OpArgs]] = {
     cls.op: cls
     for cls in (
@@ -514,6 +598,10 @@ OPS: dict[str, type[OpArgs]] = {
         ShowGpusArgs,
         FollowRequestArgs,
         NodesArgs,
+        JobsLaunchArgs,
+        JobsQueueArgs,
+        JobsLogsArgs,
+        JobsCancelArgs,
     )
 }
 

@@ -26,6 +26,8 @@ from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
+from clusterd.managed.controller import ManagedJobController, Timing
+from clusterd.managed.store import ManagedJobStore
 from clusterd.nodes import NodeInfo, SSHTarget
 from clusterd.providers.base import ProviderContext, ProviderHandle
 from clusterd.providers.offered import build_providers
@@ -157,10 +159,16 @@ class Daemon:
             self.store, self.locks, self.providers, self.access, self.clusters, self.requests,
             settings.autostop_check_s,
         )
+        self.managed_store = ManagedJobStore(self.db)
+        self.managed = ManagedJobController(
+            self.managed_store, self.store, self.clusters, self.jobs, self.providers,
+            self.access, self.requests, settings.state_dir / "managed-jobs",
+            Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s))
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
-            strict_by_default=self._strict_by_default,
+            strict_by_default=self._strict_by_default, managed=self.managed,
+            managed_store=self.managed_store,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -225,6 +233,7 @@ class Daemon:
             await self.db.open()
             try:
                 await self.store.load()
+                await self.managed_store.load()
                 interrupted = await self.request_store.mark_interrupted()
                 await self.request_store.prune(settings.request_retention)
                 for record in interrupted:
@@ -261,11 +270,13 @@ class Daemon:
                 # Settings): status refresh (at once on start, then every
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
                 # autostop timers (every autostop_check_s), event and request retention
-                # (hourly).
+                # (hourly), and the managed-jobs controller (a driver per unfinished job;
+                # its health polls every Timing.poll_s).
                 for provider in self.providers.all():
                     await root.start(provider.run)
                 await root.start(self.refresh.run)
                 await root.start(self.autostop.run)
+                await root.start(self.managed.run)
                 root.start_soon(self._prune_history)
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))

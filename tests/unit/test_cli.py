@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from clusterctl import protocol
-from clusterctl.cli import _task_args, parse
+from clusterctl._task_options import task_args
+from clusterctl.cli import parse
 
 
 def test_options_after_the_cluster_name() -> None:
@@ -36,7 +37,7 @@ def test_extra_words_for_a_verb_without_a_command(capsys: pytest.CaptureFixture[
 
 def test_a_yaml_path_becomes_an_absolute_yaml_path(tmp_path: object) -> None:
     args = parse(["exec", "dev", "task.yaml"])
-    request = _task_args(args, protocol.ExecArgs, cluster="dev")
+    request = task_args(args, protocol.ExecArgs, cluster="dev")
     assert request.yaml_path is not None and request.yaml_path.endswith("/task.yaml")
     assert request.yaml_path.startswith("/") and request.command is None
 
@@ -44,7 +45,7 @@ def test_a_yaml_path_becomes_an_absolute_yaml_path(tmp_path: object) -> None:
 def test_several_words_become_one_command(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FROM_SHELL", "yes")
     args = parse(["exec", "dev", "--env", "FROM_SHELL", "--secret", "K=v", "echo", "a", "b"])
-    request = _task_args(args, protocol.ExecArgs, cluster="dev")
+    request = task_args(args, protocol.ExecArgs, cluster="dev")
     assert request.command == "echo a b"
     assert request.envs == {"FROM_SHELL": "yes"} and request.secrets == {"K": "v"}
 
@@ -54,7 +55,7 @@ def test_bare_env_that_is_not_set_fails(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
     args = parse(["exec", "dev", "--env", "NOT_SET_ANYWHERE", "true"])
     with pytest.raises(SystemExit) as exit_:
-        _task_args(args, protocol.ExecArgs, cluster="dev")
+        task_args(args, protocol.ExecArgs, cluster="dev")
     assert exit_.value.code == 1
     assert "NOT_SET_ANYWHERE is not set here" in capsys.readouterr().err
 

@@ -14,6 +14,8 @@ import anyio
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
+from clusterd.managed.controller import ManagedJobController
+from clusterd.managed.store import ManagedJobStore
 from clusterd.providers.base import Provider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
@@ -31,6 +33,7 @@ from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, pa
 from clusterd.tasks.spec import Autostop, Resources, TaskSpec
 
 from .connection import Call
+from .managed_handlers import ManagedHandlers
 
 Handler = Callable[[Call, Any], Awaitable[dict[str, Any]]]
 MAX_EVENTS_LIMIT = 10_000
@@ -62,7 +65,11 @@ class Handlers:
         autostop: AutostopService,
         orphans: OrphanWatch,
         strict_by_default: Callable[[], bool] = lambda: False,
+        *,
+        managed: ManagedJobController,
+        managed_store: ManagedJobStore,
     ) -> None:
+        self._managed = ManagedHandlers(managed, managed_store)
         self._strict_by_default = strict_by_default
         self._orphans = orphans
         self._providers = providers
@@ -91,6 +98,9 @@ class Handlers:
             protocol.ShowGpusArgs.op: self.show_gpus,
             protocol.FollowRequestArgs.op: self.follow_request,
             protocol.NodesArgs.op: self.nodes,
+            protocol.JobsLaunchArgs.op: self.jobs_launch,
+            **{op: handler for op, handler in self._managed.table().items()
+               if op != protocol.JobsLaunchArgs.op},
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -276,6 +286,11 @@ class Handlers:
         )
         return await self._follow_then_stream(call, request, args.detach)
 
+    async def jobs_launch(self, call: Call, args: protocol.JobsLaunchArgs) -> dict[str, Any]:
+        args.strict = args.strict or self._strict_by_default()
+        task = await _load(args)
+        return await self._managed.launch(call, args, task)
+
     async def stop(self, call: Call, args: protocol.StopArgs) -> dict[str, Any]:
         return await self._lifecycle(call, args, lambda r: self._clusters.stop(r, args.cluster))
 
@@ -289,6 +304,7 @@ class Handlers:
                 args.op, args.cluster, protocol.to_wire(args),
                 lambda r: self._orphans.remove(r, args.cluster))
             return await _follow(call, request)
+        self._managed.refuse_down(args.cluster)
         return await self._lifecycle(
             call, args, lambda r: self._clusters.down(r, args.cluster, args.purge,
                                                       call_off=True)

@@ -82,7 +82,8 @@ class JobService:
     # -- submission -----------------------------------------------------------------------
 
     async def exec(self, request: RunningRequest, name: str, task: TaskSpec, *,
-                   strict: bool = False) -> dict[str, Any]:
+                   strict: bool = False, run_setup: bool = False, task_id: str = ""
+                   ) -> dict[str, Any]:
         """Run the task on the UP cluster, once it passes the check a launch onto that
         cluster makes (fit_to_cluster): refused if the cluster cannot give what it asks for,
         warned of (or, with `strict`, refused) for fields without effect there."""
@@ -94,12 +95,15 @@ class JobService:
                 record, task, self._providers.honoured_fields(record.provider), strict=strict)
             await announce_warnings(request, self._store, name, [*task.warnings, *warnings])
             task = dataclasses.replace(task, resources=resources, resource_choices=())
-            return await self.submit(request, record, task, run_setup=False)
+            return await self.submit(request, record, task, run_setup=run_setup,
+                                     task_id=task_id)
 
     async def submit(
-        self, request: RunningRequest, record: ClusterRecord, task: TaskSpec, *, run_setup: bool
+        self, request: RunningRequest, record: ClusterRecord, task: TaskSpec, *, run_setup: bool,
+        task_id: str = "",
     ) -> dict[str, Any]:
-        """Copy the task's files to the nodes and queue it. The caller holds the lock."""
+        """Copy the task's files to the nodes and queue it. The caller holds the lock.
+        `task_id`: the job's SKYPILOT_TASK_ID (empty: the agent makes one)."""
         run = task.run
         setup = task.setup if run_setup else None
         if not run and not setup:
@@ -135,6 +139,7 @@ class JobService:
             cluster_name=record.name,
             resources_display=resources.display(task.num_nodes),
             container_image=image or "",
+            task_id=task_id,
             **_where(record, self._providers.get(record.provider).skypilot_cloud),
         )
         agent = await self._access.client(record)

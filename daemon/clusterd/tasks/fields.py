@@ -91,9 +91,11 @@ FIELDS: tuple[Field, ...] = (
     Field("resources.use_spot", Support.SOME, "spot instances (cheaper, may be preempted)",
           Support.WARNED, "these machines are not spot instances"),
     Field("resources.job_recovery", Support.WARNED,
-          "how SkyPilot's managed jobs recover from preemption; clusterd runs no managed jobs"),
+          "how a managed job recovers (strategy FAILOVER, max_restarts_on_errors); read by "
+          "`clusterctl jobs launch`, without effect on `launch` and `exec`"),
     Field("resources.spot_recovery", Support.WARNED,
-          "the old name of job_recovery; clusterd runs no managed jobs"),
+          "the old name of job_recovery; read by `clusterctl jobs launch`, without effect on "
+          "`launch` and `exec`"),
     Field("resources.disk_size", Support.SOME, "GB of the root disk (default 256)",
           Support.WARNED, "the disks of these machines are what they are"),
     Field("resources.disk_tier", Support.SOME,

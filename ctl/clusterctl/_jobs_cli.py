@@ -1,0 +1,113 @@
+"""`clusterctl jobs ...`: managed jobs (a cluster of their own, recovered when it is lost,
+torn down when they end). Imported only when that verb runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from clusterctl import protocol
+from clusterctl._fail import fail
+from clusterctl._render import Printer, age, table
+from clusterctl._task_options import add_task_options, print_json, task_args
+from clusterctl.client import Client
+from clusterctl.protocol import ExitCode
+
+
+def add_options(jobs: argparse.ArgumentParser) -> None:
+    actions = jobs.add_subparsers(dest="jobs_action", metavar="ACTION")
+    actions.required = True
+    launch = actions.add_parser("launch", help="run a task as a managed job")
+    launch.add_argument("-n", dest="job_name", metavar="NAME", help="the job's name")
+    launch.add_argument("--infra", help="where it may run: aws, aws/REGION, aws/REGION/ZONE")
+    add_task_options(launch)
+    queue = actions.add_parser("queue", help="show managed jobs")
+    queue.add_argument("--all", action="store_true", help="finished jobs too")
+    queue.add_argument("--json", action="store_true")
+    logs = actions.add_parser("logs", help="a managed job's log, across its attempts")
+    logs.add_argument("job_id", type=int)
+    logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
+    cancel = actions.add_parser("cancel", help="cancel managed jobs (their clusters go too)")
+    cancel.add_argument("job_ids", nargs="*", type=int)
+    cancel.add_argument("-a", "--all", action="store_true", help="every unfinished job")
+
+
+def main(client: Client, args: argparse.Namespace) -> int:
+    action = args.jobs_action
+    if action == "launch":
+        return _launch(client, args)
+    if action == "queue":
+        return _queue(client, args)
+    if action == "logs":
+        return _follow(client, protocol.JobsLogsArgs(job_id=args.job_id,
+                                                     follow=not args.no_follow))
+    if not args.job_ids and not args.all:
+        fail("name the managed jobs to cancel", "give job ids, or --all")
+    result = client.call(protocol.JobsCancelArgs(job_ids=args.job_ids, all=args.all))
+    for job_id in result.get("cancelled", []):
+        sys.stderr.write(f"Managed job {job_id}: cancelling (its cluster is torn down).\n")
+    for job_id in result.get("already_finished", []):
+        sys.stderr.write(f"Managed job {job_id} has already ended.\n")
+    return ExitCode.SUCCEEDED
+
+
+def _launch(client: Client, args: argparse.Namespace) -> int:
+    args.name = args.job_name or args.name
+    request = task_args(args, protocol.JobsLaunchArgs, infra=args.infra)
+    return _follow(client, request, detach=args.detach)
+
+
+def _follow(client: Client, request: protocol.OpArgs, detach: bool = False) -> int:
+    printer = Printer()
+    state: dict[str, Any] = {}
+    stream = client.stream(request)
+    try:
+        for event, data in stream:
+            if event == "managed_job":
+                state.update(data)
+                printer.note(f"Managed job {data['job_id']} submitted (its cluster: "
+                             f"{data['cluster']}).")
+            else:
+                printer.event(event, data, state)
+    except KeyboardInterrupt:
+        stream.detach()
+        printer.finish_logs()
+        job_id = state.get("job_id", getattr(request, "job_id", "?"))
+        printer.note(f"Detached; managed job {job_id} goes on.\n"
+                     f"  logs:   clusterctl jobs logs {job_id}\n"
+                     f"  cancel: clusterctl jobs cancel {job_id}")
+        return ExitCode.NOT_FINISHED
+    printer.finish_logs()
+    result = stream.result or {}
+    if detach:
+        printer.note(f"  logs:   clusterctl jobs logs {result.get('job_id')}\n"
+                     f"  cancel: clusterctl jobs cancel {result.get('job_id')}")
+        return ExitCode.SUCCEEDED
+    line = f"Managed job {result.get('job_id')}: {result.get('status')}"
+    if result.get("failure_reason"):
+        line += f" ({result['failure_reason']})"
+    printer.note(line)
+    return int(result.get("exit_code", ExitCode.ERROR))
+
+
+def _duration(seconds: float | None) -> str:
+    if not seconds:
+        return "-"
+    return age(time.time() - seconds, suffix="")
+
+
+def _queue(client: Client, args: argparse.Namespace) -> int:
+    jobs = client.call(protocol.JobsQueueArgs(all=args.all)).get("jobs", [])
+    if args.json:
+        print_json(jobs)
+        return ExitCode.SUCCEEDED
+    headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",
+               "#RECOVERIES", "STATUS", "INFRA", "REASON"]
+    rows = [[str(j["job_id"]), j["name"], j.get("resources") or "-", age(j["submitted_at"]),
+             _duration(j["total_seconds"]), _duration(j["job_seconds"]), str(j["recoveries"]),
+             j["status"], j.get("infra") or "-", (j.get("status_reason") or "-")[:60]]
+            for j in jobs]
+    sys.stdout.write(table(headers, rows))
+    return ExitCode.SUCCEEDED

@@ -1,0 +1,526 @@
+"""The managed-jobs controller: one driver per unfinished job, in the daemon's task group.
+
+A driver moves its job PENDING -> STARTING -> RUNNING -> (RECOVERING -> RUNNING)* -> a final
+status. Everything it does goes through the services a user's own commands use (a launch
+with full failover, a submission to the agent, a teardown), as daemon-owned requests, so
+`requests`, events and locks show them.
+
+Crash safety: the job's one cluster name is fixed when the job is recorded, every decision
+is written before it is acted on (the final status to take is recorded as `ending` before
+the teardown), and a restarted daemon starts a driver for every unfinished record, which
+looks at what exists (the cluster record, the agent's job) and goes on from there. Since the
+name never changes, a job can never own two clusters.
+
+The job's log is copied, as it streams, into one local file per job (so it outlives the
+clusters); each attempt starts with a marker line. The stream is also the fastest sign of
+the job's end; a poll of the provider's node states and the agent's health (every few
+seconds) is the sign of a cluster lost under it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+
+from clusterctl import protocol
+from clusterctl.protocol import ClusterStatus, ErrorCode, JobStatus, ProtocolError
+from clusterctl.protocol import ManagedJobStatus as S
+from clusterd import log
+from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
+from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
+from clusterd.nodes import NodeStatus
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.requests import RequestManager, RunningRequest
+from clusterd.runtime.agent_access import AgentAccess
+from clusterd.services.clusters import ClusterService, brief
+from clusterd.services.common import provider_handle
+from clusterd.services.jobs import JobService
+from clusterd.state.clusters import ClusterStore
+from clusterd.tasks.loader import load_task
+from clusterd.tasks.spec import TaskSpec
+
+logger = log.get("clusterd.managed")
+
+# Errors of a launch that no retry can mend: the task itself is wrong for every place.
+PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
+                            ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME})
+USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
+# Consecutive failed agent health checks after which the cluster counts as lost.
+AGENT_STRIKES = 3
+LOG_CHUNK = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    poll_s: float = 3.0  # provider and agent health checks while RUNNING
+    retry_gap_s: float = 10.0  # between relaunch rounds with no capacity (grows, capped)
+    retry_max_gap_s: float = 120.0
+    step_timeout_s: float = 1800.0  # a launch, submission or teardown, at most
+
+
+class ManagedJobController:
+    def __init__(self, store: ManagedJobStore, cluster_store: ClusterStore,
+                 clusters: ClusterService, jobs: JobService, providers: ProviderRegistry,
+                 access: AgentAccess, requests: RequestManager, log_dir: Path,
+                 timing: Timing = Timing()) -> None:
+        self._store = store
+        self._cluster_store = cluster_store
+        self._clusters = clusters
+        self._jobs = jobs
+        self._providers = providers
+        self._access = access
+        self._requests = requests
+        self._log_dir = log_dir
+        self._timing = timing
+        self._group: anyio.abc.TaskGroup | None = None
+        self._drivers: dict[int, anyio.CancelScope] = {}
+        self._changed: dict[int, anyio.Event] = {}
+        # Secret values live here only (never on disk): a relaunch after a daemon restart
+        # cannot have them, and says so (see _task).
+        self._secrets: dict[int, dict[str, str]] = {}
+        self._tasks: dict[int, TaskSpec] = {}
+
+    # -- the service --------------------------------------------------------------------
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        async with anyio.create_task_group() as group:
+            self._group = group
+            for record in self._store.active():
+                self._spawn(record.id)
+            task_status.started()
+            await anyio.sleep_forever()
+
+    def _spawn(self, job_id: int) -> None:
+        if self._group is None:
+            raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the managed-jobs controller is not "
+                                "running", "retry in a moment")
+        if job_id not in self._drivers:
+            self._drivers[job_id] = anyio.CancelScope()
+            self._group.start_soon(self._drive, job_id, name=f"managed-job-{job_id}")
+
+    async def submit(self, task: TaskSpec, submitted: SubmittedTask) -> ManagedJobRecord:
+        name = task.name or (submitted.command or "job").split()[0]
+        record = await self._store.insert(name, submitted, "sky-managed")
+        self._secrets[record.id] = dict(task.secrets)
+        self._tasks[record.id] = task
+        self.log_path(record.id).touch(mode=0o600)
+        logger.info("managed job submitted", managed_job=record.id, cluster=record.cluster)
+        self._spawn(record.id)
+        return record
+
+    async def cancel(self, job_ids: list[int], cancel_all: bool) -> dict[str, Any]:
+        targets = self._store.active() if cancel_all else [self.require(i) for i in job_ids]
+        cancelled, already = [], []
+        for record in targets:
+            if record.status.is_final or record.ending is not None:
+                already.append(record.id)  # ended, or ending (its teardown under way)
+                continue
+            if record.status != S.CANCELLING:
+                await self._store.set_status(record.id, S.CANCELLING, "cancel requested")
+            cancelled.append(record.id)
+            self._poke(record.id)
+            scope = self._drivers.get(record.id)
+            if scope is not None:
+                scope.cancel()  # the driver tears the cluster down, then ends CANCELLED
+            else:
+                self._spawn(record.id)
+        return {"cancelled": cancelled, "already_finished": already}
+
+    def require(self, job_id: int) -> ManagedJobRecord:
+        record = self._store.get(job_id)
+        if record is None:
+            raise ProtocolError(ErrorCode.MANAGED_JOB_NOT_FOUND,
+                                f"there is no managed job {job_id}",
+                                "see `clusterctl jobs queue --all`")
+        return record
+
+    def view(self, record: ManagedJobRecord) -> dict[str, Any]:
+        now = time.time()
+        placed = record.placed or {}
+        return {
+            "job_id": record.id, "name": record.name, "status": str(record.status),
+            "status_reason": record.status_reason, "cluster": record.cluster,
+            "task_id": record.task_id, "submitted_at": record.submitted_at,
+            "started_at": record.started_at, "ended_at": record.ended_at,
+            "total_seconds": round((record.ended_at or now) - record.submitted_at, 1),
+            "job_seconds": round(record.job_seconds(now), 1),
+            "attempts": record.attempts, "recoveries": record.recoveries,
+            "user_restarts": record.user_restarts,
+            "infra": "/".join(str(placed[k]) for k in ("provider", "region", "zone")
+                              if placed.get(k)) or None,
+            "resources": placed.get("instance_type"),
+        }
+
+    def queue(self, include_finished: bool) -> dict[str, Any]:
+        records = self._store.all() if include_finished else self._store.active()
+        return {"jobs": [self.view(r) for r in reversed(records)]}
+
+    # -- the log ------------------------------------------------------------------------
+
+    def log_path(self, job_id: int) -> Path:
+        return self._log_dir / f"{job_id}.log"
+
+    def _append(self, job_id: int, data: bytes) -> None:
+        with open(self.log_path(job_id), "ab") as f:
+            f.write(data)
+        self._poke(job_id)
+
+    def _read(self, job_id: int, offset: int) -> bytes:
+        try:
+            with open(self.log_path(job_id), "rb") as f:
+                f.seek(offset)
+                return f.read(LOG_CHUNK)
+        except FileNotFoundError:
+            return b""
+
+    def _poke(self, job_id: int) -> None:
+        event = self._changed.pop(job_id, None)
+        if event is not None:
+            event.set()
+
+    async def stream_log(self, job_id: int, follow: bool,
+                         emit: Callable[[str, dict[str, Any]], Awaitable[None]]
+                         ) -> dict[str, Any]:
+        """The job's local log as `log` events; with `follow`, until the job ends."""
+        record = self.require(job_id)
+        offset = 0
+        while True:
+            changed = self._changed.setdefault(job_id, anyio.Event())
+            record = self.require(job_id)  # read before the file: nothing after it is lost
+            while chunk := await anyio.to_thread.run_sync(self._read, job_id, offset):
+                offset += len(chunk)
+                await emit("log", {"data": chunk, "offset": offset})
+            if record.status.is_final or not follow:
+                break
+            with anyio.move_on_after(1.0):  # the poke is the fast path; this is the floor
+                await changed.wait()
+        return {"job_id": job_id, "cluster": record.cluster, "status": str(record.status),
+                "failure_reason": record.status_reason if record.status != S.SUCCEEDED
+                else "", "exit_code": int(protocol.exit_code_for_managed_job(record.status))}
+
+    # -- the driver -----------------------------------------------------------------------
+
+    async def _drive(self, job_id: int) -> None:
+        scope = self._drivers[job_id]
+        try:
+            with scope:
+                try:
+                    await self._steps(job_id)
+                except Exception as exc:  # a bug must end the job visibly, not the daemon
+                    logger.exception("managed job driver failed", managed_job=job_id)
+                    await self._end(job_id, S.FAILED_CONTROLLER,
+                                    f"controller error: {type(exc).__name__}: {brief(str(exc))}")
+            # Here only when the steps returned or cancel() called them off.
+            record = self.require(job_id)
+            if record.status == S.CANCELLING:
+                await self._end(job_id, S.CANCELLED, "cancelled by the user")
+        finally:
+            self._drivers.pop(job_id, None)
+            self._poke(job_id)
+
+    async def _steps(self, job_id: int) -> None:
+        while True:
+            record = self.require(job_id)
+            if record.status.is_final:
+                return
+            if record.ending is not None:
+                status, _, reason = record.ending.partition(" ")
+                await self._end(job_id, S(status), reason)
+                return
+            if record.status == S.CANCELLING:
+                return
+            cluster = self._cluster_store.get(record.cluster)
+            if cluster is None or cluster.status != ClusterStatus.UP:
+                if not await self._launch(record):
+                    return
+                continue
+            if record.agent_job_id is None:
+                await self._submit(record)
+                continue
+            await self._watch(record)
+
+    async def _task(self, record: ManagedJobRecord) -> TaskSpec | None:
+        """The job's task with its secrets; None (and the job ended) if a restart lost them."""
+        task = self._tasks.get(record.id)
+        if task is not None:
+            return task
+        sub = record.task
+        if sub.secret_names and record.id not in self._secrets:
+            await self._end(record.id, S.FAILED_CONTROLLER,
+                            f"the job needs a new cluster, and its secrets "
+                            f"({', '.join(sub.secret_names)}) are kept only in memory: a "
+                            "daemon restart lost them; submit the job again")
+            return None
+
+        def load() -> TaskSpec:
+            return load_task(yaml_text=sub.yaml_text, command=sub.command, source=sub.source,
+                             cwd=sub.cwd, env_overrides=sub.envs)
+
+        task = await anyio.to_thread.run_sync(load)
+        changes: dict[str, Any] = {"secrets": self._secrets.get(record.id, {})}
+        if sub.num_nodes is not None:
+            changes["num_nodes"] = sub.num_nodes
+        if sub.name:
+            changes["name"] = sub.name
+        task = dataclasses.replace(task, **changes)
+        self._tasks[record.id] = task
+        return task
+
+    def _policy(self, record: ManagedJobRecord) -> RecoveryPolicy:
+        return policy_from_yaml(record.task.yaml_text, record.task.source)
+
+    async def _request(self, op: str, cluster: str, args: dict[str, Any],
+                       work: Callable[[RunningRequest], Awaitable[dict[str, Any]]]
+                       ) -> dict[str, Any]:
+        """Run `work` as a daemon-owned request (shown by `requests`) and wait for it."""
+        request = await self._requests.start(op, cluster, {**args, "by": "managed job"}, work)
+        with anyio.fail_after(self._timing.step_timeout_s):
+            await request.done.wait()
+        return request.outcome()
+
+    async def _launch(self, record: ManagedJobRecord) -> bool:
+        """A cluster for the job, UP; False if the job ended instead."""
+        recovering = record.status in (S.RUNNING, S.RECOVERING)
+        if self._cluster_store.get(record.cluster) is not None:
+            # Left by an interrupted launch, or lost under the job: nothing of it is reused.
+            await self._down(record, "its cluster is not UP; tearing down what is left")
+        task = await self._task(record)
+        if task is None:
+            return False
+        if record.status == S.PENDING:
+            record = await self._store.set_status(record.id, S.STARTING, "launching a cluster")
+        gap = self._timing.retry_gap_s
+        infra = record.task.infra
+        placed = record.placed or {}
+        # FAILOVER: the region it lost first (its disks' data and quotas are there), then
+        # anywhere the failover engine finds.
+        prefer = (f"{placed['provider']}/{placed['region']}"
+                  if recovering and placed.get("region") and not infra else None)
+        name = record.cluster
+        while True:
+            where = prefer or infra
+            args = protocol.LaunchArgs(cluster=record.cluster, infra=where)
+            launch_task = dataclasses.replace(task, run=None, setup=None)
+            try:
+                await self._request("launch", name, protocol.to_wire(args),
+                                    functools.partial(self._clusters.launch, name=name,
+                                                      args=args, task=launch_task))
+            except ProtocolError as exc:
+                reason = f"launch failed: {brief(exc.message)}"
+                if exc.code in PRECHECK_CODES:
+                    await self._end(record.id, S.FAILED_PRECHECKS, reason)
+                    return False
+                if prefer is not None and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
+                    await self._store.add_event(record.id, f"{reason}; trying other regions")
+                    prefer = None
+                    continue
+                if not recovering and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
+                    await self._end(record.id, S.FAILED_NO_RESOURCE, reason)
+                    return False
+                # Never given up silently: the job waits, showing why, until capacity comes
+                # back or it is cancelled.
+                record = self.require(record.id)
+                text = f"{reason}; trying again in {gap:.0f} s"
+                await self._store.update(record.id, status_reason=text)
+                await self._store.add_event(record.id, text)
+                await anyio.sleep(gap)
+                gap = min(gap * 1.5, self._timing.retry_max_gap_s)
+                if self._cluster_store.get(record.cluster) is not None:
+                    await self._down(record, "removing what the failed launch left")
+                continue
+            cluster = self._cluster_store.get(record.cluster)
+            placed = dict(cluster.launched_resources or {}) if cluster else {}
+            await self._store.update(record.id, placed={
+                k: placed.get(k) for k in ("provider", "region", "zone", "instance_type",
+                                           "spot")})
+            return True
+
+    async def _submit(self, record: ManagedJobRecord) -> None:
+        """Submit the next attempt to the job's UP cluster. Whatever an earlier attempt left
+        queued there (a submission whose reply a killed daemon never recorded) is cancelled
+        first: the cluster is the job's own, so only its attempts run there."""
+        task = await self._task(record)
+        if task is None:
+            return
+        try:
+            await self._jobs.cancel(record.cluster, [], True)
+        except ProtocolError as exc:
+            await self._lost(record, f"the agent does not answer: {brief(exc.message)}")
+            return
+        attempt = record.attempts + 1
+        marker = (f"\n=== managed job {record.id}: attempt {attempt} on {record.cluster} "
+                  f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC) ===\n")
+        if record.attempts == 0:
+            marker = marker.lstrip("\n")
+        self._append(record.id, marker.encode())
+        base = self.log_path(record.id).stat().st_size
+        envs = {**task.envs, "SKYPILOT_MANAGED_JOB_ID": str(record.id),
+                "SKYPILOT_MANAGED_JOB_ATTEMPT": str(attempt)}
+        job_task = dataclasses.replace(task, envs=envs)
+        try:
+            result = await self._request(
+                "exec", record.cluster, {"cluster": record.cluster, "managed_job": record.id},
+                lambda r: self._jobs.exec(r, record.cluster, job_task, run_setup=True,
+                                          task_id=record.task_id))
+        except ProtocolError as exc:
+            if exc.code in PRECHECK_CODES or exc.code == ErrorCode.CLUSTER_MISMATCH:
+                await self._end(record.id, S.FAILED_PRECHECKS,
+                                f"submission refused: {brief(exc.message)}")
+                return
+            await self._lost(record, f"submission failed: {brief(exc.message)}")
+            return
+        await self._store.set_status(
+            record.id, S.RUNNING, f"attempt {attempt} running on {record.cluster}",
+            agent_job_id=int(result["job_id"]), log_base=base, attempts=attempt)
+
+    async def _watch(self, record: ManagedJobRecord) -> None:
+        """Follow the attempt until it ends or its cluster is lost; act on which it was."""
+        assert record.agent_job_id is not None
+        found: dict[str, Any] = {}
+
+        async def emit(name: str, data: dict[str, Any]) -> None:
+            if name == "log":
+                self._append(record.id, data["data"])
+
+        async with anyio.create_task_group() as group:
+            async def stream() -> None:
+                offset = self.log_path(record.id).stat().st_size - record.log_base
+                try:
+                    found["end"] = await self._jobs.stream_logs(
+                        record.cluster, record.agent_job_id, follow=True, tail=0,
+                        offset=max(0, offset), emit=emit)
+                except ProtocolError as exc:
+                    found.setdefault("lost", f"the job's log stream broke: "
+                                             f"{brief(exc.message)}")
+                group.cancel_scope.cancel()
+
+            async def health() -> None:
+                strikes = 0
+                while True:
+                    await anyio.sleep(self._timing.poll_s)
+                    why, agent_ok = await self._health(record)
+                    strikes = 0 if agent_ok else strikes + 1
+                    if why is None and strikes >= AGENT_STRIKES:
+                        why = f"its agent did not answer {strikes} checks in a row"
+                    if why is not None:
+                        found["lost"] = why
+                        group.cancel_scope.cancel()
+                        return
+
+            group.start_soon(stream)
+            group.start_soon(health)
+        if "lost" in found:
+            await self._lost(record, found["lost"])
+            return
+        end = found["end"]
+        status = JobStatus(end["status"])
+        reason = end.get("failure_reason") or ""
+        if status == JobStatus.SUCCEEDED:
+            await self._end(record.id, S.SUCCEEDED, f"attempt {record.attempts} succeeded")
+        elif status == JobStatus.CANCELLED:
+            await self._end(record.id, S.CANCELLED, "its job was cancelled on the cluster")
+        elif status in USER_FAILURES:
+            policy = self._policy(record)
+            text = f"attempt {record.attempts} {status}" + (f": {reason}" if reason else "")
+            if policy.may_restart(record.user_restarts):
+                restarts = record.user_restarts + 1
+                await self._store.set_status(
+                    record.id, S.RECOVERING,
+                    f"{text}; restart {restarts} of {policy.max_restarts_on_errors} "
+                    "(max_restarts_on_errors)", user_restarts=restarts, agent_job_id=None)
+            else:
+                await self._end(record.id, USER_FAILURES[status], text)
+        else:  # FAILED_DRIVER: the agent or Ray failed under the job, not the user's code
+            await self._lost(record, f"attempt {record.attempts} {status}: {reason}")
+
+    async def _health(self, record: ManagedJobRecord) -> tuple[str | None, bool]:
+        """(why the cluster counts as lost, or None; whether its agent answered)."""
+        cluster = self._cluster_store.get(record.cluster)
+        if cluster is None:
+            return "its cluster was found gone", False
+        if cluster.status != ClusterStatus.UP:
+            return f"its cluster went {cluster.status}: {cluster.status_reason}", False
+        provider = self._providers.get(cluster.provider)
+        try:
+            with anyio.fail_after(15):
+                nodes = await provider.query(cluster.cloud_name,
+                                             provider_handle(cluster, provider))
+        except (ProtocolError, TimeoutError):
+            nodes = None  # the provider's API had a moment; the agent check still counts
+        if nodes is not None:
+            if len(nodes) < cluster.num_nodes:
+                return f"{cluster.num_nodes - len(nodes)} of its nodes are gone", False
+            bad = [n for n in nodes if n.status in (NodeStatus.TERMINATED, NodeStatus.STOPPED,
+                                                    NodeStatus.STOPPING)]
+            if bad:
+                return (f"node {bad[0].node_id} is {bad[0].status}"
+                        + (" (preempted?)" if cluster.launched_resources
+                           and cluster.launched_resources.get("spot") else ""), False)
+        try:
+            with anyio.fail_after(10):
+                agent = await self._access.client(cluster)
+                health = await agent.check_version()
+        except (ProtocolError, TimeoutError):
+            return None, False
+        if health.ray_nodes_alive < cluster.num_nodes:
+            return (f"Ray sees {health.ray_nodes_alive} of its {cluster.num_nodes} nodes "
+                    "(one is partitioned or dead)"), True
+        return None, True
+
+    async def _lost(self, record: ManagedJobRecord, why: str) -> None:
+        """The cluster is lost under the job: RECOVERING; the next step relaunches it."""
+        record = self.require(record.id)
+        if record.status in (S.CANCELLING,) or record.status.is_final:
+            return
+        text = f"cluster {record.cluster} lost: {why}"
+        logger.warning("managed job's cluster lost", managed_job=record.id, why=why)
+        self._append(record.id, f"\n=== managed job {record.id}: {text}; recovering ===\n"
+                     .encode())
+        await self._store.set_status(record.id, S.RECOVERING, text, agent_job_id=None,
+                                     recoveries=record.recoveries + 1)
+        await self._down(record, "recovering: tearing down what is left of the lost cluster")
+
+    async def _down(self, record: ManagedJobRecord, why: str) -> None:
+        """Tear the job's cluster down, trying until it is gone. After a few failures the
+        teardown is forced (`--purge`: cleanup failures become warnings)."""
+        gap = self._timing.retry_gap_s
+        failures = 0
+        while self._cluster_store.get(record.cluster) is not None:
+            purge = failures >= 3
+            try:
+                await self._request(
+                    "down", record.cluster, {"cluster": record.cluster, "purge": purge},
+                    functools.partial(self._clusters.down, name=record.cluster, purge=purge,
+                                      reason=why, call_off=True))
+            except ProtocolError as exc:
+                failures += 1
+                text = f"teardown of {record.cluster} failed: {brief(exc.message)}"
+                await self._store.add_event(record.id, f"{text}; trying again in {gap:.0f} s")
+                await anyio.sleep(gap)
+                gap = min(gap * 1.5, self._timing.retry_max_gap_s)
+
+    async def _end(self, job_id: int, status: S, reason: str) -> None:
+        """The job ends: its final status is recorded as `ending` first, then the cluster
+        is torn down, and only then is the status set; a daemon killed in between finishes
+        the teardown on restart. A job being cancelled ends CANCELLED whatever ended it."""
+        record = self.require(job_id)
+        if record.status.is_final:
+            return
+        if record.ending is None:
+            record = await self._store.update(job_id, ending=f"{status} {reason}")
+        await self._down(record, f"managed job {job_id} ended: {status}")
+        if self.require(job_id).status == S.CANCELLING:
+            status = S.CANCELLED
+        await self._store.set_status(job_id, status, reason)
+        self._tasks.pop(job_id, None)
+        self._secrets.pop(job_id, None)
+        logger.info("managed job ended", managed_job=job_id, status=str(status))

@@ -1,0 +1,100 @@
+"""Ops of managed jobs (`clusterctl jobs ...`): check the input, one controller call each."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+from clusterctl import protocol
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.managed.controller import ManagedJobController
+from clusterd.managed.recovery import policy_from_yaml
+from clusterd.managed.store import ManagedJobStore, SubmittedTask
+from clusterd.tasks.loader import _read as read_task_file
+from clusterd.tasks.spec import Infra, TaskSpec
+
+from .connection import Call
+
+MAX_ID = 2**62
+# The loader's warning for these fields says clusterd runs no managed jobs; here it does.
+RECOVERY_FIELDS = ("resources.job_recovery", "resources.spot_recovery")
+
+
+class ManagedHandlers:
+    def __init__(self, controller: ManagedJobController, store: ManagedJobStore) -> None:
+        self._controller = controller
+        self._store = store
+
+    def table(self) -> dict[str, Any]:
+        return {
+            protocol.JobsLaunchArgs.op: self.launch,
+            protocol.JobsQueueArgs.op: self.queue,
+            protocol.JobsLogsArgs.op: self.logs,
+            protocol.JobsCancelArgs.op: self.cancel,
+        }
+
+    def refuse_down(self, cluster: str) -> None:
+        """`down` of a managed job's cluster: the job owns it; cancel the job instead."""
+        owner = self._store.owner_of(cluster)
+        if owner is not None:
+            raise ProtocolError(
+                ErrorCode.MANAGED_CLUSTER,
+                f"cluster {cluster} belongs to managed job {owner.id} ({owner.status})",
+                f"cancel the job instead (its cluster goes with it): "
+                f"clusterctl jobs cancel {owner.id}")
+
+    async def launch(self, call: Call, args: protocol.JobsLaunchArgs,
+                     task: TaskSpec) -> dict[str, Any]:
+        """`task` is loaded by the caller, as for `launch`."""
+        if not task.run:
+            raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
+                                "a managed job runs the task's run commands; give some")
+        if args.infra:
+            Infra.parse(args.infra)
+        yaml_text = args.yaml_text
+        if args.yaml_path is not None:
+            # Kept as read now: the file may change or go before a recovery loads it again.
+            yaml_text = read_task_file(Path(os.path.join(args.cwd, args.yaml_path)),
+                                       args.yaml_path)
+        policy_from_yaml(yaml_text, task.source)  # refused now, not at the first failure
+        task = _without_recovery_warnings(task)
+        submitted = SubmittedTask.storable(
+            yaml_text=yaml_text, command=args.command, source=task.source, cwd=args.cwd,
+            envs=dict(args.envs), secret_names=tuple(sorted(task.secrets)),
+            num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra)
+        record = await self._controller.submit(task, submitted)
+        for warning in task.warnings:
+            await call.emit("progress", {"phase": "warning", "message": f"warning: {warning}",
+                                         "elapsed": 0})
+        await call.emit("managed_job", {"job_id": record.id, "cluster": record.cluster})
+        if args.detach:
+            return {"job_id": record.id, "cluster": record.cluster,
+                    "status": str(record.status), "exit_code": int(protocol.ExitCode.SUCCEEDED)}
+        return await self._controller.stream_log(record.id, True, call.emit)
+
+    async def queue(self, call: Call, args: protocol.JobsQueueArgs) -> dict[str, Any]:
+        return self._controller.queue(args.all)
+
+    async def logs(self, call: Call, args: protocol.JobsLogsArgs) -> dict[str, Any]:
+        _check_id(args.job_id)
+        return await self._controller.stream_log(args.job_id, args.follow, call.emit)
+
+    async def cancel(self, call: Call, args: protocol.JobsCancelArgs) -> dict[str, Any]:
+        if not args.job_ids and not args.all:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "name the managed jobs to cancel",
+                                "give job ids, or --all")
+        for job_id in args.job_ids:
+            _check_id(job_id)
+        return await self._controller.cancel(args.job_ids, args.all)
+
+
+def _check_id(job_id: int) -> None:
+    if not 1 <= job_id <= MAX_ID:
+        raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"job_id must be from 1 to {MAX_ID}")
+
+
+def _without_recovery_warnings(task: TaskSpec) -> TaskSpec:
+    kept = tuple(w for w in task.warnings if not w.startswith(RECOVERY_FIELDS))
+    return dataclasses.replace(task, warnings=kept)
