@@ -28,6 +28,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import structlog
 
 from clusterctl import protocol
 from clusterctl.protocol import ClusterStatus, ErrorCode, JobStatus, ProtocolError
@@ -37,7 +38,7 @@ from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
 from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
-from clusterd.requests import RequestManager, RunningRequest
+from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.services.clusters import ClusterService, brief
 from clusterd.services.common import provider_handle
@@ -86,6 +87,8 @@ class ManagedJobController:
         # cannot have them, and says so (see _task).
         self._secrets: dict[int, dict[str, str]] = {}
         self._tasks: dict[int, TaskSpec] = {}
+        # Cluster -> the launch a driver started for it, while it runs (see _end).
+        self._launches: dict[str, RunningRequest] = {}
 
     # -- the service --------------------------------------------------------------------
 
@@ -210,6 +213,11 @@ class ManagedJobController:
     # -- the driver -----------------------------------------------------------------------
 
     async def _drive(self, job_id: int) -> None:
+        # The driver was started from the submitting client's call and got a copy of its
+        # context: it is not that call's work (its log lines, its request's progress).
+        structlog.contextvars.clear_contextvars()
+        structlog.contextvars.bind_contextvars(managed_job=job_id)
+        current_request.set(None)
         scope = self._drivers[job_id]
         try:
             with scope:
@@ -283,8 +291,12 @@ class ManagedJobController:
                        ) -> dict[str, Any]:
         """Run `work` as a daemon-owned request (shown by `requests`) and wait for it."""
         request = await self._requests.start(op, cluster, {**args, "by": "managed job"}, work)
+        if op == "launch":
+            self._launches[cluster] = request
         with anyio.fail_after(self._timing.step_timeout_s):
             await request.done.wait()
+        # Kept only if this wait was cancelled before the launch ended.
+        self._launches.pop(cluster, None)
         return request.outcome()
 
     async def _launch(self, record: ManagedJobRecord) -> bool:
@@ -517,7 +529,15 @@ class ManagedJobController:
             return
         if record.ending is None:
             record = await self._store.update(job_id, ending=f"{status} {reason}")
-        await self._down(record, f"managed job {job_id} ended: {status}")
+        why = f"managed job {job_id} ended: {status}"
+        await self._down(record, why)
+        # A launch the driver left (cancelled while it waited for it) may not have recorded
+        # its cluster yet when the teardown looked: let it finish or fail, then look again.
+        launch = self._launches.pop(record.cluster, None)
+        if launch is not None and not launch.done.is_set():
+            with anyio.move_on_after(self._timing.step_timeout_s):
+                await launch.done.wait()
+            await self._down(record, why)
         if self.require(job_id).status == S.CANCELLING:
             status = S.CANCELLED
         await self._store.set_status(job_id, status, reason)
