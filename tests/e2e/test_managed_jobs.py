@@ -24,7 +24,7 @@ FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
 @pytest.fixture(scope="module")
 def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
     with running(ec2.daemon("cdmj-", CLUSTERD_AGENT_AUTOSTOP_GRACE="5",
-                            CLUSTERD_RETRY_GAP="2")) as daemon:
+                            CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5")) as daemon:
         try:
             yield daemon
         finally:
@@ -86,10 +86,11 @@ def live(instances: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [i for i in instances if i["state"] != "terminated"]
 
 
-def assert_nothing_left(ec2: EC2Bed, daemon: Daemon, cluster: str) -> None:
+def assert_nothing_left(ec2: EC2Bed, daemon: Daemon, cluster: str, *,
+                        made_some: bool = True) -> None:
     assert daemon.cluster(cluster) is None
     made = instances_of(ec2, cluster)
-    assert made, f"no instance of {cluster} was ever made"
+    assert made or not made_some, f"no instance of {cluster} was ever made"
     for cloud_name in {i["tags"]["clusterd-cluster-name"] for i in made}:
         assert ec2.leftovers(cloud_name) == [], cloud_name
 
@@ -184,6 +185,71 @@ def test_down_of_a_managed_jobs_cluster_asks_to_cancel_the_job(daemon: Daemon) -
     finally:
         daemon.ctl("jobs", "cancel", str(job_id))
         wait_status(daemon, job_id, FINAL, 300)
+
+
+def test_cancel_while_starting_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
+    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: sleep 900\n", "early")
+    cluster = job(daemon, job_id)["cluster"]
+    wait_for(lambda: daemon.cluster(cluster), 600, f"cluster {cluster}", interval=0.2)
+    assert job(daemon, job_id)["status"] == "STARTING"
+    assert daemon.ctl("jobs", "cancel", str(job_id)).returncode == 0
+    done = wait_status(daemon, job_id, FINAL, 300)
+    assert done["status"] == "CANCELLED" and done["attempts"] == 0
+    assert_nothing_left(ec2, daemon, cluster, made_some=False)
+
+
+def preempt_without_capacity(ec2: EC2Bed, daemon: Daemon, name: str) -> tuple[int, str]:
+    """A spot job RUNNING on aws/us-east-1, preempted while that region has no capacity:
+    it is RECOVERING, saying why, with no instance."""
+    job_id = submit(daemon, LONG_FIRST, name)
+    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
+    assert running_now["status"] == "RUNNING", running_now
+    cluster = running_now["cluster"]
+    (first,) = live(instances_of(ec2, cluster))
+    ec2.fault("--code", "InsufficientInstanceCapacity", "--action", "RunInstances",
+              "--region", "us-east-1")
+    assert ec2.testbed("preempt", first["id"]).returncode == 0
+    waiting = wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 60)
+    assert waiting["status"] == "RECOVERING"
+
+    def says_why() -> bool:
+        waiting.update(job(daemon, job_id))
+        return "trying again" in waiting["status_reason"]
+
+    wait_for(says_why, 120, "RECOVERING to say why it waits", interval=1)
+    assert "InsufficientInstanceCapacity" in waiting["status_reason"], waiting
+    assert live(instances_of(ec2, cluster)) == []
+    return job_id, cluster
+
+
+def test_recovery_waits_for_capacity_across_a_daemon_kill(ec2: EC2Bed, daemon: Daemon
+                                                          ) -> None:
+    try:
+        job_id, cluster = preempt_without_capacity(ec2, daemon, "patient")
+        daemon.kill()  # kill -9 while RECOVERING
+        daemon.start()
+        waiting = wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 60)
+        assert waiting["status"] == "RECOVERING"
+    finally:
+        ec2.clear_faults()
+    done = wait_status(daemon, job_id, FINAL, 600)
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    made = instances_of(ec2, cluster)
+    assert len(made) == 2, made  # the preempted one and the one it recovered on
+    assert re.findall(r"attempt=(\d)", log_of(daemon, job_id)) == ["1", "2"]
+    assert_nothing_left(ec2, daemon, cluster)
+
+
+def test_cancel_while_recovering_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
+    try:
+        job_id, cluster = preempt_without_capacity(ec2, daemon, "giveup")
+        assert daemon.ctl("jobs", "cancel", str(job_id)).returncode == 0
+        done = wait_status(daemon, job_id, FINAL, 300)
+        assert done["status"] == "CANCELLED"
+    finally:
+        ec2.clear_faults()
+    assert len(instances_of(ec2, cluster)) == 1
+    assert_nothing_left(ec2, daemon, cluster)
 
 
 def test_a_daemon_killed_under_a_running_job_resumes_it(ec2: EC2Bed, daemon: Daemon) -> None:
