@@ -281,7 +281,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
             if deadline and c["status"] == "UP":
                 autostop += f", in {age(time.time(), until=deadline, suffix='')}" \
                     if deadline > time.time() else ", due"
-        row = [c["name"], c["infra"], resources, c["status"], autostop,
+        name = c["name"]
+        if c.get("managed_job") is not None:  # the job's own: `jobs cancel`, not `down`
+            name += f" (managed job {c['managed_job']})"
+        row = [name, c["infra"], resources, c["status"], autostop,
                age(c.get("launched_at")), age(c.get("refreshed_at"))]
         if args.verbose:
             tunnel = c.get("tunnel")

@@ -178,7 +178,9 @@ def test_down_of_a_managed_jobs_cluster_asks_to_cancel_the_job(daemon: Daemon) -
     job_id = submit(daemon, "resources:\n  cpus: 2\nrun: sleep 900\n", "keepme")
     cluster = job(daemon, job_id)["cluster"]
     try:
-        wait_for(lambda: daemon.cluster(cluster), 600, f"cluster {cluster}", interval=1)
+        shown = wait_for(lambda: daemon.cluster(cluster), 600, f"cluster {cluster}", interval=1)
+        assert shown["managed_job"] == job_id
+        assert f"{cluster} (managed job {job_id})" in daemon.ctl("status").stdout
         refused = daemon.ctl("down", "-y", cluster)
         assert refused.returncode == 1
         assert f"jobs cancel {job_id}" in refused.stderr, refused.stderr

@@ -45,6 +45,7 @@ from clusterd.services.common import provider_handle
 from clusterd.services.jobs import JobService
 from clusterd.state.clusters import ClusterStore
 from clusterd.tasks.loader import load_task
+from clusterd.tasks.overrides import apply_overrides
 from clusterd.tasks.spec import TaskSpec
 
 logger = log.get("clusterd.managed")
@@ -273,13 +274,9 @@ class ManagedJobController:
             return load_task(yaml_text=sub.yaml_text, command=sub.command, source=sub.source,
                              cwd=sub.cwd, env_overrides=sub.envs)
 
-        task = await anyio.to_thread.run_sync(load)
-        changes: dict[str, Any] = {"secrets": self._secrets.get(record.id, {})}
-        if sub.num_nodes is not None:
-            changes["num_nodes"] = sub.num_nodes
-        if sub.name:
-            changes["name"] = sub.name
-        task = dataclasses.replace(task, **changes)
+        task = apply_overrides(await anyio.to_thread.run_sync(load), num_nodes=sub.num_nodes,
+                               name=sub.name, cpus=sub.cpus)
+        task = dataclasses.replace(task, secrets=self._secrets.get(record.id, {}))
         self._tasks[record.id] = task
         return task
 

@@ -3,7 +3,6 @@ result; long work runs as a daemon-owned request the client merely follows."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from collections.abc import Awaitable, Callable
@@ -29,8 +28,9 @@ from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 from clusterd.tasks import fields
-from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task, parse_resources
-from clusterd.tasks.spec import Autostop, Resources, TaskSpec
+from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task
+from clusterd.tasks.overrides import apply_overrides
+from clusterd.tasks.spec import Autostop, TaskSpec
 
 from .connection import Call
 from .managed_handlers import ManagedHandlers
@@ -126,6 +126,7 @@ class Handlers:
         if args.refresh:
             await self._refresh.refresh_now(args.clusters or None)
         result = self._clusters.status(args.clusters, args.verbose)
+        result["clusters"] = self._managed.mark_owned(result["clusters"])
         if not args.clusters:
             result["orphans"] = self._orphans.views()
         return result
@@ -370,18 +371,4 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
     if args.strict and task.warnings:
         raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: {task.warnings[0]}",
                             fields.STRICT_HINT)
-    changes: dict[str, Any] = {}
-    if args.num_nodes is not None:
-        changes["num_nodes"] = args.num_nodes
-    if args.name:
-        changes["name"] = args.name
-    if args.cpus is not None:
-        cpus = parse_resources({"cpus": args.cpus}, "--cpus")
-
-        def with_cpus(resources: Resources) -> Resources:
-            return dataclasses.replace(resources, cpus=cpus.cpus,
-                                       cpus_at_least=cpus.cpus_at_least)
-
-        changes["resources"] = with_cpus(task.resources)
-        changes["resource_choices"] = tuple(with_cpus(r) for r in task.resource_choices)
-    return dataclasses.replace(task, **changes) if changes else task
+    return apply_overrides(task, num_nodes=args.num_nodes, name=args.name, cpus=args.cpus)

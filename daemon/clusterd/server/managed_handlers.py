@@ -45,6 +45,15 @@ class ManagedHandlers:
                 f"cancel the job instead (its cluster goes with it): "
                 f"clusterctl jobs cancel {owner.id}")
 
+    def mark_owned(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`status` views, those of managed jobs' clusters with `managed_job` (the id). The
+        views are cached and shared, so marked ones are copies."""
+        owners = {r.cluster: r.id for r in self._store.active()}
+        if not owners:
+            return views
+        return [{**v, "managed_job": owners[v["name"]]} if v["name"] in owners else v
+                for v in views]
+
     async def launch(self, call: Call, args: protocol.JobsLaunchArgs,
                      task: TaskSpec) -> dict[str, Any]:
         """`task` is loaded by the caller, as for `launch`."""
@@ -60,9 +69,12 @@ class ManagedHandlers:
                                        args.yaml_path)
         policy_from_yaml(yaml_text, task.source)  # refused now, not at the first failure
         task = _without_recovery_warnings(task)
+        # The loader takes secret environment variables (GIT_TOKEN) out of `envs` into the
+        # secrets wherever they were written, --env too; the record keeps only their names.
+        envs = {k: v for k, v in args.envs.items() if k not in task.secrets}
         submitted = SubmittedTask.storable(
             yaml_text=yaml_text, command=args.command, source=task.source, cwd=args.cwd,
-            envs=dict(args.envs), secret_names=tuple(sorted(task.secrets)),
+            envs=envs, secret_names=tuple(sorted(task.secrets)),
             num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra)
         record = await self._controller.submit(task, submitted)
         for warning in task.warnings:

@@ -158,3 +158,30 @@ def test_eager_next_region_is_refused_not_run_as_failover() -> None:
     with pytest.raises(ProtocolError) as info:
         parse_policy("EAGER_NEXT_REGION")
     assert info.value.code == ErrorCode.UNSUPPORTED
+
+
+
+async def test_status_marks_the_clusters_of_unfinished_managed_jobs(db: Database) -> None:
+    from clusterd.server.managed_handlers import ManagedHandlers
+
+    store = ManagedJobStore(db)
+    record = await store.insert("x", task(), "t")
+    handlers = ManagedHandlers(None, store)  # type: ignore[arg-type]
+    views = [{"name": "dev"}, {"name": record.cluster}]
+    marked = handlers.mark_owned(views)
+    assert marked == [{"name": "dev"}, {"name": record.cluster, "managed_job": record.id}]
+    assert views[1] == {"name": record.cluster}  # cached views are never changed
+    await store.set_status(record.id, S.CANCELLED, "cancelled")
+    assert handlers.mark_owned(views) is views
+
+
+def test_overrides_reapplied_when_a_job_loads_its_task_again() -> None:
+    from clusterd.tasks.loader import load_task
+    from clusterd.tasks.overrides import apply_overrides
+
+    task = load_task(yaml_text="resources:\n  any_of:\n    - cpus: 1\n    - cpus: 2\nrun: x\n")
+    changed = apply_overrides(task, num_nodes=3, name="n", cpus="4+")
+    assert changed.num_nodes == 3 and changed.name == "n"
+    assert changed.resources.cpus == 4 and changed.resources.cpus_at_least
+    assert [(r.cpus, r.cpus_at_least) for r in changed.resource_choices] == [(4, True)] * 2
+    assert apply_overrides(task) is task
