@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +75,6 @@ LOCAL_PRE_TOKEN = (
     '"ports":{"gcs_port":6379},"ray_address":"127.0.0.1:6379","worker_ports":{}}}')
 # A record of a provider this clusterd does not have (written by another build).
 NOT_OFFERED = '{"provider":{"project":"p-1","vms":["vm-0"],"zone":"us-central1-a"}}'
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "state.db")
-    await database.open()
-    try:
-        yield database
-    finally:
-        await database.close()
 
 
 def insert_row(path: Path, name: str, provider: str, handle: str | None) -> None:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import pytest
 
 from clusterctl.protocol import (
@@ -21,16 +18,6 @@ from clusterd.managed.store import ManagedJobStore, SubmittedTask, cluster_name_
 from clusterd.state.db import Database
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "state.db")
-    await database.open()
-    try:
-        yield database
-    finally:
-        await database.close()
 
 
 def task(**values: object) -> SubmittedTask:
