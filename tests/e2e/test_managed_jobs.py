@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -45,10 +46,9 @@ def job(daemon: Daemon, job_id: int) -> dict[str, Any]:
     return next(j for j in queue(daemon, all=True) if j["job_id"] == job_id)
 
 
-def submit(daemon: Daemon, task: str, name: str) -> int:
+def submit(daemon: Daemon, task: str, name: str, infra: str = "aws/us-east-1") -> int:
     (daemon.root / f"{name}.yaml").write_text(task)
-    result = daemon.ctl("jobs", "launch", "-d", "-n", name, "--infra", "aws/us-east-1",
-                        f"{name}.yaml")
+    result = daemon.ctl("jobs", "launch", "-d", "-n", name, "--infra", infra, f"{name}.yaml")
     assert result.returncode == 0, result.stderr
     found = re.search(r"Managed job (\d+) submitted", result.stderr)
     assert found, result.stderr
@@ -269,3 +269,115 @@ def test_a_daemon_killed_under_a_running_job_resumes_it(ec2: EC2Bed, daemon: Dae
     assert text.count("begun") == 1 and text.count("ended") == 1, text
     assert len(instances_of(ec2, running_now["cluster"])) == 1  # one cluster, never two
     assert_nothing_left(ec2, daemon, running_now["cluster"])
+
+
+class LiveInstances:
+    """The most instances of one cluster alive at once, sampled every second in a thread
+    while the test runs: a job must never have two clusters."""
+
+    def __init__(self, ec2: EC2Bed, cluster: str) -> None:
+        self.most = 0
+        self._ec2, self._cluster = ec2, cluster
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            self.most = max(self.most, len(live(instances_of(self._ec2, self._cluster))))
+
+    def __enter__(self) -> LiveInstances:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+STRATEGY = """
+resources:
+  cpus: 2
+  use_spot: true
+  job_recovery:
+    strategy: STRATEGY
+run: |
+  echo "attempt=$SKYPILOT_MANAGED_JOB_ATTEMPT"
+  if [ "$SKYPILOT_MANAGED_JOB_ATTEMPT" = 1 ]; then sleep 900; fi
+  echo finished
+"""
+
+
+@pytest.mark.parametrize("strategy", ["FAILOVER", "EAGER_NEXT_REGION"])
+def test_a_job_preempted_where_capacity_is_gone_recovers_as_its_strategy_says(
+        ec2: EC2Bed, daemon: Daemon, strategy: str) -> None:
+    job_id = submit(daemon, STRATEGY.replace("STRATEGY", strategy), strategy.lower()[:5],
+                    infra="aws")
+    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
+    assert running_now["status"] == "RUNNING", running_now
+    cluster = running_now["cluster"]
+    (first,) = live(instances_of(ec2, cluster))
+    region = first["zone"][:-1]
+    try:
+        # The zone it ran in has no spot capacity left: the relaunch must not wait on it.
+        ec2.fault("--code", "InsufficientInstanceCapacity", "--action", "RunInstances",
+                  "--zone", first["zone"])
+        assert ec2.testbed("preempt", first["id"]).returncode == 0
+        done = wait_status(daemon, job_id, FINAL, 900)
+    finally:
+        ec2.clear_faults()
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["recoveries"] == 1 and done["attempts"] == 2
+    second = next(i for i in instances_of(ec2, cluster) if i["id"] != first["id"])
+    if strategy == "FAILOVER":  # the region it was lost in, another zone
+        assert second["zone"][:-1] == region and second["zone"] != first["zone"], second
+    else:  # another region first
+        assert second["zone"][:-1] != region, second
+    assert done["infra"].startswith(f"aws/{second['zone'][:-1]}"), done
+    assert_nothing_left(ec2, daemon, cluster)
+
+
+def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
+                                                            daemon: Daemon) -> None:
+    task = ("num_nodes: 2\nresources:\n  cpus: 2\nrun: |\n"
+            "  echo \"rank=$SKYPILOT_NODE_RANK attempt=$SKYPILOT_MANAGED_JOB_ATTEMPT\"\n"
+            "  if [ \"$SKYPILOT_MANAGED_JOB_ATTEMPT\" = 1 ]; then sleep 900; fi\n")
+    job_id = submit(daemon, task, "pair")
+    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 900)
+    assert running_now["status"] == "RUNNING", running_now
+    cluster = running_now["cluster"]
+    wait_for(lambda: log_of(daemon, job_id).count("attempt=1") == 2, 300,
+             "both ranks of attempt 1 to print", interval=1)
+    nodes = live(instances_of(ec2, cluster))
+    assert len(nodes) == 2
+    worker = next(n for n in nodes if n["tags"]["clusterd-node-role"] == "worker")
+    with LiveInstances(ec2, cluster) as sampled:
+        assert ec2.testbed("partition", worker["id"]).returncode == 0
+        try:
+            recovering = wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 120)
+            assert recovering["status"] == "RECOVERING", recovering
+            done = wait_status(daemon, job_id, FINAL, 900)
+        finally:
+            ec2.testbed("heal", worker["id"])  # gone by now, or back for its teardown
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["recoveries"] == 1, done
+    assert sampled.most <= 2, "the job had two clusters at once"
+    assert sorted(re.findall(r"rank=(\d) attempt=2", log_of(daemon, job_id))) == ["0", "1"]
+    assert_nothing_left(ec2, daemon, cluster)
+
+
+def test_a_daemon_killed_while_the_job_starts_ends_it_with_one_cluster(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo once\n", "restart")
+    cluster = job(daemon, job_id)["cluster"]
+    with LiveInstances(ec2, cluster) as sampled:
+        # Killed once its instance exists and before the job runs on it.
+        wait_for(lambda: live(instances_of(ec2, cluster)), 600, "the job's instance",
+                 interval=0.5)
+        assert job(daemon, job_id)["status"] == "STARTING"
+        daemon.kill()
+        daemon.start()
+        done = wait_status(daemon, job_id, FINAL, 600)
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["attempts"] == 1 and log_of(daemon, job_id).count("once") == 1
+    assert sampled.most == 1, "the job had two clusters at once"
+    assert_nothing_left(ec2, daemon, cluster)

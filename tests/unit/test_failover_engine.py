@@ -6,7 +6,13 @@ import time
 from collections.abc import Callable
 
 from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
-from clusterd.provision.failover import Failover, Option, format_table, order_options
+from clusterd.provision.failover import (
+    Failover,
+    Option,
+    Steering,
+    format_table,
+    order_options,
+)
 from clusterd.tasks.spec import Resources
 
 REQUEST = ClusterRequest("c", "c-1", 1, Resources())
@@ -123,8 +129,36 @@ def test_the_table_has_a_row_per_attempt_and_a_new_round_unblocks() -> None:
     assert table[0].split() == ["INFRA", "RESOURCES", "REASON"]
     assert len(table) == 7 and "aws/us-west-2/us-west-2b" in table[5]
     assert list(failover) == []  # everything blocked
-    failover.new_round()
+    failover.new_round(aws_options(), [])
     assert len(list(failover)) == 6 and failover.round == 2
+
+
+def lost_in(zone: str) -> Placement:
+    return next(o.placement for o in aws_options() if o.placement.zone == zone)
+
+
+def test_a_relaunch_steered_to_its_region_skips_the_lost_zone_in_round_one_only() -> None:
+    # FAILOVER: the region it was lost in first, but not the zone just preempted.
+    lost = lost_in("us-west-2a")
+    steering = Steering(("aws", "us-west-2"), ((lost, BlockScope.ZONE),))
+    failover = Failover(aws_options(), steering=steering)
+    assert [o.describe() for o in failover][:2] == ["aws/us-west-2/us-west-2b (p4d.24xlarge)",
+                                                    "aws/us-east-1/us-east-1a (p4d.24xlarge)"]
+    failover.new_round(aws_options(), [])
+    # Capacity may come back where it was lost: later rounds try it, still region first.
+    assert [o.describe() for o in failover][:2] == ["aws/us-west-2/us-west-2a (p4d.24xlarge)",
+                                                    "aws/us-west-2/us-west-2b (p4d.24xlarge)"]
+    assert steering.describe() == "aws/us-west-2 first, not aws/us-west-2/us-west-2a"
+
+
+def test_a_relaunch_steered_away_from_its_region_tries_the_others_first() -> None:
+    # EAGER_NEXT_REGION: every other region before any zone of the one it was lost in.
+    steering = Steering(avoid=((lost_in("us-east-1b"), BlockScope.REGION),))
+    failover = Failover(aws_options(), steering=steering)
+    assert walk(failover, {"aws/us-west-2": BlockScope.ZONE}) == [
+        "aws/us-west-2/us-west-2a (p4d.24xlarge)", "aws/us-west-2/us-west-2b (p4d.24xlarge)",
+        "local"]
+    assert steering.describe() == "not aws/us-east-1"
 
 
 def test_format_table_keeps_one_line_per_attempt() -> None:

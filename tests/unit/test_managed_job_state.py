@@ -15,6 +15,7 @@ from clusterctl.protocol import ManagedJobStatus as S
 from clusterd.managed import transitions
 from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, policy_from_yaml
 from clusterd.managed.store import ManagedJobStore, SubmittedTask, cluster_name_for
+from clusterd.providers.base import BlockScope
 from clusterd.state.db import Database
 
 pytestmark = pytest.mark.anyio
@@ -141,10 +142,18 @@ def test_a_bad_recovery_policy_is_refused_by_name(value: object) -> None:
     assert "task.yaml: resources.job_recovery" in info.value.message
 
 
-def test_eager_next_region_is_refused_not_run_as_failover() -> None:
-    with pytest.raises(ProtocolError) as info:
-        parse_policy("EAGER_NEXT_REGION")
-    assert info.value.code == ErrorCode.UNSUPPORTED
+def test_each_strategy_steers_a_relaunch_away_from_where_the_job_was_lost() -> None:
+    lost = {"provider": "aws", "region": "us-east-1", "zone": "us-east-1b", "spot": True}
+    failover = parse_policy("failover").steering(lost)
+    assert failover is not None and failover.first_region == ("aws", "us-east-1")
+    assert [(p.zone, s) for p, s in failover.avoid] == [("us-east-1b", BlockScope.ZONE)]
+    eager = parse_policy({"strategy": "EAGER_NEXT_REGION"}).steering(lost)
+    assert eager is not None and eager.first_region is None
+    assert [(p.region, s) for p, s in eager.avoid] == [("us-east-1", BlockScope.REGION)]
+    # A Kubernetes context has no zones: it stays first, not skipped.
+    pods = parse_policy(None).steering({"provider": "kubernetes", "region": "ctx"})
+    assert pods is not None and pods.avoid == () and pods.first_region == ("kubernetes", "ctx")
+    assert RecoveryPolicy().steering(None) is None
 
 
 

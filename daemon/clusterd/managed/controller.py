@@ -308,29 +308,29 @@ class ManagedJobController:
         if record.status == S.PENDING:
             record = await self._store.set_status(record.id, S.STARTING, "launching a cluster")
         gap = self._timing.retry_gap_s
-        infra = record.task.infra
-        placed = record.placed or {}
-        # FAILOVER: the region it lost first (its disks' data and quotas are there), then
-        # anywhere the failover engine finds.
-        prefer = (f"{placed['provider']}/{placed['region']}"
-                  if recovering and placed.get("region") and not infra else None)
+        # The first relaunch round avoids where the job was just lost, as its strategy says
+        # (recovery.py); if that finds nothing, the next tries everywhere.
+        steering = self._policy(record).steering(record.placed) if recovering else None
         name = record.cluster
+        args = protocol.LaunchArgs(cluster=record.cluster, infra=record.task.infra)
+        launch_task = dataclasses.replace(task, run=None, setup=None)
         while True:
-            where = prefer or infra
-            args = protocol.LaunchArgs(cluster=record.cluster, infra=where)
-            launch_task = dataclasses.replace(task, run=None, setup=None)
+            if steering is not None:
+                await self._store.add_event(record.id, f"relaunching: {steering.describe()}")
             try:
                 await self._request("launch", name, protocol.to_wire(args),
                                     functools.partial(self._clusters.launch, name=name,
-                                                      args=args, task=launch_task))
+                                                      args=args, task=launch_task,
+                                                      steering=steering))
             except ProtocolError as exc:
                 reason = f"launch failed: {brief(exc.message)}"
                 if exc.code in PRECHECK_CODES:
                     await self._end(record.id, S.FAILED_PRECHECKS, reason)
                     return False
-                if prefer is not None and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
-                    await self._store.add_event(record.id, f"{reason}; trying other regions")
-                    prefer = None
+                if steering is not None and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
+                    await self._store.add_event(
+                        record.id, f"{reason}; trying everywhere, where it was lost too")
+                    steering = None
                     continue
                 if not recovering and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
                     await self._end(record.id, S.FAILED_NO_RESOURCE, reason)

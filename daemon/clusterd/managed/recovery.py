@@ -3,11 +3,13 @@
 
     resources:
       job_recovery:            # or a bare strategy name: job_recovery: FAILOVER
-        strategy: FAILOVER     # the region it lost first, then anywhere (the default)
+        strategy: FAILOVER     # the region it was lost in first, then anywhere (the default)
         max_restarts_on_errors: 2   # user failures (non-zero exit) retried this many times
 
-EAGER_NEXT_REGION (another region first) needs the failover engine to put a region last,
-which it cannot do yet: it is refused by name rather than run as FAILOVER.
+EAGER_NEXT_REGION tries every other region first. Either way the relaunch's first round
+skips the zone (FAILOVER) or region (EAGER_NEXT_REGION) where the job was just lost (a spot
+preemption says capacity is short there); if that round finds nothing, the next one tries
+everywhere, so the place it was lost in is used again once capacity comes back.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import enum
 from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.providers.base import BlockScope, Placement
+from clusterd.provision.failover import Steering
 from clusterd.safe_yaml import YAMLProblem, safe_load
 
 MAX_RESTARTS = 1000
@@ -35,6 +39,18 @@ class RecoveryPolicy:
     def may_restart(self, restarts_so_far: int) -> bool:
         """Whether a user failure after `restarts_so_far` retries is retried once more."""
         return restarts_so_far < self.max_restarts_on_errors
+
+    def steering(self, lost: dict[str, Any] | None) -> Steering | None:
+        """How a relaunch after losing the cluster placed at `lost` (its placement's view:
+        provider, region, zone) orders its first round; None with nothing to go on."""
+        if not lost or not lost.get("provider"):
+            return None
+        where = Placement(lost["provider"], lost.get("region"), lost.get("zone"), None, 0, 0)
+        if self.strategy == Strategy.EAGER_NEXT_REGION:
+            return Steering(avoid=((where, BlockScope.REGION),))
+        # A provider without zones (a Kubernetes context) is not skipped: it is its region.
+        avoid = ((where, BlockScope.ZONE),) if where.zone else ()
+        return Steering((where.provider, where.region), avoid)
 
 
 def _invalid(source: str, message: str) -> ProtocolError:
@@ -72,11 +88,6 @@ def parse_policy(value: Any, source: str = "<task>") -> RecoveryPolicy:
     if not isinstance(name, str) or name.upper() not in Strategy.__members__:
         raise _invalid(source, f"strategy must be one of {', '.join(Strategy)}, got {name!r}")
     strategy = Strategy(name.upper())
-    if strategy == Strategy.EAGER_NEXT_REGION:
-        raise ProtocolError(
-            ErrorCode.UNSUPPORTED,
-            f"{source}: resources.job_recovery: EAGER_NEXT_REGION is not supported yet",
-            "use strategy: FAILOVER (the region it lost first, then the others)")
     restarts = value.get("max_restarts_on_errors", 0)
     if (not isinstance(restarts, int) or isinstance(restarts, bool)
             or not 0 <= restarts <= MAX_RESTARTS):

@@ -90,6 +90,33 @@ class Blocklist:
         self._providers.clear()
 
 
+@dataclasses.dataclass(frozen=True)
+class Steering:
+    """What a relaunch knows that a fresh launch does not (a managed job's recovery): a
+    region to try first, and the places its first round skips because the job was just lost
+    there. Later rounds try everything, so capacity that comes back there is used."""
+
+    first_region: tuple[str, str | None] | None = None  # (provider, region)
+    avoid: tuple[tuple[Placement, BlockScope], ...] = ()
+
+    def order(self, options: list[Option]) -> list[Option]:
+        """`options` with those in `first_region` first, each side in its own order."""
+        if self.first_region is None:
+            return options
+        here = [o for o in options
+                if (o.placement.provider, o.placement.region) == self.first_region]
+        return here + [o for o in options if o not in here]
+
+    def describe(self) -> str:
+        parts = []
+        if self.first_region is not None:
+            parts.append(f"{infra_label(*self.first_region)} first")
+        for placement, scope in self.avoid:
+            zone = None if scope == BlockScope.REGION else placement.zone
+            parts.append(f"not {infra_label(placement.provider, placement.region, zone)}")
+        return ", ".join(parts) or "anywhere"
+
+
 def order_options(options: list[Option], ordered: bool,
                   preference: Callable[[str], int]) -> list[Option]:
     """Cheapest first (whole cluster per hour), ties by provider `preference` (lower first),
@@ -106,9 +133,13 @@ def order_options(options: list[Option], ordered: bool,
 class Failover:
     """One launch's walk through its options, round after round."""
 
-    def __init__(self, options: list[Option], refusals: list[Attempt] | None = None) -> None:
-        self.options = options
+    def __init__(self, options: list[Option], refusals: list[Attempt] | None = None,
+                 steering: Steering | None = None) -> None:
+        self._steering = steering or Steering()
+        self.options = self._steering.order(options)
         self.blocklist = Blocklist()
+        for placement, scope in self._steering.avoid:
+            self.blocklist.add(placement, scope)
         # Attempts of every round, and the candidates refused before any attempt.
         self.history: list[Attempt] = list(refusals or [])
         self.round = 1
@@ -151,8 +182,11 @@ class Failover:
         self.history.append(Attempt(option.placement.infra, resources_of(option), "UP",
                                     None, round(time.monotonic() - started, 3)))
 
-    def new_round(self) -> None:
-        """Everything failed: start over with nothing blocked (capacity comes back)."""
+    def new_round(self, options: list[Option], refusals: list[Attempt]) -> None:
+        """Everything failed: start over with these options and nothing blocked (capacity
+        comes back, where a relaunch was steered away from too)."""
+        self.options = self._steering.order(options)
+        self.history.extend(refusals)
         self.blocklist.clear()
         self.round += 1
 

@@ -32,7 +32,7 @@ from clusterd.providers.base import (
     ProvisionError,
 )
 from clusterd.providers.registry import ProviderRegistry
-from clusterd.provision.failover import Attempt, Failover, Option, format_table
+from clusterd.provision.failover import Attempt, Failover, Option, Steering, format_table
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.handles import ClusterHandle
@@ -76,13 +76,14 @@ class Provisioner:
     async def provision(
         self, request: RunningRequest, record: ClusterRecord, plan: Plan, *,
         first: tuple[list[Option], list[Attempt]] | None = None,
-        retry_until_up: bool = False,
+        retry_until_up: bool = False, steering: Steering | None = None,
     ) -> Provisioned:
         """Nodes for `record`, from the first option that works (`plan` gives the options
-        of each round; `first`, if given, is its answer for round one)."""
+        of each round; `first`, if given, is its answer for round one; `steering` orders and
+        narrows round one for a relaunch)."""
         gap = self._retry_gap_s
         options, refusals = first if first is not None else await plan()
-        failover = Failover(options, refusals)
+        failover = Failover(options, refusals, steering)
         while True:
             for option in failover:
                 decided = time.monotonic()
@@ -100,10 +101,7 @@ class Provisioner:
             await self._store.add_event(record.name, "provision", text, request.id)
             await anyio.sleep(gap)
             gap = min(gap * 1.5, self._retry_max_gap_s)
-            options, refusals = await plan()
-            failover.options = options
-            failover.history.extend(refusals)
-            failover.new_round()
+            failover.new_round(*await plan())
 
     async def _attempt(
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,

@@ -31,7 +31,7 @@ from clusterd.providers.base import (
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
-from clusterd.provision.failover import Attempt, Option
+from clusterd.provision.failover import Attempt, Option, Steering
 from clusterd.provision.launcher import (
     Plan,
     Provisioner,
@@ -161,8 +161,10 @@ class ClusterService:
     # -- launch -----------------------------------------------------------------------------
 
     async def launch(
-        self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec
+        self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec,
+        steering: Steering | None = None,
     ) -> dict[str, Any]:
+        """`steering` (a managed job's relaunch) orders a new cluster's first round."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
@@ -175,7 +177,7 @@ class ClusterService:
                 if record is None:
                     record, resources, landed = await self._provision_new(
                         request, name, task, override, autostop, args.retry_until_up,
-                        args.strict)
+                        args.strict, steering)
                     warnings += landed
                 else:
                     resources, fitting = fit_to_cluster(
@@ -196,6 +198,7 @@ class ClusterService:
     async def _provision_new(
         self, request: RunningRequest, name: str, task: TaskSpec, override: Infra | None,
         autostop: Autostop | None, retry_until_up: bool, strict: bool,
+        steering: Steering | None = None,
     ) -> tuple[ClusterRecord, Resources, tuple[str, ...]]:
         cloud_name = cloud_name_for(name)
         autostop_down = bool(autostop and autostop.down)
@@ -232,7 +235,8 @@ class ClusterService:
         await self._store.insert(record, f"launch requested by request {request.id}", request.id)
         try:
             done = await self._provisioner.provision(request, record, planner, first=first,
-                                                     retry_until_up=retry_until_up)
+                                                     retry_until_up=retry_until_up,
+                                                     steering=steering)
             record = await self._start_runtime(request, done.record, done.provider,
                                                done.handle, "launched")
             return record, done.resources, done.warnings
