@@ -367,3 +367,42 @@ def test_check_lists_the_contexts_and_show_gpus_the_nodes(k8s: K8sBed, daemon: D
                                                     "FREE", "vCPUs", "MEMORY"]
     unknown = daemon.ctl("show-gpus", "--infra", "kubernetes", "H100")
     assert unknown.returncode == 1 and "known: A100" in unknown.stderr
+
+
+def test_a_managed_job_whose_pod_is_deleted_is_recovered_in_new_pods(
+        k8s: K8sBed, daemon: Daemon) -> None:
+    task = ("resources:\n  infra: kubernetes/bed-a\n  cpus: 1\n  memory: 1\nrun: |\n"
+            "  echo \"task=$SKYPILOT_TASK_ID attempt=$SKYPILOT_MANAGED_JOB_ATTEMPT\"\n"
+            "  if [ \"$SKYPILOT_MANAGED_JOB_ATTEMPT\" = 1 ]; then sleep 900; fi\n")
+    (daemon.root / "evicted.yaml").write_text(task)
+    submitted = daemon.ctl("jobs", "launch", "-d", "-n", "evicted", "evicted.yaml")
+    assert submitted.returncode == 0, submitted.stderr
+
+    def managed() -> dict[str, Any]:
+        jobs = json.loads(daemon.ctl("jobs", "queue", "--all", "--json").stdout)
+        found: dict[str, Any] = next(j for j in jobs if j["name"] == "evicted")
+        return found
+
+    def log() -> str:
+        return daemon.ctl("jobs", "logs", str(managed()["job_id"]), "--no-follow").stdout
+
+    wait_for(lambda: "attempt=1" in log(), 900, "attempt 1 to print", interval=2)
+    cluster = managed()["cluster"]
+    first = cloud_name(daemon, cluster)
+    (pod,) = k8s.pods(first)
+    k8s.kubectl("delete", "pod", "-n", "bed-a", pod["metadata"]["name"], "--grace-period=0",
+                "--force")
+    wait_for(lambda: managed()["status"] in ("RECOVERING", "SUCCEEDED"), 120,
+             "the job to be RECOVERING")
+    done = wait_for(lambda: (j := managed())["status"] not in (
+        "RUNNING", "RECOVERING", "STARTING") and j, 900, "the job to end", interval=2)
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["recoveries"] == 1, done
+    ids = [line.split() for line in log().splitlines() if line.startswith("task=")]
+    assert [i[1] for i in ids] == ["attempt=1", "attempt=2"] and ids[0][0] == ids[1][0]
+    assert daemon.cluster(cluster) is None
+    assert k8s.leftovers(first) == []
+    for kind in ("pods", "services", "secrets"):  # the cluster it recovered on is gone too
+        left = json.loads(k8s.kubectl("get", kind, "-A", "-o", "json", "-l",
+                                      f"clusterd-cluster={cluster}"))["items"]
+        assert left == [], (kind, [o["metadata"]["name"] for o in left])
