@@ -190,3 +190,33 @@ def test_events_follow_streams_changes_as_they_happen(daemon: Daemon) -> None:
     follower.send_signal(signal.SIGINT)
     follower.communicate(timeout=30)
     assert follower.returncode == 0
+
+
+def test_a_managed_job_whose_local_agent_dies_runs_again_in_place(daemon: Daemon) -> None:
+    """On `local` there is nowhere else to go: the lost cluster is made again here."""
+    submitted = daemon.ctl(
+        "jobs", "launch", "-d", "-n", "inplace", "--infra", "local", "--",
+        'echo "attempt=$SKYPILOT_MANAGED_JOB_ATTEMPT"; '
+        'if [ "$SKYPILOT_MANAGED_JOB_ATTEMPT" = 1 ]; then sleep 600; fi')
+    assert submitted.returncode == 0, submitted.stderr
+
+    def managed() -> dict[str, Any]:
+        jobs = json.loads(daemon.ctl("jobs", "queue", "--all", "--json").stdout)
+        found: dict[str, Any] = next(j for j in jobs if j["name"] == "inplace")
+        return found
+
+    def log() -> str:
+        return daemon.ctl("jobs", "logs", str(managed()["job_id"]), "--no-follow").stdout
+
+    wait_for(lambda: "attempt=1" in log(), 300, "attempt 1 to print", interval=1)
+    cluster = managed()["cluster"]
+    os.kill(pid_of(daemon, cluster, "agent"), signal.SIGKILL)
+    wait_for(lambda: managed()["status"] != "RUNNING", 60, "the loss to be noticed")
+    done = wait_for(lambda: (j := managed())["status"] in ("SUCCEEDED", "FAILED",
+                                                           "FAILED_CONTROLLER") and j,
+                    300, "the job to end", interval=1)
+    assert done["status"] == "SUCCEEDED" and done["recoveries"] == 1, (done, daemon.log()[-3000:])
+    assert [line for line in log().splitlines() if line.startswith("attempt=")] == [
+        "attempt=1", "attempt=2"]
+    assert str(done["infra"]).startswith("local")
+    assert daemon.cluster(cluster) is None
