@@ -381,3 +381,18 @@ def test_a_daemon_killed_while_the_job_starts_ends_it_with_one_cluster(
     assert done["attempts"] == 1 and log_of(daemon, job_id).count("once") == 1
     assert sampled.most == 1, "the job had two clusters at once"
     assert_nothing_left(ec2, daemon, cluster)
+
+
+def test_a_job_whose_first_launch_keeps_failing_fails_its_prechecks(ec2: EC2Bed,
+                                                                   daemon: Daemon) -> None:
+    # Not capacity: an error no other place mends, so the job does not wait forever.
+    ec2.fault("--code", "InvalidParameterCombination", "--action", "RunInstances")
+    try:
+        job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo never\n", "refused")
+        done = wait_status(daemon, job_id, FINAL, 300)
+    finally:
+        ec2.clear_faults()
+    assert done["status"] == "FAILED_PRECHECKS", done
+    assert "InvalidParameterCombination" in done["status_reason"]
+    assert "failed 3 times" in done["status_reason"] and done["attempts"] == 0
+    assert_nothing_left(ec2, daemon, done["cluster"], made_some=False)

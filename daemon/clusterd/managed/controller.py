@@ -56,6 +56,8 @@ PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
 USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
 # Consecutive failed agent health checks after which the cluster counts as lost.
 AGENT_STRIKES = 3
+# Launch failures other than capacity after which a job that has not run yet fails.
+FIRST_LAUNCH_TRIES = 3
 LOG_CHUNK = 64 * 1024
 
 
@@ -308,6 +310,7 @@ class ManagedJobController:
         if record.status == S.PENDING:
             record = await self._store.set_status(record.id, S.STARTING, "launching a cluster")
         gap = self._timing.retry_gap_s
+        failures = 0
         # The first relaunch round avoids where the job was just lost, as its strategy says
         # (recovery.py); if that finds nothing, the next tries everywhere.
         steering = self._policy(record).steering(record.placed) if recovering else None
@@ -334,6 +337,13 @@ class ManagedJobController:
                     continue
                 if not recovering and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
                     await self._end(record.id, S.FAILED_NO_RESOURCE, reason)
+                    return False
+                failures += 1
+                if not recovering and failures >= FIRST_LAUNCH_TRIES:
+                    # A job that never ran fails as a launch would (bad credentials, an
+                    # API that keeps refusing); one that ran keeps trying (below).
+                    await self._end(record.id, S.FAILED_PRECHECKS,
+                                    f"{reason} (the first launch failed {failures} times)")
                     return False
                 # Never given up silently: the job waits, showing why, until capacity comes
                 # back or it is cancelled.
