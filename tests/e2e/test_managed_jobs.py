@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -396,3 +399,26 @@ def test_a_job_whose_first_launch_keeps_failing_fails_its_prechecks(ec2: EC2Bed,
     assert "InvalidParameterCombination" in done["status_reason"]
     assert "failed 3 times" in done["status_reason"] and done["attempts"] == 0
     assert_nothing_left(ec2, daemon, done["cluster"], made_some=False)
+
+
+def test_a_job_that_ends_while_no_daemon_runs_is_seen_ended_and_torn_down(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    # /var/tmp is the host's in the bed's nodes (their /tmp is their own): the job's end can
+    # be seen here while no daemon runs.
+    mark = Path(tempfile.mkdtemp(prefix="cdmj-done-", dir="/var/tmp"))
+    mark.chmod(0o1777)
+    try:
+        task = (f"resources:\n  cpus: 2\nrun: |\n  echo begun\n  sleep 3\n  echo ended\n"
+                f"  touch {mark}/ended\n")
+        job_id = submit(daemon, task, "alone")
+        wait_for(lambda: "begun" in log_of(daemon, job_id), 600, "the job to begin",
+                 interval=0.5)
+        daemon.kill()
+        wait_for(lambda: (mark / "ended").exists(), 120, "the job to end with no daemon")
+        daemon.start()
+        done = wait_status(daemon, job_id, FINAL, 300)
+    finally:
+        shutil.rmtree(mark, ignore_errors=True)
+    assert done["status"] == "SUCCEEDED" and done["attempts"] == 1, done
+    assert log_of(daemon, job_id).count("ended") == 1
+    assert_nothing_left(ec2, daemon, done["cluster"])
