@@ -18,6 +18,7 @@ from clusterd.tasks.spec import Infra, TaskSpec
 from .connection import Call
 
 MAX_ID = 2**62
+MAX_TAIL = 2**62  # an SQL LIMIT must fit in 64 bits
 # The loader's warning for these fields says clusterd runs no managed jobs; here it does.
 RECOVERY_FIELDS = ("resources.job_recovery", "resources.spot_recovery")
 
@@ -91,7 +92,14 @@ class ManagedHandlers:
 
     async def logs(self, call: Call, args: protocol.JobsLogsArgs) -> dict[str, Any]:
         _check_id(args.job_id)
-        return await self._controller.stream_log(args.job_id, args.follow, call.emit)
+        if not 0 <= args.tail <= MAX_TAIL:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"tail must be from 0 (all) to {MAX_TAIL} lines")
+        if args.controller:
+            return await self._controller.stream_controller_log(args.job_id, args.follow,
+                                                                call.emit, args.tail)
+        return await self._controller.stream_log(args.job_id, args.follow, call.emit,
+                                                 args.tail)
 
     async def cancel(self, call: Call, args: protocol.JobsCancelArgs) -> dict[str, Any]:
         if not args.job_ids and not args.all:
