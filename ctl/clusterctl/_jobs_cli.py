@@ -150,6 +150,10 @@ def _queue(client: Client, args: argparse.Namespace) -> int:
     if args.json:
         print_json(jobs)
         return ExitCode.SUCCEEDED
+    if not jobs:
+        print("No managed jobs." if args.all else
+              "No unfinished managed jobs (finished ones too: clusterctl jobs queue --all).")
+        return ExitCode.SUCCEEDED
     headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",
                "#RECOVERIES", "STATUS", "INFRA", "REASON"]
     rows = [[str(j["job_id"]), j["name"], j.get("resources") or "-", age(j["submitted_at"]),

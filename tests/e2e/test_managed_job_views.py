@@ -1,6 +1,6 @@
 """What clients see of a managed job, end to end on the `local` provider (no test bed): a
 real job under a real daemon, Ray and agent, through clusterctl: `jobs logs --tail`,
-`jobs logs --controller` (followed and not)."""
+`jobs logs --controller` (followed and not) and `jobs queue`."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Follower:
         return code, "".join(self.lines), self.process.stderr.read()
 
 
-def test_tail_and_controller_view_of_a_real_job(daemon: Daemon) -> None:
+def test_tail_controller_view_and_queue_of_a_real_job(daemon: Daemon) -> None:
     go = daemon.root / "go"
     (daemon.root / "views.yaml").write_text(TASK.format(go=go))
     launched = daemon.ctl("jobs", "launch", "-d", "--infra", "local", "views.yaml")
@@ -114,6 +114,18 @@ def test_tail_and_controller_view_of_a_real_job(daemon: Daemon) -> None:
     assert tail.stdout == "line 48\nline 49\nline 50\n"
     everything = daemon.ctl("jobs", "logs", job_id, "--no-follow", "--tail", "1000")
     assert everything.stdout == whole.stdout
+
+    # `jobs queue` has what the issue names, in both forms.
+    shown = running
+    assert shown["name"] == "views" and shown["resources"].startswith("1x[CPU:1")
+    assert shown["infra"] and shown["infra"].startswith("local")
+    assert shown["recoveries"] == 0 and shown["status_reason"].startswith("attempt 1 running")
+    assert shown["submitted_at"] > 0 and shown["total_seconds"] >= shown["job_seconds"] >= 0
+    table = daemon.ctl("jobs", "queue")
+    header, row = table.stdout.splitlines()[:2]
+    assert header.split() == ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT.", "DURATION",
+                              "JOB", "DURATION", "#RECOVERIES", "STATUS", "INFRA", "REASON"]
+    assert row.split()[:2] == [job_id, "views"] and "RUNNING" in row and "1x[CPU:1" in row
 
     # Followers of both views, started while the job runs, end when it does.
     follow_tail = Follower(daemon, job_id, "--tail", "2")
@@ -162,3 +174,10 @@ def test_logs_of_no_such_job(daemon: Daemon) -> None:
         result = daemon.ctl("jobs", "logs", "999", "--no-follow", *extra)
         assert result.returncode == 102, result.stderr  # NOT_FOUND, as for `jobs logs`
         assert "there is no managed job 999" in result.stderr
+
+
+def test_an_empty_queue_says_so(daemon: Daemon) -> None:
+    wait_for(lambda: not queue(daemon), 120, "no unfinished managed job", interval=0.5)
+    result = daemon.ctl("jobs", "queue")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("No unfinished managed jobs")

@@ -174,7 +174,9 @@ class ManagedJobController:
             "user_restarts": record.user_restarts,
             "infra": "/".join(str(placed[k]) for k in ("provider", "region", "zone")
                               if placed.get(k)) or None,
-            "resources": placed.get("instance_type"),
+            # Asked for, then what it got once placed: "1x[CPU:2, spot] m6i.large".
+            "resources": " ".join(p for p in (record.task.resources,
+                                              placed.get("instance_type")) if p) or None,
         }
 
     def queue(self, include_finished: bool) -> dict[str, Any]:

@@ -33,6 +33,9 @@ class SubmittedTask:
     cpus: str | None = None
     name: str | None = None
     infra: str | None = None
+    # The resources asked for, as `jobs queue` shows them ("2x[CPU:4, spot]"): kept, not
+    # worked out again from the YAML for every listing.
+    resources: str | None = None
 
     @classmethod
     def storable(cls, **values: Any) -> SubmittedTask:

@@ -76,7 +76,8 @@ class ManagedHandlers:
         submitted = SubmittedTask.storable(
             yaml_text=yaml_text, command=args.command, source=task.source, cwd=args.cwd,
             envs=envs, secret_names=tuple(sorted(task.secrets)),
-            num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra)
+            num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra,
+            resources=requested_resources(task))
         record = await self._controller.submit(task, submitted)
         for warning in task.warnings:
             await call.emit("progress", {"phase": "warning", "message": f"warning: {warning}",
@@ -113,6 +114,20 @@ class ManagedHandlers:
 def _check_id(job_id: int) -> None:
     if not 1 <= job_id <= MAX_ID:
         raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"job_id must be from 1 to {MAX_ID}")
+
+
+def requested_resources(task: TaskSpec) -> str:
+    """What a job asks for, short: `1x[CPU:2]`, `2x[CPU:8, V100:1, spot]`; the instance
+    type if it names one; `+N more` if it gives alternatives (any_of/ordered)."""
+    shown = task.resources.display(task.num_nodes)
+    extra = [task.resources.instance_type] if task.resources.instance_type else []
+    if task.resources.use_spot:
+        extra.append("spot")
+    if extra:
+        shown = f"{shown[:-1]}, {', '.join(extra)}]"
+    if len(task.resource_choices) > 1:
+        shown += f" +{len(task.resource_choices) - 1} more"
+    return shown
 
 
 def _without_recovery_warnings(task: TaskSpec) -> TaskSpec:
