@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -50,6 +51,11 @@ def queue(daemon: Daemon, *extra: str) -> list[dict[str, Any]]:
 
 def job(daemon: Daemon, job_id: int) -> dict[str, Any]:
     return next(j for j in queue(daemon, "--all") if j["job_id"] == job_id)
+
+
+def at_time(entry: str) -> float:
+    """The time of an entry of `jobs logs --controller` (local time, to the millisecond)."""
+    return time.mktime(time.strptime(entry[:19], "%Y-%m-%d %H:%M:%S")) + int(entry[20:23]) / 1e3
 
 
 def entries(text: str) -> list[str]:
@@ -157,7 +163,8 @@ def test_tail_controller_view_and_queue_of_a_real_job(daemon: Daemon) -> None:
     assert at(r"\[info\] managed job submitted  cluster=mj-") < starting
     launch = at(r"\[info\] request started  .*op=launch")
     assert starting < launch < running_at  # the launch request the driver started is its
-    assert running_at < at(r"\[info\] request started  .*op=down") < succeeded
+    teardown = at(r"\[info\] request started  .*op=down")
+    assert running_at < teardown < succeeded
     assert at(r"\[info\] managed job ended  status=SUCCEEDED") > succeeded
 
     # The last N entries, events and lines together.
@@ -166,6 +173,10 @@ def test_tail_controller_view_and_queue_of_a_real_job(daemon: Daemon) -> None:
 
     done = job(daemon, int(job_id))
     assert done["status"] == "SUCCEEDED" and done["ended_at"] >= done["submitted_at"]
+    # Its job duration is its run, not the teardown after it (0.1 s: the view rounds).
+    ran = at_time(view[teardown]) - at_time(view[running_at])
+    assert done["job_seconds"] <= ran + 0.1, (done, ran)
+    assert done["total_seconds"] > done["job_seconds"]
     assert daemon.cluster(f"mj-{job_id}-views") is None
 
 

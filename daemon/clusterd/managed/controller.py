@@ -523,7 +523,11 @@ class ManagedJobController:
         if record.status.is_final:
             return
         if record.ending is None:
-            record = await self._store.update(job_id, ending=f"{status} {reason}")
+            fields: dict[str, Any] = {"ending": f"{status} {reason}"}
+            if record.run_started_at is not None:
+                # The run is over: the teardown that follows is not the job's running time.
+                fields.update(run_seconds=record.job_seconds(), run_started_at=None)
+            record = await self._store.update(job_id, **fields)
         why = f"managed job {job_id} ended: {status}"
         await self._down(record, why)
         # A launch the driver left (cancelled while it waited for it) may not have recorded
