@@ -4,6 +4,7 @@ torn down when they end). Imported only when that verb runs."""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -29,6 +30,11 @@ def add_options(jobs: argparse.ArgumentParser) -> None:
     logs = actions.add_parser("logs", help="a managed job's log, across its attempts")
     logs.add_argument("job_id", type=int)
     logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
+    logs.add_argument("--tail", type=int, default=0, metavar="N",
+                      help="start with the last N lines (0: from the start)")
+    logs.add_argument("--controller", action="store_true",
+                      help="the daemon's own log of the job: its status changes with their "
+                           "reasons, and the daemon's log lines about it")
     cancel = actions.add_parser("cancel", help="cancel managed jobs (their clusters go too)")
     cancel.add_argument("job_ids", nargs="*", type=int)
     cancel.add_argument("-a", "--all", action="store_true", help="every unfinished job")
@@ -41,8 +47,7 @@ def main(client: Client, args: argparse.Namespace) -> int:
     if action == "queue":
         return _queue(client, args)
     if action == "logs":
-        return _follow(client, protocol.JobsLogsArgs(job_id=args.job_id,
-                                                     follow=not args.no_follow))
+        return _follow(client, logs_request(args))
     if not args.job_ids and not args.all:
         fail("name the managed jobs to cancel", "give job ids, or --all")
     result = client.call(protocol.JobsCancelArgs(job_ids=args.job_ids, all=args.all))
@@ -51,6 +56,13 @@ def main(client: Client, args: argparse.Namespace) -> int:
     for job_id in result.get("already_finished", []):
         sys.stderr.write(f"Managed job {job_id} has already ended.\n")
     return ExitCode.SUCCEEDED
+
+
+def logs_request(args: argparse.Namespace) -> protocol.JobsLogsArgs:
+    if args.tail < 0:
+        fail("--tail must be ≥ 0")
+    return protocol.JobsLogsArgs(job_id=args.job_id, follow=not args.no_follow,
+                                 tail=args.tail, controller=args.controller)
 
 
 def _launch(client: Client, args: argparse.Namespace) -> int:
@@ -69,6 +81,9 @@ def _follow(client: Client, request: protocol.OpArgs, detach: bool = False) -> i
                 state.update(data)
                 printer.note(f"Managed job {data['job_id']} submitted (its cluster: "
                              f"{data['cluster']}).")
+            elif event in CONTROLLER_EVENTS:
+                sys.stdout.write(controller_line(event, data) + "\n")
+                sys.stdout.flush()
             else:
                 printer.event(event, data, state)
     except KeyboardInterrupt:
@@ -92,6 +107,38 @@ def _follow(client: Client, request: protocol.OpArgs, detach: bool = False) -> i
     return int(result.get("exit_code", ExitCode.ERROR))
 
 
+CONTROLLER_EVENTS = ("managed_job_event", "daemon_log")
+
+
+def controller_line(event: str, data: dict[str, Any]) -> str:
+    """One entry of `jobs logs --controller`, in local time: a status change
+    (`PENDING -> STARTING: launching a cluster`), a finding in a status
+    (`RECOVERING: launch failed: ...`), or a daemon log line
+    (`[warning] managed job's cluster lost  why=...`, a traceback below it)."""
+    ts = data.get("ts") or 0
+    when = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) + f".{int(ts % 1 * 1000):03d}"
+            if ts else "-" * 23)
+    if event == "managed_job_event":
+        before, after = data.get("from_status"), data.get("to_status")
+        status = f"{before} -> {after}" if before and before != after else str(after)
+        return f"{when}  {status}: {data.get('reason', '')}"
+    fields = dict(data.get("fields") or {})
+    trace = fields.pop("exception", None)
+    shown = "  ".join(f"{k}={_field(v)}" for k, v in fields.items())
+    line = f"{when}  [{data.get('level', '?')}] {data.get('message', '')}"
+    if shown:
+        line += f"  {shown}"
+    if trace:
+        line += "\n" + "\n".join(f"    {t}" for t in str(trace).rstrip().splitlines())
+    return line
+
+
+def _field(value: Any) -> str:
+    if isinstance(value, str) and value and not any(c.isspace() for c in value):
+        return value
+    return json.dumps(value, default=str)
+
+
 def _duration(seconds: float | None) -> str:
     if not seconds:
         return "-"
@@ -102,6 +149,10 @@ def _queue(client: Client, args: argparse.Namespace) -> int:
     jobs = client.call(protocol.JobsQueueArgs(all=args.all)).get("jobs", [])
     if args.json:
         print_json(jobs)
+        return ExitCode.SUCCEEDED
+    if not jobs:
+        print("No managed jobs." if args.all else
+              "No unfinished managed jobs (finished ones too: clusterctl jobs queue --all).")
         return ExitCode.SUCCEEDED
     headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",
                "#RECOVERIES", "STATUS", "INFRA", "REASON"]

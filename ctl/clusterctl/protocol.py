@@ -562,12 +562,20 @@ class JobsQueueArgs(OpArgs):
 
 class JobsLogsArgs(OpArgs):
     """A managed job's whole log across its attempts (a marker line at each recovery), as
-    ``log`` events; with ``follow``, until the job ends."""
+    ``log`` events; with ``follow``, until the job ends. ``tail`` N > 0 starts with its last
+    N lines instead (0: from the start).
+
+    With ``controller``, the daemon's own log of the job instead: its status changes and
+    other findings as ``managed_job_event`` events ``{id, ts, from_status, to_status,
+    reason}`` and the daemon's log lines about it as ``daemon_log`` events ``{ts, level,
+    message, fields}``, in time order (``tail``: the last N of both together)."""
 
     op = "jobs_logs"
     streams = True
     job_id: int
     follow: bool = True
+    tail: int = 0
+    controller: bool = False
 
 
 class JobsCancelArgs(OpArgs):

@@ -2,14 +2,18 @@
 
 Request ids and cluster names are bound with `bind_contextvars` where a request starts, so every
 line logged while serving it carries them.
+
+A line that carries a key with a sink (`tee`) is also handed, rendered the same, to that sink:
+the managed-jobs controller keeps each job's own lines beside the job's log this way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -18,6 +22,31 @@ import structlog
 from clusterd.redact import redact_urls
 
 LEVELS = ("debug", "info", "warning", "error")
+
+# key -> what gets (the key's value, the line) of every line that carries the key.
+Sink = Callable[[Any, str], None]
+_sinks: dict[str, Sink] = {}
+_render = structlog.processors.JSONRenderer()
+
+
+def tee(key: str, sink: Sink | None) -> None:
+    """From now on, give `sink` every line (after redaction, as JSON) whose event or bound
+    context has `key`; None stops that. A sink must be quick and must not log."""
+    if sink is None:
+        _sinks.pop(key, None)
+    else:
+        _sinks[key] = sink
+
+
+def _tee(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for key, sink in list(_sinks.items()):
+        value = event.get(key)
+        if value is None:
+            continue
+        # A sink's failure (a full disk) must not cost the daemon log its line.
+        with contextlib.suppress(Exception):
+            sink(value, str(_render(None, "", dict(event))))
+    return event
 
 
 def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -47,7 +76,8 @@ def configure(level: str = "info", path: Path | None = None, stream: TextIO | No
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             _drop_secrets,
             structlog.processors.format_exc_info,
-            structlog.processors.JSONRenderer(),
+            _tee,
+            _render,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(out),

@@ -16,7 +16,9 @@ from clusterd.managed import transitions
 from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, policy_from_yaml
 from clusterd.managed.store import ManagedJobStore, SubmittedTask, cluster_name_for
 from clusterd.providers.base import BlockScope
+from clusterd.server.managed_handlers import requested_resources
 from clusterd.state.db import Database
+from clusterd.tasks.loader import load_task
 
 pytestmark = pytest.mark.anyio
 
@@ -181,3 +183,20 @@ def test_overrides_reapplied_when_a_job_loads_its_task_again() -> None:
     assert changed.resources.cpus == 4 and changed.resources.cpus_at_least
     assert [(r.cpus, r.cpus_at_least) for r in changed.resource_choices] == [(4, True)] * 2
     assert apply_overrides(task) is task
+
+
+# -- what `jobs queue` shows as RESOURCES -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("yaml_text", "shown"), [
+    ("run: echo hi\n", "1x[CPU:"),
+    ("num_nodes: 2\nresources:\n  cpus: 4\n  use_spot: true\nrun: echo hi\n",
+     "2x[CPU:4, spot]"),
+    ("resources:\n  instance_type: m6i.large\nrun: echo hi\n", "1x[CPU:"),
+])
+def test_requested_resources(yaml_text: str, shown: str) -> None:
+    task = load_task(yaml_text=yaml_text, source="t.yaml", cwd="/")
+    text = requested_resources(task)
+    assert text.startswith(shown), text
+    if "instance_type" in yaml_text:
+        assert text.endswith(", m6i.large]"), text

@@ -12,9 +12,10 @@ looks at what exists (the cluster record, the agent's job) and goes on from ther
 name never changes, a job can never own two clusters.
 
 The job's log is copied, as it streams, into one local file per job (so it outlives the
-clusters); each attempt starts with a marker line. The stream is also the fastest sign of
-the job's end; a poll of the provider's node states and the agent's health (every few
-seconds) is the sign of a cluster lost under it.
+clusters); each attempt starts with a marker line. The daemon's own log lines about the job
+(everything its driver does) are teed into another (`joblog`), for `jobs logs --controller`.
+The stream is also the fastest sign of the job's end; a poll of the provider's node states
+and the agent's health (every few seconds) is the sign of a cluster lost under it.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from clusterctl import protocol
 from clusterctl.protocol import ClusterStatus, ErrorCode, JobStatus, ProtocolError
 from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
+from clusterd.managed.joblog import JobLogFiles
+from clusterd.managed.logstream import Emit, JobLogStreams
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
 from clusterd.nodes import NodeStatus
@@ -58,7 +61,6 @@ USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SE
 AGENT_STRIKES = 3
 # Launch failures other than capacity after which a job that has not run yet fails.
 FIRST_LAUNCH_TRIES = 3
-LOG_CHUNK = 64 * 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +84,7 @@ class ManagedJobController:
         self._access = access
         self._requests = requests
         self._log_dir = log_dir
+        self._files = JobLogFiles(log_dir)
         self._timing = timing
         self._group: anyio.abc.TaskGroup | None = None
         self._drivers: dict[int, anyio.CancelScope] = {}
@@ -92,18 +95,28 @@ class ManagedJobController:
         self._tasks: dict[int, TaskSpec] = {}
         # Cluster -> the launch a driver started for it, while it runs (see _end).
         self._launches: dict[str, RunningRequest] = {}
+        self._streams = JobLogStreams(store, self._files, self.require, self._change_of)
 
     # -- the service --------------------------------------------------------------------
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        async with anyio.create_task_group() as group:
-            self._group = group
-            for record in self._store.active():
-                self._spawn(record.id)
-            task_status.started()
-            await anyio.sleep_forever()
+        log.tee("managed_job", self._tee)
+        try:
+            async with anyio.create_task_group() as group:
+                self._group = group
+                for record in self._store.active():
+                    self._spawn(record.id)
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            log.tee("managed_job", None)
+
+    def _tee(self, job_id: Any, line: str) -> None:
+        """A daemon log line bound to `managed_job`: kept with that job (if it is one)."""
+        if isinstance(job_id, int) and self._store.get(job_id) is not None:
+            self._files.append_controller_line(job_id, line)
 
     def _spawn(self, job_id: int) -> None:
         if self._group is None:
@@ -118,7 +131,7 @@ class ManagedJobController:
         record = await self._store.insert(name, submitted, "sky-managed")
         self._secrets[record.id] = dict(task.secrets)
         self._tasks[record.id] = task
-        self.log_path(record.id).touch(mode=0o600)
+        self._files.create(record.id)
         logger.info("managed job submitted", managed_job=record.id, cluster=record.cluster)
         self._spawn(record.id)
         return record
@@ -163,7 +176,9 @@ class ManagedJobController:
             "user_restarts": record.user_restarts,
             "infra": "/".join(str(placed[k]) for k in ("provider", "region", "zone")
                               if placed.get(k)) or None,
-            "resources": placed.get("instance_type"),
+            # Asked for, then what it got once placed: "1x[CPU:2, spot] m6i.large".
+            "resources": " ".join(p for p in (record.task.resources,
+                                              placed.get("instance_type")) if p) or None,
         }
 
     def queue(self, include_finished: bool) -> dict[str, Any]:
@@ -172,46 +187,29 @@ class ManagedJobController:
 
     # -- the log ------------------------------------------------------------------------
 
-    def log_path(self, job_id: int) -> Path:
-        return self._log_dir / f"{job_id}.log"
-
     def _append(self, job_id: int, data: bytes) -> None:
-        with open(self.log_path(job_id), "ab") as f:
-            f.write(data)
+        self._files.append(job_id, data)
         self._poke(job_id)
 
-    def _read(self, job_id: int, offset: int) -> bytes:
-        try:
-            with open(self.log_path(job_id), "rb") as f:
-                f.seek(offset)
-                return f.read(LOG_CHUNK)
-        except FileNotFoundError:
-            return b""
+    def _change_of(self, job_id: int) -> anyio.Event:
+        return self._changed.setdefault(job_id, anyio.Event())
 
     def _poke(self, job_id: int) -> None:
         event = self._changed.pop(job_id, None)
         if event is not None:
             event.set()
 
-    async def stream_log(self, job_id: int, follow: bool,
-                         emit: Callable[[str, dict[str, Any]], Awaitable[None]]
+    async def stream_log(self, job_id: int, follow: bool, emit: Emit, tail: int = 0
                          ) -> dict[str, Any]:
-        """The job's local log as `log` events; with `follow`, until the job ends."""
-        record = self.require(job_id)
-        offset = 0
-        while True:
-            changed = self._changed.setdefault(job_id, anyio.Event())
-            record = self.require(job_id)  # read before the file: nothing after it is lost
-            while chunk := await anyio.to_thread.run_sync(self._read, job_id, offset):
-                offset += len(chunk)
-                await emit("log", {"data": chunk, "offset": offset})
-            if record.status.is_final or not follow:
-                break
-            with anyio.move_on_after(1.0):  # the poke is the fast path; this is the floor
-                await changed.wait()
-        return {"job_id": job_id, "cluster": record.cluster, "status": str(record.status),
-                "failure_reason": record.status_reason if record.status != S.SUCCEEDED
-                else "", "exit_code": int(protocol.exit_code_for_managed_job(record.status))}
+        """The job's local log as `log` events (its last `tail` lines only, if > 0); with
+        `follow`, until the job ends."""
+        return await self._streams.output(job_id, follow, tail, emit)
+
+    async def stream_controller_log(self, job_id: int, follow: bool, emit: Emit,
+                                    tail: int = 0) -> dict[str, Any]:
+        """The job's events and the daemon's lines about it, by time; with `follow`, until
+        the job ends."""
+        return await self._streams.controller(job_id, follow, tail, emit)
 
     # -- the driver -----------------------------------------------------------------------
 
@@ -381,7 +379,7 @@ class ManagedJobController:
         if record.attempts == 0:
             marker = marker.lstrip("\n")
         self._append(record.id, marker.encode())
-        base = self.log_path(record.id).stat().st_size
+        base = self._files.size(record.id)
         envs = {**task.envs, "SKYPILOT_MANAGED_JOB_ID": str(record.id),
                 "SKYPILOT_MANAGED_JOB_ATTEMPT": str(attempt)}
         job_task = dataclasses.replace(task, envs=envs)
@@ -412,7 +410,7 @@ class ManagedJobController:
 
         async with anyio.create_task_group() as group:
             async def stream() -> None:
-                offset = self.log_path(record.id).stat().st_size - record.log_base
+                offset = self._files.size(record.id) - record.log_base
                 try:
                     found["end"] = await self._jobs.stream_logs(
                         record.cluster, record.agent_job_id, follow=True, tail=0,
@@ -535,7 +533,11 @@ class ManagedJobController:
         if record.status.is_final:
             return
         if record.ending is None:
-            record = await self._store.update(job_id, ending=f"{status} {reason}")
+            fields: dict[str, Any] = {"ending": f"{status} {reason}"}
+            if record.run_started_at is not None:
+                # The run is over: the teardown that follows is not the job's running time.
+                fields.update(run_seconds=record.job_seconds(), run_started_at=None)
+            record = await self._store.update(job_id, **fields)
         why = f"managed job {job_id} ended: {status}"
         await self._down(record, why)
         # A launch the driver left (cancelled while it waited for it) may not have recorded

@@ -33,6 +33,9 @@ class SubmittedTask:
     cpus: str | None = None
     name: str | None = None
     infra: str | None = None
+    # The resources asked for, as `jobs queue` shows them ("2x[CPU:4, spot]"): kept, not
+    # worked out again from the YAML for every listing.
+    resources: str | None = None
 
     @classmethod
     def storable(cls, **values: Any) -> SubmittedTask:
@@ -223,9 +226,17 @@ class ManagedJobStore:
         await self._db.write([(_INSERT_EVENT, (time.time(), job_id, status, status,
                                                redact_urls(reason)))])
 
-    async def events(self, job_id: int) -> list[ManagedJobEvent]:
-        rows = await self._db.fetchall(
-            "SELECT * FROM managed_job_events WHERE job_id = ? ORDER BY id", [job_id])
+    async def events(self, job_id: int, *, after: int = 0, last: int | None = None
+                     ) -> list[ManagedJobEvent]:
+        """The job's events in order: those with an id above `after`, only the `last` N of
+        them if given."""
+        sql = "SELECT * FROM managed_job_events WHERE job_id = ? AND id > ?"
+        params: list[Any] = [job_id, after]
+        if last is None:
+            rows = await self._db.fetchall(sql + " ORDER BY id", params)
+        else:
+            rows = await self._db.fetchall(sql + " ORDER BY id DESC LIMIT ?", [*params, last])
+            rows.reverse()
         return [ManagedJobEvent(**dict(row)) for row in rows]
 
     def _require(self, job_id: int) -> ManagedJobRecord:

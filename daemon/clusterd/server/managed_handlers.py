@@ -18,6 +18,7 @@ from clusterd.tasks.spec import Infra, TaskSpec
 from .connection import Call
 
 MAX_ID = 2**62
+MAX_TAIL = 2**62  # an SQL LIMIT must fit in 64 bits
 # The loader's warning for these fields says clusterd runs no managed jobs; here it does.
 RECOVERY_FIELDS = ("resources.job_recovery", "resources.spot_recovery")
 
@@ -75,7 +76,8 @@ class ManagedHandlers:
         submitted = SubmittedTask.storable(
             yaml_text=yaml_text, command=args.command, source=task.source, cwd=args.cwd,
             envs=envs, secret_names=tuple(sorted(task.secrets)),
-            num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra)
+            num_nodes=args.num_nodes, cpus=args.cpus, name=args.name, infra=args.infra,
+            resources=requested_resources(task))
         record = await self._controller.submit(task, submitted)
         for warning in task.warnings:
             await call.emit("progress", {"phase": "warning", "message": f"warning: {warning}",
@@ -91,7 +93,14 @@ class ManagedHandlers:
 
     async def logs(self, call: Call, args: protocol.JobsLogsArgs) -> dict[str, Any]:
         _check_id(args.job_id)
-        return await self._controller.stream_log(args.job_id, args.follow, call.emit)
+        if not 0 <= args.tail <= MAX_TAIL:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"tail must be from 0 (all) to {MAX_TAIL} lines")
+        if args.controller:
+            return await self._controller.stream_controller_log(args.job_id, args.follow,
+                                                                call.emit, args.tail)
+        return await self._controller.stream_log(args.job_id, args.follow, call.emit,
+                                                 args.tail)
 
     async def cancel(self, call: Call, args: protocol.JobsCancelArgs) -> dict[str, Any]:
         if not args.job_ids and not args.all:
@@ -105,6 +114,20 @@ class ManagedHandlers:
 def _check_id(job_id: int) -> None:
     if not 1 <= job_id <= MAX_ID:
         raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"job_id must be from 1 to {MAX_ID}")
+
+
+def requested_resources(task: TaskSpec) -> str:
+    """What a job asks for, short: `1x[CPU:2]`, `2x[CPU:8, V100:1, spot]`; the instance
+    type if it names one; `+N more` if it gives alternatives (any_of/ordered)."""
+    shown = task.resources.display(task.num_nodes)
+    extra = [task.resources.instance_type] if task.resources.instance_type else []
+    if task.resources.use_spot:
+        extra.append("spot")
+    if extra:
+        shown = f"{shown[:-1]}, {', '.join(extra)}]"
+    if len(task.resource_choices) > 1:
+        shown += f" +{len(task.resource_choices) - 1} more"
+    return shown
 
 
 def _without_recovery_warnings(task: TaskSpec) -> TaskSpec:
