@@ -66,19 +66,20 @@ edits = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.integers
                  max_size=8)
 
 
-def decode_all(data: bytes) -> list[dict[str, Any]]:
+def decode_all(data: bytes, max_seconds: float = MAX_SECONDS) -> list[dict[str, Any]]:
     """Feed a stream in uneven pieces, as sockets deliver it; every message is a map, or the
-    stream ends in a ProtocolError, never in another exception."""
+    stream ends in a ProtocolError, never in another exception. The bound is on this
+    process's CPU time: other work on a shared machine does not count against it."""
     decoder = protocol.FrameDecoder(limits=protocol.REQUEST_LIMITS)
     messages: list[dict[str, Any]] = []
-    started = time.monotonic()
+    started = time.process_time()
     try:
         for start in range(0, len(data), 7):
             decoder.feed(data[start:start + 7])
             messages.extend(decoder.drain())
     except ProtocolError as error:
         assert error.code in ("BAD_FRAME", "FRAME_TOO_LARGE"), error.code
-    assert time.monotonic() - started < MAX_SECONDS
+    assert time.process_time() - started < max_seconds
     assert all(isinstance(m, dict) for m in messages)
     return messages
 
@@ -123,7 +124,8 @@ def test_compact_container_bombs_cost_bounded_memory(pieces: list[bytes], repeat
     body = b"\xdd" + struct.pack(">I", 10**6) + (b"".join(pieces) * repeat)[:4 * 2**20]
     tracemalloc.start()
     try:
-        decode_all(struct.pack(">I", len(body)) + body)
+        # tracemalloc makes every allocation several times slower.
+        decode_all(struct.pack(">I", len(body)) + body, max_seconds=4 * MAX_SECONDS)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
