@@ -109,19 +109,30 @@ run: |
 """
 
 
-def test_a_preempted_spot_job_is_recovered_on_a_new_instance(ec2: EC2Bed,
-                                                             daemon: Daemon) -> None:
-    job_id = submit(daemon, LONG_FIRST, "spotty")
+@pytest.mark.parametrize("strategy", ["FAILOVER", "EAGER_NEXT_REGION"])
+def test_a_preempted_spot_job_recovers_where_its_strategy_says(
+        ec2: EC2Bed, daemon: Daemon, strategy: str) -> None:
+    """Preempted while the zone it ran in has no spot capacity left: FAILOVER (the default)
+    relaunches in the same region, another zone; EAGER_NEXT_REGION in another region."""
+    task = LONG_FIRST if strategy == "FAILOVER" else LONG_FIRST.replace(
+        "  use_spot: true\n", f"  use_spot: true\n  job_recovery:\n    strategy: {strategy}\n")
+    job_id = submit(daemon, task, strategy.lower()[:5], infra="aws")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
     assert running_now["status"] == "RUNNING", running_now
     cluster = running_now["cluster"]
     wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
              interval=1)
     (first,) = live(instances_of(ec2, cluster))
-    preempted = ec2.testbed("preempt", first["id"])
-    assert preempted.returncode == 0, preempted.stderr
-    wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 60)
-    done = wait_status(daemon, job_id, FINAL, 900)
+    region = first["region"]
+    try:
+        ec2.fault("--code", "InsufficientInstanceCapacity", "--action", "RunInstances",
+                  "--zone", first["zone"])
+        preempted = ec2.testbed("preempt", first["id"])
+        assert preempted.returncode == 0, preempted.stderr
+        wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 60)
+        done = wait_status(daemon, job_id, FINAL, 900)
+    finally:
+        ec2.clear_faults()
     assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
     assert done["recoveries"] == 1 and done["attempts"] == 2
     text = log_of(daemon, job_id)
@@ -132,6 +143,12 @@ def test_a_preempted_spot_job_is_recovered_on_a_new_instance(ec2: EC2Bed,
     assert text.rstrip().endswith("finished")
     instances = instances_of(ec2, cluster)
     assert len(instances) == 2 and first["id"] in {i["id"] for i in instances}
+    second = next(i for i in instances if i["id"] != first["id"])
+    if strategy == "FAILOVER":
+        assert second["region"] == region and second["zone"] != first["zone"], second
+    else:
+        assert second["region"] != region, second
+    assert str(done["infra"]).startswith(f"aws/{second['region']}"), done
     assert_nothing_left(ec2, daemon, cluster)
 
 
@@ -164,32 +181,27 @@ def test_a_user_failure_is_retried_only_as_asked(ec2: EC2Bed, daemon: Daemon, re
     assert_nothing_left(ec2, daemon, cluster)
 
 
-def test_cancel_while_running_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
+def test_down_is_refused_and_cancel_while_running_leaves_nothing(ec2: EC2Bed,
+                                                                 daemon: Daemon) -> None:
     job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo up; sleep 900\n", "cancelme")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
     assert running_now["status"] == "RUNNING"
+    cluster = running_now["cluster"]
+    shown = daemon.cluster(cluster)
+    assert shown is not None and shown["managed_job"] == job_id
+    assert f"{cluster} (managed job {job_id})" in daemon.ctl("status").stdout
+    # The cluster is the job's: `down` asks for a cancel instead.
+    refused = daemon.ctl("down", "-y", cluster)
+    assert refused.returncode == 1
+    assert f"jobs cancel {job_id}" in refused.stderr, refused.stderr
+    wait_for(lambda: "up" in log_of(daemon, job_id), 120, "the job to print", interval=1)
     cancelled = daemon.ctl("jobs", "cancel", str(job_id))
     assert cancelled.returncode == 0, cancelled.stderr
     done = wait_status(daemon, job_id, FINAL, 300)
     assert done["status"] == "CANCELLED"
     logs = daemon.ctl("jobs", "logs", str(job_id))
     assert logs.returncode == 103 and "up" in logs.stdout
-    assert_nothing_left(ec2, daemon, running_now["cluster"])
-
-
-def test_down_of_a_managed_jobs_cluster_asks_to_cancel_the_job(daemon: Daemon) -> None:
-    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: sleep 900\n", "keepme")
-    cluster = job(daemon, job_id)["cluster"]
-    try:
-        shown = wait_for(lambda: daemon.cluster(cluster), 600, f"cluster {cluster}", interval=1)
-        assert shown["managed_job"] == job_id
-        assert f"{cluster} (managed job {job_id})" in daemon.ctl("status").stdout
-        refused = daemon.ctl("down", "-y", cluster)
-        assert refused.returncode == 1
-        assert f"jobs cancel {job_id}" in refused.stderr, refused.stderr
-    finally:
-        daemon.ctl("jobs", "cancel", str(job_id))
-        wait_status(daemon, job_id, FINAL, 300)
+    assert_nothing_left(ec2, daemon, cluster)
 
 
 def test_cancel_while_starting_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
@@ -257,23 +269,6 @@ def test_cancel_while_recovering_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> 
     assert_nothing_left(ec2, daemon, cluster)
 
 
-def test_a_daemon_killed_under_a_running_job_resumes_it(ec2: EC2Bed, daemon: Daemon) -> None:
-    task = "resources:\n  cpus: 2\nrun: echo begun; sleep 25; echo ended\n"
-    job_id = submit(daemon, task, "survivor")
-    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
-    assert running_now["status"] == "RUNNING"
-    wait_for(lambda: "begun" in log_of(daemon, job_id), 120, "the job to begin", interval=1)
-    daemon.kill()
-    daemon.start()
-    done = wait_status(daemon, job_id, FINAL, 300)
-    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
-    assert done["attempts"] == 1 and done["recoveries"] == 0
-    text = log_of(daemon, job_id)
-    assert text.count("begun") == 1 and text.count("ended") == 1, text
-    assert len(instances_of(ec2, running_now["cluster"])) == 1  # one cluster, never two
-    assert_nothing_left(ec2, daemon, running_now["cluster"])
-
-
 class LiveInstances:
     """The most instances of one cluster alive at once, sampled every second in a thread
     while the test runs: a job must never have two clusters."""
@@ -295,48 +290,6 @@ class LiveInstances:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=60)
-
-
-STRATEGY = """
-resources:
-  cpus: 2
-  use_spot: true
-  job_recovery:
-    strategy: STRATEGY
-run: |
-  echo "attempt=$SKYPILOT_MANAGED_JOB_ATTEMPT"
-  if [ "$SKYPILOT_MANAGED_JOB_ATTEMPT" = 1 ]; then sleep 900; fi
-  echo finished
-"""
-
-
-@pytest.mark.parametrize("strategy", ["FAILOVER", "EAGER_NEXT_REGION"])
-def test_a_job_preempted_where_capacity_is_gone_recovers_as_its_strategy_says(
-        ec2: EC2Bed, daemon: Daemon, strategy: str) -> None:
-    job_id = submit(daemon, STRATEGY.replace("STRATEGY", strategy), strategy.lower()[:5],
-                    infra="aws")
-    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
-    assert running_now["status"] == "RUNNING", running_now
-    cluster = running_now["cluster"]
-    (first,) = live(instances_of(ec2, cluster))
-    region = first["zone"][:-1]
-    try:
-        # The zone it ran in has no spot capacity left: the relaunch must not wait on it.
-        ec2.fault("--code", "InsufficientInstanceCapacity", "--action", "RunInstances",
-                  "--zone", first["zone"])
-        assert ec2.testbed("preempt", first["id"]).returncode == 0
-        done = wait_status(daemon, job_id, FINAL, 900)
-    finally:
-        ec2.clear_faults()
-    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
-    assert done["recoveries"] == 1 and done["attempts"] == 2
-    second = next(i for i in instances_of(ec2, cluster) if i["id"] != first["id"])
-    if strategy == "FAILOVER":  # the region it was lost in, another zone
-        assert second["zone"][:-1] == region and second["zone"] != first["zone"], second
-    else:  # another region first
-        assert second["zone"][:-1] != region, second
-    assert done["infra"].startswith(f"aws/{second['zone'][:-1]}"), done
-    assert_nothing_left(ec2, daemon, cluster)
 
 
 def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
@@ -401,24 +354,34 @@ def test_a_job_whose_first_launch_keeps_failing_fails_its_prechecks(ec2: EC2Bed,
     assert_nothing_left(ec2, daemon, done["cluster"], made_some=False)
 
 
-def test_a_job_that_ends_while_no_daemon_runs_is_seen_ended_and_torn_down(
-        ec2: EC2Bed, daemon: Daemon) -> None:
+def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
+    """Killed and started again at once: the job goes on where it was. Killed, and the job
+    ends while no daemon runs: the next daemon sees it ended and tears its cluster down."""
     # /var/tmp is the host's in the bed's nodes (their /tmp is their own): the job's end can
     # be seen here while no daemon runs.
     mark = Path(tempfile.mkdtemp(prefix="cdmj-done-", dir="/var/tmp"))
     mark.chmod(0o1777)
     try:
-        task = (f"resources:\n  cpus: 2\nrun: |\n  echo begun\n  sleep 3\n  echo ended\n"
-                f"  touch {mark}/ended\n")
-        job_id = submit(daemon, task, "alone")
+        task = (f"resources:\n  cpus: 2\nrun: |\n  echo begun\n"
+                f"  while [ ! -e {mark}/go ]; do sleep 0.2; done\n"
+                f"  echo ended\n  touch {mark}/ended\n")
+        job_id = submit(daemon, task, "survivor")
         wait_for(lambda: "begun" in log_of(daemon, job_id), 600, "the job to begin",
                  interval=0.5)
+        cluster = job(daemon, job_id)["cluster"]
         daemon.kill()
+        daemon.start()
+        assert wait_status(daemon, job_id, {"RUNNING"} | FINAL, 60)["status"] == "RUNNING"
+        daemon.kill()
+        (mark / "go").touch()
         wait_for(lambda: (mark / "ended").exists(), 120, "the job to end with no daemon")
         daemon.start()
         done = wait_status(daemon, job_id, FINAL, 300)
     finally:
         shutil.rmtree(mark, ignore_errors=True)
-    assert done["status"] == "SUCCEEDED" and done["attempts"] == 1, done
-    assert log_of(daemon, job_id).count("ended") == 1
-    assert_nothing_left(ec2, daemon, done["cluster"])
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["attempts"] == 1 and done["recoveries"] == 0
+    text = log_of(daemon, job_id)
+    assert text.count("begun") == 1 and text.count("ended") == 1, text
+    assert len(instances_of(ec2, cluster)) == 1  # one cluster, never two
+    assert_nothing_left(ec2, daemon, cluster)
