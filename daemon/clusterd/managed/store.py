@@ -223,9 +223,11 @@ class ManagedJobStore:
         await self._db.write([(_INSERT_EVENT, (time.time(), job_id, status, status,
                                                redact_urls(reason)))])
 
-    async def events(self, job_id: int) -> list[ManagedJobEvent]:
+    async def events(self, job_id: int, after: int = 0) -> list[ManagedJobEvent]:
+        """The job's events newer than event id `after`, oldest first."""
         rows = await self._db.fetchall(
-            "SELECT * FROM managed_job_events WHERE job_id = ? ORDER BY id", [job_id])
+            "SELECT * FROM managed_job_events WHERE job_id = ? AND id > ? ORDER BY id",
+            [job_id, after])
         return [ManagedJobEvent(**dict(row)) for row in rows]
 
     def _require(self, job_id: int) -> ManagedJobRecord:
