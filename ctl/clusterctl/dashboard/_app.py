@@ -22,7 +22,7 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
-from . import _live
+from . import _live, _managed
 from ._board import Dashboard, cluster_name, json_body, json_error, log_text
 from ._daemon import DaemonLink
 from ._security import Guard
@@ -233,12 +233,18 @@ def build_app(board: Dashboard) -> web.Application:
         ("/live" + job, _live.job),
         ("/live/events", _live.events),
         (r"/live/requests/{request_id:\d{1,18}}", _live.request),
+        ("/managed-jobs", _managed.list_page),
+        (_managed.PATH, _managed.job_page),
+        (_managed.PATH + "/log.txt", _managed.log_txt),
+        ("/live/managed-jobs", _managed.live_list),
+        ("/live" + _managed.PATH, _managed.live_job),
     ]
     for path, handler in get:
         app.router.add_get(path, handler, allow_head=False)
     app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
     app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
     app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.router.add_post("/api" + _managed.PATH + "/cancel", _managed.cancel_action)
     app.router.add_post("/api/login-code", board.guard.new_code_handler)
     app.on_response_prepare.append(board.guard.headers)
     app.on_shutdown.append(_stop_live)

@@ -1,4 +1,4 @@
-"""What every request handler shares, pages (`_app.py`) and live streams
+"""What every request handler shares, pages (`_app.py`, `_managed.py`) and live streams
 (`_live.py`) alike: the `Dashboard` (daemon link, feeds, templates, assets), the checked
 cluster name of a request's path, JSON bodies and errors of actions, and logs as plain text.
 A module of its own so that none of those imports another back."""
@@ -47,7 +47,7 @@ class Dashboard:
 
     def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
         if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
-                          ErrorCode.REQUEST_NOT_FOUND):
+                          ErrorCode.REQUEST_NOT_FOUND, ErrorCode.MANAGED_JOB_NOT_FOUND):
             status = 404
         return self.page("error.html", "", status=status, error=error)
 
