@@ -95,6 +95,10 @@ def test_managed_job_pages_live_log_and_cancel_over_http(daemon: Daemon) -> None
         assert status == 200, page
         assert f'<a href="/managed-jobs/{job_id}">{job_id}</a>' in row(
             page, "data-managed-job", job_id)
+        # ... and follows it, live, until it runs.
+        dashboard.live("/live/managed-jobs", jar, lambda name, data: name == "replace"
+                       and data["id"] == "managed-jobs" and ">RUNNING<" in data["html"],
+                       timeout=LAUNCH_TIMEOUT_S)
         job = wait_running(daemon, job_id)
 
         # The list: id, name, status, where it runs, its cluster, recoveries, last reason,
@@ -231,11 +235,43 @@ def test_managed_job_in_the_browser(daemon: Daemon, tmp_path: Path) -> None:
         click(By.LINK_TEXT, "Managed jobs")
         job_row = f'tr[data-managed-job="{job_id}"]'
         wait.until(lambda b: "web-ticker" in text_of(By.CSS_SELECTOR, job_row))
+        shot("managed-jobs-starting")
+
+        # The job, opened while its cluster is being launched: it follows the job to RUNNING,
+        # with its attempt, its events, and its log growing as we watch (no reload).
+        click(By.CSS_SELECTOR, f'{job_row} a[href="/managed-jobs/{job_id}"]')
+        state = (By.ID, "managed-job-state")
+        drawn_as = wait.until(lambda b: b.find_element(*state).get_attribute("data-status"))
         page = browser.execute_script("return performance.timeOrigin")
-        # The list follows the job from STARTING to RUNNING by itself (no reload).
         wait_running(daemon, job_id)
-        wait.until(lambda b: "RUNNING" in text_of(By.CSS_SELECTOR, job_row))
+        wait.until(lambda b: b.find_element(*state).get_attribute("data-status") == "RUNNING")
+        wait.until(lambda b: f"attempt 1 running on {cluster}" in text_of(
+            By.CSS_SELECTOR, 'tr[data-attempt="1"]'))
+        wait.until(lambda b: "STARTING → RUNNING" in text_of(By.ID, "events"))
+        log = wait.until(lambda b: b.find_element(By.ID, "log"))
+        wait.until(lambda _: len(ticks(log.text)) >= 3)
+        assert MARKER.search(log.text), log.text
+        green = log.find_elements(By.CSS_SELECTOR, "span.f2")
+        assert green and green[0].text == "tick"
+        shot("managed-job")
+
+        # The daemon restarts under the open page: the job runs on, and the page reconnects
+        # by itself, its log going on where it was (nothing twice, nothing missed), its
+        # events drawn once each.
+        seen = len(ticks(log.text))
+        assert daemon.stop() == 0
+        daemon.start()
+        wait.until(lambda _: len(ticks(log.text)) >= seen + 5)
+        assert ticks(log.text) == list(range(1, len(ticks(log.text)) + 1)), log.text
         assert browser.execute_script("return performance.timeOrigin") == page
+        rows = [r.get_attribute("data-event") for r in
+                browser.find_elements(By.CSS_SELECTOR, "#events tr")]
+        assert len(rows) == len(set(rows)) >= 3, (drawn_as, rows)
+        assert text_of(By.ID, "events").count("STARTING → RUNNING") == 1
+
+        # The list: RUNNING, where, why.
+        click(By.LINK_TEXT, "Managed jobs")
+        wait.until(lambda b: "RUNNING" in text_of(By.CSS_SELECTOR, job_row))
         assert f"attempt 1 running on {cluster}" in text_of(By.CSS_SELECTOR, job_row)
         shot("managed-jobs")
 
@@ -245,23 +281,9 @@ def test_managed_job_in_the_browser(daemon: Daemon, tmp_path: Path) -> None:
         wait.until(lambda b: f"managed job {job_id}" in text_of(By.CSS_SELECTOR, cluster_row))
         assert not browser.find_elements(By.CSS_SELECTOR, f"{cluster_row} button")
         click(By.CSS_SELECTOR, f'{cluster_row} a[href="/managed-jobs/{job_id}"]')
-
-        # The job: its record, its attempt, its events, and its log growing as we watch.
-        state = (By.ID, "managed-job-state")
         wait.until(lambda b: b.find_element(*state).get_attribute("data-status") == "RUNNING")
-        wait.until(lambda b: f"attempt 1 running on {cluster}" in text_of(
-            By.CSS_SELECTOR, 'tr[data-attempt="1"]'))
-        assert "STARTING → RUNNING" in text_of(By.ID, "events")
         log = wait.until(lambda b: b.find_element(By.ID, "log"))
         wait.until(lambda _: len(ticks(log.text)) >= 3)
-        assert MARKER.search(log.text), log.text
-        seen = len(ticks(log.text))
-        page = browser.execute_script("return performance.timeOrigin")
-        wait.until(lambda _: len(ticks(log.text)) >= seen + 5)
-        assert browser.execute_script("return performance.timeOrigin") == page
-        green = log.find_elements(By.CSS_SELECTOR, "span.f2")
-        assert green and green[0].text == "tick"
-        shot("managed-job")
 
         # Cancel from the page, confirmed: CANCELLED, its attempt and events say so, the
         # log's stream ends, and the cluster is gone.
@@ -289,5 +311,6 @@ def test_managed_job_in_the_browser(daemon: Daemon, tmp_path: Path) -> None:
 
         errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE"]
         assert not errors, errors  # CSP violations and script errors land here
-    for name in ("managed-jobs", "managed-job", "managed-job-cancelled"):
+    for name in ("managed-jobs-starting", "managed-job", "managed-jobs",
+                 "managed-job-cancelled"):
         assert (shots / f"{name}.png").stat().st_size > 1000, name
