@@ -578,6 +578,15 @@ class JobsLogsArgs(OpArgs):
     controller: bool = False
 
 
+class JobsEventsArgs(OpArgs):
+    """A managed job's status history and the controller's decisions (each recovery, each
+    relaunch round), oldest first; with ``after``, only those newer than that event id."""
+
+    op = "jobs_events"
+    job_id: int
+    after: int = 0
+
+
 class JobsCancelArgs(OpArgs):
     """Cancel managed jobs in any state; their clusters are torn down."""
 
@@ -609,6 +618,7 @@ OPS: dict[str, type[OpArgs]] = {
         JobsLaunchArgs,
         JobsQueueArgs,
         JobsLogsArgs,
+        JobsEventsArgs,
         JobsCancelArgs,
     )
 }

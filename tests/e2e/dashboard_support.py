@@ -10,7 +10,8 @@ import re
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,44 @@ class Dashboard:
             return response.status, {k.lower(): v for k, v in response.getheaders()}, text
         finally:
             connection.close()
+
+    def live(self, path: str, headers: dict[str, str],
+             until: Callable[[str, Any], bool], timeout: float) -> list[tuple[str, Any, str]]:
+        """Read a page's live stream (server-sent events) as a browser would: its events
+        (name, data, id) until `until(name, data)` holds, or the stream ends."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        deadline = time.monotonic() + timeout
+        seen: list[tuple[str, Any, str]] = []
+        try:
+            connection.request("GET", path, headers={"Host": f"127.0.0.1:{self.port}",
+                                                     **headers})
+            response = connection.getresponse()
+            assert response.status == 200, response.status
+            assert response.getheader("Content-Type", "").startswith("text/event-stream")
+            name, data, event_id = "", "", ""
+            while time.monotonic() < deadline:
+                assert connection.sock is not None
+                connection.sock.settimeout(max(0.1, deadline - time.monotonic()))
+                line = response.readline().decode()
+                if not line:
+                    return seen  # the dashboard ended the stream
+                line = line.rstrip("\n")
+                if line.startswith("event: "):
+                    name = line[len("event: "):]
+                elif line.startswith("data: "):
+                    data = line[len("data: "):]
+                elif line.startswith("id: "):
+                    event_id = line[len("id: "):]
+                elif not line and name:
+                    seen.append((name, json.loads(data), event_id))
+                    if until(name, seen[-1][1]):
+                        return seen
+                    name, data, event_id = "", "", ""
+        except TimeoutError:
+            pass
+        finally:
+            connection.close()
+        raise AssertionError(f"{path}: not seen in {timeout:g} s; saw {seen[-20:]}")
 
     def cookie(self) -> str:
         """Trade a fresh code for the session cookie, as a browser's first visit does."""

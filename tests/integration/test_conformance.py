@@ -342,13 +342,19 @@ def test_a_fifo_as_task_path_is_refused_at_once(daemon: Daemon, tmp_path: Any) -
 
 def test_new_ops_check_their_arguments(daemon: Daemon) -> None:
     client = Raw(daemon.socket)
-    assert {"follow_request", "nodes"} <= set(client.hello()["ops"])
+    assert {"follow_request", "nodes", "jobs_events"} <= set(client.hello()["ops"])
     assert error_of(client.call(1, "nodes", {})) == "INVALID_ARGUMENT"
     assert error_of(client.call(2, "follow_request", {"request_id": "7"})) == "INVALID_ARGUMENT"
     assert error_of(client.call(5, "follow_request", {"request_id": -1})) == "INVALID_ARGUMENT"
     assert error_of(client.call(3, "nodes", {"cluster": "ghost"})) == "CLUSTER_NOT_FOUND"
     reply = client.call(4, "follow_request", {"request_id": 999_999})
     assert error_of(reply) == "REQUEST_NOT_FOUND" and "999999" in reply["error"]["message"]
+    assert error_of(client.call(6, "jobs_events", {})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(7, "jobs_events", {"job_id": 0})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(8, "jobs_events", {"job_id": 1, "after": -1})
+                    ) == "INVALID_ARGUMENT"
+    reply = client.call(9, "jobs_events", {"job_id": 424_242})
+    assert error_of(reply) == "MANAGED_JOB_NOT_FOUND" and "424242" in reply["error"]["message"]
 
 
 def frames_until_reply(client: Raw, request_id: int) -> tuple[list[dict[str, Any]],

@@ -64,6 +64,12 @@ async def test_every_status_change_is_an_event_with_its_reason(db: Database) -> 
     assert done.ended_at is not None and done.started_at is not None
     assert done.run_started_at is None and done.run_seconds >= 0
     assert store.active() == [] and store.owner_of(done.cluster) is None
+    # `jobs_events` with `after`: only the newer ones, of this job only.
+    other = await store.insert("other", task(), "t")
+    newer = await store.events(record.id, after=events[4].id)
+    assert [e.to_status for e in newer] == ["RUNNING", "SUCCEEDED"]
+    assert await store.events(record.id, after=events[-1].id) == []
+    assert [e.to_status for e in await store.events(other.id)] == ["PENDING"]
 
 
 async def test_an_illegal_change_is_refused_and_changes_nothing(db: Database) -> None:

@@ -14,7 +14,6 @@ import logging
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
@@ -23,8 +22,8 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
-from . import _ansi, _live
-from ._board import Dashboard, cluster_name
+from . import _live, _managed
+from ._board import Dashboard, cluster_name, json_body, json_error, log_text
 from ._daemon import DaemonLink
 from ._security import Guard
 
@@ -84,27 +83,10 @@ async def job_page(request: web.Request) -> web.Response:
 
 async def job_log_text(request: web.Request) -> web.StreamResponse:
     """The whole log as plain text (escape sequences removed), streamed."""
-    board: Dashboard = request.app["board"]
     name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
-    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
-    try:
-        async with board.link.stream(protocol.LogsArgs(cluster=name, job_id=job_id,
-                                                       follow=False)) as stream:
-            async for event, data in stream:
-                if event == "log":
-                    if not response.prepared:
-                        await response.prepare(request)
-                    await response.write(_ansi.strip(data["data"]).encode())
-    except ClusterdError as exc:
-        if response.prepared:
-            await response.write(f"\n[{exc.code}] {exc.message}\n".encode())
-        else:
-            return board.error_page(exc)
-    if not response.prepared:
-        await response.prepare(request)
-    await response.write_eof()
-    return response
+    return await log_text(request, protocol.LogsArgs(cluster=name, job_id=job_id,
+                                                     follow=False))
 
 
 async def events_page(request: web.Request) -> web.Response:
@@ -144,33 +126,13 @@ async def asset(request: web.Request) -> web.Response:
 # -- actions ----------------------------------------------------------------------------------
 
 
-def _json_error(error: ClusterdError, status: int = 400) -> web.Response:
-    if error.code == "DAEMON_UNAVAILABLE":
-        status = 502
-    return web.json_response({"ok": False, "error": {"code": error.code, "message":
-                                                     error.message, "hint": error.hint}},
-                             status=status)
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    if request.content_type != "application/json":
-        raise web.HTTPUnsupportedMediaType(text="send JSON")
-    try:
-        body = await request.json()
-    except ValueError:
-        raise web.HTTPBadRequest(text="the body is not JSON") from None
-    if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text="the body must be a JSON object")
-    return body
-
-
 async def lifecycle_action(request: web.Request) -> web.Response:
     """stop, start or down: started here, followed in the background; how it ended becomes a
     notice on every open page. Answers once the daemon has taken the request."""
     board: Dashboard = request.app["board"]
     name = cluster_name(request)
     verb = request.match_info["verb"]
-    await _body(request)
+    await json_body(request)
     args: protocol.OpArgs = {"stop": protocol.StopArgs, "start": protocol.StartArgs,
                              "down": protocol.DownArgs}[verb](cluster=name)
     taken: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
@@ -181,10 +143,10 @@ async def lifecycle_action(request: web.Request) -> web.Response:
         async with asyncio.timeout(ACTION_START_TIMEOUT_S):
             request_id = await asyncio.shield(taken)
     except ClusterdError as exc:
-        return _json_error(exc)
+        return json_error(exc)
     except TimeoutError:
-        return _json_error(ClusterdError(ErrorCode.INTERNAL, "clusterd did not take the "
-                                         "request in time", "see `clusterctl requests`"), 504)
+        return json_error(ClusterdError(ErrorCode.INTERNAL, "clusterd did not take the "
+                                        "request in time", "see `clusterctl requests`"), 504)
     return web.json_response({"ok": True, "request_id": request_id,
                               "message": f"{DOING_WORDS[verb]} {name} (request {request_id})."})
 
@@ -214,21 +176,21 @@ async def _follow_action(board: Dashboard, args: protocol.OpArgs, verb: str, nam
 async def autostop_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
     name = cluster_name(request)
-    body = await _body(request)
+    body = await json_body(request)
     cancel = bool(body.get("cancel"))
     minutes = body.get("idle_minutes")
     if not cancel:
         try:
             minutes = float(minutes)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            return _json_error(ClusterdError(ErrorCode.INVALID_ARGUMENT,
-                                             "idle minutes must be a number", "e.g. 30"))
+            return json_error(ClusterdError(ErrorCode.INVALID_ARGUMENT,
+                                            "idle minutes must be a number", "e.g. 30"))
     try:
         result = await board.link.call(protocol.AutostopArgs(
             cluster=name, idle_minutes=None if cancel else minutes,
             down=bool(body.get("down")), cancel=cancel))
     except ClusterdError as exc:
-        return _json_error(exc)
+        return json_error(exc)
     board.overview.poke()
     setting = result.get("autostop")
     message = (f"Autostop of {name} cancelled." if setting is None else
@@ -241,11 +203,11 @@ async def cancel_action(request: web.Request) -> web.Response:
     board: Dashboard = request.app["board"]
     name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
-    await _body(request)
+    await json_body(request)
     try:
         result = await board.link.call(protocol.CancelArgs(cluster=name, job_ids=[job_id]))
     except ClusterdError as exc:
-        return _json_error(exc)
+        return json_error(exc)
     message = (f"Job {job_id} on {name} cancelled." if job_id in result.get("cancelled", [])
                else f"Job {job_id} on {name} had already finished.")
     return web.json_response({"ok": True, "message": message})
@@ -271,12 +233,18 @@ def build_app(board: Dashboard) -> web.Application:
         ("/live" + job, _live.job),
         ("/live/events", _live.events),
         (r"/live/requests/{request_id:\d{1,18}}", _live.request),
+        ("/managed-jobs", _managed.list_page),
+        (_managed.PATH, _managed.job_page),
+        (_managed.PATH + "/log.txt", _managed.log_txt),
+        ("/live/managed-jobs", _managed.live_list),
+        ("/live" + _managed.PATH, _managed.live_job),
     ]
     for path, handler in get:
         app.router.add_get(path, handler, allow_head=False)
     app.router.add_post("/api/clusters/{name}/{verb:stop|start|down}", lifecycle_action)
     app.router.add_post("/api/clusters/{name}/autostop", autostop_action)
     app.router.add_post("/api" + job + "/cancel", cancel_action)
+    app.router.add_post("/api" + _managed.PATH + "/cancel", _managed.cancel_action)
     app.router.add_post("/api/login-code", board.guard.new_code_handler)
     app.on_response_prepare.append(board.guard.headers)
     app.on_shutdown.append(_stop_live)

@@ -1,6 +1,7 @@
-"""What every request handler shares, pages (`_app.py`) and live streams (`_live.py`) alike:
-the `Dashboard` (daemon link, feeds, templates, assets) and the checked cluster name of a
-request's path. A module of its own so that neither of those two imports the other back."""
+"""What every request handler shares, pages (`_app.py`, `_managed.py`) and live streams
+(`_live.py`) alike: the `Dashboard` (daemon link, feeds, templates, assets), the checked
+cluster name of a request's path, JSON bodies and errors of actions, and logs as plain text.
+A module of its own so that none of those imports another back."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
@@ -45,7 +47,7 @@ class Dashboard:
 
     def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:
         if error.code in (ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUND,
-                          ErrorCode.REQUEST_NOT_FOUND):
+                          ErrorCode.REQUEST_NOT_FOUND, ErrorCode.MANAGED_JOB_NOT_FOUND):
             status = 404
         return self.page("error.html", "", status=status, error=error)
 
@@ -65,3 +67,48 @@ def cluster_name(request: web.Request) -> str:
     if not NAME.match(name) or len(name) > 63:
         raise web.HTTPNotFound(text="no such cluster name")
     return name
+
+
+def json_error(error: ClusterdError, status: int = 400) -> web.Response:
+    """An action's failure, as the page's script shows it: the daemon's code, message, hint."""
+    if error.code == "DAEMON_UNAVAILABLE":
+        status = 502
+    return web.json_response({"ok": False, "error": {"code": error.code, "message":
+                                                     error.message, "hint": error.hint}},
+                             status=status)
+
+
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """An action's body: a JSON object, or the request is refused."""
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text="send JSON")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise web.HTTPBadRequest(text="the body must be a JSON object")
+    return body
+
+
+async def log_text(request: web.Request, args: protocol.OpArgs) -> web.StreamResponse:
+    """A whole log (the `log` events of `args`' stream) as plain text, escape sequences
+    removed, streamed as it comes."""
+    board: Dashboard = request.app["board"]
+    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    try:
+        async with board.link.stream(args) as stream:
+            async for event, data in stream:
+                if event == "log":
+                    if not response.prepared:
+                        await response.prepare(request)
+                    await response.write(_ansi.strip(data["data"]).encode())
+    except ClusterdError as exc:
+        if response.prepared:
+            await response.write(f"\n[{exc.code}] {exc.message}\n".encode())
+        else:
+            return board.error_page(exc)
+    if not response.prepared:
+        await response.prepare(request)
+    await response.write_eof()
+    return response

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
@@ -70,7 +70,7 @@ class Live:
 Producer = Callable[[Dashboard, Live], Coroutine[Any, Any, None]]
 
 
-async def _serve(request: web.Request, *producers: Producer) -> web.StreamResponse:
+async def serve(request: web.Request, *producers: Producer) -> web.StreamResponse:
     board: Dashboard = request.app["board"]
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "X-Accel-Buffering": "no"})
@@ -85,7 +85,7 @@ async def _serve(request: web.Request, *producers: Producer) -> web.StreamRespon
                 group.create_task(producer(board, live))
             group.create_task(live.keepalive())
             group.create_task(_gone(request))
-    except* (ConnectionError, _Finished):
+    except* (ConnectionError, Finished):
         pass  # the page went away, or there is nothing more to show
     except* asyncio.CancelledError:
         pass  # the dashboard is stopping
@@ -94,7 +94,7 @@ async def _serve(request: web.Request, *producers: Producer) -> web.StreamRespon
     return response
 
 
-class _Finished(Exception):
+class Finished(Exception):
     """A page's stream has nothing more to say (its job ended, its cluster is gone)."""
 
 
@@ -129,7 +129,7 @@ async def _gone(request: web.Request) -> None:
 
 
 async def clusters(request: web.Request) -> web.StreamResponse:
-    return await _serve(request, _overview)
+    return await serve(request, _overview)
 
 
 async def _overview(board: Dashboard, live: Live) -> None:
@@ -152,7 +152,7 @@ async def events(request: web.Request) -> web.StreamResponse:
         after = int(request.query.get("after", "0"))
     except ValueError:
         after = 0
-    return await _serve(request, _event_rows(after, None))
+    return await serve(request, _event_rows(after, None))
 
 
 def _event_rows(after: int, cluster: str | None) -> Producer:
@@ -178,7 +178,7 @@ async def cluster(request: web.Request) -> web.StreamResponse:
         after = int(request.query.get("after", "0"))
     except ValueError:
         after = 0
-    return await _serve(request, _cluster_parts(name), _event_rows(after, name))
+    return await serve(request, _cluster_parts(name), _event_rows(after, name))
 
 
 def _cluster_parts(name: str) -> Producer:
@@ -194,7 +194,7 @@ def _cluster_parts(name: str) -> Producer:
                 if exc.code == ErrorCode.CLUSTER_NOT_FOUND:
                     await live.send("gone", {"message": f"Cluster {name} is gone (torn "
                                                         "down)."})
-                    raise _Finished from None
+                    raise Finished from None
                 await asyncio.sleep(CLUSTER_POLL_S)
                 continue
             view = status["clusters"][0]
@@ -243,7 +243,7 @@ async def job(request: web.Request) -> web.StreamResponse:
     job_id = int(request.match_info["job_id"])
     resume = request.headers.get("Last-Event-ID", "")
     offset = int(resume) if resume.isdigit() else None
-    return await _serve(request, _log(name, job_id, offset), _job_status(name, job_id))
+    return await serve(request, _log(name, job_id, offset), _job_status(name, job_id))
 
 
 def _log(name: str, job_id: int, offset: int | None) -> Producer:
@@ -251,40 +251,58 @@ def _log(name: str, job_id: int, offset: int | None) -> Producer:
         args = protocol.LogsArgs(cluster=name, job_id=job_id, follow=True,
                                  tail=0 if offset is not None else LOG_TAIL_LINES,
                                  offset=offset)
-        converter = AnsiToHtml()
-        first = True
-        try:
-            async with board.link.stream(args) as stream:
-                batch: list[str] = []
-                size = reached = 0
-                async for event, data in stream:
-                    if event != "log":
-                        continue
-                    chunk: bytes = data["data"]
-                    if first and offset is None and data["offset"] > len(chunk):
-                        await live.send("replace", {"id": "log-note", "html": (
-                            f"Showing the last {LOG_TAIL_LINES} lines; "
-                            f'<a href="/clusters/{name}/jobs/{job_id}/log.txt">the whole '
-                            "log</a>.")})
-                    first = False
-                    batch.append(converter.feed(chunk))
-                    size += len(chunk)
-                    reached = int(data["offset"])
-                    if stream.pending_frames == 0 or size >= LOG_BATCH_BYTES:
-                        await live.send("log", {"html": "".join(batch)}, reached)
-                        batch, size = [], 0
-                if batch:
-                    await live.send("log", {"html": "".join(batch)}, reached)
-            result = stream.result or {}
-        except ClusterdError as exc:
-            await live.send("notice", {"level": "error", "message": f"{exc.message} "
-                                       f"[{exc.code}]", "hint": exc.hint})
-            raise _Finished from None
-        await live.send("log", {"html": converter.feed(b"", final=True)})
+
+        async def first(data: dict[str, Any]) -> None:
+            if offset is None and data["offset"] > len(data["data"]):
+                await live.send("replace", {"id": "log-note", "html": (
+                    f"Showing the last {LOG_TAIL_LINES} lines; "
+                    f'<a href="/clusters/{name}/jobs/{job_id}/log.txt">the whole '
+                    "log</a>.")})
+
+        result = await relay_log(board, live, args, first=first)
         await _send_status(board, live, name, job_id)
         await live.send("done", {"status": result.get("status")})
-        raise _Finished
+        raise Finished
     return produce
+
+
+async def relay_log(board: Dashboard, live: Live, args: protocol.OpArgs, skip_to: int = 0,
+                    first: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+                    ) -> dict[str, Any]:
+    """Send a log stream (`log` events `{data, offset}`) to the page as HTML, in batches,
+    each with the byte offset it reaches as its SSE id; leave out the bytes before `skip_to`
+    (what a reconnecting page showed already). `first` sees the first event's data. Returns
+    the stream's result; an error ends the page's stream with a notice."""
+    converter = AnsiToHtml()
+    try:
+        async with board.link.stream(args) as stream:
+            batch: list[str] = []
+            size = reached = 0
+            async for event, data in stream:
+                if event != "log":
+                    continue
+                if first is not None:
+                    await first(data)
+                    first = None
+                chunk: bytes = data["data"]
+                reached = int(data["offset"])
+                if reached <= skip_to:
+                    continue
+                chunk = chunk[max(0, len(chunk) - (reached - skip_to)):]
+                batch.append(converter.feed(chunk))
+                size += len(chunk)
+                if stream.pending_frames == 0 or size >= LOG_BATCH_BYTES:
+                    await live.send("log", {"html": "".join(batch)}, reached)
+                    batch, size = [], 0
+            if batch:
+                await live.send("log", {"html": "".join(batch)}, reached)
+        result = stream.result or {}
+    except ClusterdError as exc:
+        await live.send("notice", {"level": "error", "message": f"{exc.message} "
+                                   f"[{exc.code}]", "hint": exc.hint})
+        raise Finished from None
+    await live.send("log", {"html": converter.feed(b"", final=True)})
+    return result
 
 
 async def _send_status(board: Dashboard, live: Live, name: str, job_id: int) -> str | None:
@@ -314,7 +332,7 @@ def _job_status(name: str, job_id: int) -> Producer:
 
 async def request(request: web.Request) -> web.StreamResponse:
     request_id = int(request.match_info["request_id"])
-    return await _serve(request, _request_progress(request_id))
+    return await serve(request, _request_progress(request_id))
 
 
 def _request_progress(request_id: int) -> Producer:
@@ -332,5 +350,5 @@ def _request_progress(request_id: int) -> Producer:
             outcome = {"result": None, "error": exc}
         await live.replace("outcome", board.render("_outcome.html", **outcome))
         await live.send("done", {})
-        raise _Finished
+        raise Finished
     return produce

@@ -12,12 +12,17 @@ import jinja2
 from markupsafe import Markup, escape
 
 from clusterctl._render import age
+from clusterctl.protocol import ManagedJobStatus
 
 STATUS_CLASSES = {
     "UP": "ok", "SUCCEEDED": "ok", "RUNNING": "run", "INIT": "warn", "PENDING": "warn",
     "SETTING_UP": "warn", "STOPPED": "off", "TERMINATED": "off", "CANCELLED": "off",
     "FAILED": "bad", "FAILED_SETUP": "bad", "FAILED_DRIVER": "bad",
+    # managed jobs'
+    "STARTING": "warn", "RECOVERING": "warn", "CANCELLING": "warn",
+    "FAILED_PRECHECKS": "bad", "FAILED_NO_RESOURCE": "bad", "FAILED_CONTROLLER": "bad",
 }
+MANAGED_FINAL = frozenset(str(s) for s in ManagedJobStatus if s.is_final)
 
 
 def resources(cluster: dict[str, Any]) -> str:
@@ -72,6 +77,43 @@ def duration(job: dict[str, Any]) -> str:
     return age(started, until=job.get("ended_at") or time.time(), suffix="")
 
 
+def seconds(value: float | None) -> str:
+    """A duration given in seconds, as `age` writes it."""
+    if value is None:
+        return "-"
+    return age(1.0, until=1.0 + value, suffix="")
+
+
+def managed_running_since(job: dict[str, Any]) -> int | None:
+    """For a managed job RUNNING now: when its job duration would have started had it run
+    without a break, so the page can tick it (whole seconds: the same each time it is
+    asked, and the fragment's digest with it)."""
+    if job.get("status") != "RUNNING" or job.get("job_seconds") is None:
+        return None
+    return round(time.time() - float(job["job_seconds"]))
+
+
+def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A managed job's attempts, from its events (oldest first): each begins as the job goes
+    RUNNING, and ends with its next change of status (why: that event's reason); one that
+    a cancel ended shows how the cancel ended."""
+    found: list[dict[str, Any]] = []
+    for event in events:
+        before, after = event.get("from_status"), event.get("to_status")
+        if before == after:
+            continue  # a decision, not a change of status
+        last = found[-1] if found else None
+        if last is not None and last["ended_at"] is None:
+            last.update(ended_at=event["ts"], outcome=after, reason=event["reason"])
+        elif last is not None and last["outcome"] == before == "CANCELLING":
+            last.update(outcome=after, reason=f"{last['reason']}; {event['reason']}")
+        if after == "RUNNING":
+            found.append({"number": len(found) + 1, "started_at": event["ts"],
+                          "started": event["reason"], "ended_at": None, "outcome": None,
+                          "reason": ""})
+    return found
+
+
 def digest(html: str) -> str:
     return hashlib.blake2s(html.encode(), digest_size=8).hexdigest()
 
@@ -91,6 +133,8 @@ def environment() -> jinja2.Environment:
 
     env.globals.update(fragment=fragment, resources=resources, autostop=autostop,
                        countdown=countdown, price=price, when=when, change=change,
-                       duration=duration,
+                       duration=duration, seconds=seconds, attempts=attempts,
+                       managed_running_since=managed_running_since,
+                       managed_final=MANAGED_FINAL,
                        age=age, status_class=lambda s: STATUS_CLASSES.get(str(s), ""))
     return env

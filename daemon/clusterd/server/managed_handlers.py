@@ -33,6 +33,7 @@ class ManagedHandlers:
             protocol.JobsLaunchArgs.op: self.launch,
             protocol.JobsQueueArgs.op: self.queue,
             protocol.JobsLogsArgs.op: self.logs,
+            protocol.JobsEventsArgs.op: self.events,
             protocol.JobsCancelArgs.op: self.cancel,
         }
 
@@ -101,6 +102,14 @@ class ManagedHandlers:
                                                                 call.emit, args.tail)
         return await self._controller.stream_log(args.job_id, args.follow, call.emit,
                                                  args.tail)
+
+    async def events(self, call: Call, args: protocol.JobsEventsArgs) -> dict[str, Any]:
+        _check_id(args.job_id)
+        if not 0 <= args.after <= MAX_ID:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"after must be from 0 to {MAX_ID}")
+        self._controller.require(args.job_id)
+        events = await self._store.events(args.job_id, after=args.after)
+        return {"job_id": args.job_id, "events": [dataclasses.asdict(e) for e in events]}
 
     async def cancel(self, call: Call, args: protocol.JobsCancelArgs) -> dict[str, Any]:
         if not args.job_ids and not args.all:

@@ -91,7 +91,8 @@ FIELDS: tuple[Field, ...] = (
     Field("resources.use_spot", Support.SOME, "spot instances (cheaper, may be preempted)",
           Support.WARNED, "these machines are not spot instances"),
     Field("resources.job_recovery", Support.WARNED,
-          "how a managed job recovers (strategy FAILOVER, max_restarts_on_errors); read by "
+          "how a managed job recovers (strategy FAILOVER or EAGER_NEXT_REGION, "
+          "max_restarts_on_errors); read by "
           "`clusterctl jobs launch`, without effect on `launch` and `exec`"),
     Field("resources.spot_recovery", Support.WARNED,
           "the old name of job_recovery; read by `clusterctl jobs launch`, without effect on "

@@ -107,7 +107,15 @@
     });
     on("prepend", (d) => {
       const el = document.getElementById(d.id);
-      if (el) el.insertAdjacentHTML("afterbegin", d.html);
+      if (!el) return;
+      // A page that reconnects is sent again the events newer than those it was drawn
+      // with: leave out the rows it already has.
+      const rows = document.createElement("template");
+      rows.innerHTML = d.html;
+      for (const row of rows.content.querySelectorAll("[data-event]")) {
+        if (el.querySelector(`[data-event="${CSS.escape(row.dataset.event)}"]`)) row.remove();
+      }
+      el.prepend(rows.content);
     });
     on("append", (d) => {
       const el = document.getElementById(d.id);
