@@ -369,6 +369,7 @@ def test_check_lists_the_contexts_and_show_gpus_the_nodes(k8s: K8sBed, daemon: D
     assert unknown.returncode == 1 and "known: A100" in unknown.stderr
 
 
+@pytest.mark.timeout(1500)
 def test_a_managed_job_whose_pod_is_deleted_is_recovered_in_new_pods(
         k8s: K8sBed, daemon: Daemon) -> None:
     task = ("resources:\n  infra: kubernetes/bed-a\n  cpus: 1\n  memory: 1\nrun: |\n"
