@@ -243,6 +243,19 @@ def running(daemon: Daemon) -> Iterator[Daemon]:
             shutil.rmtree(daemon.root, ignore_errors=True)
 
 
+def managed_job(daemon: Daemon, name: str) -> dict[str, Any]:
+    """The newest managed job named `name`, as `jobs queue --all --json` shows it."""
+    jobs = json.loads(daemon.ctl("jobs", "queue", "--all", "--json").stdout)
+    found: dict[str, Any] = next(j for j in jobs if j["name"] == name)
+    return found
+
+
+def managed_job_log(daemon: Daemon, name: str) -> str:
+    """The whole log of the newest managed job named `name`, every attempt."""
+    job_id = str(managed_job(daemon, name)["job_id"])
+    return daemon.ctl("jobs", "logs", job_id, "--no-follow").stdout
+
+
 def cloud_name(daemon: Daemon, cluster: str) -> str:
     found = daemon.cluster(cluster)
     assert found is not None, f"no cluster {cluster}"

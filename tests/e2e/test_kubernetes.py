@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from tests.e2e.k8sbed import LABEL_CLOUD_NAME, K8sBed
-from tests.support import CLUSTERCTL, Daemon, cloud_name, running, wait_for
+from tests.support import (
+    CLUSTERCTL,
+    Daemon,
+    cloud_name,
+    managed_job,
+    managed_job_log,
+    running,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.ray]
 
@@ -380,12 +388,10 @@ def test_a_managed_job_whose_pod_is_deleted_is_recovered_in_new_pods(
     assert submitted.returncode == 0, submitted.stderr
 
     def managed() -> dict[str, Any]:
-        jobs = json.loads(daemon.ctl("jobs", "queue", "--all", "--json").stdout)
-        found: dict[str, Any] = next(j for j in jobs if j["name"] == "evicted")
-        return found
+        return managed_job(daemon, "evicted")
 
     def log() -> str:
-        return daemon.ctl("jobs", "logs", str(managed()["job_id"]), "--no-follow").stdout
+        return managed_job_log(daemon, "evicted")
 
     wait_for(lambda: "attempt=1" in log(), 900, "attempt 1 to print", interval=2)
     cluster = managed()["cluster"]

@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.support import Daemon, pid_alive, ray_processes_of, running_daemon, wait_for
+from tests.support import (
+    Daemon,
+    managed_job,
+    managed_job_log,
+    pid_alive,
+    ray_processes_of,
+    running_daemon,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -201,12 +209,10 @@ def test_a_managed_job_whose_local_agent_dies_runs_again_in_place(daemon: Daemon
     assert submitted.returncode == 0, submitted.stderr
 
     def managed() -> dict[str, Any]:
-        jobs = json.loads(daemon.ctl("jobs", "queue", "--all", "--json").stdout)
-        found: dict[str, Any] = next(j for j in jobs if j["name"] == "inplace")
-        return found
+        return managed_job(daemon, "inplace")
 
     def log() -> str:
-        return daemon.ctl("jobs", "logs", str(managed()["job_id"]), "--no-follow").stdout
+        return managed_job_log(daemon, "inplace")
 
     wait_for(lambda: "attempt=1" in log(), 300, "attempt 1 to print", interval=1)
     cluster = managed()["cluster"]
