@@ -385,3 +385,31 @@ def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daem
     assert text.count("begun") == 1 and text.count("ended") == 1, text
     assert len(instances_of(ec2, cluster)) == 1  # one cluster, never two
     assert_nothing_left(ec2, daemon, cluster)
+
+
+
+def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    """The loss is recorded (RECOVERING, one recovery) before the lost cluster's teardown;
+    a daemon killed in that teardown finds the cluster's record still UP on restart, and
+    must not count the same loss again when the cluster does not answer."""
+    job_id = submit(daemon, LONG_FIRST, "lostonce")
+    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
+    assert running_now["status"] == "RUNNING", running_now
+    wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
+             interval=1)
+    daemon.kill()
+    daemon.start({"CLUSTERD_TEST_FAULTS": "down.mid_teardown"})
+    (first,) = live(instances_of(ec2, running_now["cluster"]))
+    assert ec2.testbed("preempt", first["id"]).returncode == 0
+    process = daemon.process
+    assert process is not None
+    wait_for(lambda: process.poll() is not None, 120, "the daemon to die in the teardown")
+    daemon.start()
+    done = wait_status(daemon, job_id, FINAL, 900)
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["recoveries"] == 1 and done["attempts"] == 2, done
+    text = log_of(daemon, job_id)
+    assert text.count("recovering ===") == 1, text
+    assert re.findall(r"attempt=(\d)", text) == ["1", "2"], text
+    assert_nothing_left(ec2, daemon, running_now["cluster"])

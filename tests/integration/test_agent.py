@@ -507,3 +507,36 @@ async def test_a_connection_broken_by_an_agent_restart_is_replaced(
         await again.queue()  # at once, no back-off to wait out
     finally:
         await connections.close_all()
+
+
+async def test_a_stream_whose_channel_another_task_closes_ends_agent_unreachable(
+    agent_cluster: AgentCluster, agent: AgentClient,
+) -> None:
+    """Closing a client (a reset after a failed health check, a client replaced) cancels
+    its calls in flight, which gRPC reports with asyncio's CancelledError though nobody
+    cancelled the task following the log. Let through, that would end the follower's task
+    group silently, with neither a status nor an error (a managed job's driver then failed
+    with KeyError 'end'); it must be AGENT_UNREACHABLE, which followers retry."""
+    reply = await agent.add_job(spec("echo begun; sleep 60", nodes=1))
+    follower = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
+    began, outcome = anyio.Event(), []
+    try:
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                async def follow() -> None:
+                    try:
+                        async for message in follower.tail(reply.job_id, follow=True,
+                                                           tail_lines=0, offset=0):
+                            if b"begun" in message.data:
+                                began.set()
+                        outcome.append("ended")
+                    except ProtocolError as exc:
+                        outcome.append(exc.code)
+
+                group.start_soon(follow)
+                await began.wait()
+                await follower.close()
+        assert outcome == [ErrorCode.AGENT_UNREACHABLE]
+    finally:
+        await follower.close()
+        await agent.cancel([reply.job_id], False)

@@ -69,7 +69,7 @@ class ManagedJobRecord:
     status_updated_at: float
     status_reason: str = ""
     attempts: int = 0  # runs submitted to a cluster
-    recoveries: int = 0  # clusters lost under the job and relaunched
+    recoveries: int = 0  # attempts ended by the loss of their cluster (then relaunched)
     user_restarts: int = 0  # user failures retried (max_restarts_on_errors)
     agent_job_id: int | None = None  # the current attempt's job on its cluster's agent
     log_base: int = 0  # where the current attempt's log starts in the local log file

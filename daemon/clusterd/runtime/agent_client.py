@@ -10,11 +10,12 @@ codes. Version skew is checked once, at the handshake.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import anyio
@@ -68,6 +69,27 @@ def version_mismatch(cluster: str, detail: str) -> ProtocolError:
         f"the agent of cluster {cluster} is of another version: {detail}",
         f"re-launch to upgrade it: clusterctl launch -c {cluster}",
     )
+
+
+@contextlib.contextmanager
+def closed_under_the_call(cluster: str) -> Iterator[None]:
+    """A call whose channel another task closed (a reset after a failed health check, a
+    client replaced) ends in asyncio's CancelledError, though nobody cancelled the task
+    making it. Let through, that ends a task group silently, as if the group itself had been
+    cancelled (a log stream followed in one just stopped, with no status and no error). It
+    is the agent's connection gone: AGENT_UNREACHABLE, which callers retry. A cancellation
+    of the task itself passes through as it is."""
+    try:
+        yield
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is None or task.cancelling():
+            raise
+        raise ProtocolError(
+            ErrorCode.AGENT_UNREACHABLE,
+            f"the connection to the agent of cluster {cluster} was closed during a call",
+            "it is opened again on the next call",
+        ) from None
 
 
 def translate(error: grpc.aio.AioRpcError, cluster: str) -> ProtocolError:
@@ -138,8 +160,9 @@ class AgentClient:
         it has, nothing but a nonce is sent to whatever answers at the endpoint."""
         nonce = new_nonce()
         try:
-            reply = await self._health.Handshake(pb.HandshakeRequest(client_nonce=nonce),
-                                                 timeout=HANDSHAKE_TIMEOUT_S)
+            with closed_under_the_call(self.cluster):
+                reply = await self._health.Handshake(pb.HandshakeRequest(client_nonce=nonce),
+                                                     timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.UNIMPLEMENTED:
                 raise version_mismatch(
@@ -171,8 +194,9 @@ class AgentClient:
     async def _refill(self) -> None:
         asked = time.monotonic()
         try:
-            reply = await self._health.IssueNonces(pb.IssueNoncesRequest(count=NONCE_BATCH),
-                                                   timeout=HANDSHAKE_TIMEOUT_S)
+            with closed_under_the_call(self.cluster):
+                reply = await self._health.IssueNonces(
+                    pb.IssueNoncesRequest(count=NONCE_BATCH), timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
             raise translate(error, self.cluster) from None
         nonces = [n for n in reply.nonces[:NONCE_BATCH] if len(n) == NONCE_BYTES]
@@ -239,7 +263,8 @@ class AgentClient:
             attempt += 1
             metadata = await self._metadata()
             try:
-                return await method(request, timeout=timeout_s, metadata=metadata)
+                with closed_under_the_call(self.cluster):
+                    return await method(request, timeout=timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as error:
                 if not self._retry_with_fresh_nonces(error, attempt):
                     raise translate(error, self.cluster) from None
@@ -292,9 +317,10 @@ class AgentClient:
             call = self._jobs.TailLogs(request, metadata=await self._metadata())
             received = False
             try:
-                async for message in call:
-                    received = True
-                    yield message
+                with closed_under_the_call(self.cluster):
+                    async for message in call:
+                        received = True
+                        yield message
                 return
             except grpc.aio.AioRpcError as error:
                 if received or not self._retry_with_fresh_nonces(error, attempt):

@@ -1,7 +1,8 @@
 """The EC2 test bed's controller: the one long-lived process in the bed's network namespace
 (started by `scripts/testbed ec2 up` as `ip netns exec NAME python -m _testbed.ec2.controller`).
 
-It runs moto in-process on 127.0.0.1:5000 (with EC2's fresh address on a start: renumber.py),
+It runs moto in-process on 127.0.0.1:5000 (with EC2's fresh address on a start: renumber.py;
+no address handed out while a node still answers on it: addresses.py),
 the API endpoint clients call on 127.0.0.1:4566 (proxy.py), the regions and their images
 (regions.py; the runtime images' templates come from the command line), a bridge per VPC
 (network.py), the watcher that boots a node per running instance (watcher.py), the firewall
@@ -23,7 +24,7 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
-from _testbed.ec2 import network, renumber
+from _testbed.ec2 import addresses, network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
@@ -73,6 +74,7 @@ class Bed:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         renumber.install()
+        addresses.install(self.watcher.held_addresses)
         self.moto = moto.server.ThreadedMotoServer(ip_address=assert_loopback(MOTO_IP),
                                                    port=MOTO_PORT, verbose=False)
         self.moto.start()

@@ -93,6 +93,9 @@ class Watcher:
         self._templates: dict[str, str] = {}  # runtime image id -> its template home
         self._gone: set[str] = set()  # terminated instances already cleaned up
         self._partitioned: set[str] = set()  # instances whose link is cut
+        # Addresses that nodes answer on: replaced, never changed in place, so moto's threads
+        # read it without the lock (a boot holds the lock for seconds).
+        self._held: frozenset[str] = frozenset()
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="watcher", daemon=True)
@@ -122,6 +125,11 @@ class Watcher:
         log.info("instance %s: link %s%s", instance_id, "cut" if cut else "restored",
                  "" if changed else " (from its next boot)")
         return changed
+
+    def held_addresses(self) -> frozenset[str]:
+        """The addresses live nodes answer on (and booting ones will): for addresses.py, from
+        any thread, without waiting."""
+        return self._held
 
     def partitioned(self, instance_id: str) -> bool:
         with self._lock:
@@ -211,6 +219,7 @@ class Watcher:
         if node is None:
             node = self._nodes[inst.id] = Node(inst.id, region, assert_loopback(ip))
         try:
+            self._held = self._held | {node.ip}
             node.proc = self._boot(backend, inst, node.ip, region)
         except Exception:
             log.exception("could not boot a node for %s", inst.id)
@@ -302,17 +311,18 @@ class Watcher:
         os.rename(part, ipaths.home)
 
     def _kill(self, node: Node) -> None:
-        """SIGKILL the node's unshare: its PID 1 and with it every process of the node die."""
+        """SIGKILL the node's unshare: its PID 1 and with it every process of the node die.
+        Its address is free for another instance from then on."""
         proc = node.proc
-        if proc is None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-        node.proc, node.up = None, False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.paths.instance(node.instance_id).node_pid)
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+            node.proc, node.up = None, False
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.paths.instance(node.instance_id).node_pid)
+        self._held = self._held - {node.ip}
 
     # ------------------------------------------------------------------------ shutdown
 
