@@ -39,6 +39,7 @@ from bench_aws import (
 from bench_bed import insert_records
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
+from bench_managed import bench_managed
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -571,6 +572,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "k8s_bed": bench_k8s_bed,
     "dashboard_page": bench_dashboard_page,
     "dashboard_logs": bench_dashboard_logs,
+    "managed": bench_managed,
 }
 
 
@@ -601,7 +603,8 @@ def main() -> None:
     shown = ("p90", "baseline_p90", "p50_ms", "p99_ms", "jobs_listed", "succeeded", "max_s",
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
-             "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s")
+             "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
+             "relaunch_p50_s", "per_job_kib", "per_waiting_job_kib", "per_running_job_kib")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
