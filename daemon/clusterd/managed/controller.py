@@ -14,7 +14,7 @@ name never changes, a job can never own two clusters.
 The job's log is copied, as it streams, into one local file per job (so it outlives the
 clusters); each attempt starts with a marker line. The stream is also the fastest sign of
 the job's end; a poll of the provider's node states and the agent's health (every few
-seconds) is the sign of a cluster lost under it.
+seconds, and at once when the stream breaks) is the sign of a cluster lost under it.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from clusterctl import protocol
 from clusterctl.protocol import ClusterStatus, ErrorCode, JobStatus, ProtocolError
 from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
+from clusterd.managed.poll import HealthPoll
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
 from clusterd.nodes import NodeStatus
@@ -61,7 +62,9 @@ LOG_CHUNK = 64 * 1024
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    poll_s: float = 3.0  # provider and agent health checks while RUNNING
+    # Provider and agent health checks while RUNNING (at once when the job's log stream
+    # breaks: see HealthPoll).
+    poll_s: float = 3.0
     retry_gap_s: float = 10.0  # between relaunch rounds with no capacity (grows, capped)
     retry_max_gap_s: float = 120.0
     step_timeout_s: float = 1800.0  # a launch, submission or teardown, at most
@@ -395,6 +398,9 @@ class ManagedJobController:
         """Follow the attempt until it ends or its cluster is lost; act on which it was."""
         assert record.agent_job_id is not None
         found: dict[str, Any] = {}
+        # The stream breaking (a preempted node's connection drops at once) makes the health
+        # check look now rather than at its next poll.
+        poll = HealthPoll(self._timing.poll_s)
 
         async def emit(name: str, data: dict[str, Any]) -> None:
             if name == "log":
@@ -406,7 +412,7 @@ class ManagedJobController:
                 try:
                     found["end"] = await self._jobs.stream_logs(
                         record.cluster, record.agent_job_id, follow=True, tail=0,
-                        offset=max(0, offset), emit=emit)
+                        offset=max(0, offset), emit=emit, on_break=poll.look_now)
                 except ProtocolError as exc:
                     found.setdefault("lost", f"the job's log stream broke: "
                                              f"{brief(exc.message)}")
@@ -415,9 +421,14 @@ class ManagedJobController:
             async def health() -> None:
                 strikes = 0
                 while True:
-                    await anyio.sleep(self._timing.poll_s)
+                    early = await poll.wait()
                     why, agent_ok = await self._health(record)
-                    strikes = 0 if agent_ok else strikes + 1
+                    # Strikes count at the poll's pace only: an agent that restarts is not
+                    # given up on sooner because the stream noticed it first.
+                    if agent_ok:
+                        strikes = 0
+                    elif not early:
+                        strikes += 1
                     if why is None and strikes >= AGENT_STRIKES:
                         why = f"its agent did not answer {strikes} checks in a row"
                     if why is not None:
