@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -73,7 +75,18 @@ class ManagedBed(AWSBed):
     def daemon_env(self, bed_env: dict[str, str]) -> dict[str, str]:
         self.images: dict[str, str] = json.loads(
             bed_env.get("CLUSTERD_TESTBED_RUNTIME_IMAGES") or "{}")
-        return super().daemon_env(bed_env)
+        # The controller's decisions are logged at info: what to read when a recovery
+        # misbehaves (see keep_logs).
+        return {**super().daemon_env(bed_env), "CLUSTERD_LOG_LEVEL": "info"}
+
+    def keep_logs(self) -> Path:
+        """The daemon's and the bed's logs, copied where `down` does not remove them."""
+        kept = Path(tempfile.mkdtemp(prefix="cdbm-logs-", dir="/tmp"))
+        for path in [self.root / "daemon.log", self.dir / "controller.log",
+                     *self.root.glob("*.err")]:
+            if path.exists():
+                shutil.copy(path, kept / path.name)
+        return kept
 
     def task(self) -> str:
         images = "".join(f"    {region}: {ami}\n" for region, ami in self.images.items())
@@ -183,10 +196,12 @@ class LogFollower:
     def __init__(self, bed: ManagedBed, job_id: int) -> None:
         self.lines: list[tuple[float, str]] = []
         self._changed = threading.Condition()
-        self._process = subprocess.Popen(
-            ["ip", "netns", "exec", bed.netns, str(Path(sys.executable).with_name("clusterctl")),
-             "jobs", "logs", str(job_id)], env=bed.env, stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL, text=True, cwd=bed.root)
+        self._stderr = bed.root / f"follow-{job_id}.err"
+        with open(self._stderr, "w") as err:
+            self._process = subprocess.Popen(
+                ["ip", "netns", "exec", bed.netns,
+                 str(Path(sys.executable).with_name("clusterctl")), "jobs", "logs", str(job_id)],
+                env=bed.env, stdout=subprocess.PIPE, stderr=err, text=True, cwd=bed.root)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
 
@@ -207,7 +222,12 @@ class LogFollower:
                     if found and found.group(1) == str(attempt):
                         return at
                 left = deadline - time.monotonic()
-                if left <= 0 or self._process.poll() is not None:
+                ended = self._process.poll()
+                if ended is not None:
+                    raise SystemExit(f"`jobs logs` ended (exit {ended}) before attempt "
+                                     f"{attempt} printed: {self._stderr.read_text()[-2000:]}; "
+                                     f"last lines {self.lines[-5:]}")
+                if left <= 0:
                     raise SystemExit(f"attempt {attempt} printed nothing in {timeout:.0f} s: "
                                      f"{self.lines[-5:]}")
                 self._changed.wait(min(left, 1.0))
@@ -478,6 +498,9 @@ def bench_managed(bench: Any) -> None:
         for other in others:
             bed.wait_job(other, {"RUNNING"}, 600)
         measure_memory(bench, bed, [job_id, *others], baseline)
+    except BaseException:
+        print(f"  the logs are kept in {bed.keep_logs()}", file=sys.stderr)
+        raise
     finally:
         # The jobs are not cancelled one by one (200 teardowns through moto take minutes): the
         # daemon stops, and the bed goes down with every instance in it.

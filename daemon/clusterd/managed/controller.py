@@ -15,7 +15,8 @@ The job's log is copied, as it streams, into one local file per job (so it outli
 clusters); each attempt starts with a marker line. The daemon's own log lines about the job
 (everything its driver does) are teed into another (`joblog`), for `jobs logs --controller`.
 The stream is also the fastest sign of the job's end; a poll of the provider's node states
-and the agent's health (every few seconds) is the sign of a cluster lost under it.
+and the agent's health (every few seconds, and at once when the stream breaks) is the sign
+of a cluster lost under it.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
 from clusterd.managed.joblog import JobLogFiles
 from clusterd.managed.logstream import Emit, JobLogStreams
+from clusterd.managed.poll import HealthPoll
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
 from clusterd.nodes import NodeStatus
@@ -65,7 +67,9 @@ FIRST_LAUNCH_TRIES = 3
 
 @dataclasses.dataclass(frozen=True)
 class Timing:
-    poll_s: float = 3.0  # provider and agent health checks while RUNNING
+    # Provider and agent health checks while RUNNING (at once when the job's log stream
+    # breaks: see HealthPoll).
+    poll_s: float = 3.0
     retry_gap_s: float = 10.0  # between relaunch rounds with no capacity (grows, capped)
     retry_max_gap_s: float = 120.0
     step_timeout_s: float = 1800.0  # a launch, submission or teardown, at most
@@ -403,6 +407,9 @@ class ManagedJobController:
         """Follow the attempt until it ends or its cluster is lost; act on which it was."""
         assert record.agent_job_id is not None
         found: dict[str, Any] = {}
+        # The stream breaking (a preempted node's connection drops at once) makes the health
+        # check look now rather than at its next poll.
+        poll = HealthPoll(self._timing.poll_s)
 
         async def emit(name: str, data: dict[str, Any]) -> None:
             if name == "log":
@@ -414,7 +421,7 @@ class ManagedJobController:
                 try:
                     found["end"] = await self._jobs.stream_logs(
                         record.cluster, record.agent_job_id, follow=True, tail=0,
-                        offset=max(0, offset), emit=emit)
+                        offset=max(0, offset), emit=emit, on_break=poll.look_now)
                 except ProtocolError as exc:
                     found.setdefault("lost", f"the job's log stream broke: "
                                              f"{brief(exc.message)}")
@@ -423,9 +430,14 @@ class ManagedJobController:
             async def health() -> None:
                 strikes = 0
                 while True:
-                    await anyio.sleep(self._timing.poll_s)
+                    early = await poll.wait()
                     why, agent_ok = await self._health(record)
-                    strikes = 0 if agent_ok else strikes + 1
+                    # Strikes count at the poll's pace only: an agent that restarts is not
+                    # given up on sooner because the stream noticed it first.
+                    if agent_ok:
+                        strikes = 0
+                    elif not early:
+                        strikes += 1
                     if why is None and strikes >= AGENT_STRIKES:
                         why = f"its agent did not answer {strikes} checks in a row"
                     if why is not None:

@@ -244,11 +244,14 @@ class JobService:
         tail: int,
         offset: int | None,
         emit: Emit,
+        on_break: Callable[[], None] | None = None,
     ) -> dict[str, Any]:
         """Relay a job's log as `log` events; the result carries its status and exit code.
 
         If the agent goes away mid-stream (a restarted agent, a dropped tunnel), the stream
         resumes from the last byte offset it relayed, so no line is lost or repeated.
+        `on_break` is called (it must not block) once each time the stream breaks, before
+        the first try to resume it: a lost connection is often the first sign of a lost node.
         """
         if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
@@ -291,6 +294,8 @@ class JobService:
                 if exc.code != ErrorCode.AGENT_UNREACHABLE or not follow:
                     raise head_unreachable(record, exc) from None
                 now = anyio.current_time()
+                if deadline is None and on_break is not None:
+                    on_break()
                 deadline = deadline or now + RESUME_WINDOW_S
                 if now > deadline:
                     raise head_unreachable(record, exc) from None
