@@ -604,7 +604,8 @@ def main() -> None:
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
              "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
-             "relaunch_p50_s", "per_job_kib", "per_waiting_job_kib", "per_running_job_kib")
+             "relaunch_p50_s", "paired_ratio_without_lag_p50", "per_job_kib",
+             "per_waiting_job_kib", "per_running_job_kib")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
