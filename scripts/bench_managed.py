@@ -6,7 +6,7 @@
   10 recoveries). Goal: recovery ≤ 1.2x fresh launch + detection lag (medians); each
   recovery less its lag against the fresh launch just before it is reported too.
 - detection lag: from the preemption (the bed controller's own log time of it) to the job's
-  RECOVERING event (its time as the daemon recorded it in managed_job_events), p50 and max
+  RECOVERING event (its time as the daemon recorded it: `jobs_events`), p50 and max
   over 10 preemptions. Goal ≤ 5 s.
 - daemon memory (VmRSS from /proc) watching 200 managed jobs, against the same daemon
   watching none. 200 clusters do not fit on this machine, so the 200 are jobs that lost their
@@ -128,9 +128,6 @@ class ManagedBed(AWSBed):
                 found[key] = int(value.split()[0])
         return found
 
-    def db(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.state_dir / 'state.db'}?mode=ro", uri=True)
-
     # -- managed jobs ----------------------------------------------------------------------
 
     def submit(self, name: str) -> int:
@@ -183,15 +180,16 @@ class ManagedBed(AWSBed):
         return before  # no log line: the earliest it can have been
 
     def event_time(self, job_id: int, to_status: str, after: float) -> float | None:
-        """When the daemon recorded the job's first change to `to_status` after `after`."""
-        db = self.db()
-        try:
-            row = db.execute("SELECT MIN(ts) FROM managed_job_events WHERE job_id = ? AND"
-                             " to_status = ? AND from_status != to_status AND ts >= ?",
-                             (job_id, to_status, after)).fetchone()
-        finally:
-            db.close()
-        return None if row[0] is None else float(row[0])
+        """When the daemon recorded (its `jobs_events`) the job's first change to
+        `to_status` after `after`."""
+        from clusterctl import Client
+        from clusterctl.protocol import JobsEventsArgs
+
+        with Client(self.root / "rt" / "clusterd" / "clusterd.sock", autostart=False) as c:
+            events = c.call(JobsEventsArgs(job_id=job_id))["events"]
+        times = [float(e["ts"]) for e in events if e["to_status"] == to_status
+                 and e["from_status"] != to_status and e["ts"] >= after]
+        return min(times, default=None)
 
 
 class LogFollower:
@@ -331,7 +329,7 @@ def measure_recovery(bench: Any, bed: ManagedBed) -> int:
                  ok=max(lags) <= 5, max_s=round(max(lags), 2), preemptions=len(lags),
                  lags_s=[round(v, 2) for v in lags],
                  how="bed controller's log time of the preemption -> the daemon's "
-                     "RECOVERING event (managed_job_events.ts)")
+                     "RECOVERING event (its recorded time, from jobs_events)")
     recovery, base = statistics.median(recoveries), statistics.median(fresh)
     goal = 1.2 * base + lag
     # Each recovery against the fresh launch just before it (the machine's load changes
