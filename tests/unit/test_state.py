@@ -228,6 +228,28 @@ async def test_remove_leaves_terminated_event_and_history(db: Database) -> None:
     assert len(await reloaded.events("dev", 100)) == 3
 
 
+async def test_two_removals_at_once_make_one_terminated_event(db: Database) -> None:
+    """A refresh that found a cluster's nodes gone and the request tearing it down may both
+    remove it: one wins, the other learns the record is gone; one TERMINATED event."""
+    store = ClusterStore(db)
+    await store.insert(make_record(), "created", 1)
+    outcomes: list[str] = []
+
+    async def remove(reason: str) -> None:
+        try:
+            await store.remove("dev", reason)
+            outcomes.append("removed")
+        except KeyError:
+            outcomes.append("already gone")
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(remove, "refresh found no nodes left")
+        group.start_soon(remove, "torn down")
+    assert sorted(outcomes) == ["already gone", "removed"]
+    events = await store.events("dev", 100)
+    assert [e.to_status for e in events] == ["INIT", "TERMINATED"]
+
+
 async def test_events_of_all_clusters(db: Database) -> None:
     store = ClusterStore(db)
     await store.insert(make_record("a", 1.0), "created a", None)

@@ -176,6 +176,16 @@ class RefreshService:
     def _busy(self, record: ClusterRecord) -> bool:
         return any(h.mode == LockMode.EXCLUSIVE for h in self._locks.holders(record.name))
 
+    def _still_ours(self, record: ClusterRecord) -> bool:
+        """Whether what a check found about `record` may still be written: its record is
+        still the cluster's (a launch since makes a new one, with a cloud name of its own;
+        a down removes it) and no request holds the cluster. Asked again after every wait:
+        the check awaits the provider and the agent for seconds, and a managed job's
+        controller tears down and relaunches a lost cluster in that time."""
+        current = self._store.get(record.name)
+        return (current is not None and current.cloud_name == record.cloud_name
+                and not self._busy(current))
+
     async def _refresh_group(self, provider_name: str, records: list[ClusterRecord],
                              unchanged: list[str]) -> None:
         provider = self._providers.get(provider_name)
@@ -203,13 +213,13 @@ class RefreshService:
     async def _settle(self, record: ClusterRecord, nodes: list[NodeInfo] | ProvisionError,
                       unchanged: list[str]) -> None:
         name = record.name
-        if self._store.get(name) is None or self._busy(record):
+        if not self._still_ours(record):
             return
         try:
             if isinstance(nodes, ProvisionError):
                 raise nodes
             status, reason = await self._reconcile(record, nodes)
-            if status is None:
+            if status is None and self._still_ours(record):
                 await self._access.close(name)
                 await self._clean_up_gone(record)
         except TimeoutError:
@@ -222,7 +232,10 @@ class RefreshService:
         self._backoff.pop(name, None)
         if status is None:
             await self._clusters.forget_nodes(record)
-            await self._store.remove(name, reason)
+            if self._still_ours(record):
+                await self._store.remove(name, reason)
+            return
+        if not self._still_ours(record):
             return
         if status != record.status or (status == ClusterStatus.INIT
                                        and reason != record.status_reason):

@@ -199,14 +199,21 @@ class ClusterStore:
         return updated
 
     async def remove(self, name: str, reason: str, request_id: int | None = None) -> None:
-        """The cluster is terminated: its record leaves the live table, its events stay."""
-        record = self._require(name)
+        """The cluster is terminated: its record leaves the live table, its events stay.
+        The record leaves memory before the write, so of two removals at once one raises
+        KeyError, and the cluster gets one TERMINATED event, not two."""
+        record = self._records.pop(name, None)
+        if record is None:
+            raise KeyError(name)
         event = (time.time(), name, "status", str(record.status),
                  str(ClusterStatus.TERMINATED), redact_urls(reason), request_id)
-        event_id = await self._db.write(
-            [("DELETE FROM clusters WHERE name = ?", [name]), (_INSERT_EVENT, event)]
-        )
-        del self._records[name]
+        try:
+            event_id = await self._db.write(
+                [("DELETE FROM clusters WHERE name = ?", [name]), (_INSERT_EVENT, event)]
+            )
+        except BaseException:
+            self._records.setdefault(name, record)  # not removed after all
+            raise
         self._publish(event_id, *event)
 
     async def add_event(
