@@ -25,7 +25,7 @@ def test_fields_without_effect_are_warned_and_refused_under_strict(
     try:
         assert result.returncode == 0, result.stderr
         assert "ran" in result.stdout
-        assert "warning: resources.job_recovery: has no effect: how SkyPilot's managed jobs" in (
+        assert "warning: resources.job_recovery: has no effect: how a managed job recovers" in (
             result.stderr)
         assert "warning: resources.disk_tier: has no effect on local" in result.stderr
         events = json.loads(shared_daemon.ctl("events", "warned", "--json").stdout)

@@ -461,6 +461,14 @@ class ManagedJobController:
         elif status == JobStatus.CANCELLED:
             await self._end(record.id, S.CANCELLED, "its job was cancelled on the cluster")
         elif status in USER_FAILURES:
+            # A node lost under a running job fails its ranks (Ray's NodeDiedError) and can
+            # end the attempt before a health check sees the loss: the cluster is asked
+            # first, and a lost cluster is a recovery, not the user's failure.
+            lost, _ = await self._health(record)
+            if lost is not None:
+                await self._lost(record, f"attempt {record.attempts} {status} ({reason}) "
+                                         f"and {lost}")
+                return
             policy = self._policy(record)
             text = f"attempt {record.attempts} {status}" + (f": {reason}" if reason else "")
             if policy.may_restart(record.user_restarts):
