@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -77,6 +78,18 @@ class EC2Bed:
                 + [g["id"] for g in state["groups"]
                    if g["tags"].get("clusterd-cluster-name") == cloud_name
                    or g["name"] == f"clusterd-{cloud_name}"])
+
+    def instances_now(self) -> list[dict[str, Any]]:
+        """Every instance as the bed's controller holds it now (id, state, zone, tags), asked
+        over its control socket: no process started, so cheap enough to poll every second."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(str(self.dir / "control.sock"))
+            sock.sendall(b'{"op": "status"}\n')
+            with sock.makefile("rb") as f:
+                reply = json.loads(f.readline())
+        assert reply.get("ok"), reply
+        return [i for rows in reply["regions"].values() for i in rows]
 
     def nodes(self) -> list[dict[str, Any]]:
         status = json.loads(self.testbed("status", "--json").stdout)
