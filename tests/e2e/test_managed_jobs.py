@@ -413,3 +413,26 @@ def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
     assert text.count("recovering ===") == 1, text
     assert re.findall(r"attempt=(\d)", text) == ["1", "2"], text
     assert_nothing_left(ec2, daemon, running_now["cluster"])
+
+
+def test_a_daemon_killed_while_submitting_resumes_with_one_attempt(ec2: EC2Bed,
+                                                                   daemon: Daemon) -> None:
+    """kill -9 in the first submission (its marker is in the log, the record has no
+    attempt yet): on restart the same attempt is submitted again, with one marker."""
+    daemon.kill()
+    daemon.start({"CLUSTERD_TEST_FAULTS": "exec.during_submit"})
+    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n",
+                    "submitonce")
+    cluster = job(daemon, job_id)["cluster"]
+    process = daemon.process
+    assert process is not None
+    wait_for(lambda: process.poll() is not None, 600, "the daemon to die in the submission")
+    daemon.start()
+    done = wait_status(daemon, job_id, FINAL, 600)
+    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
+    assert done["attempts"] == 1 and done["recoveries"] == 0, done
+    text = log_of(daemon, job_id)
+    assert text.count("attempt 1 on") == 1, text
+    assert text.count("begun") == 1 and text.count("ended") == 1, text
+    assert len(instances_of(ec2, cluster)) == 1
+    assert_nothing_left(ec2, daemon, cluster)

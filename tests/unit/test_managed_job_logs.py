@@ -367,3 +367,16 @@ def test_controller_lines_as_printed() -> None:
         "fields": {"why": "node gone", "request_id": 3, "exception": "Traceback\n  boom"}})
     assert printed == ('2026-12-01 12:30:05.250  [warning] managed job\'s cluster lost  '
                        'why="node gone"  request_id=3\n    Traceback\n      boom')
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (b"", ""),
+    (b"=== attempt 1 ===\n", "=== attempt 1 ==="),
+    (b"out\n=== attempt 2 ===\n", "=== attempt 2 ==="),
+    (b"=== attempt 2 ===\nout", "out"),
+    (b"x" * 5000 + b"\nlast\n\n", "last"),
+])
+def test_last_line(files: JobLogFiles, data: bytes, expected: str) -> None:
+    files.create(1)
+    files.append(1, data)
+    assert files.last_line(1) == expected

@@ -378,11 +378,14 @@ class ManagedJobController:
             await self._lost(record, f"the agent does not answer: {brief(exc.message)}")
             return
         attempt = record.attempts + 1
-        marker = (f"\n=== managed job {record.id}: attempt {attempt} on {record.cluster} "
-                  f"({time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC) ===\n")
+        head = f"=== managed job {record.id}: attempt {attempt} on {record.cluster} ("
+        marker = (f"\n{head}{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC) ===\n")
         if record.attempts == 0:
             marker = marker.lstrip("\n")
-        self._append(record.id, marker.encode())
+        # A submission of this attempt that never got recorded (a daemon killed during it,
+        # an agent that did not answer) left its marker last in the log: one is enough.
+        if not self._files.last_line(record.id).startswith(head):
+            self._append(record.id, marker.encode())
         base = self._files.size(record.id)
         envs = {**task.envs, "SKYPILOT_MANAGED_JOB_ID": str(record.id),
                 "SKYPILOT_MANAGED_JOB_ATTEMPT": str(attempt)}

@@ -47,6 +47,13 @@ class JobLogFiles:
     def size(self, job_id: int) -> int:
         return self.path(job_id).stat().st_size
 
+    def last_line(self, job_id: int) -> str:
+        """The log's last line (its last KiB at most: enough for a marker)."""
+        with open(self.path(job_id), "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 1024))
+            tail = f.read()
+        return tail.rstrip(b"\n").rpartition(b"\n")[2].decode(errors="replace")
+
     def append(self, job_id: int, data: bytes) -> None:
         with open(self.path(job_id), "ab") as f:
             f.write(data)
