@@ -388,12 +388,20 @@ def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daem
 
 
 
+def on_runtime_image(ec2: EC2Bed, task: str) -> str:
+    """The task on the bed's runtime image (no install to wait for: these tests are about
+    the controller, not the runtime)."""
+    images = ec2.runtime_images()
+    return task.replace("resources:\n", "resources:\n  image_id:\n" + "".join(
+        f"    {region}: {ami}\n" for region, ami in images.items()), 1) if images else task
+
+
 def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
         ec2: EC2Bed, daemon: Daemon) -> None:
     """The loss is recorded (RECOVERING, one recovery) before the lost cluster's teardown;
     a daemon killed in that teardown finds the cluster's record still UP on restart, and
     must not count the same loss again when the cluster does not answer."""
-    job_id = submit(daemon, LONG_FIRST, "lostonce")
+    job_id = submit(daemon, on_runtime_image(ec2, LONG_FIRST), "lostonce")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
     assert running_now["status"] == "RUNNING", running_now
     wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
@@ -421,8 +429,8 @@ def test_a_daemon_killed_while_submitting_resumes_with_one_attempt(ec2: EC2Bed,
     attempt yet): on restart the same attempt is submitted again, with one marker."""
     daemon.kill()
     daemon.start({"CLUSTERD_TEST_FAULTS": "exec.during_submit"})
-    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n",
-                    "submitonce")
+    job_id = submit(daemon, on_runtime_image(
+        ec2, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n"), "submitonce")
     cluster = job(daemon, job_id)["cluster"]
     process = daemon.process
     assert process is not None
