@@ -152,35 +152,6 @@ def test_a_preempted_spot_job_recovers_where_its_strategy_says(
     assert_nothing_left(ec2, daemon, cluster)
 
 
-FAILING = """
-resources:
-  cpus: 2
-RECOVERY
-run: |
-  echo "attempt $SKYPILOT_MANAGED_JOB_ATTEMPT"
-  exit 3
-"""
-
-
-@pytest.mark.parametrize(("recovery", "attempts"), [
-    ("  job_recovery:\n    max_restarts_on_errors: 2", 3),
-    ("", 1),
-])
-def test_a_user_failure_is_retried_only_as_asked(ec2: EC2Bed, daemon: Daemon, recovery: str,
-                                                  attempts: int) -> None:
-    job_id = submit(daemon, FAILING.replace("RECOVERY", recovery), f"fails{attempts}")
-    cluster = job(daemon, job_id)["cluster"]
-    done = wait_status(daemon, job_id, FINAL, 900)
-    assert done["status"] == "FAILED", (done, daemon.log()[-4000:])
-    assert done["attempts"] == attempts and done["user_restarts"] == attempts - 1
-    assert done["recoveries"] == 0
-    text = log_of(daemon, job_id)
-    assert re.findall(r"^attempt (\d)$", text, re.M) == [str(n + 1) for n in range(attempts)]
-    assert "exit code 3" in done["status_reason"]
-    assert len(instances_of(ec2, cluster)) == 1  # retried in place, on the same cluster
-    assert_nothing_left(ec2, daemon, cluster)
-
-
 def test_down_is_refused_and_cancel_while_running_leaves_nothing(ec2: EC2Bed,
                                                                  daemon: Daemon) -> None:
     job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo up; sleep 900\n", "cancelme")
@@ -254,18 +225,6 @@ def test_recovery_waits_for_capacity_across_a_daemon_kill(ec2: EC2Bed, daemon: D
     made = instances_of(ec2, cluster)
     assert len(made) == 2, made  # the preempted one and the one it recovered on
     assert re.findall(r"attempt=(\d)", log_of(daemon, job_id)) == ["1", "2"]
-    assert_nothing_left(ec2, daemon, cluster)
-
-
-def test_cancel_while_recovering_leaves_nothing(ec2: EC2Bed, daemon: Daemon) -> None:
-    try:
-        job_id, cluster = preempt_without_capacity(ec2, daemon, "giveup")
-        assert daemon.ctl("jobs", "cancel", str(job_id)).returncode == 0
-        done = wait_status(daemon, job_id, FINAL, 300)
-        assert done["status"] == "CANCELLED"
-    finally:
-        ec2.clear_faults()
-    assert len(instances_of(ec2, cluster)) == 1
     assert_nothing_left(ec2, daemon, cluster)
 
 
