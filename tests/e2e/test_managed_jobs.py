@@ -21,14 +21,18 @@ from tests.support import Daemon, wait_for
 
 pytestmark = [pytest.mark.ec2, pytest.mark.ray, pytest.mark.timeout(1500)]
 
+IMAGES = "CLUSTERD_TESTBED_RUNTIME_IMAGES"
 FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
          "FAILED_NO_RESOURCE", "FAILED_CONTROLLER"}
 
 
 @pytest.fixture(scope="module")
 def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
+    # The bed's runtime image (IMAGES: read by `submit`, not by the daemon): these tests are
+    # about the controller, so no launch waits for a runtime install.
     with running(ec2.daemon("cdmj-", CLUSTERD_AGENT_AUTOSTOP_GRACE="5",
-                            CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5")) as daemon:
+                            CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5",
+                            **{IMAGES: json.dumps(ec2.runtime_images())})) as daemon:
         try:
             yield daemon
         finally:
@@ -49,8 +53,15 @@ def job(daemon: Daemon, job_id: int) -> dict[str, Any]:
     return next(j for j in queue(daemon, all=True) if j["job_id"] == job_id)
 
 
+def on_runtime_image(daemon: Daemon, task: str) -> str:
+    """The task on the bed's runtime image, when the bed has one."""
+    images: dict[str, str] = json.loads(daemon.env.get(IMAGES) or "{}")
+    return task.replace("resources:\n", "resources:\n  image_id:\n" + "".join(
+        f"    {region}: {ami}\n" for region, ami in images.items()), 1) if images else task
+
+
 def submit(daemon: Daemon, task: str, name: str, infra: str = "aws/us-east-1") -> int:
-    (daemon.root / f"{name}.yaml").write_text(task)
+    (daemon.root / f"{name}.yaml").write_text(on_runtime_image(daemon, task))
     result = daemon.ctl("jobs", "launch", "-d", "-n", name, "--infra", infra, f"{name}.yaml")
     assert result.returncode == 0, result.stderr
     found = re.search(r"Managed job (\d+) submitted", result.stderr)
@@ -347,20 +358,12 @@ def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daem
 
 
 
-def on_runtime_image(ec2: EC2Bed, task: str) -> str:
-    """The task on the bed's runtime image (no install to wait for: these tests are about
-    the controller, not the runtime)."""
-    images = ec2.runtime_images()
-    return task.replace("resources:\n", "resources:\n  image_id:\n" + "".join(
-        f"    {region}: {ami}\n" for region, ami in images.items()), 1) if images else task
-
-
 def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
         ec2: EC2Bed, daemon: Daemon) -> None:
     """The loss is recorded (RECOVERING, one recovery) before the lost cluster's teardown;
     a daemon killed in that teardown finds the cluster's record still UP on restart, and
     must not count the same loss again when the cluster does not answer."""
-    job_id = submit(daemon, on_runtime_image(ec2, LONG_FIRST), "lostonce")
+    job_id = submit(daemon, LONG_FIRST, "lostonce")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
     assert running_now["status"] == "RUNNING", running_now
     wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
@@ -388,8 +391,8 @@ def test_a_daemon_killed_while_submitting_resumes_with_one_attempt(ec2: EC2Bed,
     attempt yet): on restart the same attempt is submitted again, with one marker."""
     daemon.kill()
     daemon.start({"CLUSTERD_TEST_FAULTS": "exec.during_submit"})
-    job_id = submit(daemon, on_runtime_image(
-        ec2, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n"), "submitonce")
+    job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n",
+                    "submitonce")
     cluster = job(daemon, job_id)["cluster"]
     process = daemon.process
     assert process is not None
