@@ -288,6 +288,11 @@ def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
     assert done["recoveries"] == 1, done
     assert sampled.most <= 2, "the job had two clusters at once"
     assert sorted(re.findall(r"rank=(\d) attempt=2", log_of(daemon, job_id))) == ["0", "1"]
+    # The lost cluster was discarded (its instances terminated) without reaching its nodes
+    # first: the partitioned worker's SSH never held the teardown up.
+    controller = daemon.ctl("jobs", "logs", str(job_id), "--controller", "--no-follow")
+    assert "teardown of" not in controller.stdout, controller.stdout
+    assert "ssh connect failed" not in controller.stdout, controller.stdout
     assert_nothing_left(ec2, daemon, cluster)
 
 

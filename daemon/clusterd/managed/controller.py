@@ -542,11 +542,13 @@ class ManagedJobController:
                          .encode())
             await self._store.set_status(record.id, S.RECOVERING, text, agent_job_id=None,
                                          recoveries=record.recoveries + 1)
-        await self._down(record, "recovering: tearing down what is left of the lost cluster")
+        await self._down(record, "recovering: tearing down what is left of the lost cluster",
+                         discard=True)
 
-    async def _down(self, record: ManagedJobRecord, why: str) -> None:
+    async def _down(self, record: ManagedJobRecord, why: str, discard: bool = False) -> None:
         """Tear the job's cluster down, trying until it is gone. After a few failures the
-        teardown is forced (`--purge`: cleanup failures become warnings)."""
+        teardown is forced (`--purge`: cleanup failures become warnings). A lost cluster is
+        discarded: cloud nodes are terminated without being reached first."""
         gap = self._timing.retry_gap_s
         failures = 0
         while self._cluster_store.get(record.cluster) is not None:
@@ -555,7 +557,7 @@ class ManagedJobController:
                 await self._request(
                     "down", record.cluster, {"cluster": record.cluster, "purge": purge},
                     functools.partial(self._clusters.down, name=record.cluster, purge=purge,
-                                      reason=why, call_off=True))
+                                      reason=why, call_off=True, discard=discard))
             except ProtocolError as exc:
                 failures += 1
                 text = f"teardown of {record.cluster} failed: {brief(exc.message)}"

@@ -248,6 +248,9 @@ class ProviderOf(Protocol[H]):
     # True where a node's OS shutting down stops (or terminates) it, so the agent's own
     # autostop ends by shutting its nodes down (cloud VMs).
     stops_by_shutdown: ClassVar[bool] = False
+    # True where terminating a cluster's nodes takes everything on them along (cloud VMs and
+    # their disks, pods): a teardown that discards a lost cluster need not reach its nodes.
+    terminate_discards_nodes: ClassVar[bool] = False
 
     @classmethod
     def build(cls, context: ProviderContext) -> Self:
@@ -367,6 +370,7 @@ class ProviderDefaults(Generic[H]):
     agentless: ClassVar[bool] = False
     stops_by_shutdown: ClassVar[bool] = False
     autostop_tears_down: ClassVar[bool] = False
+    terminate_discards_nodes: ClassVar[bool] = False
     honoured_fields: ClassVar[frozenset[str]] = frozenset()
     check_top_level: ClassVar[tuple[str, ...]] = ()
 

@@ -523,10 +523,13 @@ class ClusterService:
 
     async def down(self, request: RunningRequest, name: str, purge: bool, *,
                    reason: str | None = None, precheck: Precheck | None = None,
-                   call_off: bool = False) -> dict[str, Any]:
+                   call_off: bool = False, discard: bool = False) -> dict[str, Any]:
         """Tear the cluster down. With `call_off` (a user's `down`), a launch or start of it
         in progress is called off first, in whatever phase it is: it removes what it made
-        (bounded), and the teardown removes the rest."""
+        (bounded), and the teardown removes the rest. With `discard` (a managed job's lost
+        cluster), nodes whose termination takes everything on them along are not reached
+        first to stop and clean up the runtime (a partitioned one would hold the teardown up
+        for minutes of SSH retries)."""
         require_cluster(self._store, name)
         self._preempt(request, name)
         if call_off:
@@ -545,7 +548,7 @@ class ClusterService:
                         "skipped": why}
             await request.progress(f"tearing down {name}", "down")
             await fault_point("down.mid_teardown")
-            targets = await self._teardown(request, record, purge=purge)
+            targets = await self._teardown(request, record, purge=purge, discard=discard)
             self._ssh_config.remove(name)
             if self._forget_nodes is not None:
                 await self._forget_nodes(targets)
@@ -559,7 +562,7 @@ class ClusterService:
             logger.info("pre-empted queued request", preempted=holder.request_id)
 
     async def _teardown(self, request: RunningRequest, record: ClusterRecord,
-                        purge: bool) -> list[SSHTarget]:
+                        purge: bool, discard: bool = False) -> list[SSHTarget]:
         """Stop, clean up and terminate; returns how its nodes were reached (to forget)."""
         provider = self._providers.get(record.provider)
         handle = record.handle.provider
@@ -584,6 +587,8 @@ class ClusterService:
             # A launch cut short before the runtime's first start (waiting for the nodes,
             # or installing): nothing of the cluster's runs there or was written there, and
             # nodes that never answered would hold the teardown up for nothing.
+            info = None
+        if info is not None and discard and provider.terminate_discards_nodes:
             info = None
         if info is not None:
             try:

@@ -79,6 +79,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     skypilot_cloud: ClassVar[str] = "AWS"
     can_stop: ClassVar[bool] = True
     stops_by_shutdown: ClassVar[bool] = True
+    terminate_discards_nodes: ClassVar[bool] = True
     honoured_fields: ClassVar[frozenset[str]] = frozenset({
         "resources.instance_type", "resources.use_spot", "resources.disk_size",
         "resources.disk_tier", "resources.image_id", "resources.ports", "resources.labels",

@@ -60,6 +60,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     skypilot_cloud: ClassVar[str] = "Kubernetes"
     can_stop: ClassVar[bool] = False
     autostop_tears_down: ClassVar[bool] = True
+    terminate_discards_nodes: ClassVar[bool] = True
     honoured_fields: ClassVar[frozenset[str]] = frozenset({
         "resources.ports", "resources.image_id", "resources.labels"})
 
