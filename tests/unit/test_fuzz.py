@@ -69,17 +69,19 @@ edits = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 10**6), st.integers
 def decode_all(data: bytes, max_seconds: float = MAX_SECONDS) -> list[dict[str, Any]]:
     """Feed a stream in uneven pieces, as sockets deliver it; every message is a map, or the
     stream ends in a ProtocolError, never in another exception. The bound is on this
-    process's CPU time: other work on a shared machine does not count against it."""
+    thread's CPU time: neither other work on a shared machine nor another thread of this
+    process (a test's leftover, slowed too by tracemalloc, which is process-wide) counts
+    against it."""
     decoder = protocol.FrameDecoder(limits=protocol.REQUEST_LIMITS)
     messages: list[dict[str, Any]] = []
-    started = time.process_time()
+    started = time.thread_time()
     try:
         for start in range(0, len(data), 7):
             decoder.feed(data[start:start + 7])
             messages.extend(decoder.drain())
     except ProtocolError as error:
         assert error.code in ("BAD_FRAME", "FRAME_TOO_LARGE"), error.code
-    assert time.process_time() - started < max_seconds
+    assert time.thread_time() - started < max_seconds
     assert all(isinstance(m, dict) for m in messages)
     return messages
 
@@ -124,8 +126,10 @@ def test_compact_container_bombs_cost_bounded_memory(pieces: list[bytes], repeat
     body = b"\xdd" + struct.pack(">I", 10**6) + (b"".join(pieces) * repeat)[:4 * 2**20]
     tracemalloc.start()
     try:
-        # tracemalloc makes every allocation several times slower.
-        decode_all(struct.pack(">I", len(body)) + body, max_seconds=4 * MAX_SECONDS)
+        # tracemalloc makes every allocation several times slower, and how much slower
+        # swings with the machine (CI saw 23 s of CPU for an example that takes 3): here the
+        # bound is on memory, and on time only that it ends; the tests above bound the time.
+        decode_all(struct.pack(">I", len(body)) + body, max_seconds=30 * MAX_SECONDS)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
