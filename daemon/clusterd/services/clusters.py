@@ -581,15 +581,16 @@ class ClusterService:
             info = None
             await request.progress(f"warning: cannot reach the nodes: {exc.message}", "down")
         every = info
+        never_ran = not record.ever_up and record.handle.runtime is None
+        if never_ran or (discard and provider.terminate_discards_nodes):
+            # Nodes not worth reaching (nor asking the provider which can be reached): a
+            # launch cut short before the runtime's first start (waiting for the nodes, or
+            # installing) ran and wrote nothing there, and nodes that never answered would
+            # hold the teardown up for nothing; a discarded cluster's nodes go with all on
+            # them when terminated.
+            info = None
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
-        if info is not None and not record.ever_up and record.handle.runtime is None:
-            # A launch cut short before the runtime's first start (waiting for the nodes,
-            # or installing): nothing of the cluster's runs there or was written there, and
-            # nodes that never answered would hold the teardown up for nothing.
-            info = None
-        if info is not None and discard and provider.terminate_discards_nodes:
-            info = None
         if info is not None:
             try:
                 await self._runtime.stop(info)
