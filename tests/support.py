@@ -135,6 +135,16 @@ class Daemon:
         self.process.kill()
         self.process.wait()
 
+    def wait_killed_at_fault_point(self, timeout: float = 60) -> None:
+        """The daemon, started with CLUSTERD_TEST_FAULTS, reached its armed point and was
+        killed there (SIGKILL, as clusterd/faults.py does it), saying so in its log."""
+        process = self.process
+        assert process is not None
+        wait_for(lambda: process.poll() is not None, timeout,
+                 "the daemon to die at its fault point")
+        assert process.returncode == -9, process.returncode
+        assert "fault point reached" in self.log()
+
     def log(self) -> str:
         try:
             return self.log_path.read_text(errors="replace")

@@ -30,14 +30,6 @@ def armed(daemon: Daemon, point: str) -> None:
     daemon.start(extra_env={"CLUSTERD_TEST_FAULTS": point, "CLUSTERD_REFRESH_INTERVAL": "1"})
 
 
-def died(daemon: Daemon) -> None:
-    assert daemon.process is not None
-    wait_for(lambda: daemon.process is not None and daemon.process.poll() is not None, 60,
-             "the daemon to die at its fault point")
-    assert daemon.process.returncode == -9
-    assert "fault point reached" in daemon.log()
-
-
 def restart(daemon: Daemon) -> None:
     daemon.start(extra_env={"CLUSTERD_REFRESH_INTERVAL": "1"})
 
@@ -57,7 +49,7 @@ def test_killed_before_the_provider_call(daemon: Daemon) -> None:
     armed(daemon, "launch.before_create")
     result = daemon.ctl("launch", "-c", "early", "--", "echo hi")
     assert result.returncode == 1 and "closed the connection" in result.stderr
-    died(daemon)
+    daemon.wait_killed_at_fault_point()
     restart(daemon)
     wait_for(lambda: "interrupted before any node" in
              (daemon.cluster("early") or {}).get("status_reason", ""), 30,
@@ -72,7 +64,7 @@ def test_killed_before_the_provider_call(daemon: Daemon) -> None:
 def test_killed_after_the_agent_started(daemon: Daemon) -> None:
     armed(daemon, "launch.after_agent")
     daemon.ctl("launch", "-c", "late", "--", "echo hi")
-    died(daemon)
+    daemon.wait_killed_at_fault_point()
     restart(daemon)
     # The refresh at start finds everything running: the launch is completed, not redone.
     wait_for(lambda: (daemon.cluster("late") or {}).get("status") == "UP", 30,
@@ -87,7 +79,7 @@ def test_killed_while_submitting_an_exec(daemon: Daemon) -> None:
     armed(daemon, "exec.during_submit")
     result = daemon.ctl("exec", "ex", "--", "echo never")
     assert result.returncode == 1
-    died(daemon)
+    daemon.wait_killed_at_fault_point()
     restart(daemon)
     queue = json.loads(daemon.ctl("queue", "ex", "--json").stdout)
     assert len(queue) == 1  # only the launch's job: the exec never reached the agent
@@ -100,7 +92,7 @@ def test_killed_while_streaming_the_jobs_log(daemon: Daemon, tmp_path: Path) -> 
     done = tmp_path / "done"
     result = daemon.ctl("exec", "st", "--", f"echo one; sleep 1; echo two; touch {done}")
     assert result.returncode == 1
-    died(daemon)
+    daemon.wait_killed_at_fault_point()
     wait_for(done.exists, 60, "the job to finish without a daemon")
     restart(daemon)
     logs = daemon.ctl("logs", "st", "2")
@@ -114,7 +106,7 @@ def test_killed_in_the_middle_of_down(daemon: Daemon) -> None:
     armed(daemon, "down.mid_teardown")
     result = daemon.ctl("down", "-y", "dn")
     assert result.returncode == 1
-    died(daemon)
+    daemon.wait_killed_at_fault_point()
     restart(daemon)
     assert daemon.cluster("dn") is not None  # no record lost
     again = daemon.ctl("down", "-y", "dn")

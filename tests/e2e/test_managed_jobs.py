@@ -377,9 +377,7 @@ def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
     daemon.start({"CLUSTERD_TEST_FAULTS": "down.mid_teardown"})
     (first,) = live(instances_of(ec2, running_now["cluster"]))
     assert ec2.testbed("preempt", first["id"]).returncode == 0
-    process = daemon.process
-    assert process is not None
-    wait_for(lambda: process.poll() is not None, 120, "the daemon to die in the teardown")
+    daemon.wait_killed_at_fault_point(120)  # in the teardown
     daemon.start()
     done = wait_status(daemon, job_id, FINAL, 900)
     assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
@@ -399,9 +397,7 @@ def test_a_daemon_killed_while_submitting_resumes_with_one_attempt(ec2: EC2Bed,
     job_id = submit(daemon, "resources:\n  cpus: 2\nrun: echo begun; sleep 3; echo ended\n",
                     "submitonce")
     cluster = job(daemon, job_id)["cluster"]
-    process = daemon.process
-    assert process is not None
-    wait_for(lambda: process.poll() is not None, 600, "the daemon to die in the submission")
+    daemon.wait_killed_at_fault_point(600)  # in the submission
     daemon.start()
     done = wait_status(daemon, job_id, FINAL, 600)
     assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
