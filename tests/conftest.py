@@ -32,3 +32,23 @@ def local_cluster(shared_daemon: Daemon) -> str:
     result = shared_daemon.ctl("launch", "-c", "shared", "--", "echo ready")
     assert result.returncode == 0, result.stderr + shared_daemon.log()[-4000:]
     return "shared"
+
+
+# Where the suite's time goes, by module (setup, call and teardown, module fixtures included):
+# --durations names the slowest tests, not the modules whose beds and fixtures cost most.
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    module = report.nodeid.split("::", 1)[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if len(_module_seconds) < 2:
+        return
+    slowest = sorted(_module_seconds.items(), key=lambda kv: -kv[1])[:25]
+    terminalreporter.section("slowest modules")
+    for module, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s {module}")
+    terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s in all")
