@@ -77,12 +77,6 @@ def test_git_workdir() -> None:
     assert (spec.workdir.url, spec.workdir.ref) == ("https://example.com/r.git", "v1")  # type: ignore[union-attr]
 
 
-def test_bucket_mounts_are_refused_by_name(tmp_path: Path) -> None:
-    message = refusal("file_mounts:\n  /ckpt:\n    source: s3://b\n    mode: MOUNT\n", tmp_path)
-    assert message.startswith("t.yaml: file_mounts./ckpt: storage mounts")
-    assert "bucket sources" in refusal("file_mounts:\n  /d: gs://bucket\n", tmp_path)
-
-
 @pytest.mark.parametrize("field", ["volumes", "config", "service", "pool", "experimental",
                                    "event_callback"])
 def test_skypilot_only_fields_are_refused_by_name_saying_why(field: str) -> None:

@@ -10,7 +10,6 @@ import dataclasses
 import math
 import os
 import re
-import string
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,15 @@ from clusterd.agent import containers
 from clusterd.redact import SECRET_ENV_NAMES
 from clusterd.safe_yaml import YAMLProblem, count_documents, read_regular_file, safe_load
 from clusterd.tasks import fields
+from clusterd.tasks.buckets import is_bucket_url, parse_bucket_mount
+from clusterd.tasks.common import TaskError
+from clusterd.tasks.common import expand as _expand
+from clusterd.tasks.common import kind as _kind
+from clusterd.tasks.common import local_path as _local_path
+from clusterd.tasks.common import shown as _shown
 from clusterd.tasks.spec import (
     Autostop,
+    BucketMount,
     GitWorkdir,
     Infra,
     Resources,
@@ -46,20 +52,8 @@ MAX_LABELS = 256
 MAX_PORTS = 1024
 
 
-class TaskError(ProtocolError):
-    def __init__(self, source: str, field: str, message: str, hint: str = "") -> None:
-        where = f"{source}: {field}: " if field else f"{source}: "
-        super().__init__(ErrorCode.INVALID_TASK, where + message, hint)
-
-
 def _scalar(value: Any) -> bool:
     return isinstance(value, str | int | float | bool)
-
-
-def _kind(value: Any) -> str:
-    names = {dict: "a map", list: "a list", str: "a string", bool: "a boolean",
-             int: "a number", float: "a number", type(None): "nothing"}
-    return names.get(type(value), type(value).__name__)
 
 
 def load_task(
@@ -149,6 +143,7 @@ def _build(
     for secret in SECRET_ENV_NAMES & envs.keys():
         # A secret wherever it was written: the job still sees it, nothing stores it.
         secrets.setdefault(secret, envs.pop(secret))
+    file_mounts, bucket_mounts = _file_mounts(raw.get("file_mounts"), source, cwd, envs)
     return TaskSpec(
         name=name,
         run=run,
@@ -158,7 +153,8 @@ def _build(
         resource_choices=choices,
         choices_ordered=ordered,
         workdir=_workdir(raw.get("workdir"), source, cwd, envs),
-        file_mounts=_file_mounts(raw.get("file_mounts"), source, cwd, envs),
+        file_mounts=file_mounts,
+        bucket_mounts=bucket_mounts,
         envs=envs,
         secrets=secrets,
         source=source,
@@ -191,11 +187,6 @@ def _check_fields(raw: Mapping[Any, Any], prefix: str, source: str,
 
 def _shown_path(path: str) -> str:
     return path if len(path) <= 80 else path[:77] + "..."
-
-
-def _shown(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _optional_str(raw: Mapping[Any, Any], key: str, source: str,
@@ -561,15 +552,6 @@ def _image_id(value: Any, source: str, prefix: str = "resources"
                                    f"got {_kind(value)}")
 
 
-def _local_path(value: str, cwd: str) -> str:
-    return os.path.normpath(os.path.join(cwd, os.path.expanduser(value)))
-
-
-def _expand(text: str, envs: Mapping[str, str]) -> str:
-    """SkyPilot fills `${VAR}` and `$VAR` in paths from the task's envs (after --env)."""
-    return string.Template(text).safe_substitute(envs)
-
-
 def _workdir(value: Any, source: str, cwd: str,
              envs: Mapping[str, str]) -> str | GitWorkdir | None:
     if value is None:
@@ -603,14 +585,16 @@ def _workdir(value: Any, source: str, cwd: str,
     return path
 
 
-def _file_mounts(value: Any, source: str, cwd: str,
-                 envs: Mapping[str, str]) -> dict[str, str]:
+def _file_mounts(value: Any, source: str, cwd: str, envs: Mapping[str, str]
+                 ) -> tuple[dict[str, str], tuple[BucketMount, ...]]:
+    """(local paths by remote path, bucket entries)."""
     if value is None:
-        return {}
+        return {}, ()
     if not isinstance(value, dict):
         raise TaskError(source, "file_mounts", f"expected a map of remote: local, "
                                                f"got {_kind(value)}")
     mounts: dict[str, str] = {}
+    buckets: list[BucketMount] = []
     for written, local in value.items():
         field = f"file_mounts.{written}"
         remote = _expand(written, envs) if isinstance(written, str) else written
@@ -618,16 +602,14 @@ def _file_mounts(value: Any, source: str, cwd: str,
                 c in remote for c in "\n\r\0"):
             raise TaskError(source, "file_mounts", f"{_shown(remote)} is not a path (empty, "
                                                    "starting with '-', or on several lines)")
-        if isinstance(local, dict):
-            raise TaskError(source, field, "storage mounts (buckets, {source, mode}) are not "
-                                           "supported; give a local path")
+        if isinstance(local, dict) or (isinstance(local, str) and is_bucket_url(local)):
+            buckets.append(parse_bucket_mount(remote, local, source, cwd, envs))
+            continue
         if not isinstance(local, str):
-            raise TaskError(source, field, f"expected a local path, got {_kind(local)}")
-        if "://" in local:
-            raise TaskError(source, field, f"{_shown(local)}: bucket sources are not supported; "
-                                           "give a local path")
+            raise TaskError(source, field, f"expected a local path, an s3:// URL or a map "
+                                           f"{{name, source, mode, ...}}, got {_kind(local)}")
         path = _local_path(_expand(local, envs), cwd)
         if not os.path.exists(path):
             raise TaskError(source, field, f"{path} does not exist")
         mounts[remote] = path
-    return mounts
+    return mounts, tuple(buckets)

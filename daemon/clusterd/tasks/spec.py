@@ -124,6 +124,27 @@ class GitWorkdir:
 
 
 @dataclasses.dataclass(frozen=True)
+class BucketMount:
+    """A `file_mounts` entry backed by an S3 bucket (SkyPilot's storage mounts).
+
+    COPY puts the objects under `prefix` on every node before setup; MOUNT mounts the prefix
+    with FUSE, so writes reach the bucket; MOUNT_CACHED mounts it with a local write cache that
+    is uploaded asynchronously and flushed before the job is reported finished."""
+
+    remote: str  # the path on the nodes
+    bucket: str
+    prefix: str = ""  # a key prefix without a leading '/'; "" is the whole bucket
+    mode: str = "MOUNT"  # COPY | MOUNT | MOUNT_CACHED
+    local_source: str | None = None  # a local directory uploaded to the bucket first
+    create: bool = False  # named without an s3:// source: made if it does not exist
+    persistent: bool = True  # False: a bucket clusterd made is deleted with the cluster
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+
+@dataclasses.dataclass(frozen=True)
 class TaskSpec:
     name: str | None = None
     run: str | None = None
@@ -136,6 +157,7 @@ class TaskSpec:
     choices_ordered: bool = False
     workdir: str | GitWorkdir | None = None  # local paths are absolute once loaded
     file_mounts: dict[str, str] = dataclasses.field(default_factory=dict)  # remote -> local
+    bucket_mounts: tuple[BucketMount, ...] = ()
     envs: dict[str, str] = dataclasses.field(default_factory=dict)
     secrets: dict[str, str] = dataclasses.field(default_factory=dict)
     source: str = "<task>"
