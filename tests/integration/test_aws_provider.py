@@ -16,8 +16,6 @@ import getpass
 import json
 import os
 import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -42,9 +40,8 @@ from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
-from tests.support import wait_for
+from tests.integration.moto_server import IN_NETNS, moto_server
 
-IN_NETNS = "CLUSTERD_TEST_IN_NETNS"
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not os.environ.get(IN_NETNS),
@@ -57,17 +54,8 @@ IMAGE = "ami-0a0b0c0d0e0f01234"
 OTHER_DAEMON = "clusterd-someone-else"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    interfaces = sorted(name for _, name in socket.if_nameindex())
-    assert interfaces == ["lo"], f"not in a namespace with only lo: {interfaces}"
-    port = free_port()
     scratch = tmp_path_factory.mktemp("moto")
     # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
     (scratch / "amis.json").write_text(json.dumps([{
@@ -78,28 +66,10 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
         "hypervisor": "xen", "creation_date": "2024-09-27T00:00:00.000Z",
     }]))
-    with open(scratch / "moto.log", "wb") as out:
-        server = subprocess.Popen(
-            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p",
-             str(port)], stdout=out, stderr=out, start_new_session=True,
-            env={**os.environ, "MOTO_AMIS_PATH": str(scratch / "amis.json")})
-    endpoint = f"http://127.0.0.1:{port}"
-
-    def answers() -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return True
-        except OSError:
-            return False
-
-    try:
-        wait_for(answers, 30, "moto_server")
+    with moto_server(scratch, {"MOTO_AMIS_PATH": str(scratch / "amis.json")}) as endpoint:
         for region, number in REGIONS.items():
             make_loopback_vpc(endpoint, region, number)
         yield endpoint
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def ec2(endpoint: str, region: str) -> Any:

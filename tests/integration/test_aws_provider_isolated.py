@@ -1,6 +1,6 @@
-"""Runs test_aws_provider.py in a network namespace with only `lo` (`unshare --net`): the
-provider talks to moto's server on 127.0.0.1, and a connect to any other address fails at
-once instead of leaving the machine."""
+"""Runs the modules that talk to moto's server (the aws provider, S3 storage) in a network
+namespace with only `lo` (`unshare --net`): they reach moto on 127.0.0.1, and a connect to any
+other address fails at once instead of leaving the machine."""
 
 from __future__ import annotations
 
@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULE = "tests/integration/test_aws_provider.py"
+MODULES = ["tests/integration/test_aws_provider.py", "tests/integration/test_s3_storage.py"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                     reason="needs root and unshare (util-linux) for a network namespace")
-def test_the_aws_provider_against_moto_in_a_namespace_with_only_lo() -> None:
+@pytest.mark.parametrize("module", MODULES)
+def test_against_moto_in_a_namespace_with_only_lo(module: str) -> None:
     script = ('ip link set lo up && exec "$0" -m pytest -p no:cacheprovider -q -rs '
-              f'"{MODULE}"')
+              f'"{module}"')
     result = subprocess.run(
         ["unshare", "--net", "sh", "-c", script, sys.executable], cwd=ROOT,
         env={**os.environ, "CLUSTERD_TEST_IN_NETNS": "1"}, capture_output=True, text=True,

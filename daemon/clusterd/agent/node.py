@@ -517,6 +517,15 @@ def container_runtime(params: dict[str, Any]) -> dict[str, Any]:
     return {"runtime": runtime, "why": why}
 
 
+def s3_copy(params: dict[str, Any]) -> dict[str, Any]:
+    from clusterd.agent import bucket_copy
+
+    try:
+        return bucket_copy.copy(params)
+    except bucket_copy.CopyError as exc:
+        raise HelperError(str(exc)) from None
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "start-ray": start_ray,
     "start-agent": start_agent,
@@ -529,6 +538,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "free-ports": free_ports,
     "git-checkout": git_checkout,
     "container-runtime": container_runtime,
+    "s3-copy": s3_copy,
 }
 
 

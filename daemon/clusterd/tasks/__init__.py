@@ -1,6 +1,7 @@
 """SkyPilot-compatible tasks: the typed spec and its YAML loader."""
 
-from clusterd.tasks.loader import TaskError, load_task, parse_autostop
+from clusterd.tasks.common import TaskError
+from clusterd.tasks.loader import load_task, parse_autostop
 from clusterd.tasks.spec import Autostop, GitWorkdir, Infra, Resources, TaskSpec
 
 __all__ = [

@@ -1,0 +1,183 @@
+"""Buckets against a real S3 API (moto's server, over HTTP): the daemon's side (storage/s3.py:
+making, uploading only what changed, deleting) and a node's COPY (the `s3-copy` node helper),
+run as the node would run it.
+
+Run in a network namespace with only `lo` by test_aws_provider_isolated.py; run directly,
+outside one, it skips."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from clusterd.agent import bucket_copy
+from clusterd.providers.aws.ec2 import EC2Api
+from clusterd.storage import s3
+from clusterd.storage.s3 import S3Buckets, StorageError
+from tests.integration.moto_server import IN_NETNS, moto_server
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not os.environ.get(IN_NETNS),
+                       reason="runs in a network namespace of its own, through "
+                       "test_aws_provider_isolated.py"),
+]
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with moto_server(tmp_path_factory.mktemp("moto")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[default]\naws_access_key_id = testing\n"
+                           "aws_secret_access_key = testing\n")
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = us-east-1\n")
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return tmp_path
+
+
+@pytest.fixture
+async def buckets(env: Path) -> AsyncIterator[S3Buckets]:
+    api = EC2Api(lambda: 60.0)
+    try:
+        yield S3Buckets(lambda region: api.client("s3", region), api.default_region)
+    finally:
+        await api.aclose()
+
+
+def s3_client(moto: str) -> Any:
+    return boto3.client("s3", region_name="us-east-1", endpoint_url=moto,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under root."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+async def test_create_is_true_only_for_the_call_that_made_it(buckets: S3Buckets) -> None:
+    assert await buckets.region_of("made-here") is None
+    assert await buckets.create("made-here") is True
+    assert await buckets.region_of("made-here") == "us-east-1"
+    assert await buckets.create("made-here") is False  # ours already: not made by this call
+    assert await buckets.create("made-west", "us-west-2") is True
+    assert await buckets.region_of("made-west") == "us-west-2"
+
+
+async def test_upload_sends_only_what_changed(buckets: S3Buckets, env: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3, "PART_BYTES", 5 * 1024 * 1024)  # S3's smallest part
+    local = env / "ds"
+    (local / "sub").mkdir(parents=True)
+    (local / "a.txt").write_text("alpha\n")
+    (local / "sub" / "b.bin").write_bytes(os.urandom(1000))
+    (local / "big.bin").write_bytes(os.urandom(11 * 1024 * 1024 + 7))  # three parts
+    await buckets.create("up-1")
+    first = await buckets.upload_dir(str(local), "up-1", "data/")
+    assert (first.uploaded, first.skipped) == (3, 0)
+    assert first.bytes_uploaded == 6 + 1000 + 11 * 1024 * 1024 + 7
+    keys = {o.key: o for o in await buckets.objects("up-1", "data")}
+    assert set(keys) == {"data/a.txt", "data/sub/b.bin", "data/big.bin"}
+    assert "-" in keys["data/big.bin"].etag  # multipart: skipped by size and mtime
+    again = await buckets.upload_dir(str(local), "up-1", "data")
+    assert (again.uploaded, again.skipped) == (0, 3)
+    (local / "a.txt").write_text("alpha, changed\n")
+    os.utime(local / "big.bin", (1, 1))  # same bytes, another mtime: sent again
+    third = await buckets.upload_dir(str(local), "up-1", "data")
+    assert (third.uploaded, third.skipped) == (2, 1)
+
+
+async def test_delete_removes_the_bucket_and_its_objects(buckets: S3Buckets,
+                                                         moto: str) -> None:
+    await buckets.create("to-go")
+    client = s3_client(moto)
+    for index in range(1005):  # more than one DeleteObjects batch
+        client.put_object(Bucket="to-go", Key=f"k/{index}", Body=b"x")
+    assert await buckets.total_size("to-go") == (1005, 1005)
+    await buckets.delete("to-go")
+    assert await buckets.region_of("to-go") is None
+    await buckets.delete("to-go")  # already gone: nothing to do
+
+
+async def test_listing_a_missing_bucket_says_so_with_a_hint(buckets: S3Buckets) -> None:
+    with pytest.raises(StorageError) as caught:
+        await buckets.upload_dir("/nonexistent", "no-such-bucket")
+    assert "no-such-bucket" in caught.value.message
+
+
+def node_copy(moto: str, env: Path, **params: Any) -> dict[str, Any]:
+    """The node helper as the daemon runs it on a node: JSON on stdin, JSON out."""
+    done = subprocess.run(
+        [sys.executable, "-m", "clusterd.agent.node", "s3-copy", "-"],
+        input=json.dumps({"endpoint_url": moto, "region": "us-east-1",
+                          "credentials_file": str(env / "credentials"), **params}),
+        capture_output=True, text=True, timeout=300,
+        env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    reply: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return reply
+
+
+def test_node_copy_of_a_prefix_is_byte_identical_and_skips_what_it_has(
+        moto: str, env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    client = s3_client(moto)
+    client.create_bucket(Bucket="src")
+    sent: dict[str, bytes] = {f"x/{i:04d}.txt": f"object {i}\n".encode() for i in range(300)}
+    sent["x/deep/er/big.bin"] = os.urandom(20 * 1024 * 1024 + 3)  # fetched in ranges
+    sent["x/dir/"] = b""  # a directory marker, as the console makes them
+    sent["xylophone/not-under"] = b"no"  # shares the characters, not the prefix
+    for key, body in sent.items():
+        client.put_object(Bucket="src", Key=key, Body=body)
+    dest = env / "node" / "data"
+    first = node_copy(moto, env, bucket="src", prefix="x", dest=str(dest))
+    assert first == {"objects": 301, "bytes": sum(len(b) for b in sent.values()) - 2,
+                     "skipped": 0}, first
+    want = {k[2:]: hashlib.sha256(b).hexdigest() for k, b in sent.items()
+            if k.startswith("x/") and not k.endswith("/")}
+    assert tree(dest) == want
+    assert not list(dest.rglob(".*clusterd-partial"))
+    (dest / "0001.txt").write_text("tampered, other size\n")
+    again = node_copy(moto, env, bucket="src", prefix="x/", dest=str(dest))
+    assert (again["objects"], again["skipped"]) == (1, 300), again
+    assert tree(dest) == want
+
+
+def test_node_copy_of_one_object_is_a_file(moto: str, env: Path) -> None:
+    client = s3_client(moto)
+    client.create_bucket(Bucket="one")
+    client.put_object(Bucket="one", Key="model/weights.pt", Body=b"w" * 1234)
+    dest = env / "weights.pt"
+    assert node_copy(moto, env, bucket="one", prefix="model/weights.pt",
+                     dest=str(dest))["objects"] == 1
+    assert dest.read_bytes() == b"w" * 1234
+
+
+@pytest.mark.parametrize("key", ["p/../escape", "p/a/../../../x", "p//../../etc/x"])
+def test_a_key_climbing_out_of_the_destination_is_refused(key: str, tmp_path: Path) -> None:
+    with pytest.raises(bucket_copy.CopyError):
+        bucket_copy.target_of(tmp_path, "p/", key)
+
+
+def test_node_copy_of_a_missing_bucket_is_an_error_naming_it(moto: str, env: Path) -> None:
+    reply = node_copy(moto, env, bucket="absent-bucket", prefix="", dest=str(env / "d"))
+    assert "s3://absent-bucket" in reply["error"] and "NoSuchBucket" in reply["error"]
