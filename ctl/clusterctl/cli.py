@@ -129,6 +129,12 @@ def _jobs() -> Any:
     return clusterctl._jobs_cli
 
 
+def _storage() -> Any:
+    import clusterctl._storage_cli  # only when `storage` runs
+
+    return clusterctl._storage_cli
+
+
 VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
@@ -149,6 +155,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                  _autostop_options),
     "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
              lambda sub: _jobs().add_options(sub)),
+    "storage": ("buckets clusterd made for file_mounts: ls, delete",
+                lambda sub: _storage().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),
@@ -544,6 +552,10 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     return int(_jobs().main(client, args))
 
 
+def cmd_storage(client: Client, args: argparse.Namespace) -> int:
+    return int(_storage().main(client, args))
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "launch": cmd_launch,
     "exec": cmd_exec,
@@ -560,6 +572,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "autostop": cmd_autostop,
     "show-gpus": cmd_show_gpus,
     "jobs": cmd_jobs,
+    "storage": cmd_storage,
 }
 
 

@@ -595,6 +595,22 @@ class JobsCancelArgs(OpArgs):
     all: bool = False
 
 
+class StorageLsArgs(OpArgs):
+    """The buckets clusterd made (never any other): ``{buckets: [{name, region, persistent,
+    created_for, created_at, clusters, objects, bytes}]}`` (objects and bytes null where S3
+    did not answer)."""
+
+    op = "storage_ls"
+
+
+class StorageDeleteArgs(OpArgs):
+    """Delete a bucket clusterd made, with everything in it; refused for a bucket it did not
+    make, and for one a cluster uses."""
+
+    op = "storage_delete"
+    name: str
+
+
 OPS: dict[str, type[OpArgs]] = {
     cls.op: cls
     for cls in (
@@ -620,6 +636,8 @@ OPS: dict[str, type[OpArgs]] = {
         JobsLogsArgs,
         JobsEventsArgs,
         JobsCancelArgs,
+        StorageLsArgs,
+        StorageDeleteArgs,
     )
 }
 

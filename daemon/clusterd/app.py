@@ -13,9 +13,9 @@ import fcntl
 import os
 import secrets
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import anyio
 import anyio.abc
@@ -29,6 +29,7 @@ from clusterd.locks import ClusterLocks
 from clusterd.managed.controller import ManagedJobController, Timing
 from clusterd.managed.store import ManagedJobStore
 from clusterd.nodes import NodeInfo, SSHTarget
+from clusterd.providers.aws.provider import AWSProvider
 from clusterd.providers.base import ProviderContext, ProviderHandle
 from clusterd.providers.offered import build_providers
 from clusterd.provision.launcher import Provisioner
@@ -61,6 +62,9 @@ from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
+from clusterd.storage.registry import BucketRegistry
+from clusterd.storage.s3 import S3Buckets
+from clusterd.storage.service import StorageService
 from clusterd.user_config import ConfigFile
 
 logger = log.get("clusterd")
@@ -109,6 +113,19 @@ def daemon_id(state_dir: Path) -> str:
     return ident
 
 
+def storage_service(aws: object, db: Database,
+                    runner_for: Callable[[NodeInfo], CommandRunner]) -> StorageService:
+    """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
+    assert isinstance(aws, AWSProvider)
+    api = aws.api
+
+    async def s3_client(region: str) -> Any:
+        return await api.client("s3", region)
+
+    return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
+                          runner_for, api.frozen_credentials, api.default_region)
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -140,15 +157,16 @@ class Daemon:
             settings.agent_autostop_grace_s,
             max(1, settings.agent_job_retention),
         )
+        self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for)
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
-                               self.runner_for)
+                               self.runner_for, self.storage)
         self.provisioner = Provisioner(
             self.store, self.providers, wait_timeout_s=settings.provision_wait_s,
             retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s)
         self.clusters = ClusterService(
             self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
-            forget_nodes=self.ssh.forget,
+            forget_nodes=self.ssh.forget, storage=self.storage,
         )
         self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
@@ -168,7 +186,7 @@ class Daemon:
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
             strict_by_default=self._strict_by_default, managed=self.managed,
-            managed_store=self.managed_store,
+            managed_store=self.managed_store, storage=self.storage,
         )
         self._server_name = f"clusterd/{__version__}"
 

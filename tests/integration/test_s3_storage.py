@@ -181,3 +181,54 @@ def test_a_key_climbing_out_of_the_destination_is_refused(key: str, tmp_path: Pa
 def test_node_copy_of_a_missing_bucket_is_an_error_naming_it(moto: str, env: Path) -> None:
     reply = node_copy(moto, env, bucket="absent-bucket", prefix="", dest=str(env / "d"))
     assert "s3://absent-bucket" in reply["error"] and "NoSuchBucket" in reply["error"]
+
+
+def node_helper(command: str, **params: Any) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-m", "clusterd.agent.node", command, "-"],
+                          input=json.dumps(params), capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")})
+    reply: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return reply
+
+
+def mount_params(moto: str, env: Path, bucket: str, mode: str, dest: Path) -> dict[str, Any]:
+    return {"bucket": bucket, "prefix": "ckpt", "dest": str(dest), "mode": mode,
+            "region": "us-east-1", "endpoint_url": moto, "state": str(env / "mounts"),
+            "credentials_file": str(env / "credentials")}
+
+
+@pytest.fixture
+def mounts(env: Path) -> Iterator[Path]:
+    yield env / "mounts"
+    node_helper("s3-unmount", state=str(env / "mounts"))
+
+
+@pytest.mark.parametrize("mode", ["MOUNT", "MOUNT_CACHED"])
+def test_a_mount_reads_the_bucket_and_writes_reach_it(moto: str, env: Path, mounts: Path,
+                                                      mode: str) -> None:
+    bucket = f"mnt-{mode.lower().replace('_', '-')}"
+    client = s3_client(moto)
+    client.create_bucket(Bucket=bucket)
+    client.put_object(Bucket=bucket, Key="ckpt/step-1.txt", Body=b"one\n")
+    dest = env / "ckpt"
+    params = mount_params(moto, env, bucket, mode, dest)
+    assert node_helper("s3-mount", **params) == {"dest": str(dest), "already": False}
+    assert node_helper("s3-mount", **params)["already"] is True
+    assert (dest / "step-1.txt").read_text() == "one\n"
+    payload = os.urandom(3 * 1024 * 1024)
+    (dest / "step-2.bin").write_bytes(payload)  # written and closed: the job is done with it
+    assert node_helper("s3-flush", state=str(mounts), timeout=60).get("error") is None
+    got = client.get_object(Bucket=bucket, Key="ckpt/step-2.bin")["Body"].read()
+    assert got == payload
+    assert node_helper("s3-unmount", state=str(mounts))["unmounted"] == [str(dest)]
+    assert not os.path.ismount(dest) and list(dest.iterdir()) == []
+
+
+def test_a_mount_on_a_non_empty_directory_is_refused(moto: str, env: Path,
+                                                     mounts: Path) -> None:
+    s3_client(moto).create_bucket(Bucket="mnt-full")
+    dest = env / "full"
+    dest.mkdir()
+    (dest / "x").write_text("x")
+    reply = node_helper("s3-mount", **mount_params(moto, env, "mnt-full", "MOUNT", dest))
+    assert "is not empty" in reply["error"]

@@ -25,6 +25,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # What the daemon remembers.
     {"clusterd.state"},
     {"clusterd.requests", "clusterd.runtime"},
+    # Buckets: their records, S3, and what nodes do with them.
+    {"clusterd.storage"},
     {"clusterd.provision"},
     # Managed jobs drive the services (their records are state of their own).
     {"clusterd.services", "clusterd.managed"},

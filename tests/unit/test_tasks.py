@@ -404,16 +404,6 @@ def test_git_workdir() -> None:
     )
 
 
-def test_file_mounts_reject_bucket_urls(tmp_path: Path) -> None:
-    error = task_error("file_mounts:\n  /data: s3://bucket/path\n", cwd=str(tmp_path))
-    assert error.message == (
-        "t.yaml: file_mounts./data: 's3://bucket/path': bucket sources are not supported; "
-        "give a local path"
-    )
-    error = task_error("file_mounts:\n  /data: {source: s3://bucket}\n", cwd=str(tmp_path))
-    assert error.message.startswith("t.yaml: file_mounts./data: storage mounts (buckets,")
-
-
 def test_file_mounts_local_path_must_exist(tmp_path: Path) -> None:
     error = task_error("file_mounts:\n  /data: missing\n", cwd=str(tmp_path))
     assert error.message == f"t.yaml: file_mounts./data: {tmp_path / 'missing'} does not exist"

@@ -526,10 +526,24 @@ def s3_copy(params: dict[str, Any]) -> dict[str, Any]:
         raise HelperError(str(exc)) from None
 
 
+def _bucket_mount(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def command(params: dict[str, Any]) -> dict[str, Any]:
+        from clusterd.agent import bucket_mount
+
+        try:
+            result: dict[str, Any] = getattr(bucket_mount, name)(params)
+        except bucket_mount.MountError as exc:
+            raise HelperError(str(exc)) from None
+        return result
+
+    return command
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "start-ray": start_ray,
     "start-agent": start_agent,
     "write-token": write_token,
+    "write-private": write_token,  # any small secret file, mode 0600 (AWS credentials)
     "read-token": read_token,
     "stop": stop,
     "status": status,
@@ -539,6 +553,9 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "git-checkout": git_checkout,
     "container-runtime": container_runtime,
     "s3-copy": s3_copy,
+    "s3-mount": _bucket_mount("mount"),
+    "s3-flush": _bucket_mount("flush"),
+    "s3-unmount": _bucket_mount("unmount_all"),
 }
 
 

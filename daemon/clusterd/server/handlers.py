@@ -27,6 +27,7 @@ from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
+from clusterd.storage.service import StorageService
 from clusterd.tasks import fields
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task
 from clusterd.tasks.overrides import apply_overrides
@@ -34,6 +35,7 @@ from clusterd.tasks.spec import Autostop, TaskSpec
 
 from .connection import Call
 from .managed_handlers import ManagedHandlers
+from .storage_handlers import StorageHandlers
 
 Handler = Callable[[Call, Any], Awaitable[dict[str, Any]]]
 MAX_EVENTS_LIMIT = 10_000
@@ -68,8 +70,10 @@ class Handlers:
         *,
         managed: ManagedJobController,
         managed_store: ManagedJobStore,
+        storage: StorageService,
     ) -> None:
         self._managed = ManagedHandlers(managed, managed_store)
+        self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
         self._orphans = orphans
         self._providers = providers
@@ -101,6 +105,7 @@ class Handlers:
             protocol.JobsLaunchArgs.op: self.jobs_launch,
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
+            **self._storage.table(),
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"

@@ -53,6 +53,7 @@ from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.handles import ClusterHandle, RuntimeHandle
+from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
 
 logger = log.get("clusterd.clusters")
@@ -80,8 +81,10 @@ class ClusterService:
         ssh_config: SSHConfigWriter,
         provisioner: Provisioner,
         forget_nodes: Callable[[list[SSHTarget]], Awaitable[None]] | None = None,
+        storage: StorageService | None = None,
     ) -> None:
         self._ssh_config = ssh_config
+        self._storage = storage
         self._provisioner = provisioner
         # Drops a torn-down cluster's SSH connections (and its cloud instances' pinned keys).
         self._forget_nodes = forget_nodes
@@ -172,6 +175,8 @@ class ClusterService:
             # `down` calls it off in whatever phase it is (see _provision_new for what a
             # new cluster's launch removes then; an existing cluster is down's to remove).
             with grant.interruptible(f"launch {name} again once that finishes"):
+                # Buckets first: a missing one fails the launch before any node is made.
+                await self.prepare_buckets(request, name, task)
                 record = self._store.get(name)
                 warnings = list(task.warnings)
                 if record is None:
@@ -330,6 +335,7 @@ class ClusterService:
             await self._forget_nodes(targets)
         self._ssh_config.remove(name)
         await self._store.remove(name, f"launch failed: {reason}", request.id)
+        await self.release_buckets(request, name)
 
     async def _bring_existing_up(
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,
@@ -554,7 +560,39 @@ class ClusterService:
                 await self._forget_nodes(targets)
             await self._store.remove(name, reason or f"torn down by request {request.id}",
                                      request.id)
+            await self.release_buckets(request, name)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
+
+    async def prepare_buckets(self, request: RunningRequest, name: str,
+                              task: TaskSpec) -> None:
+        if not task.bucket_mounts or self._storage is None:
+            return
+
+        async def progress(message: str) -> None:
+            await request.progress(message, "storage")
+
+        try:
+            await self._storage.prepare(name, task.bucket_mounts, progress)
+        except BaseException:
+            if self._store.get(name) is None:  # nothing uses what it made
+                with anyio.CancelScope(shield=True):
+                    await self.release_buckets(request, name)
+            raise
+
+    async def release_buckets(self, request: RunningRequest, name: str) -> None:
+        """The cluster is gone: `persistent: false` buckets clusterd made for it go too (when no
+        other cluster uses them). A bucket that cannot be deleted is a warning: its record
+        stays for `clusterctl storage delete`."""
+        if self._storage is None:
+            return
+        try:
+            with anyio.fail_after(600):
+                problems = await self._storage.release(name)
+        except (ProtocolError, TimeoutError) as exc:
+            problems = [exc.message if isinstance(exc, ProtocolError) else "timed out"]
+        for problem in problems:
+            await request.progress(f"warning: {problem}; `clusterctl storage delete` tries "
+                                   "again", "down")
 
     def _preempt(self, request: RunningRequest, name: str) -> None:
         me = Holder(request.id, request.op, LockMode.EXCLUSIVE)

@@ -33,6 +33,7 @@ from clusterd.services.common import (
     require_up,
 )
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import GitWorkdir, TaskSpec
 
 logger = log.get("clusterd.jobs")
@@ -68,12 +69,14 @@ class JobService:
         providers: ProviderRegistry,
         access: AgentAccess,
         runner_for: RunnerFactory,
+        storage: StorageService | None = None,
     ) -> None:
         self._store = store
         self._locks = locks
         self._providers = providers
         self._access = access
         self._runner_for = runner_for
+        self._storage = storage
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
@@ -120,6 +123,7 @@ class JobService:
         if image:
             await self._require_container_runtime(info, image)
         await self._sync_files(request, info, task)
+        await self._mount_buckets(request, record, info, task)
         resources = task.resources
         spec = pb.JobSpec(
             name=task.name or "",
@@ -194,6 +198,19 @@ class JobService:
                     for remote, local in task.file_mounts.items():
                         target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
                         group.start_soon(runner.put_path, local, target)
+
+    async def _mount_buckets(self, request: RunningRequest, record: ClusterRecord,
+                             info: ClusterInfo, task: TaskSpec) -> None:
+        if not task.bucket_mounts:
+            return
+        if self._storage is None:
+            raise ProtocolError(ErrorCode.INVALID_TASK, "bucket mounts are not offered here")
+
+        async def progress(message: str) -> None:
+            await request.progress(message, "storage")
+
+        regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
+        await self._storage.apply(info, record.provider, task.bucket_mounts, regions, progress)
 
     # -- queue, logs, cancel --------------------------------------------------------------
 

@@ -101,6 +101,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX managed_job_events_by_job ON managed_job_events (job_id, id);
     """,
+    # 4: buckets clusterd made (see clusterd/storage/registry.py), and the clusters using them.
+    """
+    CREATE TABLE buckets (
+        name TEXT PRIMARY KEY,
+        region TEXT NOT NULL,
+        state TEXT NOT NULL,
+        persistent INTEGER NOT NULL,
+        created_for TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE bucket_users (
+        bucket TEXT NOT NULL REFERENCES buckets (name) ON DELETE CASCADE,
+        cluster TEXT NOT NULL,
+        PRIMARY KEY (bucket, cluster)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

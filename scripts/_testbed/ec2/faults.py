@@ -56,7 +56,8 @@ def parse_call(authorization: str | None, body: bytes, query: str,
                subnet_zone: Callable[[str, str], str | None]) -> Call:
     """Describe a call. subnet_zone(region, subnet_id) gives a subnet's availability zone."""
     service, region = credential_scope(authorization)
-    params = form_params(body, query)
+    # S3 speaks REST: its bodies are objects, not forms (and may be large).
+    params = form_params(b"" if service == "s3" else body, query)
     action = params.get("Action", "")
     zone = market = None
     if action == "RunInstances":

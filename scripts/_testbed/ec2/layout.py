@@ -219,6 +219,7 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
     env.update({
         "AWS_ENDPOINT_URL_EC2": API_URL,
         "AWS_ENDPOINT_URL_STS": API_URL,
+        "AWS_ENDPOINT_URL_S3": API_URL,
         "AWS_CONFIG_FILE": paths.aws_config,
         "AWS_SHARED_CREDENTIALS_FILE": paths.aws_credentials,
         "AWS_EC2_METADATA_DISABLED": "true",

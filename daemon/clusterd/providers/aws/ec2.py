@@ -59,6 +59,17 @@ class EC2Api:
             return await session.get_credentials() is not None
         return False
 
+    async def frozen_credentials(self) -> tuple[str, str, str | None] | None:
+        """(access key, secret key, session token) as botocore resolves them now, or None."""
+        session = await self._get_session()
+        with anyio.move_on_after(10):
+            found = await session.get_credentials()
+            if found is None:
+                return None
+            frozen = await found.get_frozen_credentials()
+            return str(frozen.access_key), str(frozen.secret_key), frozen.token or None
+        return None
+
     async def default_region(self) -> str:
         """The region the user's AWS configuration names (AWS_REGION, the profile's region),
         else us-east-1."""

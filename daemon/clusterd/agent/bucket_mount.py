@@ -1,0 +1,240 @@
+"""MOUNT and MOUNT_CACHED of a bucket's prefix on this node (node helpers `s3-mount`,
+`s3-unmount`, `s3-flush`), with rclone's FUSE mount.
+
+rclone, not s3fs: one binary (Debian's `rclone`) does both modes, its VFS cache is what
+MOUNT_CACHED means (writes land on local disk and are uploaded behind the job's back), and its
+remote-control API says how many uploads are still queued, which is what a flush waits for.
+MOUNT uses `--vfs-cache-mode writes` with no write-back delay: a file written is uploaded whole
+as soon as it is closed, and random writes work (rclone's streaming of unbuffered writes needs
+a multipart upload of unknown size, which S3-compatible stores do not all take). MOUNT_CACHED
+uses `full` (reads are cached too) with a one-second write-back. Either way a flush waits for
+the uploads still queued, so a job is not reported finished before its writes are in the
+bucket.
+
+Each mount is recorded in `<state>/mounts.json` (its rclone's pid and start time, its
+remote-control address and password): unmount and flush find them there, and a mount asked for
+again is left as it is while its rclone lives.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from clusterd.agent.processes import find, terminate_tree
+
+MOUNT_WAIT_S = 30.0
+FLUSH_POLL_S = 0.5
+# mode -> (--vfs-cache-mode, --vfs-write-back)
+CACHING = {"MOUNT": ("writes", "0s"), "MOUNT_CACHED": ("full", "1s")}
+
+
+class MountError(Exception):
+    pass
+
+
+def _records_path(state: Path) -> Path:
+    return state / "mounts.json"
+
+
+def _records(state: Path) -> list[dict[str, Any]]:
+    try:
+        found: list[dict[str, Any]] = json.loads(_records_path(state).read_text())
+    except (OSError, ValueError):
+        return []
+    return found
+
+
+def _save(state: Path, records: list[dict[str, Any]]) -> None:
+    state.mkdir(parents=True, exist_ok=True)
+    path = _records_path(state)
+    partial = path.with_suffix(".tmp")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(records, f)
+    os.replace(partial, path)
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    return find(int(record["pid"]), float(record["create_time"])) is not None
+
+
+def _fusermount() -> str:
+    for name in ("fusermount3", "fusermount"):
+        found = shutil.which(name)
+        if found:
+            return found
+    raise MountError("no fusermount on this node (install fuse3)")
+
+
+def check_fuse() -> None:
+    """What a FUSE mount needs, or why it cannot be had here."""
+    if not os.path.exists("/dev/fuse"):
+        raise MountError("this node has no /dev/fuse, so it cannot mount a bucket; use "
+                         "mode: COPY, or give the node FUSE (a container needs "
+                         "--device /dev/fuse)")
+    _fusermount()
+    if shutil.which("rclone") is None:
+        raise MountError("rclone is not installed on this node (apt-get install rclone)")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def mount(params: dict[str, Any]) -> dict[str, Any]:
+    state = Path(str(params["state"])).expanduser()
+    dest = Path(str(params["dest"])).expanduser()
+    mode = str(params["mode"])
+    remote = f":s3:{params['bucket']}" + (f"/{params['prefix']}" if params.get("prefix") else "")
+    records = []
+    for record in _records(state):
+        if record["dest"] != str(dest):
+            if _alive(record) or _gone(record):
+                records.append(record)
+            continue
+        if _alive(record) and os.path.ismount(dest):
+            if record["remote"] == remote and record["mode"] == mode:
+                return {"dest": str(dest), "already": True}
+            raise MountError(f"{dest} is already a mount of {record['remote']}")
+        _release(record)  # its rclone died (the node rebooted, or it was killed): anew
+    _save(state, records)
+    check_fuse()
+    if os.path.ismount(dest):
+        raise MountError(f"{dest} is already a mount point")
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise MountError(f"{dest} is not empty: a bucket is mounted on an empty directory")
+    key = hashlib.sha256(str(dest).encode()).hexdigest()[:12]
+    env = {**os.environ, "RCLONE_S3_PROVIDER": "AWS", "RCLONE_S3_ENV_AUTH": "true",
+           "RCLONE_CONFIG": str(state / "rclone.conf")}  # an empty config of its own
+    if params.get("region"):
+        env["RCLONE_S3_REGION"] = str(params["region"])
+    if params.get("endpoint_url"):
+        # Another endpoint than AWS's own (an S3-compatible store, a test bed): rclone's
+        # "Other" provider addresses it by path (bucket.host names resolve nowhere there).
+        env["RCLONE_S3_ENDPOINT"] = str(params["endpoint_url"])
+        env["RCLONE_S3_PROVIDER"] = "Other"
+    if params.get("credentials_file"):
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(Path(params["credentials_file"]).expanduser())
+        env["AWS_EC2_METADATA_DISABLED"] = "true"
+    rc_user, rc_pass = "clusterd", secrets.token_hex(16)
+    rc_addr = f"127.0.0.1:{_free_port()}"
+    log_path = state / f"rclone-{key}.log"
+    argv = ["rclone", "mount", remote, str(dest),
+            "--vfs-cache-mode", CACHING[mode][0], "--vfs-write-back", CACHING[mode][1],
+            "--cache-dir", str(state / "cache" / key),
+            "--dir-cache-time", "5s", "--log-file", str(log_path), "--log-level", "INFO",
+            "--rc", "--rc-addr", rc_addr, "--rc-user", rc_user, "--rc-pass", rc_pass]
+    # rclone's AWS SDK cannot take AWS_CA_BUNDLE ("unsupported transport"): its own flag can.
+    ca_bundle = env.pop("AWS_CA_BUNDLE", None)
+    if ca_bundle:
+        argv += ["--ca-cert", ca_bundle]
+    state.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   close_fds=True, env=env)
+    found = find(process.pid, None)
+    record = {"dest": str(dest), "remote": remote, "mode": mode, "pid": process.pid,
+              "create_time": found.create_time() if found else 0.0, "rc_addr": rc_addr,
+              "rc_user": rc_user, "rc_pass": rc_pass}
+    _save(state, [*records, record])
+    deadline = time.monotonic() + MOUNT_WAIT_S
+    while not os.path.ismount(dest):
+        if process.poll() is not None or time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+            _save(state, records)
+            raise MountError(f"rclone could not mount {remote} on {dest}:\n{_tail(log_path)}")
+        time.sleep(0.1)
+    return {"dest": str(dest), "already": False}
+
+
+def _gone(record: dict[str, Any]) -> bool:
+    """A record whose rclone died but whose mount point is still held (a dead FUSE mount)."""
+    return os.path.ismount(record["dest"])
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _rc(record: dict[str, Any], command: str) -> dict[str, Any]:
+    token = base64.b64encode(f"{record['rc_user']}:{record['rc_pass']}".encode()).decode()
+    request = urllib.request.Request(f"http://{record['rc_addr']}/{command}", data=b"{}",
+                                     headers={"Authorization": f"Basic {token}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        reply: dict[str, Any] = json.loads(answer.read())
+    return reply
+
+
+def pending_uploads(record: dict[str, Any]) -> int:
+    cache = _rc(record, "vfs/stats").get("diskCache") or {}
+    return int(cache.get("uploadsInProgress", 0)) + int(cache.get("uploadsQueued", 0))
+
+
+def flush(params: dict[str, Any]) -> dict[str, Any]:
+    """Wait until every mount has uploaded what was written to it."""
+    state = Path(str(params["state"])).expanduser()
+    deadline = time.monotonic() + float(params.get("timeout", 3600))
+    flushed = []
+    for record in _records(state):
+        if not _alive(record):
+            continue
+        while True:
+            try:
+                left = pending_uploads(record)
+            except OSError as exc:
+                raise MountError(f"cannot ask rclone of {record['dest']} about its uploads: "
+                                 f"{exc}") from None
+            if left == 0:
+                break
+            if time.monotonic() > deadline:
+                raise MountError(f"{record['dest']}: {left} upload(s) still pending")
+            time.sleep(FLUSH_POLL_S)
+        flushed.append(record["dest"])
+    return {"flushed": flushed}
+
+
+def unmount_all(params: dict[str, Any]) -> dict[str, Any]:
+    """Unmount every recorded mount (lazily if busy) and stop its rclone, each flushed first
+    (bounded) so nothing written is lost."""
+    state = Path(str(params["state"])).expanduser()
+    with contextlib.suppress(MountError):
+        flush({"state": str(state), "timeout": float(params.get("flush_timeout", 300))})
+    unmounted = []
+    for record in _records(state):
+        _release(record)
+        unmounted.append(record["dest"])
+    _save(state, [])
+    return {"unmounted": unmounted}
+
+
+def _release(record: dict[str, Any]) -> None:
+    """Unmount (lazily if busy) and stop the mount's rclone."""
+    dest = record["dest"]
+    if os.path.ismount(dest):
+        fusermount = _fusermount()
+        done = subprocess.run([fusermount, "-u", dest], capture_output=True, timeout=30)
+        if done.returncode != 0:
+            subprocess.run([fusermount, "-u", "-z", dest], capture_output=True, timeout=30)
+    if _alive(record):
+        terminate_tree(int(record["pid"]), float(record["create_time"]), grace_s=10)

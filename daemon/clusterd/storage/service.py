@@ -1,0 +1,195 @@
+"""Bucket mounts of a task, end to end: the daemon's side before the nodes are touched (the
+bucket exists, or is made and recorded; a local source is uploaded), then every node (the
+credentials it needs; COPY), and the teardown (a `persistent: false` bucket clusterd made
+is deleted with the last cluster using it; no other bucket is ever deleted)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd import log
+from clusterd.concurrency import first_error
+from clusterd.nodes import ClusterInfo, NodeInfo
+from clusterd.runtime import node_helper
+from clusterd.runtime.runner import CommandRunner
+from clusterd.storage.registry import BucketRecord, BucketRegistry
+from clusterd.storage.s3 import S3Buckets, StorageError
+from clusterd.tasks.spec import BucketMount
+
+logger = log.get("clusterd.storage")
+
+Progress = Callable[[str], Awaitable[None]]
+# (access key, secret key, session token or None) of the daemon's own AWS credentials.
+Credentials = tuple[str, str, str | None]
+COPY_TIMEOUT_S = 6 * 3600.0
+# Providers whose nodes get credentials from the provider itself (an instance profile).
+PROFILE_PROVIDERS = frozenset({"aws"})
+
+
+def credentials_file_text(credentials: Credentials) -> str:
+    key, secret, token = credentials
+    lines = ["[default]", f"aws_access_key_id = {key}", f"aws_secret_access_key = {secret}"]
+    if token:
+        lines.append(f"aws_session_token = {token}")
+    return "\n".join(lines) + "\n"
+
+
+def node_credentials_path(node: NodeInfo) -> str:
+    """Inside the cluster's runtime directory: `down` removes it with the rest."""
+    return f"{node.runtime_dir}/aws/credentials"
+
+
+def s3_endpoint() -> str | None:
+    """An S3 endpoint the daemon was pointed at (an S3-compatible store, a test bed): nodes
+    are pointed at it too. None: AWS's own, which nodes find themselves."""
+    return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+
+
+class StorageService:
+    def __init__(self, buckets: S3Buckets, registry: BucketRegistry,
+                 runner_for: Callable[[NodeInfo], CommandRunner],
+                 credentials: Callable[[], Awaitable[Credentials | None]],
+                 default_region: Callable[[], Awaitable[str]]) -> None:
+        self._buckets = buckets
+        self._registry = registry
+        self._runner_for = runner_for
+        self._credentials = credentials
+        self._default_region = default_region
+
+    @property
+    def buckets(self) -> S3Buckets:
+        return self._buckets
+
+    async def prepare(self, cluster: str, mounts: tuple[BucketMount, ...],
+                      progress: Progress) -> dict[str, str]:
+        """Every bucket exists (made and recorded if the task names one to make) and local
+        sources are uploaded. Returns each bucket's region."""
+        regions: dict[str, str] = {}
+        for mount in mounts:
+            where = f"file_mounts.{mount.remote}"
+            if mount.bucket not in regions:
+                regions[mount.bucket] = await self._ensure(cluster, mount, where, progress)
+            if mount.local_source is not None:
+                await progress(f"uploading {mount.local_source} to {mount.url}")
+                try:
+                    report = await self._buckets.upload_dir(mount.local_source, mount.bucket,
+                                                            mount.prefix)
+                except StorageError as exc:
+                    raise StorageError(exc.code, f"{where}: {exc.message}", exc.hint) from None
+                await progress(f"uploaded {report.uploaded} file(s) "
+                               f"({report.bytes_uploaded / 1e6:.1f} MB), "
+                               f"{report.skipped} unchanged")
+        return regions
+
+    async def _ensure(self, cluster: str, mount: BucketMount, where: str,
+                      progress: Progress) -> str:
+        try:
+            region = await self._buckets.region_of(mount.bucket)
+            if region is not None:
+                await self._registry.use(mount.bucket, cluster)  # kept only if ours
+                return region
+            if not mount.create:
+                raise StorageError(ErrorCode.PROVIDER_ERROR,
+                                   f"bucket {mount.bucket} does not exist",
+                                   "check its name, or give `name:` without a source so "
+                                   "clusterd makes it")
+            region = await self._default_region()
+            await progress(f"creating bucket {mount.bucket} in {region}")
+            await self._registry.making(mount.bucket, region, mount.persistent, cluster)
+            if await self._buckets.create(mount.bucket, region):
+                await self._registry.made(mount.bucket, cluster)
+            else:  # made by someone else of this account between our look and our create
+                await self._registry.forget(mount.bucket)
+            return region
+        except StorageError as exc:
+            raise StorageError(exc.code, f"{where}: {exc.message}", exc.hint) from None
+
+    async def apply(self, info: ClusterInfo, provider: str, mounts: tuple[BucketMount, ...],
+                    regions: dict[str, str], progress: Progress) -> None:
+        """Every node gets what the mounts need: credentials (unless its provider gives an
+        instance profile), then each COPY."""
+        if not mounts:
+            return
+        text: str | None = None
+        if provider not in PROFILE_PROVIDERS:
+            found = await self._credentials()
+            if found is None:
+                raise StorageError(ErrorCode.PROVIDER_ERROR,
+                                   "the task mounts buckets, and clusterd has no AWS "
+                                   "credentials to give its nodes",
+                                   "configure them as for the AWS CLI (aws configure)")
+            text = credentials_file_text(found)
+        copies = [m for m in mounts if m.mode == "COPY"]
+        if copies:
+            await progress(f"copying {len(copies)} bucket mount(s) to {len(info.nodes)} "
+                           "node(s)")
+
+        async def node(node: NodeInfo) -> None:
+            runner = self._runner_for(node)
+            params: dict[str, Any] = {"endpoint_url": s3_endpoint()}
+            if text is not None:
+                path = node_credentials_path(node)
+                await node_helper.call(runner, "write-private", {"path": path, "token": text})
+                params["credentials_file"] = path
+            for mount in copies:
+                try:
+                    await node_helper.call(
+                        runner, "s3-copy",
+                        {**params, "bucket": mount.bucket, "prefix": mount.prefix,
+                         "dest": mount.remote, "region": regions.get(mount.bucket)},
+                        timeout_s=COPY_TIMEOUT_S)
+                except ProtocolError as exc:
+                    raise StorageError(ErrorCode.PROVIDER_ERROR,
+                                       f"file_mounts.{mount.remote}: COPY of {mount.url} to "
+                                       f"{node.node_id} failed: {exc.message}") from None
+
+        with first_error():
+            async with anyio.create_task_group() as group:
+                for each in info.nodes:
+                    group.start_soon(node, each)
+
+    async def release(self, cluster: str) -> list[str]:
+        """The cluster is gone: delete the `persistent: false` buckets clusterd made that no
+        cluster uses now. Returns what could not be deleted, each with why (the record stays,
+        so `clusterctl storage delete` can finish it)."""
+        problems: list[str] = []
+        for record in await self._registry.release(cluster):
+            try:
+                await self._buckets.delete(record.name)
+            except StorageError as exc:
+                problems.append(f"bucket {record.name}: {exc.message}")
+                continue
+            await self._registry.forget(record.name)
+        return problems
+
+    async def listing(self) -> list[tuple[BucketRecord, int | None, int | None]]:
+        """The buckets clusterd made, each with (objects, bytes), None where S3 did not say."""
+        rows: list[tuple[BucketRecord, int | None, int | None]] = []
+        for record in await self._registry.all():
+            try:
+                objects, size = await self._buckets.total_size(record.name)
+            except StorageError:
+                rows.append((record, None, None))
+            else:
+                rows.append((record, objects, size))
+        return rows
+
+    async def delete(self, name: str) -> BucketRecord:
+        """Delete a bucket clusterd made; refused for any other, and while a cluster uses it."""
+        record = await self._registry.get(name)
+        if record is None:
+            raise StorageError(ErrorCode.INVALID_ARGUMENT,
+                               f"bucket {name} was not made by clusterd; it is not touched",
+                               "see `clusterctl storage ls`")
+        if record.clusters:
+            raise StorageError(ErrorCode.INVALID_ARGUMENT,
+                               f"bucket {name} is used by {', '.join(record.clusters)}",
+                               "tear those clusters down first")
+        await self._buckets.delete(name)
+        await self._registry.forget(name)
+        return record

@@ -1,0 +1,143 @@
+"""Buckets in `file_mounts`, end to end through clusterctl: a daemon in the EC2 test bed's
+namespace, whose moto serves S3 too, and a `local` cluster (this machine, in that namespace),
+which gets the daemon's AWS credentials in a file of its own."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.ec2bed import EC2Bed, running
+from tests.support import Daemon
+
+pytestmark = [pytest.mark.ec2, pytest.mark.ray]
+
+S3 = """
+import boto3, json, sys
+s3 = boto3.client("s3", region_name="us-east-1")
+"""
+
+
+@pytest.fixture(scope="module")
+def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
+    with running(ec2.daemon("cdst-")) as found:
+        yield found
+
+
+def s3(ec2: EC2Bed, code: str) -> Any:
+    """Run boto3 code in the bed (its `s3` client ready); what it prints as JSON."""
+    out = ec2.python(S3 + code)
+    return json.loads(out) if out.strip() else None
+
+
+def bucket_exists(ec2: EC2Bed, name: str) -> bool:
+    found: bool = s3(ec2, f"print(json.dumps({name!r} in [b['Name'] for b in "
+                          "s3.list_buckets()['Buckets']]))")
+    return found
+
+
+def unique(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:8]}"
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_copy_of_a_prefix_is_byte_identical_on_the_node(ec2: EC2Bed, daemon: Daemon) -> None:
+    bucket = unique("ds")
+    big = daemon.root / "big.bin"
+    big.write_bytes(os.urandom(40 * 1024 * 1024 + 5))
+    s3(ec2, f"""
+s3.create_bucket(Bucket={bucket!r})
+for i in range(1000):
+    s3.put_object(Bucket={bucket!r}, Key=f"ds/small/{{i:04d}}.txt",
+                  Body=f"object {{i}}\\n".encode())
+s3.upload_file({str(big)!r}, {bucket!r}, "ds/big.bin")
+s3.put_object(Bucket={bucket!r}, Key="other/x", Body=b"not under the prefix")
+""")
+    dest = daemon.root / "mnt" / "data"
+    task = daemon.root / "copy.yaml"
+    task.write_text(f"file_mounts:\n  {dest}: s3://{bucket}/ds\n"
+                    f"run: |\n  find {dest} -type f | wc -l\n  sha256sum {dest}/big.bin\n")
+    result = daemon.ctl("launch", "-c", "copier", "--infra", "local", str(task), timeout=600)
+    try:
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert "copying 1 bucket mount(s) to 1 node(s)" in result.stderr
+        assert "1001" in result.stdout
+        assert digest(dest / "big.bin") in result.stdout
+        assert digest(dest / "big.bin") == digest(big)
+        assert (dest / "small" / "0999.txt").read_text() == "object 999\n"
+        assert not (dest / "x").exists() and not list(dest.rglob(".*clusterd-partial"))
+        # The node's credentials file is the cluster's only, private, and goes with it.
+        (credentials,) = daemon.root.rglob("aws/credentials")
+        assert credentials.stat().st_mode & 0o777 == 0o600
+    finally:
+        down = daemon.ctl("down", "-y", "copier")
+    assert down.returncode == 0, down.stderr
+    assert not credentials.exists()
+    assert bucket_exists(ec2, bucket)  # never clusterd's to delete
+
+
+def test_a_bucket_clusterd_makes_is_listed_and_goes_with_its_cluster_when_not_persistent(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    made, kept, before = unique("made"), unique("kept"), unique("before")
+    s3(ec2, f"s3.create_bucket(Bucket={before!r})")
+    source = daemon.root / "up"
+    (source / "sub").mkdir(parents=True)
+    (source / "sub" / "f.txt").write_text("uploaded\n")
+    task = daemon.root / "made.yaml"
+    task.write_text(
+        "file_mounts:\n"
+        f"  {daemon.root}/m1:\n    name: {made}\n    source: {source}\n    mode: COPY\n"
+        "    persistent: false\n"
+        f"  {daemon.root}/m2:\n    name: {kept}\n    mode: COPY\n"
+        f"  {daemon.root}/m3:\n    name: {before}\n    mode: COPY\n    persistent: false\n"
+        f"run: cat {daemon.root}/m1/sub/f.txt\n")
+    result = daemon.ctl("launch", "-c", "maker", "--infra", "local", str(task), timeout=600)
+    try:
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert "uploaded" in result.stdout
+        assert f"creating bucket {made} in us-east-1" in result.stderr
+        listed = {b["name"]: b for b in json.loads(daemon.ctl("storage", "ls", "--json").stdout)}
+        assert set(listed) >= {made, kept} and before not in listed
+        assert listed[made]["clusters"] == ["maker"] and listed[made]["objects"] == 1
+        assert listed[made]["persistent"] is False and listed[kept]["persistent"] is True
+        refused = daemon.ctl("storage", "delete", made)
+        assert refused.returncode == 1 and "used by maker" in refused.stderr
+        foreign = daemon.ctl("storage", "delete", before)
+        assert foreign.returncode == 1 and "not made by clusterd" in foreign.stderr
+    finally:
+        down = daemon.ctl("down", "-y", "maker")
+    assert down.returncode == 0, down.stderr
+    assert not bucket_exists(ec2, made)  # made for it, not persistent: gone with it
+    assert bucket_exists(ec2, kept) and bucket_exists(ec2, before)
+    assert daemon.ctl("storage", "delete", kept).returncode == 0
+    assert not bucket_exists(ec2, kept)
+    assert kept not in daemon.ctl("storage", "ls").stdout
+
+
+@pytest.mark.parametrize(("entry", "says"), [
+    ("s3://absent-{u}/x", "file_mounts.{d}: bucket absent-{u} does not exist"),
+    ("{{name: b-{u}, mode: SYNC}}", "file_mounts.{d}.mode: 'SYNC' is not a mode"),
+    ("{{name: b-{u}, store: gcs}}", "'gcs' is not offered: only S3"),
+    ("gs://b-{u}/x", "gs:// is not offered: only S3"),
+])
+def test_a_bad_entry_is_refused_naming_it_and_nothing_is_made(
+        ec2: EC2Bed, daemon: Daemon, entry: str, says: str) -> None:
+    u = uuid.uuid4().hex[:8]
+    dest = f"{daemon.root}/bad"
+    task = daemon.root / "bad.yaml"
+    task.write_text(f"file_mounts:\n  {dest}: {entry.format(u=u)}\nrun: echo ran\n")
+    result = daemon.ctl("launch", "-c", "bad", "--infra", "local", str(task), timeout=300)
+    assert result.returncode == 1, result.stdout
+    assert says.format(u=u, d=dest) in result.stderr, result.stderr
+    assert daemon.cluster("bad") is None
+    assert not bucket_exists(ec2, f"b-{u}")
