@@ -141,3 +141,62 @@ def test_a_bad_entry_is_refused_naming_it_and_nothing_is_made(
     assert says.format(u=u, d=dest) in result.stderr, result.stderr
     assert daemon.cluster("bad") is None
     assert not bucket_exists(ec2, f"b-{u}")
+
+
+def test_a_checkpoint_in_a_mounted_bucket_outlives_its_cluster(ec2: EC2Bed,
+                                                               daemon: Daemon) -> None:
+    bucket = unique("ckpt")
+    mnt = daemon.root / "ckpt"
+    entry = f"file_mounts:\n  {mnt}:\n    name: {bucket}\n    mode: MOUNT\n"
+    writer = daemon.root / "write.yaml"
+    writer.write_text(entry + "run: |\n"
+                      f"  echo step-7 > {mnt}/state.txt\n"
+                      f"  head -c 8000000 /dev/urandom > {mnt}/weights.bin\n"
+                      f"  sha256sum {mnt}/weights.bin\n")
+    first = daemon.ctl("launch", "-c", "trainer", "--infra", "local", str(writer), timeout=600)
+    try:
+        assert first.returncode == 0, first.stderr + daemon.log()[-3000:]
+        assert "mounting 1 bucket(s) on 1 node(s)" in first.stderr
+        written = first.stdout.split()[-2]
+        assert os.path.ismount(mnt)
+    finally:
+        assert daemon.ctl("down", "-y", "trainer").returncode == 0
+    assert not os.path.ismount(mnt)
+    stored = s3(ec2, f"print(json.dumps(sorted(o['Key'] for o in s3.list_objects_v2("
+                     f"Bucket={bucket!r})['Contents'])))")
+    assert stored == ["state.txt", "weights.bin"]
+    reader = daemon.root / "read.yaml"
+    reader.write_text(entry + f"run: cat {mnt}/state.txt; sha256sum {mnt}/weights.bin\n")
+    second = daemon.ctl("launch", "-c", "resumer", "--infra", "local", str(reader),
+                        timeout=600)
+    try:
+        assert second.returncode == 0, second.stderr
+        assert "step-7" in second.stdout and written in second.stdout
+        # Stopped, the node's mount goes; started, it comes back.
+        assert daemon.ctl("stop", "resumer").returncode == 0
+        assert not os.path.ismount(mnt)
+        assert daemon.ctl("start", "resumer", timeout=600).returncode == 0
+        assert os.path.ismount(mnt) and (mnt / "state.txt").read_text() == "step-7\n"
+    finally:
+        assert daemon.ctl("down", "-y", "resumer").returncode == 0
+    assert daemon.ctl("storage", "delete", bucket).returncode == 0
+
+
+def test_writes_to_a_cached_mount_are_in_the_bucket_when_the_job_ends(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    bucket = unique("cached")
+    mnt = daemon.root / "cached"
+    task = daemon.root / "cached.yaml"
+    task.write_text(f"file_mounts:\n  {mnt}:\n    name: {bucket}\n    mode: MOUNT_CACHED\n"
+                    "    persistent: false\n"
+                    f"run: for i in $(seq 1 20); do echo $i > {mnt}/out-$i.txt; done\n")
+    result = daemon.ctl("launch", "-c", "cacher", "--infra", "local", str(task), timeout=600)
+    try:
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        # The job was reported SUCCEEDED only once its writes were uploaded: all there now.
+        stored = s3(ec2, f"print(json.dumps(s3.list_objects_v2(Bucket={bucket!r})"
+                         "['KeyCount']))")
+        assert stored == 20
+    finally:
+        assert daemon.ctl("down", "-y", "cacher").returncode == 0
+    assert not bucket_exists(ec2, bucket)

@@ -149,7 +149,8 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
                                    stderr=subprocess.STDOUT, start_new_session=True,
                                    close_fds=True, env=env)
     found = find(process.pid, None)
-    record = {"dest": str(dest), "remote": remote, "mode": mode, "pid": process.pid,
+    record = {"dest": str(dest), "remote": remote, "mode": mode, "params": params,
+              "pid": process.pid,
               "create_time": found.create_time() if found else 0.0, "rc_addr": rc_addr,
               "rc_user": rc_user, "rc_pass": rc_pass}
     _save(state, [*records, record])
@@ -216,16 +217,35 @@ def flush(params: dict[str, Any]) -> dict[str, Any]:
 
 def unmount_all(params: dict[str, Any]) -> dict[str, Any]:
     """Unmount every recorded mount (lazily if busy) and stop its rclone, each flushed first
-    (bounded) so nothing written is lost."""
+    (bounded) so nothing written is lost. With `keep`, the records stay (a node being
+    stopped: `remount` brings them back when it starts)."""
     state = Path(str(params["state"])).expanduser()
+    if not _records_path(state).exists():
+        return {"unmounted": []}
     with contextlib.suppress(MountError):
         flush({"state": str(state), "timeout": float(params.get("flush_timeout", 300))})
     unmounted = []
-    for record in _records(state):
+    records = _records(state)
+    for record in records:
         _release(record)
         unmounted.append(record["dest"])
-    _save(state, [])
+    _save(state, records if params.get("keep") else [])
     return {"unmounted": unmounted}
+
+
+def remount(params: dict[str, Any]) -> dict[str, Any]:
+    """Mount again every recorded mount whose rclone is gone (the node was stopped and
+    started, or rebooted)."""
+    state = Path(str(params["state"])).expanduser()
+    again: list[str] = []
+    if not _records_path(state).exists():
+        return {"remounted": again}
+    for record in _records(state):
+        if _alive(record) and os.path.ismount(record["dest"]):
+            continue
+        if mount(record["params"])["already"] is False:
+            again.append(record["dest"])
+    return {"remounted": again}
 
 
 def _release(record: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import posixpath
 import signal
 import sys
 import time
@@ -125,7 +126,10 @@ async def serve(args: argparse.Namespace) -> None:
     store = JobStore(state_dir / "jobs.db")
     await store.open()
     hub = LogHub(state_dir / "jobs")
-    scheduler = Scheduler(store, hub, args.cluster_name)
+    # Bucket mounts keep their state beside each node's run dir (see storage/service.py).
+    mounts_dir = posixpath.join(posixpath.dirname(args.node_run_dir.rstrip("/")), "mounts") \
+        if args.node_run_dir else ""
+    scheduler = Scheduler(store, hub, args.cluster_name, mounts_dir)
     contact = ContactClock()
 
     async def count_ssh_sessions() -> int:

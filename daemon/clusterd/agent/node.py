@@ -40,6 +40,7 @@ from clusterd.agent.processes import find, terminate_tree
 from clusterd.redact import redact_urls
 
 MARKER = ".clusterd-runtime"
+MOUNTS = "mounts"  # beside run/: the bucket mounts' state (see bucket_mount.py)
 RAY_PORT_FLAGS = {
     "node_manager_port": "--node-manager-port",
     "object_manager_port": "--object-manager-port",
@@ -284,7 +285,9 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     timeout = float(params.get("timeout", 60))
     _wait_ready(pid_path, log_path, what,
                 lambda: started() and (not address or _connectable(address)), timeout)
-    return {"started": True, "pid": pid}
+    # A node started again (stopped, rebooted) gets its bucket mounts back.
+    remounted = _bucket_mount("remount")({"state": str(run_dir.parent / MOUNTS)})
+    return {"started": True, "pid": pid, **remounted}
 
 
 def agent_socket(listen: str) -> Path:
@@ -379,6 +382,8 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                                              float(params.get("agent_grace", 25)))
     if "ray" in parts:
         result["ray_stopped"] = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
+    if "agent" in parts and "ray" in parts:  # the whole runtime: its bucket mounts too, kept
+        _bucket_mount("unmount_all")({"state": str(run_dir.parent / MOUNTS), "keep": True})
     return result
 
 
@@ -411,6 +416,9 @@ def cleanup(params: dict[str, Any]) -> dict[str, Any]:
     paths += [ray_temp_dir(key) for key in params.get("ray_temp_keys", [])]
     for path in paths:
         if path.is_dir() and ((path / MARKER).exists() or params.get("force")):
+            # Bucket mounts first: a mount point below would otherwise be emptied into its
+            # bucket by the removal.
+            _bucket_mount("unmount_all")({"state": str(path / MOUNTS)})
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
     return {"removed": removed}

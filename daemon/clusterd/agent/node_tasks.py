@@ -191,6 +191,16 @@ def _stop_node_ray(run_dir: str, shutdown: bool = False) -> dict[str, Any]:
 stop_node_ray = ray.remote(num_cpus=0, max_retries=0)(_stop_node_ray)
 
 
+def _flush_bucket_mounts(state: str, timeout_s: float) -> dict[str, Any]:
+    """Wait until this node's bucket mounts have uploaded what was written to them."""
+    from clusterd.agent import bucket_mount
+
+    return bucket_mount.flush({"state": state, "timeout": timeout_s})
+
+
+flush_bucket_mounts = ray.remote(num_cpus=0, max_retries=0)(_flush_bucket_mounts)
+
+
 def pinned(task: Any, node_id: str) -> Any:
     """`task`, to run on that node only: with the node gone it fails, never runs elsewhere."""
     return task.options(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,6 +33,7 @@ logger = log.get("clusterd.agent.runner")
 
 CANCELLED_BY_USER = "cancelled by user"
 JOB_TAG = node_tasks.JOB_TAG
+FLUSH_TIMEOUT_S = 3600.0  # uploads of a job's writes to its bucket mounts, at most
 NODE_WATCH_S = 2.0  # how often a running job checks that its nodes are still in the cluster
 NODE_LEFT = "its node left the Ray cluster (dead, or unreachable from the head)"
 SIGNAL_NAMES = {130: "interrupted (SIGINT)", 134: "aborted (SIGABRT)", 137: "killed (SIGKILL)",
@@ -124,8 +126,12 @@ class JobRun:
         secrets: dict[str, str],
         on_finished: Callable[[Job], None],
         alive_nodes: Callable[[], Awaitable[set[str]]],
+        mounts_dir: str = "",
     ) -> None:
         self.job = job
+        # Each node's bucket mounts' state ('~' for the node user's home): what they hold
+        # is uploaded before the job is reported finished.
+        self._mounts_dir = mounts_dir
         self._alive_nodes = alive_nodes
         self._store = store
         self._hub = hub
@@ -165,6 +171,9 @@ class JobRun:
         if self._cancel_requested and status != JobStatus.SUCCEEDED:
             status, reason = JobStatus.CANCELLED, self._cancel_reason
         with anyio.CancelScope(shield=True):
+            problem = await self._flush_mounts()
+            if problem and status == JobStatus.SUCCEEDED:
+                status, reason = JobStatus.FAILED, problem
             self._flush_prefixers()
             await self._store.update(
                 job, status=status, failure_reason=reason, exit_codes=codes,
@@ -196,6 +205,30 @@ class JobRun:
         genuine = sorted((r for r in failed if not r.killed_by_us), key=lambda r: r.finished_at)
         genuine = genuine or failed
         return JobStatus.FAILED, self._describe(genuine[0]), _codes(results)
+
+    async def _flush_mounts(self) -> str | None:
+        """Every node's bucket mounts have uploaded what the job wrote (MOUNT_CACHED writes
+        back behind the job); what went wrong, if anything. Nothing to ask when the head has
+        no mounts (the daemon mounts a task's buckets on every node alike)."""
+        if not self._mounts_dir or not os.path.exists(
+                os.path.join(os.path.expanduser(self._mounts_dir), "mounts.json")):
+            return None
+        problems: list[str] = []
+
+        async def flush(node_id: str) -> None:
+            try:
+                with anyio.fail_after(FLUSH_TIMEOUT_S + 30):
+                    await node_tasks.pinned(node_tasks.flush_bucket_mounts, node_id).remote(
+                        self._mounts_dir, FLUSH_TIMEOUT_S)
+            except (TimeoutError, ray.exceptions.RayError) as exc:
+                problems.append(f"node {node_id[:8]}: {str(exc).splitlines()[-1][:300]}")
+
+        async with anyio.create_task_group() as group:
+            for node_id in {slot.node_id for slot in self._slots}:
+                group.start_soon(flush, node_id)
+        if problems:
+            return "writes to a bucket mount were not all uploaded: " + "; ".join(problems)
+        return None
 
     def _describe(self, result: RankResult) -> str:
         slot = self._slots[result.rank]

@@ -59,7 +59,9 @@ def _ip_key(ip: str) -> tuple[int, Any]:
 
 
 class Scheduler:
-    def __init__(self, store: JobStore, hub: LogHub, cluster_name: str) -> None:
+    def __init__(self, store: JobStore, hub: LogHub, cluster_name: str,
+                 mounts_dir: str = "") -> None:
+        self._mounts_dir = mounts_dir
         self._store = store
         self._hub = hub
         self._cluster_name = cluster_name
@@ -244,6 +246,7 @@ class Scheduler:
             secrets=self._secrets.pop(job.job_id, {}),
             on_finished=self._finished,
             alive_nodes=self._alive_node_ids,
+            mounts_dir=self._mounts_dir,
         )
         self._runs[job.job_id] = run
         group.start_soon(run.execute, name=f"job-{job.job_id}")

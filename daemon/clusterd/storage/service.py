@@ -27,6 +27,7 @@ Progress = Callable[[str], Awaitable[None]]
 # (access key, secret key, session token or None) of the daemon's own AWS credentials.
 Credentials = tuple[str, str, str | None]
 COPY_TIMEOUT_S = 6 * 3600.0
+MOUNT_TIMEOUT_S = 120.0
 # Providers whose nodes get credentials from the provider itself (an instance profile).
 PROFILE_PROVIDERS = frozenset({"aws"})
 
@@ -37,6 +38,16 @@ def credentials_file_text(credentials: Credentials) -> str:
     if token:
         lines.append(f"aws_session_token = {token}")
     return "\n".join(lines) + "\n"
+
+
+def node_mounts_dir(node: NodeInfo) -> str:
+    """The node's bucket mounts' state, beside its run dir (the agent looks there too)."""
+    return f"{node.runtime_dir}/mounts"
+
+
+def brief_helper_error(message: str) -> str:
+    """A node helper's error without the 's3-copy on NODE:' it starts with."""
+    return message.split(": ", 1)[1] if message.startswith("s3-") else message
 
 
 def node_credentials_path(node: NodeInfo) -> str:
@@ -125,9 +136,12 @@ class StorageService:
                                    "configure them as for the AWS CLI (aws configure)")
             text = credentials_file_text(found)
         copies = [m for m in mounts if m.mode == "COPY"]
+        mounted = [m for m in mounts if m.mode != "COPY"]
         if copies:
             await progress(f"copying {len(copies)} bucket mount(s) to {len(info.nodes)} "
                            "node(s)")
+        if mounted:
+            await progress(f"mounting {len(mounted)} bucket(s) on {len(info.nodes)} node(s)")
 
         async def node(node: NodeInfo) -> None:
             runner = self._runner_for(node)
@@ -136,17 +150,23 @@ class StorageService:
                 path = node_credentials_path(node)
                 await node_helper.call(runner, "write-private", {"path": path, "token": text})
                 params["credentials_file"] = path
-            for mount in copies:
+            for mount in [*copies, *mounted]:
+                where = {"bucket": mount.bucket, "prefix": mount.prefix, "dest": mount.remote,
+                         "region": regions.get(mount.bucket)}
                 try:
-                    await node_helper.call(
-                        runner, "s3-copy",
-                        {**params, "bucket": mount.bucket, "prefix": mount.prefix,
-                         "dest": mount.remote, "region": regions.get(mount.bucket)},
-                        timeout_s=COPY_TIMEOUT_S)
+                    if mount.mode == "COPY":
+                        await node_helper.call(runner, "s3-copy", {**params, **where},
+                                               timeout_s=COPY_TIMEOUT_S)
+                    else:
+                        await node_helper.call(
+                            runner, "s3-mount",
+                            {**params, **where, "mode": mount.mode,
+                             "state": node_mounts_dir(node)}, timeout_s=MOUNT_TIMEOUT_S)
                 except ProtocolError as exc:
                     raise StorageError(ErrorCode.PROVIDER_ERROR,
-                                       f"file_mounts.{mount.remote}: COPY of {mount.url} to "
-                                       f"{node.node_id} failed: {exc.message}") from None
+                                       f"file_mounts.{mount.remote}: {mount.mode} of "
+                                       f"{mount.url} on {node.node_id} failed: "
+                                       f"{brief_helper_error(exc.message)}") from None
 
         with first_error():
             async with anyio.create_task_group() as group:

@@ -55,8 +55,11 @@ FIELDS: tuple[Field, ...] = (
     Field("secrets", Support.HONOURED,
           "like envs, but never stored, logged or shown; --secret overrides"),
     Field("file_mounts", Support.HONOURED,
-          "local files and directories copied to every node; ${VAR} is filled from envs in "
-          "sources and targets. Bucket sources (s3://, {source, mode}) are refused"),
+          "local files and directories copied to every node; S3 buckets: `s3://b/p` is "
+          "copied (COPY), `{name, source, store: s3, mode: MOUNT | COPY | MOUNT_CACHED, "
+          "persistent}` is mounted (rclone) or copied, a bucket named without an s3:// "
+          "source is made if missing, and a `persistent: false` one clusterd made goes with "
+          "the cluster; other stores are refused; ${VAR} is filled from envs"),
     Field("setup", Support.HONOURED, "run on every node before the job (launch only)"),
     Field("run", Support.HONOURED, "run on every node, with the SKYPILOT_* environment"),
     Field("volumes", Support.PLANNED, "SkyPilot volumes are not offered yet"),
