@@ -127,6 +127,13 @@ class StorageService:
         if not mounts:
             return
         text: str | None = None
+        if provider in PROFILE_PROVIDERS:
+            # Their nodes are to get credentials from an instance profile clusterd makes; until
+            # it does, no credentials of the user's are sent to a cloud VM.
+            raise StorageError(ErrorCode.INVALID_TASK,
+                               f"bucket mounts are not offered on {provider} clusters yet",
+                               "run the task on an ssh or local cluster, or copy the data "
+                               "in the task's setup")
         if provider not in PROFILE_PROVIDERS:
             found = await self._credentials()
             if found is None:
