@@ -312,7 +312,16 @@ class Daemon:
             await self.store.prune_events()
             await self.request_store.prune(self.settings.request_retention)
 
+        async def sweep_buckets() -> None:
+            # Clusters removed without a `down` (found gone by a refresh, or while the daemon
+            # was down) release their buckets here; a cluster being launched (its buckets are
+            # made before its record) is held by its launch's lock.
+            with anyio.fail_after(900):
+                await self.storage.sweep(lambda name: self.store.get(name) is not None or bool(
+                    self.locks.holders(name) or self.locks.waiting(name)))
+
         while True:
+            await survive("bucket sweep", sweep_buckets)
             await anyio.sleep(3600)
             await survive("retention", prune)
 

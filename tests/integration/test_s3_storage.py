@@ -21,8 +21,12 @@ import pytest
 
 from clusterd.agent import bucket_copy
 from clusterd.providers.aws.ec2 import EC2Api
+from clusterd.state.db import Database
 from clusterd.storage import s3
+from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError
+from clusterd.storage.service import StorageService
+from clusterd.tasks.spec import BucketMount
 from tests.integration.moto_server import IN_NETNS, moto_server
 
 pytestmark = [
@@ -232,3 +236,47 @@ def test_a_mount_on_a_non_empty_directory_is_refused(moto: str, env: Path,
     (dest / "x").write_text("x")
     reply = node_helper("s3-mount", **mount_params(moto, env, "mnt-full", "MOUNT", dest))
     assert "is not empty" in reply["error"]
+
+
+async def test_only_buckets_clusterd_made_are_listed_and_released(buckets: S3Buckets,
+                                                                  env: Path) -> None:
+    db = Database(env / "state.db")
+    await db.open()
+    try:
+        said: list[str] = []
+
+        async def progress(text: str) -> None:
+            said.append(text)
+
+        service = StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
+                                 credentials=None, default_region=buckets_region)  # type: ignore[arg-type]
+        assert await buckets.create("was-there") is True  # the user's, not clusterd's
+        temporary = BucketMount("/a", "tmp-made", mode="COPY", create=True, persistent=False)
+        kept = BucketMount("/b", "kept-made", mode="COPY", create=True)
+        theirs = BucketMount("/c", "was-there", mode="COPY", create=True, persistent=False)
+        await service.prepare("c1", (temporary, kept, theirs), progress)
+        assert said == ["creating bucket tmp-made in us-east-1",
+                        "creating bucket kept-made in us-east-1"]
+        await service.prepare("c2", (temporary,), progress)
+        listed = {record.name: record for record, _, _ in await service.listing()}
+        assert set(listed) == {"tmp-made", "kept-made"}
+        assert listed["tmp-made"].clusters == ("c1", "c2")
+        assert await service.release("c1") == []
+        assert await buckets.region_of("tmp-made") is not None  # c2 still uses it
+        with pytest.raises(StorageError, match="used by c2"):
+            await service.delete("tmp-made")
+        with pytest.raises(StorageError, match="not made by clusterd"):
+            await service.delete("was-there")
+        assert await service.sweep(lambda name: False) == []  # c2 is gone: released
+        assert await buckets.region_of("tmp-made") is None
+        assert await buckets.region_of("kept-made") is not None
+        assert await buckets.region_of("was-there") is not None
+        assert [r.name for r, _, _ in await service.listing()] == ["kept-made"]
+        await service.delete("kept-made")
+        assert await buckets.region_of("kept-made") is None
+    finally:
+        await db.close()
+
+
+async def buckets_region() -> str:
+    return "us-east-1"

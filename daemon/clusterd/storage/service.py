@@ -194,6 +194,18 @@ class StorageService:
             await self._registry.forget(record.name)
         return problems
 
+    async def sweep(self, in_use: Callable[[str], bool]) -> list[str]:
+        """Release the buckets of clusters that are gone without a `down` (see release);
+        `in_use(name)`: whether that cluster exists, or a request on it is under way."""
+        gone = {c for record in await self._registry.all() for c in record.clusters
+                if not in_use(c)}
+        problems: list[str] = []
+        for cluster in sorted(gone):
+            problems += await self.release(cluster)
+        for problem in problems:
+            logger.warning("bucket not released", problem=problem)
+        return problems
+
     async def listing(self) -> list[tuple[BucketRecord, int | None, int | None]]:
         """The buckets clusterd made, each with (objects, bytes), None where S3 did not say."""
         rows: list[tuple[BucketRecord, int | None, int | None]] = []
