@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +42,15 @@ def bucket_exists(ec2: EC2Bed, name: str) -> bool:
     found: bool = s3(ec2, f"print(json.dumps({name!r} in [b['Name'] for b in "
                           "s3.list_buckets()['Buckets']]))")
     return found
+
+
+def mounted(daemon: Daemon, path: Path) -> bool:
+    """Whether path is a mount point where the daemon (and its local cluster) live: `ip netns
+    exec` gave them a mount namespace of their own, so this process cannot see it."""
+    assert daemon.process is not None
+    done = subprocess.run(["nsenter", "-t", str(daemon.process.pid), "-m", "--",
+                           "mountpoint", "-q", str(path)], timeout=30)
+    return done.returncode == 0
 
 
 def unique(stem: str) -> str:
@@ -158,10 +168,10 @@ def test_a_checkpoint_in_a_mounted_bucket_outlives_its_cluster(ec2: EC2Bed,
         assert first.returncode == 0, first.stderr + daemon.log()[-3000:]
         assert "mounting 1 bucket(s) on 1 node(s)" in first.stderr
         written = first.stdout.split()[-2]
-        assert os.path.ismount(mnt)
+        assert mounted(daemon, mnt)
     finally:
         assert daemon.ctl("down", "-y", "trainer").returncode == 0
-    assert not os.path.ismount(mnt)
+    assert not mounted(daemon, mnt)
     stored = s3(ec2, f"print(json.dumps(sorted(o['Key'] for o in s3.list_objects_v2("
                      f"Bucket={bucket!r})['Contents'])))")
     assert stored == ["state.txt", "weights.bin"]
@@ -174,9 +184,11 @@ def test_a_checkpoint_in_a_mounted_bucket_outlives_its_cluster(ec2: EC2Bed,
         assert "step-7" in second.stdout and written in second.stdout
         # Stopped, the node's mount goes; started, it comes back.
         assert daemon.ctl("stop", "resumer").returncode == 0
-        assert not os.path.ismount(mnt)
+        assert not mounted(daemon, mnt)
         assert daemon.ctl("start", "resumer", timeout=600).returncode == 0
-        assert os.path.ismount(mnt) and (mnt / "state.txt").read_text() == "step-7\n"
+        assert mounted(daemon, mnt)
+        again = daemon.ctl("exec", "resumer", "--", f"cat {mnt}/state.txt")
+        assert again.returncode == 0 and "step-7" in again.stdout, again.stderr
     finally:
         assert daemon.ctl("down", "-y", "resumer").returncode == 0
     assert daemon.ctl("storage", "delete", bucket).returncode == 0
