@@ -105,9 +105,24 @@ class ApiHandler(BaseHTTPRequestHandler):
 
     do_GET = do_PUT = do_DELETE = do_HEAD = do_POST
 
-    def _handle(self) -> None:
+    def _read_body(self) -> bytes:
+        """The request's body, sent with a length or in chunks (S3 clients stream uploads
+        chunked: rclone does); forwarded with its length either way."""
+        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
+            parts = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return b"".join(parts)
+                parts.append(self.rfile.read(size))
+                self.rfile.readline()  # the CRLF after each chunk
         length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        return self.rfile.read(length) if length else b""
+
+    def _handle(self) -> None:
+        body = self._read_body()
         query = self.path.partition("?")[2]
         endpoint = self.server.endpoint
         try:
