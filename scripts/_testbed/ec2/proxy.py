@@ -168,6 +168,8 @@ class ApiHandler(BaseHTTPRequestHandler):
             resp = conn.getresponse()
             data = resp.read()
             headers = [(k, v) for k, v in resp.getheaders() if k.lower() not in HOP_BY_HOP]
+            if self.command == "HEAD":  # no body, but the length of the one a GET would get
+                headers += [(k, v) for k, v in resp.getheaders() if k.lower() == "content-length"]
             return resp.status, headers, data
         except (OSError, http.client.HTTPException) as e:
             log.error("moto did not answer %s %s: %s", self.command, self.path, e)
@@ -179,7 +181,8 @@ class ApiHandler(BaseHTTPRequestHandler):
         self.send_response_only(status)
         for k, v in headers:
             self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
+        if not any(k.lower() == "content-length" for k, _ in headers):
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
