@@ -280,3 +280,19 @@ async def test_only_buckets_clusterd_made_are_listed_and_released(buckets: S3Buc
 
 async def buckets_region() -> str:
     return "us-east-1"
+
+
+def test_a_flush_whose_uploads_keep_failing_says_so(moto: str, env: Path, mounts: Path) -> None:
+    client = s3_client(moto)
+    client.create_bucket(Bucket="mnt-lost")
+    dest = env / "lost"
+    assert "error" not in node_helper("s3-mount", **mount_params(moto, env, "mnt-lost",
+                                                                 "MOUNT_CACHED", dest))
+    client.delete_bucket(Bucket="mnt-lost")  # gone under the mount: uploads fail
+    (dest / "late.txt").write_text("never uploaded\n")
+    reply = node_helper("s3-flush", state=str(mounts), timeout=120, stalled_grace=5)
+    assert "1 file(s) could not be uploaded to mnt-lost/ckpt: " in reply["error"], reply
+    assert "NoSuchBucket" in reply["error"]
+    # Unmounting gives up on it too (bounded), rather than hang the teardown.
+    assert node_helper("s3-unmount", state=str(mounts), stalled_grace=3)["unmounted"] == [
+        str(dest)]

@@ -36,6 +36,9 @@ from clusterd.agent.processes import find, terminate_tree
 
 MOUNT_WAIT_S = 30.0
 FLUSH_POLL_S = 0.5
+# Uploads queued with none in progress this long fail a flush (a write-back is 1 s; a failed
+# upload is retried after 1, 2, 4, 8... s).
+STALLED_GRACE_S = 60.0
 # mode -> (--vfs-cache-mode, --vfs-write-back)
 CACHING = {"MOUNT": ("writes", "0s"), "MOUNT_CACHED": ("full", "1s")}
 
@@ -119,7 +122,10 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
     if any(dest.iterdir()):
         raise MountError(f"{dest} is not empty: a bucket is mounted on an empty directory")
     key = hashlib.sha256(str(dest).encode()).hexdigest()[:12]
+    # rclone never makes a bucket (it would, for an upload into a missing one): which buckets
+    # exist is clusterd's to say.
     env = {**os.environ, "RCLONE_S3_PROVIDER": "AWS", "RCLONE_S3_ENV_AUTH": "true",
+           "RCLONE_S3_NO_CHECK_BUCKET": "true",
            "RCLONE_CONFIG": str(state / "rclone.conf")}  # an empty config of its own
     if params.get("region"):
         env["RCLONE_S3_REGION"] = str(params["region"])
@@ -152,6 +158,7 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
     record = {"dest": str(dest), "remote": remote, "mode": mode, "params": params,
               "pid": process.pid,
               "create_time": found.create_time() if found else 0.0, "rc_addr": rc_addr,
+              "log": str(log_path),
               "rc_user": rc_user, "rc_pass": rc_pass}
     _save(state, [*records, record])
     deadline = time.monotonic() + MOUNT_WAIT_S
@@ -187,29 +194,50 @@ def _rc(record: dict[str, Any], command: str) -> dict[str, Any]:
     return reply
 
 
-def pending_uploads(record: dict[str, Any]) -> int:
+def upload_state(record: dict[str, Any]) -> tuple[int, int]:
+    """(uploads in progress, uploads queued) of one mount's rclone."""
     cache = _rc(record, "vfs/stats").get("diskCache") or {}
-    return int(cache.get("uploadsInProgress", 0)) + int(cache.get("uploadsQueued", 0))
+    return int(cache.get("uploadsInProgress", 0)), int(cache.get("uploadsQueued", 0))
+
+
+def _last_error(record: dict[str, Any]) -> str:
+    """The last ERROR line of the mount's rclone log, without its timestamp."""
+    lines = [line for line in _tail(Path(record.get("log", "")), 200).splitlines()
+             if " ERROR : " in line]
+    return lines[-1].split(" ERROR : ", 1)[1] if lines else "no error logged"
 
 
 def flush(params: dict[str, Any]) -> dict[str, Any]:
     """Wait until every mount has uploaded what was written to it."""
     state = Path(str(params["state"])).expanduser()
     deadline = time.monotonic() + float(params.get("timeout", 3600))
+    grace = float(params.get("stalled_grace", STALLED_GRACE_S))
     flushed = []
     for record in _records(state):
         if not _alive(record):
             continue
+        stalled_since: float | None = None
         while True:
             try:
-                left = pending_uploads(record)
+                uploading, queued = upload_state(record)
             except OSError as exc:
                 raise MountError(f"cannot ask rclone of {record['dest']} about its uploads: "
                                  f"{exc}") from None
-            if left == 0:
+            if uploading + queued == 0:
                 break
-            if time.monotonic() > deadline:
-                raise MountError(f"{record['dest']}: {left} upload(s) still pending")
+            now = time.monotonic()
+            # rclone retries a failed upload for ever, with backoff, and keeps it queued
+            # meanwhile (its errored count stays 0): uploads queued with none in progress for
+            # a while are failing, and the flush says so rather than hold the job's end for
+            # the whole timeout.
+            stalled_since = (stalled_since or now) if uploading == 0 else None
+            if stalled_since is not None and now - stalled_since > grace:
+                raise MountError(f"{record['dest']}: {queued} file(s) could not be uploaded "
+                                 f"to {record['remote'].removeprefix(':s3:')}: "
+                                 f"{_last_error(record)}")
+            if now > deadline:
+                raise MountError(f"{record['dest']}: {uploading + queued} upload(s) still "
+                                 "pending")
             time.sleep(FLUSH_POLL_S)
         flushed.append(record["dest"])
     return {"flushed": flushed}
@@ -223,7 +251,8 @@ def unmount_all(params: dict[str, Any]) -> dict[str, Any]:
     if not _records_path(state).exists():
         return {"unmounted": []}
     with contextlib.suppress(MountError):
-        flush({"state": str(state), "timeout": float(params.get("flush_timeout", 300))})
+        flush({"state": str(state), "timeout": float(params.get("flush_timeout", 300)),
+               "stalled_grace": float(params.get("stalled_grace", 20))})
     unmounted = []
     records = _records(state)
     for record in records:
