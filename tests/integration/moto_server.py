@@ -11,6 +11,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from tests.support import wait_for
 
 IN_NETNS = "CLUSTERD_TEST_IN_NETNS"
@@ -47,3 +49,23 @@ def moto_server(scratch: Path, env: dict[str, str] | None = None) -> Iterator[st
     finally:
         server.terminate()
         server.wait(10)
+
+
+def aws_environment(directory: Path, endpoint: str, services: tuple[str, ...],
+                    monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This process's AWS settings, and nothing else's: a throw-away credentials file and
+    config in `directory`, `services` pointed at `endpoint`, instance metadata never asked."""
+    credentials = directory / "credentials"
+    credentials.write_text("[default]\naws_access_key_id = testing\n"
+                           "aws_secret_access_key = testing\n")
+    config = directory / "config"
+    config.write_text("[default]\nregion = us-east-1\n")
+    for name in list(os.environ):
+        if name.startswith("AWS_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    for service in services:
+        monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service.upper()}", endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    return directory

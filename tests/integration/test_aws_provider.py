@@ -40,7 +40,7 @@ from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
-from tests.integration.moto_server import IN_NETNS, moto_server
+from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
 
 pytestmark = [
     pytest.mark.anyio,
@@ -95,20 +95,7 @@ def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
 
 @pytest.fixture
 def env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    credentials = tmp_path / "credentials"
-    credentials.write_text("[default]\naws_access_key_id = testing\n"
-                           "aws_secret_access_key = testing\n")
-    config = tmp_path / "config"
-    config.write_text("[default]\nregion = us-east-1\n")
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_ENDPOINT_URL_EC2", moto)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_STS", moto)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return tmp_path
+    return aws_environment(tmp_path, moto, ("ec2", "sts"), monkeypatch)
 
 
 @pytest.fixture

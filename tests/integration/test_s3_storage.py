@@ -27,7 +27,7 @@ from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError
 from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import BucketMount
-from tests.integration.moto_server import IN_NETNS, moto_server
+from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
 
 pytestmark = [
     pytest.mark.anyio,
@@ -45,19 +45,7 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    credentials = tmp_path / "credentials"
-    credentials.write_text("[default]\naws_access_key_id = testing\n"
-                           "aws_secret_access_key = testing\n")
-    config = tmp_path / "config"
-    config.write_text("[default]\nregion = us-east-1\n")
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    return tmp_path
+    return aws_environment(tmp_path, moto, ("s3",), monkeypatch)
 
 
 @pytest.fixture
