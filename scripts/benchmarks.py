@@ -40,6 +40,7 @@ from bench_bed import insert_records
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
 from bench_managed import bench_managed
+from bench_storage import bench_storage
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -573,6 +574,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "dashboard_page": bench_dashboard_page,
     "dashboard_logs": bench_dashboard_logs,
     "managed": bench_managed,
+    "storage": bench_storage,
 }
 
 
@@ -605,7 +607,7 @@ def main() -> None:
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
              "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
              "relaunch_p50_s", "paired_ratio_without_lag_p50", "per_job_kib",
-             "per_waiting_job_kib", "per_running_job_kib")
+             "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

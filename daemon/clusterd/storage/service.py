@@ -6,7 +6,7 @@ is deleted with the last cluster using it; no other bucket is ever deleted)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import anyio
@@ -30,6 +30,11 @@ COPY_TIMEOUT_S = 6 * 3600.0
 MOUNT_TIMEOUT_S = 120.0
 # Providers whose nodes get credentials from the provider itself (an instance profile).
 PROFILE_PROVIDERS = frozenset({"aws"})
+
+
+def _where(mount: BucketMount, regions: dict[str, str]) -> dict[str, Any]:
+    return {"bucket": mount.bucket, "prefix": mount.prefix, "dest": mount.remote,
+            "region": regions.get(mount.bucket)}
 
 
 def credentials_file_text(credentials: Credentials) -> str:
@@ -126,7 +131,6 @@ class StorageService:
         instance profile), then each COPY."""
         if not mounts:
             return
-        text: str | None = None
         if provider in PROFILE_PROVIDERS:
             # Their nodes are to get credentials from an instance profile clusterd makes; until
             # it does, no credentials of the user's are sent to a cloud VM.
@@ -134,51 +138,66 @@ class StorageService:
                                f"bucket mounts are not offered on {provider} clusters yet",
                                "run the task on an ssh or local cluster, or copy the data "
                                "in the task's setup")
-        if provider not in PROFILE_PROVIDERS:
-            found = await self._credentials()
-            if found is None:
-                raise StorageError(ErrorCode.PROVIDER_ERROR,
-                                   "the task mounts buckets, and clusterd has no AWS "
-                                   "credentials to give its nodes",
-                                   "configure them as for the AWS CLI (aws configure)")
-            text = credentials_file_text(found)
+        found = await self._credentials()
+        if found is None:
+            raise StorageError(ErrorCode.PROVIDER_ERROR,
+                               "the task mounts buckets, and clusterd has no AWS "
+                               "credentials to give its nodes",
+                               "configure them as for the AWS CLI (aws configure)")
+        text = credentials_file_text(found)
+        params: dict[str, dict[str, Any]] = {}  # node id -> what every helper call takes
+
+        async def credentials(node: NodeInfo) -> None:
+            path = node_credentials_path(node)
+            await node_helper.call(self._runner_for(node), "write-private",
+                                   {"path": path, "token": text})
+            params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": path}
+
+        await self._each_node(info, credentials)
         copies = [m for m in mounts if m.mode == "COPY"]
-        mounted = [m for m in mounts if m.mode != "COPY"]
         if copies:
             await progress(f"copying {len(copies)} bucket mount(s) to {len(info.nodes)} "
                            "node(s)")
+            fetched: list[int] = []
+
+            async def copy(node: NodeInfo) -> None:
+                for mount in copies:
+                    reply = await self._on_node(node, mount, "s3-copy", {
+                        **params[node.node_id], **_where(mount, regions)}, COPY_TIMEOUT_S)
+                    fetched.append(int(reply.get("bytes", 0)))
+
+            await self._each_node(info, copy)
+            await progress(f"copied {sum(fetched) / 1e6:.1f} MB to {len(info.nodes)} node(s)")
+        mounted = [m for m in mounts if m.mode != "COPY"]
         if mounted:
             await progress(f"mounting {len(mounted)} bucket(s) on {len(info.nodes)} node(s)")
 
-        async def node(node: NodeInfo) -> None:
-            runner = self._runner_for(node)
-            params: dict[str, Any] = {"endpoint_url": s3_endpoint()}
-            if text is not None:
-                path = node_credentials_path(node)
-                await node_helper.call(runner, "write-private", {"path": path, "token": text})
-                params["credentials_file"] = path
-            for mount in [*copies, *mounted]:
-                where = {"bucket": mount.bucket, "prefix": mount.prefix, "dest": mount.remote,
-                         "region": regions.get(mount.bucket)}
-                try:
-                    if mount.mode == "COPY":
-                        await node_helper.call(runner, "s3-copy", {**params, **where},
-                                               timeout_s=COPY_TIMEOUT_S)
-                    else:
-                        await node_helper.call(
-                            runner, "s3-mount",
-                            {**params, **where, "mode": mount.mode,
-                             "state": node_mounts_dir(node)}, timeout_s=MOUNT_TIMEOUT_S)
-                except ProtocolError as exc:
-                    raise StorageError(ErrorCode.PROVIDER_ERROR,
-                                       f"file_mounts.{mount.remote}: {mount.mode} of "
-                                       f"{mount.url} on {node.node_id} failed: "
-                                       f"{brief_helper_error(exc.message)}") from None
+            async def mount_all(node: NodeInfo) -> None:
+                for mount in mounted:
+                    await self._on_node(node, mount, "s3-mount", {
+                        **params[node.node_id], **_where(mount, regions), "mode": mount.mode,
+                        "state": node_mounts_dir(node)}, MOUNT_TIMEOUT_S)
 
+            await self._each_node(info, mount_all)
+
+    @staticmethod
+    async def _each_node(info: ClusterInfo,
+                         step: Callable[[NodeInfo], Coroutine[Any, Any, None]]) -> None:
         with first_error():
             async with anyio.create_task_group() as group:
-                for each in info.nodes:
-                    group.start_soon(node, each)
+                for node in info.nodes:
+                    group.start_soon(step, node)
+
+    async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
+                       params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        try:
+            return await node_helper.call(self._runner_for(node), command, params,
+                                          timeout_s=timeout_s)
+        except ProtocolError as exc:
+            raise StorageError(ErrorCode.PROVIDER_ERROR,
+                               f"file_mounts.{mount.remote}: {mount.mode} of {mount.url} on "
+                               f"{node.node_id} failed: {brief_helper_error(exc.message)}"
+                               ) from None
 
     async def release(self, cluster: str) -> list[str]:
         """The cluster is gone: delete the `persistent: false` buckets clusterd made that no
