@@ -3,7 +3,8 @@
 
 It runs moto in-process on 127.0.0.1:5000 (with EC2's fresh address on a start: renumber.py;
 no address handed out while a node still answers on it: addresses.py),
-the API endpoint clients call on 127.0.0.1:4566 (proxy.py), the regions and their images
+the API endpoint clients call on 127.0.0.1:4566, and nodes on SERVICE_IP:4566 (proxy.py), the
+instance metadata service on 169.254.169.254 (imds.py), the regions and their images
 (regions.py; the runtime images' templates come from the command line), a bridge per VPC
 (network.py), the watcher that boots a node per running instance (watcher.py), the firewall
 that enforces security groups (firewall.py), and answers the command line on DIR/control.sock
@@ -28,6 +29,7 @@ from _testbed.ec2 import addresses, network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
+from _testbed.ec2.imds import ImdsServer, Instance, Metadata
 from _testbed.ec2.layout import (
     ACCESS_KEY_ID,
     ACCOUNT_ID,
@@ -38,6 +40,7 @@ from _testbed.ec2.layout import (
     MOTO_URL,
     READY_MARKER,
     SECRET_ACCESS_KEY,
+    SERVICE_IP,
     BedPaths,
     runtime_venv,
 )
@@ -81,7 +84,15 @@ class Bed:
         self.add_regions(self._wanted)
         self.api_server = ApiServer((assert_loopback(API_IP), API_PORT), (MOTO_IP, MOTO_PORT),
                                     self.endpoint)
-        threading.Thread(target=self.api_server.serve_forever, name="api", daemon=True).start()
+        # The nodes' way to the API (S3, as through a VPC endpoint): their own 127.0.0.1 is
+        # their own.
+        self.node_api_server = ApiServer((assert_loopback(SERVICE_IP), API_PORT),
+                                         (MOTO_IP, MOTO_PORT), self.endpoint)
+        self.imds = ImdsServer(Metadata(self.instance_at, lambda: self.client("iam"),
+                                        lambda: self.client("sts")))
+        for name, server in (("api", self.api_server), ("node-api", self.node_api_server),
+                             ("imds", self.imds)):
+            threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
         self.firewall.start()
         self.watcher.start()
         log.info("moto on %s, the API on http://%s:%d", MOTO_URL, API_IP, API_PORT)
@@ -90,7 +101,8 @@ class Bed:
         self.endpoint.stopping.set()
         self.watcher.stop()
         self.firewall.stop()
-        self.api_server.shutdown()
+        for server in (self.api_server, self.node_api_server, self.imds):
+            server.shutdown()
         self.moto.stop()
 
     # ------------------------------------------------------------------------ moto
@@ -113,6 +125,28 @@ class Bed:
                     aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
                     region_name=region).client("ec2", endpoint_url=MOTO_URL)
             return self._clients[region]
+
+    def client(self, service: str) -> Any:
+        """A boto3 client of a global service (IAM, STS) to moto itself."""
+        with self._lock:
+            if service not in self._clients:
+                import boto3
+
+                self._clients[service] = boto3.session.Session(
+                    aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
+                    region_name="us-east-1").client(service, endpoint_url=MOTO_URL)
+            return self._clients[service]
+
+    def instance_at(self, ip: str) -> Instance | None:
+        """The running instance whose private address is ip (what the metadata service
+        answers for), with the instance profile associated with it now."""
+        for region in list(self.regions):
+            for inst in instances(self.backend(region)):
+                if inst.private_ip == ip and inst.state == "running":
+                    profile = getattr(inst, "iam_instance_profile", None) or {}
+                    return Instance(inst.id, region, inst.placement.zone, ip,
+                                    profile.get("Arn") if isinstance(profile, dict) else None)
+        return None
 
     def subnet_zone(self, region: str, subnet_id: str) -> str | None:
         if region not in self.regions:

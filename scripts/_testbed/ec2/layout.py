@@ -25,6 +25,10 @@ DEFAULT_REGIONS = ("us-east-1", "us-west-2")
 API_IP, API_PORT = "127.0.0.1", 4566  # what clients call
 MOTO_IP, MOTO_PORT = "127.0.0.1", 5000  # moto itself; only the controller calls it directly
 API_URL = f"http://{API_IP}:{API_PORT}"
+# The bed's address nodes reach it on, through their VPC's gateway (node_init routes it); the
+# API answers here too, so S3 (AWS_ENDPOINT_URL_S3) is one address for the daemon and nodes.
+SERVICE_IP = "127.254.0.1"
+NODE_API_URL = f"http://{SERVICE_IP}:{API_PORT}"
 MOTO_URL = f"http://{MOTO_IP}:{MOTO_PORT}"
 ACCOUNT_ID = "123456789012"  # moto's default account
 # Throw-away keys: moto checks no signatures; they only have to look like keys.
@@ -219,7 +223,8 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
     env.update({
         "AWS_ENDPOINT_URL_EC2": API_URL,
         "AWS_ENDPOINT_URL_STS": API_URL,
-        "AWS_ENDPOINT_URL_S3": API_URL,
+        "AWS_ENDPOINT_URL_S3": NODE_API_URL,
+        "AWS_ENDPOINT_URL_IAM": API_URL,
         "AWS_CONFIG_FILE": paths.aws_config,
         "AWS_SHARED_CREDENTIALS_FILE": paths.aws_credentials,
         "AWS_EC2_METADATA_DISABLED": "true",

@@ -13,7 +13,8 @@ two nodes then carries the sender's own address, which is what security group ru
 (firewall.py); the daemon, in the bed's namespace, reaches nodes from 127.R.0.1.
 
 Nothing here reaches outside the bed's namespace: it holds only lo, its bridges and the bed-side
-ends of its nodes' veths, and routes only 127/8 addresses. Kernel settings are set inside the
+ends of its nodes' veths, and routes only 127/8 addresses and the metadata service's
+link-local 169.254.169.254, which lives on the bed's lo. Kernel settings are set inside the
 namespaces and go with them. Standard library only.
 """
 
@@ -26,11 +27,16 @@ import os
 import time
 
 from _testbed.common import Failure, assert_loopback, run
+from _testbed.ec2.imds import IMDS_IP
+from _testbed.ec2.layout import SERVICE_IP
 from _testbed.ec2.regions import REGION_NUMBERS, vpc_cidr
 
 log = logging.getLogger("testbed.ec2.network")
 
 NODE_LINK = "eth0"  # the node's end of its veth
+# The bed's addresses that nodes reach through their gateway: the API (S3) and the instance
+# metadata service, the one address here outside 127/8 (link-local: routed nowhere else).
+NODE_SERVICES = (SERVICE_IP, IMDS_IP)
 NETNS_WAIT_S = 5.0
 # Per-namespace settings: 127/8 addresses may leave lo (route_localnet), and bridged IPv4
 # passes the inet family's hooks (conntrack and the forward chain), which is how the firewall
@@ -40,6 +46,17 @@ SYSCTLS = {
     "net/ipv4/conf/default/route_localnet": "1",
     "net/bridge/bridge-nf-call-iptables": "1",
 }
+
+
+def node_routes(ip: str, prefix: int) -> None:
+    """From inside a node: the bed's services (the API, instance metadata) through the VPC's
+    gateway, as EC2 routes them from an instance."""
+    via = str(ipaddress.IPv4Network(f"{assert_loopback(ip)}/{prefix}", strict=False)[1])
+    for service in NODE_SERVICES:
+        # `src`: a 127/8 address has host scope, which the kernel never picks on its own as
+        # the source towards another address.
+        run(["ip", "route", "replace", f"{service}/32", "via", via, "dev", NODE_LINK,
+             "src", ip])
 
 
 def bridge_name(region: str) -> str:
@@ -73,6 +90,8 @@ def loopback_only_localhost() -> None:
 def setup_bed_namespace() -> None:
     """The bed's namespace, once, from its controller."""
     loopback_only_localhost()
+    for ip in NODE_SERVICES:  # answered here, reached by nodes through their gateway
+        run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"])
     for name, value in SYSCTLS.items():
         try:
             set_sysctl(name, value)

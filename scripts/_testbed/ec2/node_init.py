@@ -93,6 +93,7 @@ def make_network(ip: str, prefix: int) -> None:
             network.set_sysctl(f"net/ipv4/conf/{name}/route_localnet", "1")
         run(["ip", "addr", "add", f"{ip}/{prefix}", "dev", network.NODE_LINK])
         run(["ip", "link", "set", network.NODE_LINK, "up"])
+        network.node_routes(ip, prefix)
     except (Failure, OSError) as e:
         raise SystemExit(f"node_init: setting up the network failed: {e}") from e
     say(f"network: {ip}/{prefix} on {network.NODE_LINK}")
