@@ -26,6 +26,7 @@ import pytest
 
 from clusterctl.protocol import ProtocolError
 from clusterd.nodes import NodeStatus
+from clusterd.providers.aws import profile
 from clusterd.providers.aws.handle import AWSHandle
 from clusterd.providers.aws.provider import (
     TAG_CLOUD_NAME,
@@ -95,7 +96,7 @@ def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
 
 @pytest.fixture
 def env(moto: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return aws_environment(tmp_path, moto, ("ec2", "sts"), monkeypatch)
+    return aws_environment(tmp_path, moto, ("ec2", "sts", "iam"), monkeypatch)
 
 
 @pytest.fixture
@@ -532,3 +533,35 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
     finally:
         await daemon.providers.get("aws").aclose()
         await daemon.db.close()
+
+
+async def test_buckets_are_granted_through_one_instance_profile(
+        provider: AWSProvider, moto: str) -> None:
+    """The role is made once; each grant adds the buckets it names to its policy (none is
+    dropped); every instance holds the profile."""
+    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=moto,
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    want = request("granted", nodes=2, cpus=2, infra="aws/us-east-1")
+    handle = await provider.create(want, (await provider.placements(want))[0])
+    try:
+        assert await provider.grant_buckets(want.cloud_name, handle, ("ckpt", "data")) is True
+        assert await provider.grant_buckets(want.cloud_name, handle, ("more",)) is True
+        policy = iam.get_role_policy(RoleName=profile.ROLE, PolicyName=profile.POLICY)
+        assert profile.granted_buckets(policy["PolicyDocument"]) == {"ckpt", "data", "more"}
+        statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
+        assert statements["Objects"]["Resource"] == [
+            "arn:aws:s3:::ckpt/*", "arn:aws:s3:::data/*", "arn:aws:s3:::more/*"]
+        assert "s3:PutObject" in statements["Objects"]["Action"]
+        assert "s3:DeleteBucket" not in statements["Buckets"]["Action"]
+        trust = iam.get_role(RoleName=profile.ROLE)["Role"]["AssumeRolePolicyDocument"]
+        assert "ec2.amazonaws.com" in json.dumps(trust)
+        assert len(iam.list_roles()["Roles"]) == 1
+        associations = ec2(moto, "us-east-1").describe_iam_instance_profile_associations()[
+            "IamInstanceProfileAssociations"]
+        held = {a["InstanceId"]: a["IamInstanceProfile"]["Arn"] for a in associations}
+        arn = iam.get_instance_profile(InstanceProfileName=profile.ROLE)[
+            "InstanceProfile"]["Arn"]
+        assert held == {n.id: arn for n in handle.nodes}, held
+    finally:
+        await provider.terminate(want.cloud_name, handle)
+

@@ -316,6 +316,13 @@ class ProviderOf(Protocol[H]):
         stopping themselves (`down`: terminate rather than stop). Most have nothing to do."""
         ...
 
+    async def grant_buckets(self, cloud_name: str, handle: H,
+                            buckets: tuple[str, ...]) -> bool:
+        """Let the cluster's nodes use these S3 buckets by the provider's own means (an
+        instance profile); True if it did, False if it has none (nodes then get the user's
+        credentials, sent to that cluster only)."""
+        ...
+
     async def check(self) -> dict[str, Any]:
         """Whether this provider is usable here: `ok`, a one-line `detail`, and what else it
         can tell (hosts, identity, regions). Must answer within seconds, and fast when the
@@ -388,6 +395,10 @@ class ProviderDefaults(Generic[H]):
 
     async def apply_autostop(self, cloud_name: str, handle: H, down: bool | None) -> None:
         return None
+
+    async def grant_buckets(self, cloud_name: str, handle: H,
+                            buckets: tuple[str, ...]) -> bool:
+        return False  # no identity of the provider's own on the nodes
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:

@@ -33,6 +33,7 @@ from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, r
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
 from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
+from clusterd.providers.aws.profile import InstanceProfiles
 from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
@@ -95,6 +96,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         self.on_foreign = on_foreign
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
         self._network = ClusterNetwork(self.api, managed_by)
+        self._profiles = InstanceProfiles(self.api)
         self._enabled: tuple[bool, float] | None = None
 
     @classmethod
@@ -542,6 +544,12 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             await self.api.call(handle.region, "ModifyInstanceAttribute",
                                 InstanceId=node.id,
                                 Attribute="instanceInitiatedShutdownBehavior", Value=behaviour)
+
+    async def grant_buckets(self, cloud_name: str, handle: AWSHandle,
+                            buckets: tuple[str, ...]) -> bool:
+        arn = await self._profiles.ensure(buckets)
+        await self._profiles.associate(handle.region, [n.id for n in handle.nodes], arn)
+        return True
 
     # -- check ----------------------------------------------------------------------------
 
