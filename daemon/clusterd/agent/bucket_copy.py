@@ -14,16 +14,34 @@ import concurrent.futures
 import contextlib
 import os
 import threading
+import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 THREADS = 16
 RANGE_BYTES = 8 * 1024 * 1024  # objects larger than this are fetched in ranges at once
 READ_BYTES = 1024 * 1024
+CREDENTIALS_WAIT_S = 60.0
 
 
 class CopyError(Exception):
     pass
+
+
+def wait_for_credentials(params: dict[str, Any], timeout_s: float = CREDENTIALS_WAIT_S
+                         ) -> None:
+    """Without a credentials file the node's come from its instance profile, which EC2 may
+    serve only some seconds after it was associated: wait for them (bounded)."""
+    if params.get("credentials_file"):
+        return
+    import botocore.session
+
+    deadline = time.monotonic() + timeout_s
+    while botocore.session.get_session().get_credentials() is None:
+        if time.monotonic() > deadline:
+            raise CopyError(f"this node has no AWS credentials after {timeout_s:.0f}s (no "
+                            "instance profile's on its metadata service)")
+        time.sleep(1.0)
 
 
 def _client(params: dict[str, Any]) -> Any:
@@ -34,6 +52,7 @@ def _client(params: dict[str, Any]) -> Any:
         os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(
             Path(params["credentials_file"]).expanduser())
         os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
+    wait_for_credentials(params)
     session = botocore.session.get_session()
     return session.create_client(
         "s3", region_name=params.get("region") or None,

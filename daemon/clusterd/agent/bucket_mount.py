@@ -32,6 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from clusterd.agent.bucket_copy import CopyError, wait_for_credentials
 from clusterd.agent.processes import find, terminate_tree
 
 MOUNT_WAIT_S = 30.0
@@ -137,6 +138,11 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
     if params.get("credentials_file"):
         env["AWS_SHARED_CREDENTIALS_FILE"] = str(Path(params["credentials_file"]).expanduser())
         env["AWS_EC2_METADATA_DISABLED"] = "true"
+    else:
+        try:  # rclone would mount without them, and fail at the first read
+            wait_for_credentials(params)
+        except CopyError as exc:
+            raise MountError(str(exc)) from None
     rc_user, rc_pass = "clusterd", secrets.token_hex(16)
     rc_addr = f"127.0.0.1:{_free_port()}"
     log_path = state / f"rclone-{key}.log"

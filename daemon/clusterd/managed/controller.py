@@ -65,6 +65,12 @@ AGENT_STRIKES = 3
 FIRST_LAUNCH_TRIES = 3
 
 
+def bucket_owner(job_id: int) -> str:
+    """Who holds the buckets made for a managed job's task (`clusterctl storage ls` shows
+    it among their users)."""
+    return f"managed-job-{job_id}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Timing:
     # Provider and agent health checks while RUNNING (at once when the job's log stream
@@ -326,7 +332,8 @@ class ManagedJobController:
                 await self._request("launch", name, protocol.to_wire(args),
                                     functools.partial(self._clusters.launch, name=name,
                                                       args=args, task=launch_task,
-                                                      steering=steering))
+                                                      steering=steering,
+                                                      bucket_owner=bucket_owner(record.id)))
             except ProtocolError as exc:
                 reason = f"launch failed: {brief(exc.message)}"
                 if exc.code in PRECHECK_CODES:
@@ -587,6 +594,11 @@ class ManagedJobController:
             with anyio.move_on_after(self._timing.step_timeout_s):
                 await launch.done.wait()
             await self._down(record, why)
+        # Buckets made for the job outlive its clusters (a recovered job finds its
+        # checkpoints): only now do `persistent: false` ones go.
+        await self._request("release", record.cluster, {"owner": bucket_owner(job_id)},
+                            functools.partial(self._clusters.release_buckets,
+                                              name=bucket_owner(job_id)))
         if self.require(job_id).status == S.CANCELLING:
             status = S.CANCELLED
         await self._store.set_status(job_id, status, reason)

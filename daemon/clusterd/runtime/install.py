@@ -42,9 +42,15 @@ READY_MARKER = ".clusterd-ready"
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
+# Not a requirement of clusterd's own (aiobotocore brings it): the nodes' S3 helpers
+# (bucket_copy, the instance-profile credentials wait) need it, at the daemon's version.
+NODE_ONLY_DISTRIBUTIONS = ("botocore",)
+
+
 def agent_requirements() -> list[str]:
     requirements = importlib.metadata.requires("clusterd") or []
-    wanted = []
+    wanted = [f"{name}=={importlib.metadata.version(name)}"
+              for name in NODE_ONLY_DISTRIBUTIONS]
     for requirement in requirements:
         if ";" in requirement:
             continue  # extras (dev tools) are not for nodes

@@ -165,9 +165,11 @@ class ClusterService:
 
     async def launch(
         self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec,
-        steering: Steering | None = None,
+        steering: Steering | None = None, bucket_owner: str | None = None,
     ) -> dict[str, Any]:
-        """`steering` (a managed job's relaunch) orders a new cluster's first round."""
+        """`steering` (a managed job's relaunch) orders a new cluster's first round.
+        `bucket_owner` (a managed job) holds the buckets clusterd makes for the task as well
+        as the cluster does: they outlive the cluster until the owner releases them."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
@@ -176,7 +178,7 @@ class ClusterService:
             # new cluster's launch removes then; an existing cluster is down's to remove).
             with grant.interruptible(f"launch {name} again once that finishes"):
                 # Buckets first: a missing one fails the launch before any node is made.
-                await self.prepare_buckets(request, name, task)
+                await self.prepare_buckets(request, name, task, bucket_owner)
                 record = self._store.get(name)
                 warnings = list(task.warnings)
                 if record is None:
@@ -564,7 +566,7 @@ class ClusterService:
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
 
     async def prepare_buckets(self, request: RunningRequest, name: str,
-                              task: TaskSpec) -> None:
+                              task: TaskSpec, owner: str | None = None) -> None:
         if not task.bucket_mounts or self._storage is None:
             return
 
@@ -573,18 +575,20 @@ class ClusterService:
 
         try:
             await self._storage.prepare(name, task.bucket_mounts, progress)
+            if owner is not None:
+                await self._storage.hold(owner, task.bucket_mounts)
         except BaseException:
             if self._store.get(name) is None:  # nothing uses what it made
                 with anyio.CancelScope(shield=True):
                     await self.release_buckets(request, name)
             raise
 
-    async def release_buckets(self, request: RunningRequest, name: str) -> None:
-        """The cluster is gone: `persistent: false` buckets clusterd made for it go too (when no
-        other cluster uses them). A bucket that cannot be deleted is a warning: its record
-        stays for `clusterctl storage delete`."""
+    async def release_buckets(self, request: RunningRequest, name: str) -> dict[str, Any]:
+        """The cluster (or bucket owner) is gone: `persistent: false` buckets clusterd made for
+        it go too (when no other cluster or owner uses them). A bucket that cannot be deleted
+        is a warning: its record stays for `clusterctl storage delete`."""
         if self._storage is None:
-            return
+            return {"released": name, "problems": []}
         try:
             with anyio.fail_after(600):
                 problems = await self._storage.release(name)
@@ -593,6 +597,7 @@ class ClusterService:
         for problem in problems:
             await request.progress(f"warning: {problem}; `clusterctl storage delete` tries "
                                    "again", "down")
+        return {"released": name, "problems": problems}
 
     def _preempt(self, request: RunningRequest, name: str) -> None:
         me = Holder(request.id, request.op, LockMode.EXCLUSIVE)

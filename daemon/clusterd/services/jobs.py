@@ -209,8 +209,14 @@ class JobService:
         async def progress(message: str) -> None:
             await request.progress(message, "storage")
 
+        provider = self._providers.get(record.provider)
+        handle = provider_handle(record, provider)
+
+        async def grant(buckets: tuple[str, ...]) -> bool:
+            return await provider.grant_buckets(record.cloud_name, handle, buckets)
+
         regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
-        await self._storage.apply(info, record.provider, task.bucket_mounts, regions, progress)
+        await self._storage.apply(info, grant, task.bucket_mounts, regions, progress)
 
     # -- queue, logs, cancel --------------------------------------------------------------
 

@@ -28,8 +28,9 @@ Progress = Callable[[str], Awaitable[None]]
 Credentials = tuple[str, str, str | None]
 COPY_TIMEOUT_S = 6 * 3600.0
 MOUNT_TIMEOUT_S = 120.0
-# Providers whose nodes get credentials from the provider itself (an instance profile).
-PROFILE_PROVIDERS = frozenset({"aws"})
+# Gives a cluster's nodes access to these buckets by the provider's own means; False if it
+# has none (Provider.grant_buckets).
+Grant = Callable[[tuple[str, ...]], Awaitable[bool]]
 
 
 def _where(mount: BucketMount, regions: dict[str, str]) -> dict[str, Any]:
@@ -102,6 +103,12 @@ class StorageService:
                                f"{report.skipped} unchanged")
         return regions
 
+    async def hold(self, owner: str, mounts: tuple[BucketMount, ...]) -> None:
+        """`owner` (a managed job) uses the buckets clusterd made for these mounts, whatever
+        becomes of the cluster that made them, until release(owner)."""
+        for bucket in dict.fromkeys(m.bucket for m in mounts):
+            await self._registry.use(bucket, owner)
+
     async def _ensure(self, cluster: str, mount: BucketMount, where: str,
                       progress: Progress) -> str:
         try:
@@ -125,19 +132,25 @@ class StorageService:
         except StorageError as exc:
             raise StorageError(exc.code, f"{where}: {exc.message}", exc.hint) from None
 
-    async def apply(self, info: ClusterInfo, provider: str, mounts: tuple[BucketMount, ...],
+    async def apply(self, info: ClusterInfo, grant: Grant, mounts: tuple[BucketMount, ...],
                     regions: dict[str, str], progress: Progress) -> None:
-        """Every node gets what the mounts need: credentials (unless its provider gives an
-        instance profile), then each COPY."""
+        """Every node gets what the mounts need: access (from the provider, an instance
+        profile, or else the user's credentials, sent to this cluster only), then each COPY
+        and each mount."""
         if not mounts:
             return
-        if provider in PROFILE_PROVIDERS:
-            # Their nodes are to get credentials from an instance profile clusterd makes; until
-            # it does, no credentials of the user's are sent to a cloud VM.
-            raise StorageError(ErrorCode.INVALID_TASK,
-                               f"bucket mounts are not offered on {provider} clusters yet",
-                               "run the task on an ssh or local cluster, or copy the data "
-                               "in the task's setup")
+        buckets = tuple(dict.fromkeys(m.bucket for m in mounts))
+        params: dict[str, dict[str, Any]] = {}  # node id -> what every helper call takes
+        if await grant(buckets):
+            await progress(f"the nodes' instance profile grants {', '.join(buckets)}")
+            for node in info.nodes:
+                params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": None}
+        else:
+            await self._send_credentials(info, params)
+        await self._copy_and_mount(info, mounts, regions, params, progress)
+
+    async def _send_credentials(self, info: ClusterInfo,
+                                params: dict[str, dict[str, Any]]) -> None:
         found = await self._credentials()
         if found is None:
             raise StorageError(ErrorCode.PROVIDER_ERROR,
@@ -145,7 +158,6 @@ class StorageService:
                                "credentials to give its nodes",
                                "configure them as for the AWS CLI (aws configure)")
         text = credentials_file_text(found)
-        params: dict[str, dict[str, Any]] = {}  # node id -> what every helper call takes
 
         async def credentials(node: NodeInfo) -> None:
             path = node_credentials_path(node)
@@ -154,6 +166,10 @@ class StorageService:
             params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": path}
 
         await self._each_node(info, credentials)
+
+    async def _copy_and_mount(self, info: ClusterInfo, mounts: tuple[BucketMount, ...],
+                              regions: dict[str, str], params: dict[str, dict[str, Any]],
+                              progress: Progress) -> None:
         copies = [m for m in mounts if m.mode == "COPY"]
         if copies:
             await progress(f"copying {len(copies)} bucket mount(s) to {len(info.nodes)} "

@@ -59,7 +59,8 @@ FIELDS: tuple[Field, ...] = (
           "copied (COPY), `{name, source, store: s3, mode: MOUNT | COPY | MOUNT_CACHED, "
           "persistent}` is mounted (rclone) or copied, a bucket named without an s3:// "
           "source is made if missing, and a `persistent: false` one clusterd made goes with "
-          "the cluster; other stores are refused; ${VAR} is filled from envs"),
+          "the cluster (or with its managed job); EC2 nodes reach them through an "
+          "instance profile; other stores are refused; ${VAR} is filled from envs"),
     Field("setup", Support.HONOURED, "run on every node before the job (launch only)"),
     Field("run", Support.HONOURED, "run on every node, with the SKYPILOT_* environment"),
     Field("volumes", Support.PLANNED, "SkyPilot volumes are not offered yet"),
