@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -125,3 +126,24 @@ def test_kubernetes_out_of_quota_fails_over_to_aws(ec2: EC2Bed, k8s: K8sBed,
     assert "landed" in result.stdout
     assert both.ctl("down", "-y", "k2a", timeout=600).returncode == 0
     assert ec2.leftovers(row["cloud_name"]) == []
+
+
+def test_a_bucket_mount_on_pods_without_fuse_fails_the_launch_and_leaves_nothing(
+        ec2: EC2Bed, k8s: K8sBed, both: Daemon) -> None:
+    """The bed's pods have no /dev/fuse (as most pods): a MOUNT entry cannot be had there. The
+    new cluster goes with its failed launch, and so does the bucket made for it."""
+    bucket = f"nofuse-{uuid.uuid4().hex[:8]}"
+    task = ("resources:\n  infra: kubernetes/bed-a\n  cpus: 0.5\n  memory: 1\n"
+            f"file_mounts:\n  /ckpt:\n    name: {bucket}\n    mode: MOUNT\n"
+            "    persistent: false\nrun: echo never ran\n")
+    result = launch(both, "nofuse", task)
+    assert result.returncode != 0, result.stdout
+    assert f"file_mounts./ckpt: MOUNT of s3://{bucket} on " in result.stderr, result.stderr
+    assert "has no /dev/fuse" in result.stderr and "mode: COPY" in result.stderr
+    assert "never ran" not in result.stdout
+    assert both.cluster("nofuse") is None
+    wait_for(lambda: "nofuse" not in k8s.kubectl("get", "pods", "--all-namespaces", "-o",
+                                                 "name"), 120, "the cluster's pods to go")
+    exists = ec2.python("import boto3; print([b['Name'] for b in "
+                        "boto3.client('s3').list_buckets()['Buckets']])")
+    assert bucket not in exists

@@ -212,3 +212,65 @@ def test_writes_to_a_cached_mount_are_in_the_bucket_when_the_job_ends(
     finally:
         assert daemon.ctl("down", "-y", "cacher").returncode == 0
     assert not bucket_exists(ec2, bucket)
+
+
+def test_a_task_in_skypilots_bucket_shapes_runs_unchanged_but_for_its_names(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    """The shapes SkyPilot's storage examples use, in one task: an s3:// COPY, an existing
+    bucket mounted by `source`, a checkpoint bucket by `name` from envs, and a local directory
+    uploaded to a cached mount with `store: s3`; setup and run both see them."""
+    data, run_id = unique("sky-data"), uuid.uuid4().hex[:8]
+    s3(ec2, f"""
+s3.create_bucket(Bucket={data!r})
+s3.put_object(Bucket={data!r}, Key="imagenet-mini/train/0.jpg", Body=b"jpeg 0")
+s3.put_object(Bucket={data!r}, Key="imagenet-mini/train/1.jpg", Body=b"jpeg 1")
+s3.put_object(Bucket={data!r}, Key="README", Body=b"read-only dataset")
+""")
+    outputs = daemon.root / "outputs"
+    outputs.mkdir()
+    (outputs / "seed.txt").write_text("seed 42\n")
+    at = daemon.root / "sky"
+    task = daemon.root / "sky-storage.yaml"
+    task.write_text(f"""name: storage-demo
+envs:
+  RUN_ID: {run_id}
+  DATA_BUCKET: {data}
+file_mounts:
+  {at}/datasets-s3: s3://{data}/imagenet-mini
+  {at}/dataset-ro:
+    source: s3://{data}
+    mode: MOUNT
+  {at}/checkpoint:
+    name: sky-ckpt-${{RUN_ID}}
+    mode: MOUNT
+  {at}/outputs:
+    name: sky-out-${{RUN_ID}}
+    source: {outputs}
+    store: s3
+    mode: MOUNT_CACHED
+    persistent: false
+setup: |
+  echo "setup sees $(find {at}/datasets-s3 -type f | wc -l) images"
+run: |
+  cat {at}/dataset-ro/README; echo
+  cat {at}/outputs/seed.txt
+  echo "epoch 1" > {at}/checkpoint/last.txt
+  echo "loss 0.1" > {at}/outputs/metrics.txt
+""")
+    result = daemon.ctl("launch", "-c", "skyshapes", str(task), "--infra", "local",
+                        timeout=600)
+    try:
+        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert "setup sees 2 images" in result.stdout, result.stdout
+        assert "read-only dataset" in result.stdout and "seed 42" in result.stdout
+        listed = json.loads(daemon.ctl("storage", "ls", "--json").stdout)
+        made = {b["name"] for b in listed}
+        assert {f"sky-ckpt-{run_id}", f"sky-out-{run_id}"} <= made and data not in made
+    finally:
+        assert daemon.ctl("down", "-y", "skyshapes").returncode == 0
+    keys = s3(ec2, f"print(json.dumps(sorted(o['Key'] for o in s3.list_objects_v2("
+                   f"Bucket='sky-ckpt-{run_id}')['Contents'])))")
+    assert keys == ["last.txt"]
+    assert not bucket_exists(ec2, f"sky-out-{run_id}")  # persistent: false, ours
+    assert bucket_exists(ec2, data)
+    assert daemon.ctl("storage", "delete", f"sky-ckpt-{run_id}").returncode == 0

@@ -407,14 +407,18 @@ def test_the_beds_namespace_has_no_link_out(bed: Bed, pair: list[dict[str, Any]]
                for line in links if " veth " in line)
     addresses = subprocess.run(["ip", "-n", bed.netns, "-4", "-o", "addr", "show"],
                                capture_output=True, text=True, check=True).stdout
+    # On lo besides 127.0.0.1: the API's address for nodes, and the metadata service's
+    # link-local one (which no route leads anywhere from).
     assert sorted(line.split()[3] for line in addresses.splitlines()) == [
-        "127.0.0.1/32", "127.1.0.1/16", "127.4.0.1/16", "127.6.0.1/16"]
+        "127.0.0.1/32", "127.1.0.1/16", "127.254.0.1/32", "127.4.0.1/16", "127.6.0.1/16",
+        "169.254.169.254/32"]
     routes = subprocess.run(["ip", "-n", bed.netns, "-4", "route", "show", "table", "all"],
                             capture_output=True, text=True, check=True).stdout.splitlines()
     for line in routes:
         words = line.split()
         dest = words[1] if words[0] in ("local", "broadcast", "unreachable") else words[0]
-        assert dest != "default" and dest.startswith("127."), line
+        assert dest != "default" and (dest.startswith("127.") or (
+            words[0] == "local" and dest == "169.254.169.254")), line
 
 
 def test_each_node_has_a_namespace_and_address_of_its_own(bed: Bed,
@@ -427,6 +431,13 @@ def test_each_node_has_a_namespace_and_address_of_its_own(bed: Bed,
         r = bed.ssh(row["private_ip"], "ip -4 -o addr show")
         assert sorted((line.split()[1], line.split()[3]) for line in r.stdout.splitlines()) \
             == [("eth0", f"{row['private_ip']}/16"), ("lo", "127.0.0.1/32")], r.stdout
+        # Beyond its VPC, a node reaches only the bed's services, through its gateway.
+        gateway = row["private_ip"].rsplit(".", 2)[0] + ".0.1"
+        routes = bed.ssh(row["private_ip"], "ip -4 route show").stdout.splitlines()
+        assert sorted(line.split()[0] for line in routes) == [
+            row["private_ip"].rsplit(".", 2)[0] + ".0.0/16", "127.254.0.1",
+            "169.254.169.254"], routes
+        assert all(f"via {gateway} " in line for line in routes if "via" in line), routes
 
 
 def test_security_groups_are_enforced_and_follow_the_api(bed: Bed) -> None:

@@ -53,6 +53,7 @@ from clusterd.services.jobs import JobService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.handles import ClusterHandle, RuntimeHandle
+from clusterd.storage.s3 import StorageError
 from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
 
@@ -172,6 +173,8 @@ class ClusterService:
         as the cluster does: they outlive the cluster until the owner releases them."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
+        created = False
+        unmountable: StorageError | None = None
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
                                     on_blocked=request.blocked) as grant:
             # `down` calls it off in whatever phase it is (see _provision_new for what a
@@ -182,6 +185,7 @@ class ClusterService:
                 record = self._store.get(name)
                 warnings = list(task.warnings)
                 if record is None:
+                    created = True
                     record, resources, landed = await self._provision_new(
                         request, name, task, override, autostop, args.retry_until_up,
                         args.strict, steering)
@@ -199,7 +203,22 @@ class ClusterService:
                 await announce_warnings(request, self._store, name, warnings)
                 grant.downgrade()
                 job_task = dataclasses.replace(task, resources=resources, resource_choices=())
-                result = await self._jobs.submit(request, record, job_task, run_setup=True)
+                try:
+                    result = await self._jobs.submit(request, record, job_task,
+                                                     run_setup=True)
+                except StorageError as exc:
+                    if not created:
+                        raise
+                    unmountable = exc
+        if unmountable is not None:
+            # A new cluster that cannot have the task's buckets (no FUSE on its nodes, say)
+            # goes with its failed launch, and the buckets made for it with it.
+            await request.progress(f"{name} cannot have the task's buckets; tearing it down",
+                                   "down")
+            with anyio.CancelScope(shield=True):
+                await self.down(request, name, purge=False,
+                                reason=f"launch failed: {brief(unmountable.message)}")
+            raise unmountable
         return result
 
     async def _provision_new(

@@ -33,6 +33,7 @@ from clusterd.services.common import (
     require_up,
 )
 from clusterd.state.clusters import ClusterRecord, ClusterStore
+from clusterd.storage.s3 import StorageError
 from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import GitWorkdir, TaskSpec
 
@@ -213,7 +214,10 @@ class JobService:
         handle = provider_handle(record, provider)
 
         async def grant(buckets: tuple[str, ...]) -> bool:
-            return await provider.grant_buckets(record.cloud_name, handle, buckets)
+            try:
+                return await provider.grant_buckets(record.cloud_name, handle, buckets)
+            except ProtocolError as exc:
+                raise StorageError(exc.code, exc.message, exc.hint) from None
 
         regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
         await self._storage.apply(info, grant, task.bucket_mounts, regions, progress)
