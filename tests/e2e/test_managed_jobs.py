@@ -5,6 +5,7 @@ Every test also checks that no instance or security group is left."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -26,20 +27,25 @@ FINAL = {"SUCCEEDED", "CANCELLED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS",
          "FAILED_NO_RESOURCE", "FAILED_CONTROLLER"}
 
 
-@pytest.fixture(scope="module")
-def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
-    # The bed's runtime image (IMAGES: read by `submit`, not by the daemon): these tests are
-    # about the controller, so no launch waits for a runtime install.
-    with running(ec2.daemon("cdmj-", CLUSTERD_AGENT_AUTOSTOP_GRACE="5",
-                            CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5",
-                            **{IMAGES: json.dumps(ec2.runtime_images())})) as daemon:
+@contextlib.contextmanager
+def managed_jobs_daemon(ec2: EC2Bed, prefix: str, **env: str) -> Iterator[Daemon]:
+    """A daemon in the bed for managed jobs, on the bed's runtime image (IMAGES: read by
+    `submit`, not by the daemon), so no launch waits for a runtime install; its jobs are
+    cancelled at the end (their clusters are theirs: `down` refuses them)."""
+    with running(ec2.daemon(prefix, CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5",
+                            **{IMAGES: json.dumps(ec2.runtime_images())}, **env)) as daemon:
         try:
             yield daemon
         finally:
-            # The clusters of managed jobs are theirs: `down` refuses them, cancel takes them.
             if daemon.process is not None and daemon.process.poll() is None:
                 daemon.ctl("jobs", "cancel", "--all")
                 wait_for(lambda: not queue(daemon), 300, "every managed job to end")
+
+
+@pytest.fixture(scope="module")
+def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
+    with managed_jobs_daemon(ec2, "cdmj-", CLUSTERD_AGENT_AUTOSTOP_GRACE="5") as daemon:
+        yield daemon
 
 
 def queue(daemon: Daemon, *, all: bool = False) -> list[dict[str, Any]]:

@@ -15,15 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.ec2bed import EC2Bed, running
+from tests.e2e.ec2bed import EC2Bed
 from tests.e2e.test_managed_jobs import (
     FINAL,
-    IMAGES,
     instances_of,
     live,
     log_of,
+    managed_jobs_daemon,
     on_runtime_image,
-    queue,
     submit,
     wait_status,
 )
@@ -57,14 +56,8 @@ print("WHOAMI " + json.dumps({"v1": v1, "instance": get("/meta-data/instance-id"
 
 @pytest.fixture(scope="module")
 def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
-    with running(ec2.daemon("cdsa-", CLUSTERD_RETRY_GAP="2", CLUSTERD_RETRY_MAX_GAP="5",
-                            **{IMAGES: json.dumps(ec2.runtime_images())})) as daemon:
-        try:
-            yield daemon
-        finally:
-            if daemon.process is not None and daemon.process.poll() is None:
-                daemon.ctl("jobs", "cancel", "--all")
-                wait_for(lambda: not queue(daemon), 300, "every managed job to end")
+    with managed_jobs_daemon(ec2, "cdsa-") as daemon:
+        yield daemon
 
 
 def unique(stem: str) -> str:
