@@ -315,10 +315,12 @@ class Daemon:
         async def sweep_buckets() -> None:
             # Clusters removed without a `down` (found gone by a refresh, or while the daemon
             # was down) release their buckets here; a cluster being launched (its buckets are
-            # made before its record) is held by its launch's lock.
+            # made before its record) is held by its launch's lock, and an unfinished managed
+            # job holds its own.
             with anyio.fail_after(900):
                 await self.storage.sweep(lambda name: self.store.get(name) is not None or bool(
-                    self.locks.holders(name) or self.locks.waiting(name)))
+                    self.locks.holders(name) or self.locks.waiting(name))
+                    or self.managed_store.holds_buckets(name))
 
         while True:
             await survive("bucket sweep", sweep_buckets)

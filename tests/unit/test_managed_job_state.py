@@ -14,7 +14,12 @@ from clusterctl.protocol import (
 from clusterctl.protocol import ManagedJobStatus as S
 from clusterd.managed import transitions
 from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, policy_from_yaml
-from clusterd.managed.store import ManagedJobStore, SubmittedTask, cluster_name_for
+from clusterd.managed.store import (
+    ManagedJobStore,
+    SubmittedTask,
+    bucket_owner,
+    cluster_name_for,
+)
 from clusterd.providers.base import BlockScope
 from clusterd.server.managed_handlers import requested_resources
 from clusterd.state.db import Database
@@ -41,6 +46,20 @@ async def test_a_new_job_is_pending_with_its_cluster_and_task_id_fixed(db: Datab
     again = ManagedJobStore(db)
     await again.load()
     assert again.get(record.id) == record
+
+
+async def test_an_unfinished_job_holds_its_buckets_and_a_finished_one_does_not(
+        db: Database) -> None:
+    """What the hourly bucket sweep asks of a bucket user that is no cluster."""
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(), "t")
+    assert store.holds_buckets(bucket_owner(record.id))
+    await store.set_status(record.id, S.STARTING, "launching a cluster")
+    assert store.holds_buckets(bucket_owner(record.id))
+    await store.set_status(record.id, S.FAILED_NO_RESOURCE, "no capacity")
+    assert not store.holds_buckets(bucket_owner(record.id))
+    for other in (bucket_owner(record.id + 1), record.cluster, "managed-job-", "managed-job-x"):
+        assert not store.holds_buckets(other), other
 
 
 async def test_every_status_change_is_an_event_with_its_reason(db: Database) -> None:

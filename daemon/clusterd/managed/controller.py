@@ -40,7 +40,12 @@ from clusterd.managed.joblog import JobLogFiles
 from clusterd.managed.logstream import Emit, JobLogStreams
 from clusterd.managed.poll import HealthPoll
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
-from clusterd.managed.store import ManagedJobRecord, ManagedJobStore, SubmittedTask
+from clusterd.managed.store import (
+    ManagedJobRecord,
+    ManagedJobStore,
+    SubmittedTask,
+    bucket_owner,
+)
 from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest, current_request
@@ -63,12 +68,6 @@ USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SE
 AGENT_STRIKES = 3
 # Launch failures other than capacity after which a job that has not run yet fails.
 FIRST_LAUNCH_TRIES = 3
-
-
-def bucket_owner(job_id: int) -> str:
-    """Who holds the buckets made for a managed job's task (`clusterctl storage ls` shows
-    it among their users)."""
-    return f"managed-job-{job_id}"
 
 
 @dataclasses.dataclass(frozen=True)

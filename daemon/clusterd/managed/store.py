@@ -124,6 +124,15 @@ def cluster_name_for(job_id: int, name: str) -> str:
     return f"mj-{job_id}-{cleaned[:24].rstrip('-') or 'job'}"
 
 
+BUCKET_OWNER_PREFIX = "managed-job-"
+
+
+def bucket_owner(job_id: int) -> str:
+    """Who holds the buckets made for a managed job's task, across its clusters (`clusterctl
+    storage ls` shows it among their users)."""
+    return f"{BUCKET_OWNER_PREFIX}{job_id}"
+
+
 class ManagedJobStore:
     def __init__(self, db: Database) -> None:
         self._db = db
@@ -141,6 +150,15 @@ class ManagedJobStore:
 
     def active(self) -> list[ManagedJobRecord]:
         return [r for r in self.all() if not r.status.is_final]
+
+    def holds_buckets(self, owner: str) -> bool:
+        """Whether `owner` (a bucket user's name) is an unfinished managed job: its buckets
+        stay while it runs, whatever becomes of its clusters."""
+        number = owner.removeprefix(BUCKET_OWNER_PREFIX)
+        if number == owner or not number.isdigit():
+            return False
+        record = self.get(int(number))
+        return record is not None and not record.status.is_final
 
     def owner_of(self, cluster: str) -> ManagedJobRecord | None:
         """The unfinished managed job whose cluster this is, if any."""
