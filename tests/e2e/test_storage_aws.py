@@ -171,3 +171,37 @@ def test_a_preempted_managed_job_resumes_from_the_checkpoint_in_its_bucket(
     assert text.rstrip().endswith("done"), text
     # The bucket lived through the lost cluster's teardown, and goes with the job.
     assert bucket_keys(ec2, bucket) is None
+
+
+def test_a_node_that_replaced_a_lost_one_gets_the_mounts_with_the_next_launch(
+        ec2: EC2Bed, daemon: Daemon) -> None:
+    bucket = unique("shared")
+    s3(ec2, f"s3.create_bucket(Bucket={bucket!r}); "
+            f"s3.put_object(Bucket={bucket!r}, Key='marker', Body=b'marker-ok')")
+    task = daemon.root / "replaced.yaml"
+    task.write_text(on_runtime_image(daemon, (
+        "num_nodes: 2\nresources:\n  cpus: 2\n"
+        f"file_mounts:\n  /home/ubuntu/shared:\n    source: s3://{bucket}\n    mode: MOUNT\n"
+        "run: echo \"rank $SKYPILOT_NODE_RANK on $(hostname -I | cut -d' ' -f1) "
+        "reads $(cat ~/shared/marker)\"\n")))
+    first = daemon.ctl("launch", "-c", "replaced", "--infra", "aws/us-east-1", str(task),
+                       timeout=900)
+    try:
+        assert first.returncode == 0, first.stderr + daemon.log()[-3000:]
+        assert first.stdout.count("reads marker-ok") == 2, first.stdout
+        worker = next(i for i in live(instances_of(ec2, "replaced"))
+                      if i["tags"]["clusterd-node-role"] == "worker")
+        ec2.python("import boto3; boto3.client('ec2', region_name='us-east-1')"
+                   f".terminate_instances(InstanceIds=[{worker['id']!r}])")
+        wait_for(lambda: worker["id"] not in {i["id"] for i in live(
+            instances_of(ec2, "replaced"))}, 120, "the worker to be gone")
+        # The launch that makes the lost node again mounts the bucket there too (the new
+        # instance gets the profile as well).
+        again = daemon.ctl("launch", "-c", "replaced", str(task), timeout=900)
+        assert again.returncode == 0, again.stderr + daemon.log()[-3000:]
+        assert "making them again" in again.stderr, again.stderr
+        assert again.stdout.count("reads marker-ok") == 2, again.stdout
+        assert len(live(instances_of(ec2, "replaced"))) == 2
+    finally:
+        assert daemon.ctl("down", "-y", "replaced", timeout=600).returncode == 0
+    assert bucket_keys(ec2, bucket) == ["marker"]  # not clusterd's: untouched
