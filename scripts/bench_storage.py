@@ -64,7 +64,7 @@ def bench_storage(bench: Any) -> None:
         scratch = tempfile.mkdtemp(prefix="cdbs3-", dir=bed.root)
         copy_task = bed.root / "copy.yaml"
         copy_task.write_text(f"file_mounts:\n  {scratch}/copied: s3://bench-copy/ds\n"
-                             "run: true\n")
+                             "run: echo copied\n")
         done = bed.ctl("exec", "bench-s3", str(copy_task))
         if done.returncode != 0:
             raise SystemExit(f"COPY exec failed: {done.stderr}")
