@@ -116,6 +116,8 @@ def test_a_bucket_clusterd_makes_is_listed_and_goes_with_its_cluster_when_not_pe
         assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
         assert "uploaded" in result.stdout
         assert f"creating bucket {made} in us-east-1" in result.stderr
+        # Made ready once per launch, not again when the job is submitted.
+        assert result.stderr.count(f"uploading {source} to ") == 1, result.stderr
         listed = {b["name"]: b for b in json.loads(daemon.ctl("storage", "ls", "--json").stdout)}
         assert set(listed) >= {made, kept} and before not in listed
         assert listed[made]["clusters"] == ["maker"] and listed[made]["objects"] == 1

@@ -127,8 +127,8 @@ async def serve(args: argparse.Namespace) -> None:
     await store.open()
     hub = LogHub(state_dir / "jobs")
     # Bucket mounts keep their state beside each node's run dir (see storage/service.py).
-    mounts_dir = posixpath.join(posixpath.dirname(args.node_run_dir.rstrip("/")), "mounts") \
-        if args.node_run_dir else ""
+    mounts_dir = posixpath.join(posixpath.dirname(args.node_run_dir.rstrip("/")),
+                                node.MOUNTS) if args.node_run_dir else ""
     scheduler = Scheduler(store, hub, args.cluster_name, mounts_dir)
     contact = ContactClock()
 

@@ -382,7 +382,7 @@ def stop(params: dict[str, Any]) -> dict[str, Any]:
                                              float(params.get("agent_grace", 25)))
     if "ray" in parts:
         result["ray_stopped"] = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
-    if "ray" in parts:  # the node's runtime stops: its bucket mounts too (start-ray remounts)
+        # The node's runtime stops: its bucket mounts too (start-ray remounts).
         _bucket_mount("unmount_all")({"state": str(run_dir.parent / MOUNTS), "keep": True})
     return result
 

@@ -181,7 +181,7 @@ class ClusterService:
             # new cluster's launch removes then; an existing cluster is down's to remove).
             with grant.interruptible(f"launch {name} again once that finishes"):
                 # Buckets first: a missing one fails the launch before any node is made.
-                await self.prepare_buckets(request, name, task, bucket_owner)
+                regions = await self.prepare_buckets(request, name, task, bucket_owner)
                 record = self._store.get(name)
                 warnings = list(task.warnings)
                 if record is None:
@@ -205,7 +205,7 @@ class ClusterService:
                 job_task = dataclasses.replace(task, resources=resources, resource_choices=())
                 try:
                     result = await self._jobs.submit(request, record, job_task,
-                                                     run_setup=True)
+                                                     run_setup=True, bucket_regions=regions)
                 except StorageError as exc:
                     if not created:
                         raise
@@ -585,15 +585,17 @@ class ClusterService:
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
 
     async def prepare_buckets(self, request: RunningRequest, name: str,
-                              task: TaskSpec, owner: str | None = None) -> None:
+                              task: TaskSpec, owner: str | None = None
+                              ) -> dict[str, str] | None:
+        """Each bucket's region once they all exist (None: the task mounts none)."""
         if not task.bucket_mounts or self._storage is None:
-            return
+            return None
 
         async def progress(message: str) -> None:
             await request.progress(message, "storage")
 
         try:
-            await self._storage.prepare(name, task.bucket_mounts, progress)
+            regions = await self._storage.prepare(name, task.bucket_mounts, progress)
             if owner is not None:
                 await self._storage.hold(owner, task.bucket_mounts)
         except BaseException:
@@ -601,6 +603,7 @@ class ClusterService:
                 with anyio.CancelScope(shield=True):
                     await self.release_buckets(request, name)
             raise
+        return regions
 
     async def release_buckets(self, request: RunningRequest, name: str) -> dict[str, Any]:
         """The cluster (or bucket owner) is gone: `persistent: false` buckets clusterd made for

@@ -104,10 +104,11 @@ class JobService:
 
     async def submit(
         self, request: RunningRequest, record: ClusterRecord, task: TaskSpec, *, run_setup: bool,
-        task_id: str = "",
+        task_id: str = "", bucket_regions: dict[str, str] | None = None,
     ) -> dict[str, Any]:
         """Copy the task's files to the nodes and queue it. The caller holds the lock.
-        `task_id`: the job's SKYPILOT_TASK_ID (empty: the agent makes one)."""
+        `task_id`: the job's SKYPILOT_TASK_ID (empty: the agent makes one).
+        `bucket_regions`: the task's buckets, already made ready by a launch (else here)."""
         run = task.run
         setup = task.setup if run_setup else None
         if not run and not setup:
@@ -124,7 +125,7 @@ class JobService:
         if image:
             await self._require_container_runtime(info, image)
         await self._sync_files(request, info, task)
-        await self._mount_buckets(request, record, info, task)
+        await self._mount_buckets(request, record, info, task, bucket_regions)
         resources = task.resources
         spec = pb.JobSpec(
             name=task.name or "",
@@ -201,7 +202,8 @@ class JobService:
                         group.start_soon(runner.put_path, local, target)
 
     async def _mount_buckets(self, request: RunningRequest, record: ClusterRecord,
-                             info: ClusterInfo, task: TaskSpec) -> None:
+                             info: ClusterInfo, task: TaskSpec,
+                             regions: dict[str, str] | None) -> None:
         if not task.bucket_mounts:
             return
         if self._storage is None:
@@ -219,7 +221,8 @@ class JobService:
             except ProtocolError as exc:
                 raise StorageError(exc.code, exc.message, exc.hint) from None
 
-        regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
+        if regions is None:
+            regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
         await self._storage.apply(info, grant, task.bucket_mounts, regions, progress)
 
     # -- queue, logs, cancel --------------------------------------------------------------
