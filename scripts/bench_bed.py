@@ -20,7 +20,8 @@ TESTBED = Path(__file__).resolve().parent / "testbed"
 PROGRESS = re.compile(r"^\[\s*([\d.]+)s\] (.*)$")
 # Progress lines that open each phase of a launch, in order.
 PHASES = (("placement", "checking where"), ("provision", "creating nodes on"),
-          ("install", "preparing the runtime"), ("ray", "starting Ray"),
+          ("wheelhouse", "preparing the runtime"), ("copy", "copying the runtime"),
+          ("install", "installing the runtime on"), ("ray", "starting Ray"),
           ("agent", "starting the agent"), ("up", " is UP"))
 
 
@@ -55,6 +56,9 @@ class BedDaemon:
         self.env = {**self.bench.env, **self.daemon_env(bed_env),
                     "CLUSTERD_WHEELHOUSE_DIR": bed_env["CLUSTERD_WHEELHOUSE_DIR"],
                     "XDG_RUNTIME_DIR": str(runtime),
+                    # Its log is kept with the run's output (see down): info says per step
+                    # where a launch's time went.
+                    "CLUSTERD_LOG_LEVEL": "info",
                     "XDG_STATE_HOME": str(self.root / "state"),
                     "XDG_CONFIG_HOME": str(self.root / "config"),
                     "HOME": str(self.root / "home")}
@@ -104,6 +108,9 @@ class BedDaemon:
         finally:
             self.stop_daemon()
             self._testbed("down")
+            log = self.root / "daemon.log"
+            if log.exists():  # kept with the run's output: where the phases' time went
+                shutil.copyfile(log, self.bench.out / f"{self.kind}-daemon.log")
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _testbed(self, *args: str) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,7 @@ a temporary directory, launches a local cluster `bench`, measures, and tears eve
     scripts/bench                 # all, as a table
     scripts/bench --json          # machine-readable
     scripts/bench --only status,exec
+    scripts/bench --write-docs    # and update docs/benchmarks.md (rows of other runs kept)
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class Bench:
         self.socket = runtime / "clusterd" / "clusterd.sock"
         self.daemon: subprocess.Popen[bytes] | None = None
         self.rows: list[dict[str, Any]] = []
+        self.out = self.root / "out"  # charts and data a run keeps (main sets --out)
         self.bed: Path | None = None
         self.loadtest = 0  # load-test records in the daemon (see loadtest_clusters)
 
@@ -583,12 +585,19 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print results as JSON")
     parser.add_argument("--only", help=f"comma-separated subset of {','.join(BENCHES)}")
+    parser.add_argument("--write-docs", action="store_true",
+                        help="write the results into docs/benchmarks.md (and .json), keeping "
+                        "the rows this run did not measure")
+    parser.add_argument("--out", type=Path, help="where charts go (default: a new directory "
+                        "under /tmp, printed at the end)")
     args = parser.parse_args()
     chosen = args.only.split(",") if args.only else list(BENCHES)
     unknown = set(chosen) - set(BENCHES)
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     bench = Bench()
+    bench.out = args.out or Path(tempfile.mkdtemp(prefix="clusterd-bench-", dir="/tmp"))
+    bench.out.mkdir(parents=True, exist_ok=True)
     try:
         bench.start()
         for name in chosen:
@@ -597,6 +606,15 @@ def main() -> None:
         bench.stop()
     meta = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if args.write_docs:
+        from bench_docs import write
+
+        page = write(bench.rows, sorted(bench.out.glob("*.png")))
+        print(f"wrote {page}", file=sys.stderr)
+    if bench.out.is_dir() and any(bench.out.iterdir()):
+        print(f"charts and data: {bench.out}", file=sys.stderr)
+    elif not args.out:
+        bench.out.rmdir()
     if args.json:
         print(json.dumps({"meta": meta, "results": bench.rows}, indent=2))
         return

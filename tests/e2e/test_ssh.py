@@ -44,7 +44,8 @@ def duo(bed: Bed) -> str:
     result = bed.daemon.ctl("launch", "-c", "duo", "--infra", "ssh/testbed", "--num-nodes", "2",
                             "--", "echo launched on $SKYPILOT_NODE_RANK", timeout=900)
     assert result.returncode == 0, result.stderr + bed.daemon.log()[-5000:]
-    for phase in ("preparing the runtime", "installing the runtime", "starting Ray on 2",
+    for phase in ("preparing the runtime", "copying the runtime", "installing the runtime",
+                  "starting Ray on 2",
                   "starting the agent", "cluster duo is UP"):
         assert phase in result.stderr, phase
     assert sorted(result.stdout.splitlines()) == ["(head, rank=0) launched on 0",

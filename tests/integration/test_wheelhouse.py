@@ -1,5 +1,5 @@
 """The runtime's wheelhouse (runtime/install.py, runtime/wheelhouse.py) with real files, a
-real second Linux user and a real pip: a wheelhouse someone else could have written is
+real second Linux user, a real pip and uv: a wheelhouse someone else could have written is
 refused, so is one whose files are not the ones recorded at its build (on this machine before
 the copy, and on the node before pip installs anything), and a key and a marker are not
 enough to pass for one. One real wheelhouse is built for the module (the package index once,
@@ -158,22 +158,30 @@ def test_its_records_are_what_sha256sum_and_the_test_beds_image_read(
 class TamperingNode(LocalRunner):
     """A node where someone changes a wheel between the copy and the install."""
 
+    def __init__(self, wheel: str) -> None:
+        super().__init__()
+        self.wheel = wheel
+
     async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
         await super().sync_dir(source, destination, timeout_s=timeout_s)
-        spoil(next(Path(os.path.expanduser(destination)).glob("anyio-*.whl")))
+        spoil(next(Path(os.path.expanduser(destination)).glob(f"{self.wheel}-*.whl")))
 
 
+# anyio: a wheel of the venv; uv: the installer itself, which would otherwise run as the
+# node's user with whatever someone put in it.
+@pytest.mark.parametrize("wheel", ["anyio", "uv"])
 @pytest.mark.anyio
 async def test_the_node_installs_nothing_from_a_wheel_changed_after_the_copy(
-        built: Wheelhouse, node: Path) -> None:
+        built: Wheelhouse, node: Path, wheel: str) -> None:
     with pytest.raises(ProtocolError) as refused:
-        await install_runtime(TamperingNode(), built)
+        await install_runtime(TamperingNode(wheel), built)
     message = refused.value.message
     assert "do not match the digests recorded when the wheelhouse was built" in message
-    assert "anyio-" in message
+    assert f"{wheel}-" in message
     venv = node / ".clusterd" / "venvs" / built.key
     assert not list(venv.glob("lib/python*/site-packages/anyio*"))
     assert not list(venv.glob("lib/python*/site-packages/clusterd*"))
+    assert not list((node / ".clusterd" / "wheelhouse").glob("*.uv"))
 
 
 @pytest.mark.ray  # installs Ray into a venv: slow

@@ -1,14 +1,19 @@
 """The runtime on remote nodes: a venv with exactly this daemon's package and a pinned Ray.
 
 The daemon builds a wheelhouse once per version (its own package as a wheel, plus the wheels
-the agent needs), ships it to every node, and installs from it without an index: nodes run
-exactly the daemon's code, and need no internet. A node whose Python differs from the
-daemon's gets the package from the wheelhouse and the rest from the index. A node that already
-has this version is left alone (a marker in its venv says so).
+the agent needs, plus uv's wheel), ships it to every node, and installs from it without an
+index: nodes run exactly the daemon's code, and need no internet. uv does the install (its
+wheel carries a static binary: about 2 s for the whole runtime where pip took 15, most of it
+pip compiling every module of Ray ahead of time). A node whose Python differs from the
+daemon's gets the package from the wheelhouse and the rest from the index, with pip (which
+reads the node's own pip configuration, mirrors included). A node that already has this
+version is left alone (a marker in its venv says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
-at its build); the daemon checks its copy before each copy to a node, and pip on the node
-checks every wheel from it against the digests the daemon checked (`--require-hashes`).
+at its build); the daemon checks its copy before each copy to a node. On the node, every
+wheel is checked against the digests the daemon verified, held in its memory, before uv is
+unpacked from its wheel, and uv (or pip) checks them again as it installs
+(`--require-hashes`).
 """
 
 from __future__ import annotations
@@ -16,11 +21,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -45,6 +52,16 @@ PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 # Not a requirement of clusterd's own (aiobotocore brings it): the nodes' S3 helpers
 # (bucket_copy, the instance-profile credentials wait) need it, at the daemon's version.
 NODE_ONLY_DISTRIBUTIONS = ("botocore",)
+# Shipped in the wheelhouse to install the rest; never installed into the venv itself.
+INSTALLER_DISTRIBUTION = "uv"
+
+
+def installer_requirement() -> str:
+    return f"{INSTALLER_DISTRIBUTION}=={importlib.metadata.version(INSTALLER_DISTRIBUTION)}"
+
+
+def _is_installer_wheel(name: str) -> bool:
+    return name.startswith(f"{INSTALLER_DISTRIBUTION}-") and name.endswith(".whl")
 
 
 def agent_requirements() -> list[str]:
@@ -65,6 +82,7 @@ class Wheelhouse:
     path: Path
     key: str  # identifies this exact runtime: version plus a digest of the wheels
     package_wheel: str
+    installer_wheel: str
     # Each file's sha256, as verified when the wheelhouse was built or found: what it must
     # still hold before a copy to a node, and what pip on the node checks.
     digests: tuple[tuple[str, str], ...]
@@ -76,15 +94,28 @@ class Wheelhouse:
             raise integrity.WheelhouseRefused(path, "has no clusterd wheel",
                                               f"remove it (rm -r {path}) and let clusterd "
                                               "build it again")
-        return cls(path, path.name, packages[0], tuple(sorted(digests.items())))
+        installers = sorted(n for n in digests if _is_installer_wheel(n))
+        if not installers:
+            raise integrity.WheelhouseRefused(path, f"has no {INSTALLER_DISTRIBUTION} wheel "
+                                              "(made by an older clusterd?)",
+                                              f"remove it (rm -r {path}) and let clusterd "
+                                              "build it again")
+        return cls(path, path.name, packages[0], installers[0],
+                   tuple(sorted(digests.items())))
 
     def verify(self) -> None:
         """Blocking: WheelhouseRefused unless the files are still the ones verified before."""
         integrity.verify(self.path, dict(self.digests))
 
+    def runtime_wheels(self) -> list[str]:
+        """The wheels that make the node's venv: all but the installer's."""
+        return [n for n, _ in self.digests if n.endswith(".whl") and not _is_installer_wheel(n)]
+
     def require_hashes(self, wheels: list[str] | None = None) -> str:
-        """pip's hash-checking requirements for `wheels` (default: every wheel here)."""
-        return integrity.hashed_requirements(dict(self.digests), wheels)
+        """Hash-checking requirements (pip's and uv's `--require-hashes` format) for `wheels`
+        (default: every wheel of the venv)."""
+        return integrity.hashed_requirements(
+            dict(self.digests), self.runtime_wheels() if wheels is None else wheels)
 
 
 def _source_root() -> Path | None:
@@ -192,10 +223,12 @@ class WheelhouseBuilder:
             else:
                 _wheel_from_installed(staging)
             requirements = agent_requirements()
-            _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements)
+            _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements,
+                 installer_requirement())
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
-            # For installs by hand (the EC2 test bed's runtime image): pip checks each wheel.
-            wheels = {p.name: integrity.sha256_of(p) for p in staging.glob("*.whl")}
+            # For installs by hand (the test beds' runtime images): pip checks each wheel.
+            wheels = {p.name: integrity.sha256_of(p) for p in staging.glob("*.whl")
+                      if not _is_installer_wheel(p.name)}
             (staging / integrity.HASHED_REQUIREMENTS).write_text(
                 integrity.hashed_requirements(wheels))
             digests = integrity.write_sums(staging)  # last: the build is complete
@@ -234,11 +267,37 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
                           force: bool = False) -> None:
     """Make sure the node has this runtime and `.clusterd/current` points at it; with
     `force`, install it again even if it claims to be there (it answered with another
-    version)."""
-    venv = f".clusterd/venvs/{wheelhouse.key}"
-    check = await runner.run(["test", "-e", f"{venv}/{READY_MARKER}"], timeout_s=60)
-    if force or check.exit_code != 0:
-        await _install(runner, wheelhouse, venv)
+    version). The steps one by one (the runtime manager runs each on all nodes at once)."""
+    if await needs_install(runner, wheelhouse, force):
+        # Our copy first: changed since it was checked (or built), it goes nowhere.
+        await anyio.to_thread.run_sync(wheelhouse.verify)
+        await copy_wheelhouse(runner, wheelhouse)
+        await install_copied(runner, wheelhouse)
+    await link_current(runner, wheelhouse)
+
+
+def _venv(wheelhouse: Wheelhouse) -> str:
+    return f".clusterd/venvs/{wheelhouse.key}"
+
+
+def _remote_house(wheelhouse: Wheelhouse) -> str:
+    return f".clusterd/wheelhouse/{wheelhouse.key}"
+
+
+async def needs_install(runner: CommandRunner, wheelhouse: Wheelhouse, force: bool) -> bool:
+    check = await runner.run(["test", "-e", f"{_venv(wheelhouse)}/{READY_MARKER}"],
+                             timeout_s=60)
+    return force or check.exit_code != 0
+
+
+async def copy_wheelhouse(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
+    """The wheelhouse onto the node (rsync: what is there already is not sent again). The
+    caller has verified our copy first (Wheelhouse.verify)."""
+    await runner.sync_dir(str(wheelhouse.path), f"~/{_remote_house(wheelhouse)}",
+                          timeout_s=900)
+
+
+async def link_current(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
     linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", ".clusterd/current"],
                               timeout_s=60)
     if linked.exit_code != 0:
@@ -246,60 +305,121 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
                             f"{runner.node_name}: {linked.error_tail(3)}")
 
 
-async def _install(runner: CommandRunner, wheelhouse: Wheelhouse, venv: str) -> None:
-    remote_house = f".clusterd/wheelhouse/{wheelhouse.key}"
-    # Our copy first: changed since it was checked (or built), it goes nowhere.
-    await anyio.to_thread.run_sync(wheelhouse.verify)
-    await runner.sync_dir(str(wheelhouse.path), f"~/{remote_house}", timeout_s=900)
-    version = await runner.run(
-        ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], timeout_s=60
-    )
-    if version.exit_code != 0:
+# Run by the node's python3 before anything is installed (standard library only: the node has
+# nothing else yet). Checks each wheel named on stdin ({file: sha256}, the digests the daemon
+# verified) and unpacks uv's binary from its wheel, from the very bytes it checked.
+_CHECK_AND_UNPACK = """
+import hashlib, io, json, os, sys, zipfile
+house, installer, target = sys.argv[1:4]
+for name, digest in sorted(json.load(sys.stdin).items()):
+    sha, kept = hashlib.sha256(), io.BytesIO()
+    with open(os.path.join(house, name), "rb") as f:
+        while block := f.read(1 << 20):
+            sha.update(block)
+            if name == installer:
+                kept.write(block)
+    if sha.hexdigest() != digest:
+        print(name)
+        sys.exit(3)
+with zipfile.ZipFile(kept) as wheel:
+    member = next(n for n in wheel.namelist() if n.endswith(".data/scripts/uv"))
+    binary = wheel.read(member)
+with open(target + ".part", "wb") as f:
+    f.write(binary)
+os.chmod(target + ".part", 0o700)
+os.replace(target + ".part", target)
+"""
+DIGESTS_DIFFER = 3
+
+
+async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
+    """Install the runtime's venv from the wheelhouse copied onto the node, each wheel
+    checked against the digests in our memory first; the ready marker last."""
+    venv, remote_house = _venv(wheelhouse), _remote_house(wheelhouse)
+    started = time.monotonic()
+    took: dict[str, float] = {}  # seconds per step, for the log
+
+    def lap(step: str) -> None:
+        took[step] = round(time.monotonic() - started - sum(took.values()), 2)
+
+    found = await runner.run(
+        ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2], sys.executable)"],
+        timeout_s=60)
+    if found.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                            f"{runner.node_name} has no python3: {version.error_tail(3)}",
+                            f"{runner.node_name} has no python3: {found.error_tail(3)}",
                             "install Python 3.11 or newer on the node")
-    node_python = version.text.strip()
+    node_python, executable = found.text.strip().split(" ", 1)
     offline = node_python == PYTHON_TAG
-    # What pip on the node may install from the wheelhouse, each wheel pinned to the digest
-    # verified here (from our memory, not from the copy): every wheel when the node's Python
-    # is ours; else only the package, the agent's dependencies coming from the index.
+    # What may be installed from the wheelhouse, each wheel pinned to the digest verified
+    # here (from our memory, not from the copy): every wheel when the node's Python is ours;
+    # else only the package, the agent's dependencies coming from the index.
+    wheels = wheelhouse.runtime_wheels() if offline else [wheelhouse.package_wheel]
     hashes = f"{remote_house}.require-hashes.txt"
-    pinned = wheelhouse.require_hashes(None if offline else [wheelhouse.package_wheel])
     written = await runner.run(["sh", "-c", 'cat > "$1"', "sh", hashes],
-                               input=pinned.encode(), timeout_s=60)
+                               input=wheelhouse.require_hashes(wheels).encode(), timeout_s=60)
     if written.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
                             f"{runner.node_name}: writing {hashes}: {written.error_tail(3)}")
-    made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
+    digests = dict(wheelhouse.digests)
+    checked = {name: digests[name] for name in [*wheels, wheelhouse.installer_wheel]}
+    uv = f"{remote_house}.uv"
+    lap("probe")
+    unpacked = await runner.run(
+        ["python3", "-c", _CHECK_AND_UNPACK, remote_house, wheelhouse.installer_wheel, uv],
+        input=json.dumps(checked).encode(), timeout_s=300)
+    if unpacked.exit_code == DIGESTS_DIFFER:
+        raise _digests_differ(runner, remote_house, unpacked.text.strip())
+    if unpacked.exit_code != 0:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{runner.node_name}: unpacking the installer (uv) failed: "
+                            f"{unpacked.error_tail(5)}")
+    lap("check")
+    # uv is told everything (no config files, no cache, no interpreter downloads, no
+    # index): what it does is what is written here.
+    quiet_uv = [uv, "--quiet", "--no-config", "--no-cache", "--offline",
+                "--no-python-downloads"]
+    if offline:
+        made = await runner.run([*quiet_uv, "venv", "--clear", "--python", executable, venv],
+                                timeout_s=300)
+    else:  # pip, to fetch the agent's dependencies the way the node's pip is set up to
+        made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
     if made.exit_code != 0:
         raise ProtocolError(
             ErrorCode.PROVIDER_ERROR,
             f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
             "install the venv module on the node (Debian: apt-get install python3-venv)",
         )
-    pip = [f"{venv}/bin/python", "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    steps = [] if offline else [[*pip, "-r", f"{remote_house}/requirements.txt"]]
+    lap("venv")
+    steps = [] if offline else [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
+                                 "--disable-pip-version-check", "-r",
+                                 f"{remote_house}/requirements.txt"]]
     # --no-deps: the pinned list is complete (and the package's daemon-only dependencies,
-    # such as the cloud SDKs, have no business on a node). pip checks every digest before it
-    # installs anything.
-    steps.append([*pip, "--no-index", "--no-deps", "--require-hashes",
-                  "--find-links", remote_house, "-r", hashes])
+    # such as the cloud SDKs, have no business on a node). uv checks every digest before it
+    # installs anything; no bytecode ahead of time (Python writes what is imported).
+    steps.append([*quiet_uv, "pip", "install", "--python", f"{venv}/bin/python", "--no-index",
+                  "--no-deps", "--require-hashes", "--find-links", remote_house, "-r", hashes])
     for args in steps:
         installed = await runner.run(args, timeout_s=1800)
         if installed.exit_code != 0:
             output = installed.error_tail(12)
-            if "DO NOT MATCH THE HASHES" in output.upper():
-                raise ProtocolError(
-                    ErrorCode.PROVIDER_ERROR,
-                    f"the runtime's wheels on {runner.node_name} do not match the digests "
-                    f"recorded when the wheelhouse was built; nothing was installed: {output}",
-                    f"someone or something changed ~/{remote_house} on the node; remove it, "
-                    "and launch again",
-                )
+            if "hash mismatch" in output.lower() or "do not match the hashes" in output.lower():
+                raise _digests_differ(runner, remote_house, output)
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
                 f"installing the runtime on {runner.node_name} failed: {output}",
             )
+    lap("install")
     await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
     logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
-                offline=offline)
+                offline=offline, **{f"{step}_s": s for step, s in took.items()})
+
+
+def _digests_differ(runner: CommandRunner, remote_house: str, what: str) -> ProtocolError:
+    return ProtocolError(
+        ErrorCode.PROVIDER_ERROR,
+        f"the runtime's wheels on {runner.node_name} do not match the digests recorded when "
+        f"the wheelhouse was built; nothing was installed: {what}",
+        f"someone or something changed ~/{remote_house} on the node; remove it, and launch "
+        "again",
+    )

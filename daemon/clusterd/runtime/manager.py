@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,10 @@ from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error
 from clusterd.faults import fault_point
 from clusterd.nodes import ClusterInfo, NodeInfo
-from clusterd.runtime import node_helper
+from clusterd.runtime import install, node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient
-from clusterd.runtime.install import WheelhouseBuilder, install_runtime
+from clusterd.runtime.install import WheelhouseBuilder
 from clusterd.runtime.runner import CommandRunner
 from clusterd.state.handles import RuntimeHandle
 
@@ -92,6 +92,15 @@ class NodeLayout:
 def ray_temp_key(cloud_name: str) -> str:
     """Names the cluster's Ray temp dir on a node (the helper keeps that path short)."""
     return hashlib.sha256(cloud_name.encode()).hexdigest()[:10]
+
+
+async def _on_each(nodes: Sequence[NodeInfo],
+                   step: Callable[[NodeInfo], Coroutine[Any, Any, None]]) -> None:
+    """`step` on every node at once; the first failure is raised, the others cancelled."""
+    with first_error():
+        async with anyio.create_task_group() as group:
+            for node in nodes:
+                group.start_soon(step, node)
 
 
 def _node_key(node: NodeInfo) -> str:
@@ -248,13 +257,26 @@ class RuntimeManager:
         started = time.monotonic()
         await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
         wheelhouse = await self._wheelhouse.ensure()
-        await progress(f"installing the runtime {wheelhouse.key} where missing", "install")
+        needing: list[NodeInfo] = []
+
+        async def check(node: NodeInfo) -> None:
+            if await install.needs_install(self._runner_for(node), wheelhouse, force):
+                needing.append(node)
+
+        await _on_each(nodes, check)
         await fault_point("launch.during_install")
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in nodes:
-                    group.start_soon(install_runtime, self._runner_for(node), wheelhouse, force)
-        logger.info("runtime ready on nodes", nodes=len(nodes),
+        if needing:
+            # Ours is checked once for all the copies (it hashes every wheel).
+            await anyio.to_thread.run_sync(wheelhouse.verify)
+            await progress(f"copying the runtime {wheelhouse.key} to {len(needing)} node(s)",
+                           "copy")
+            await _on_each(needing, lambda n: install.copy_wheelhouse(self._runner_for(n),
+                                                                      wheelhouse))
+            await progress(f"installing the runtime on {len(needing)} node(s)", "install")
+            await _on_each(needing, lambda n: install.install_copied(self._runner_for(n),
+                                                                     wheelhouse))
+        await _on_each(nodes, lambda n: install.link_current(self._runner_for(n), wheelhouse))
+        logger.info("runtime ready on nodes", nodes=len(nodes), installed=len(needing),
                     seconds=round(time.monotonic() - started, 1))
 
     async def _free_ports(self, node: NodeInfo, names: tuple[str, ...]) -> dict[str, int]:
@@ -290,12 +312,10 @@ class RuntimeManager:
                 {"path": NodeLayout(info.head.runtime_dir).token_path},
             ))["token"]
         await self._start_ray_node(cloud_name, info.head, ports, token, address, head=True)
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in info.nodes[1:]:
-                    group.start_soon(self._start_ray_node, cloud_name, node,
-                                     worker_ports[_node_key(node)], token, address, False,
-                                     members)
+        worker_token = token
+        await _on_each(info.nodes[1:], lambda node: self._start_ray_node(
+            cloud_name, node, worker_ports[_node_key(node)], worker_token, address, False,
+            members))
 
     async def _start_ray_node(
         self,
@@ -386,10 +406,7 @@ class RuntimeManager:
         """Stop the agent (which cancels its jobs), then Ray on the workers, then on the head:
         a worker whose head is already gone hangs in its own shutdown."""
         await self._stop_node(info.head, ["agent"])
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in info.nodes[1:]:
-                    group.start_soon(self._stop_node, node, ["ray"])
+        await _on_each(info.nodes[1:], lambda node: self._stop_node(node, ["ray"]))
         await self._stop_node(info.head, ["ray"])
 
     async def _stop_node(self, node: NodeInfo, parts: list[str]) -> None:
@@ -408,7 +425,4 @@ class RuntimeManager:
                     self._runner_for(node), "cleanup",
                     {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]})
 
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    group.start_soon(clean, node)
+        await _on_each(info.nodes, clean)
