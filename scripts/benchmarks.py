@@ -38,6 +38,12 @@ from bench_aws import (
     bench_failover,
 )
 from bench_bed import insert_records
+from bench_curves import (
+    bench_curves_clusters,
+    bench_curves_failover,
+    bench_curves_logs,
+    bench_curves_queue,
+)
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
 from bench_managed import bench_managed
@@ -147,16 +153,25 @@ class Bench:
                 return False
 
     def loadtest_clusters(self, count: int) -> None:
-        """`count` clusters of the in-memory load-test provider, made once per run: records
-        go straight into the database (as a crash would leave them to be reconciled), the
-        daemon is restarted with the provider switched on, and one refresh settles them."""
+        """`count` clusters of the in-memory load-test provider: records go straight into the
+        database (as a crash would leave them to be reconciled; any made before are replaced),
+        the daemon is restarted with the provider switched on, and one refresh settles them."""
         if self.loadtest == count:
             return
-        self._restart_daemon(extra={"CLUSTERD_TEST_PROVIDERS": "loadtest"}, before=lambda: (
-            insert_records(
-                self.root / "state" / "clusterd" / "state.db", "loadtest", "INIT",
-                [(f"load-{i:04d}-x", {"infra": "loadtest/mem"}, {"cpus": 4},
-                  {"provider": {"nodes": 1}}) for i in range(count)])))
+        db_path = self.root / "state" / "clusterd" / "state.db"
+
+        def replace() -> None:
+            db = sqlite3.connect(db_path)
+            try:
+                with db:
+                    db.execute("DELETE FROM clusters WHERE provider = 'loadtest'")
+            finally:
+                db.close()
+            insert_records(db_path, "loadtest", "INIT",
+                           [(f"load-{i:05d}-x", {"infra": "loadtest/mem"}, {"cpus": 4},
+                             {"provider": {"nodes": 1}}) for i in range(count)])
+
+        self._restart_daemon(extra={"CLUSTERD_TEST_PROVIDERS": "loadtest"}, before=replace)
         from clusterctl import Client, StatusArgs
 
         with Client(self.socket, autostart=False) as client:
@@ -577,6 +592,10 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "dashboard_logs": bench_dashboard_logs,
     "managed": bench_managed,
     "storage": bench_storage,
+    "curves_clusters": bench_curves_clusters,
+    "curves_queue": bench_curves_queue,
+    "curves_logs": bench_curves_logs,
+    "curves_failover": bench_curves_failover,
 }
 
 
@@ -625,7 +644,9 @@ def main() -> None:
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
              "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
              "relaunch_p50_s", "paired_ratio_without_lag_p50", "per_job_kib",
-             "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s")
+             "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
+             "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
+             "log_bytes", "written_mb_per_s")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

@@ -26,6 +26,7 @@ from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.locks import ClusterLocks
+from clusterd.loop_watch import LoopWatch
 from clusterd.managed.controller import ManagedJobController, Timing
 from clusterd.managed.store import ManagedJobStore
 from clusterd.nodes import NodeInfo, SSHTarget
@@ -182,11 +183,13 @@ class Daemon:
             self.managed_store, self.store, self.clusters, self.jobs, self.providers,
             self.access, self.requests, settings.state_dir / "managed-jobs",
             Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s))
+        self.loop_watch = LoopWatch()
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
             strict_by_default=self._strict_by_default, managed=self.managed,
             managed_store=self.managed_store, storage=self.storage,
+            loop_stats=self.loop_watch.stats,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -288,8 +291,9 @@ class Daemon:
                 # Settings): status refresh (at once on start, then every
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
                 # autostop timers (every autostop_check_s), event and request retention
-                # (hourly), and the managed-jobs controller (a driver per unfinished job;
-                # its health polls every Timing.poll_s).
+                # (hourly), the managed-jobs controller (a driver per unfinished job;
+                # its health polls every Timing.poll_s), and the loop's own lag watch.
+                await root.start(self.loop_watch.run)
                 for provider in self.providers.all():
                     await root.start(provider.run)
                 await root.start(self.refresh.run)

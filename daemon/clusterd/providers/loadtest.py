@@ -3,17 +3,23 @@
 It is registered only when CLUSTERD_TEST_PROVIDERS names it. Its clusters have no nodes to
 reach and no agent: every query answers "running" from memory after a pause that stands for
 one provider API call (for all clusters at once, as a real provider's list call would).
+
+For the failover benchmark it offers CLUSTERD_LOADTEST_ZONES zones (default 1), and with
+CLUSTERD_LOADTEST_STOCKOUT=1 every zone is out of capacity: a launch walks through all of
+them and fails, having made nothing, so the engine's decisions are what is measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, ClassVar
 
 import anyio
 
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
+    BlockScope,
     ClusterRequest,
     Placement,
     ProviderContext,
@@ -49,14 +55,17 @@ class LoadTestProvider(ProviderDefaults[LoadTestHandle]):
     can_stop: ClassVar[bool] = True
     agentless: ClassVar[bool] = True
 
-    def __init__(self) -> None:
+    def __init__(self, zones: int = 1, stockout: bool = False) -> None:
         self.calls = 0
+        self._zones = [f"mem-{i:05d}" for i in range(max(1, zones))]
+        self._stockout = stockout
         # Clusters stopped since they were last started: in memory only, as the nodes are.
         self._stopped: set[str] = set()
 
     @classmethod
     def build(cls, context: ProviderContext) -> LoadTestProvider:
-        return cls()
+        return cls(int(os.environ.get("CLUSTERD_LOADTEST_ZONES", "1")),
+                   os.environ.get("CLUSTERD_LOADTEST_STOCKOUT") == "1")
 
     def _nodes(self, cloud_name: str, handle: LoadTestHandle) -> list[NodeInfo]:
         count = handle.nodes
@@ -66,9 +75,15 @@ class LoadTestProvider(ProviderDefaults[LoadTestHandle]):
                 for i in range(count)]
 
     async def placements(self, request: ClusterRequest) -> list[Placement]:
-        return [Placement("loadtest", "mem", None, "m.test", cpus=4, memory_gb=16)]
+        if len(self._zones) == 1:
+            return [Placement("loadtest", "mem", None, "m.test", cpus=4, memory_gb=16)]
+        return [Placement("loadtest", "mem", zone, "m.test", cpus=4, memory_gb=16)
+                for zone in self._zones]
 
     async def create(self, request: ClusterRequest, placement: Placement) -> LoadTestHandle:
+        if self._stockout:
+            raise ProvisionError(f"no capacity in {placement.zone} (load test)",
+                                 BlockScope.ZONE)
         return LoadTestHandle(request.num_nodes)
 
     def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> LoadTestHandle:

@@ -71,7 +71,9 @@ class Handlers:
         managed: ManagedJobController,
         managed_store: ManagedJobStore,
         storage: StorageService,
+        loop_stats: Callable[[], dict[str, Any]] = dict,
     ) -> None:
+        self._loop_stats = loop_stats
         self._managed = ManagedHandlers(managed, managed_store)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
@@ -123,6 +125,7 @@ class Handlers:
             "refresh": {"cycles": self._refresh.cycles,
                         "last_cycle_s": round(self._refresh.last_cycle_s, 3)},
             "provision": self._clusters.provision_stats(),
+            "loop": self._loop_stats(),
         }
 
     async def status(self, call: Call, args: protocol.StatusArgs) -> dict[str, Any]:
