@@ -20,7 +20,7 @@ import structlog
 
 from clusterctl import protocol
 from clusterctl.protocol import ErrorCode, OpArgs, ProtocolError
-from clusterd import log
+from clusterd import log, packing
 
 logger = log.get("clusterd.connection")
 
@@ -70,7 +70,7 @@ class Connection:
         self._last_activity = 0.0
 
     async def send(self, message: dict[str, Any]) -> None:
-        frame = protocol.encode_frame(message)
+        frame = packing.encode_frame(message)
         async with self._send_lock:
             try:
                 with anyio.fail_after(SEND_TIMEOUT_S):

@@ -22,6 +22,7 @@ from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
+from clusterd.packing import Packed
 from clusterd.providers.base import (
     ClusterRequest,
     Provider,
@@ -92,7 +93,7 @@ class ClusterService:
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
-        self._views: dict[str, tuple[ClusterRecord, dict[str, Any], dict[str, Any]]] = {}
+        self._views: dict[str, tuple[ClusterRecord, Packed, Packed]] = {}
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -110,7 +111,8 @@ class ClusterService:
         if cached is None or cached[0] is not record:
             full = self._record_view(record)
             brief = {k: v for k, v in full.items() if k not in VERBOSE_FIELDS}
-            cached = (record, full, brief)
+            # Encoded once too: a reply of many views joins their bytes (clusterd/packing.py).
+            cached = (record, Packed(full), Packed(brief))
             self._views[record.name] = cached
         base = cached[1] if verbose else cached[2]
         holders = self._locks.holders(record.name)
@@ -158,8 +160,11 @@ class ClusterService:
         for name in names:
             require_cluster(self._store, name)
         records = [self._store.get(n) for n in names] if names else self._store.all()
-        for gone in self._views.keys() - set(self._store.names()):
-            del self._views[gone]
+        # Views of clusters gone, checked by count: a status of 10,000 clusters must not
+        # build sets of them each time (one gone while another is new goes on the next).
+        if len(self._views) > self._store.count():
+            for gone in self._views.keys() - set(self._store.names()):
+                del self._views[gone]
         return {"clusters": [self.view(r, verbose) for r in records if r is not None]}
 
     # -- launch -----------------------------------------------------------------------------

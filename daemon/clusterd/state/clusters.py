@@ -273,3 +273,6 @@ class ClusterStore:
 
     def names(self) -> Iterable[str]:
         return self._records.keys()
+
+    def count(self) -> int:
+        return len(self._records)
