@@ -27,7 +27,7 @@ import anyio.abc
 PERIOD_S = 0.05
 HELD_S = 0.02
 KEEP = 2400  # lag samples kept: the last two minutes at PERIOD_S
-TOP = 5
+TOP = 10
 OUR_CODE = os.sep + "clusterd" + os.sep
 
 

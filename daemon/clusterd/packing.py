@@ -20,14 +20,20 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 
 
 class Packed(dict[str, Any]):
-    """A map that knows its msgpack encoding. Never changed after it is made: a copy with
-    other fields is a plain dict again (`{**view, ...}`)."""
+    """A map that knows its msgpack encoding (made on first use, then kept). Never changed
+    after it is made: a copy with other fields is a plain dict again (`{**view, ...}`)."""
 
-    __slots__ = ("packed",)
+    __slots__ = ("_packed",)
 
     def __init__(self, fields: dict[str, Any]) -> None:
         super().__init__(fields)
-        self.packed: bytes = msgpack.packb(fields, use_bin_type=True)
+        self._packed: bytes | None = None
+
+    @property
+    def packed(self) -> bytes:
+        if self._packed is None:
+            self._packed = msgpack.packb(self, use_bin_type=True)
+        return self._packed
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:

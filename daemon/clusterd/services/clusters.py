@@ -62,7 +62,6 @@ logger = log.get("clusterd.clusters")
 
 WAIT_TIMEOUT_S = 900.0
 # What `status` leaves out unless asked to be verbose.
-VERBOSE_FIELDS = frozenset({"resources", "hosts", "tunnel", "cloud_name", "status_updated_at"})
 # Run under a cluster's lock just before a stop or down; returns why to call it off, or None.
 Precheck = Callable[[], Awaitable[str | None]]
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
@@ -93,7 +92,9 @@ class ClusterService:
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
-        self._views: dict[str, tuple[ClusterRecord, Packed, Packed]] = {}
+        # Cluster -> (the record its view was made of, the view): status and status -v.
+        self._views: dict[str, tuple[ClusterRecord, Packed]] = {}
+        self._brief_views: dict[str, tuple[ClusterRecord, Packed]] = {}
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -107,23 +108,21 @@ class ClusterService:
         """A cluster as `status` shows it. Records are replaced, never changed in place, so
         the part drawn from the record is built once per version of it (status is the hot
         path, and a thousand clusters make it show)."""
-        cached = self._views.get(record.name)
+        views = self._views if verbose else self._brief_views
+        cached = views.get(record.name)
         if cached is None or cached[0] is not record:
-            full = self._record_view(record)
-            brief = {k: v for k, v in full.items() if k not in VERBOSE_FIELDS}
             # Encoded once too: a reply of many views joins their bytes (clusterd/packing.py).
-            cached = (record, Packed(full), Packed(brief))
-            self._views[record.name] = cached
-        base = cached[1] if verbose else cached[2]
+            cached = views[record.name] = (record, Packed(self._record_view(record, verbose)))
+        base = cached[1]
         holders = self._locks.holders(record.name)
         if not holders and record.name not in self.autostopping:
             return base
         return {**base, "autostopping": record.name in self.autostopping,
                 "busy": [h.describe() for h in holders]}
 
-    def _record_view(self, record: ClusterRecord) -> dict[str, Any]:
+    def _record_view(self, record: ClusterRecord, verbose: bool) -> dict[str, Any]:
         resources = record.launched_resources or {}
-        return {
+        view: dict[str, Any] = {
             "name": record.name,
             "provider": record.provider,
             "infra": _infra_text(record),
@@ -139,9 +138,7 @@ class ClusterService:
             # What the catalog says the cluster costs while it runs (all nodes), if it knows.
             "price_per_hour": (round(resources["price_per_hour"] * record.num_nodes, 4)
                                if resources.get("price_per_hour") else None),
-            "resources": record.requested_resources,
             "launched_at": record.launched_at,
-            "status_updated_at": record.status_updated_at,
             "refreshed_at": record.refreshed_at,
             "autostop_minutes": record.autostop_minutes,
             "autostop_down": record.autostop_down,
@@ -149,12 +146,19 @@ class ClusterService:
             "autostop_deadline": record.autostop_deadline,
             "autostopping": False,
             "busy": [],
+        }
+        if not verbose:  # what only -v shows is the bulk of a reply of many views
+            return view
+        view.update({
+            "resources": record.requested_resources,
+            "status_updated_at": record.status_updated_at,
             "cloud_name": record.cloud_name,
             "hosts": [str(host) for host in (record.handle.provider.held_hosts()
                                              if record.handle.provider is not None else ())],
             "tunnel": (dataclasses.asdict(record.handle.tunnel)
                        if record.handle.tunnel is not None else None),
-        }
+        })
+        return view
 
     def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
         for name in names:
@@ -162,9 +166,10 @@ class ClusterService:
         records = [self._store.get(n) for n in names] if names else self._store.all()
         # Views of clusters gone, checked by count: a status of 10,000 clusters must not
         # build sets of them each time (one gone while another is new goes on the next).
-        if len(self._views) > self._store.count():
-            for gone in self._views.keys() - set(self._store.names()):
-                del self._views[gone]
+        for views in (self._views, self._brief_views):
+            if len(views) > self._store.count():
+                for gone in views.keys() - set(self._store.names()):
+                    del views[gone]
         return {"clusters": [self.view(r, verbose) for r in records if r is not None]}
 
     # -- launch -----------------------------------------------------------------------------
