@@ -160,16 +160,54 @@ def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs:
             raise SystemExit(f"{infra} launch failed: {done.stderr}")
         remote.append(wall)
         remote_phases.append(phases(done.stderr, wall))
-        bed.ctl("down", "-y", f"bl{index}")
+        if index < runs - 1:
+            bed.ctl("down", "-y", f"bl{index}")
         wall, done = timed(lambda i=index: bench.ctl("launch", "-c", f"bloc{i}", "--", "true"))
         if done.returncode != 0:
             raise SystemExit(f"local launch failed: {done.stderr}")
         local.append(wall)
         local_phases.append(phases(done.stderr, wall))
-        bench.ctl("down", "-y", f"bloc{index}")
-    bench.record(name, statistics.median(remote), "s", baseline=statistics.median(local),
+        if index < runs - 1:
+            bench.ctl("down", "-y", f"bloc{index}")
+    # The bed's own provisioning (instances made and booted: on EC2, 20-40 s nobody can
+    # remove) is not ours: the goal is on what follows it.
+    ours = [wall - row.get("provision", 0.0) for wall, row in zip(remote, remote_phases,
+                                                                   strict=True)]
+    local_s = statistics.median(local)
+    bench.record(name, statistics.median(remote), "s", baseline=local_s,
                  baseline_name="local launch", phases=split(remote_phases),
-                 local_phases=split(local_phases))
+                 local_phases=split(local_phases),
+                 without_provision_ratio=round(statistics.median(ours) / local_s, 2))
+    last = runs - 1
+    if bed.kind == "ec2":  # stop/start: instances kept (Kubernetes pods cannot stop)
+        start_beside_local(bench, bed, name.replace("launch", "start"), f"bl{last}",
+                           f"bloc{last}")
+    bed.ctl("down", "-y", f"bl{last}")
+    bench.ctl("down", "-y", f"bloc{last}")
+
+
+def start_beside_local(bench: Any, bed: BedDaemon, name: str, remote: str,
+                       local: str, runs: int = 2) -> None:
+    """`start` of the stopped remote cluster against `start` of a stopped local one."""
+    import statistics
+
+    remote_walls, local_walls, remote_phases, local_phases = [], [], [], []
+    for _ in range(runs):
+        for ctl, cluster, walls, rows in ((bed.ctl, remote, remote_walls, remote_phases),
+                                          (bench.ctl, local, local_walls, local_phases)):
+            stopped = ctl("stop", "-y", cluster)
+            if stopped.returncode != 0:
+                raise SystemExit(f"stop {cluster} failed: {stopped.stderr}")
+            wall, done = timed(lambda c=cluster, run=ctl: run("start", c))
+            if done.returncode != 0:
+                raise SystemExit(f"start {cluster} failed: {done.stderr}")
+            walls.append(wall)
+            rows.append(phases(done.stderr, wall))
+    bench.record(name, statistics.median(remote_walls), "s",
+                 baseline=statistics.median(local_walls), baseline_name="local start",
+                 target="≤ 1.2x a local start",
+                 ok=statistics.median(remote_walls) <= 1.2 * statistics.median(local_walls),
+                 phases=split(remote_phases), local_phases=split(local_phases))
 
 
 # (cloud name, requested resources, launched resources, handle) of one record.

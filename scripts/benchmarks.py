@@ -665,7 +665,8 @@ def main() -> None:
              "requests", "phases", "local_phases", "all_calls", "refresh_s", "attempts",
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
              "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
-             "relaunch_p50_s", "paired_ratio_without_lag_p50", "per_job_kib",
+             "relaunch_p50_s", "paired_ratio_without_lag_p50", "without_provision_ratio",
+             "per_job_kib",
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
              "log_bytes", "written_mb_per_s", "loop_lag_p99_ms", "loop_held")

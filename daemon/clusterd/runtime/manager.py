@@ -195,29 +195,44 @@ class RuntimeManager:
         # while: the head marked it dead, and it has not heard yet) is started anew.
         members = await self._ray_members(cluster, cloud_name, previous) if head_alive else None
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        await self._start_ray(cloud_name, info, ports, worker_ports, token, address, members)
-        await progress("starting the agent on the head node", "agent")
-        started = await node_helper.call(
-            head_runner,
-            "start-agent",
-            {
-                "dir": head_layout.run_dir,
-                "listen": listen,
-                "token": agent_token,
-                "state_dir": head_layout.agent_state,
-                "ray_address": address,
-                "cluster_name": cluster,
-                "env": self._ray_env(head_layout, ports, head),
-                "timeout": self._start_timeout_s,
-                # Every node's run dir has the same form (in its user's home), so the agent
-                # can stop the whole cluster when autostop falls due with no daemon about.
-                "node_run_dir": head_layout.run_dir,
-                "autostop_grace": self._agent_autostop_grace_s,
-                "job_retention": self._agent_job_retention,
-                "shutdown_nodes": info.shutdown_to_stop,
-            },
-            timeout_s=self._start_timeout_s + 30,
-        )
+        token = await self._start_ray_head(cloud_name, info, ports, token, address)
+        started: dict[str, Any] = {}
+
+        async def start_agent() -> None:
+            # It needs the head's Ray only: it starts while the workers' Ray start and join.
+            await progress("starting the agent on the head node", "agent")
+            started.update(await node_helper.call(
+                head_runner,
+                "start-agent",
+                {
+                    "dir": head_layout.run_dir,
+                    "listen": listen,
+                    "token": agent_token,
+                    "state_dir": head_layout.agent_state,
+                    "ray_address": address,
+                    "cluster_name": cluster,
+                    "env": self._ray_env(head_layout, ports, head),
+                    "timeout": self._start_timeout_s,
+                    # Every node's run dir has the same form (in its user's home), so the
+                    # agent can stop the whole cluster when autostop falls due with no daemon
+                    # about.
+                    "node_run_dir": head_layout.run_dir,
+                    "autostop_grace": self._agent_autostop_grace_s,
+                    "job_retention": self._agent_job_retention,
+                    "shutdown_nodes": info.shutdown_to_stop,
+                },
+                timeout_s=self._start_timeout_s + 30,
+            ))
+
+        async def start_workers() -> None:
+            await _on_each(info.nodes[1:], lambda node: self._start_ray_node(
+                cloud_name, node, worker_ports[_node_key(node)], token, address, False,
+                members))
+
+        with first_error():
+            async with anyio.create_task_group() as group:
+                group.start_soon(start_workers)
+                group.start_soon(start_agent)
         handle = dataclasses.replace(handle, agent_socket=str(started["socket"]))
         await fault_point("launch.after_agent")
         await self._access.reset(cluster)
@@ -295,27 +310,17 @@ class RuntimeManager:
             env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         return env
 
-    async def _start_ray(
-        self,
-        cloud_name: str,
-        info: ClusterInfo,
-        ports: dict[str, int],
-        worker_ports: dict[str, dict[str, int]],
-        token: str | None,
-        address: str,
-        members: set[str] | None = None,
-    ) -> None:
+    async def _start_ray_head(self, cloud_name: str, info: ClusterInfo,
+                              ports: dict[str, int], token: str | None, address: str) -> str:
+        """Ray on the head, unless it runs; returns the token the workers join with."""
         if token is None:
             # Ray is up on the head: any worker that needs a start must get its token.
-            token = (await node_helper.call(
+            token = str((await node_helper.call(
                 self._runner_for(info.head), "read-token",
                 {"path": NodeLayout(info.head.runtime_dir).token_path},
-            ))["token"]
+            ))["token"])
         await self._start_ray_node(cloud_name, info.head, ports, token, address, head=True)
-        worker_token = token
-        await _on_each(info.nodes[1:], lambda node: self._start_ray_node(
-            cloud_name, node, worker_ports[_node_key(node)], worker_token, address, False,
-            members))
+        return token
 
     async def _start_ray_node(
         self,
