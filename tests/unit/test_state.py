@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 import threading
 from collections.abc import AsyncIterator
@@ -287,6 +288,29 @@ async def test_records_persist_across_store_instances(db_path: Path) -> None:
         assert [r.name for r in reloaded.all()] == ["other", "dev"]
     finally:
         await second_db.close()
+
+
+async def test_a_refresh_stamps_many_records_as_replace_would_and_keeps_them(
+        db_path: Path) -> None:
+    database = Database(db_path)
+    await database.open()
+    try:
+        store = ClusterStore(database)
+        for index in range(1200):  # more than a step's batch: stamped over several steps
+            await store.insert(make_record(f"c{index}", 1000.0 + index), "created", None)
+        before = {r.name: r for r in store.all()}
+        await store.mark_refreshed([*before, "gone"], 2000.5)
+        for name, old in before.items():
+            stamped = store.get(name)
+            assert stamped is not old  # a new record: views cached per record see a change
+            assert stamped == dataclasses.replace(old, refreshed_at=2000.5)
+        assert old.refreshed_at is None  # the old one is left as it was (frozen)
+        reloaded = ClusterStore(database)
+        await reloaded.load()
+        assert {r.name: r.refreshed_at for r in reloaded.all()} == dict.fromkeys(before,
+                                                                                 2000.5)
+    finally:
+        await database.close()
 
 
 async def test_subscribe_receives_events_published_after_subscribing(db: Database) -> None:
