@@ -178,7 +178,19 @@ class Bench:
             client.call(StatusArgs(refresh=True))
         self.loadtest = count
 
-    def loop_stats(self, reset: bool = False) -> dict[str, Any]:
+    def refresh_cycle(self, runs: int = 3) -> float:
+        """Median seconds of a whole refresh cycle (forced `runs` times), as the daemon
+        timed it."""
+        from clusterctl import Client, PingArgs, StatusArgs
+
+        cycles = []
+        with Client(self.socket, autostart=False) as client:
+            for _ in range(runs):
+                client.call(StatusArgs(refresh=True))
+                cycles.append(float(client.call(PingArgs())["refresh"]["last_cycle_s"]))
+        return statistics.median(cycles)
+
+    def loop_stats(self) -> dict[str, Any]:
         """The daemon's loop watch (ping's `loop`): lag percentiles and what held the loop."""
         from clusterctl import Client, PingArgs
 
@@ -506,15 +518,10 @@ def bench_scale(self: Bench, clusters: int = 1000, seconds: float = 5.0,
           file=sys.stderr)
     import psutil
 
-    from clusterctl import Client, PingArgs, StatusArgs
+    from clusterctl import Client, StatusArgs
 
     self.loadtest_clusters(clusters)
-    with Client(self.socket, autostart=False) as client:
-        cycles = []
-        for _ in range(3):
-            client.call(StatusArgs(refresh=True))
-            cycles.append(float(client.call(PingArgs())["refresh"]["last_cycle_s"]))
-    cycle = statistics.median(cycles)
+    cycle = self.refresh_cycle()
     self.record("scale_refresh_cycle_1000", cycle, "s", target="≤ 5 s", ok=cycle <= 5,
                 clusters=clusters)
     stop = threading.Event()
