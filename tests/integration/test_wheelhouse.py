@@ -193,3 +193,7 @@ async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(built: Wheelho
     done = await anyio.run_process(
         [str(python), "-c", "import clusterd.agent.auth, ray; print('ok')"], check=False)
     assert done.stdout.decode().strip() == "ok", done.stderr
+    # Nothing of the install is left beside the wheelhouse copy but uv itself.
+    leftovers = {p.name.split(built.key, 1)[1] for p in
+                 (node / ".clusterd" / "wheelhouse").iterdir() if p.name != built.key}
+    assert leftovers == {".require-hashes.txt", ".uv"}
