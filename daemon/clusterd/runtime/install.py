@@ -311,8 +311,9 @@ async def link_current(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
 _CHECK_AND_UNPACK = """
 import hashlib, io, json, os, sys, zipfile
 house, installer, target = sys.argv[1:4]
+kept = io.BytesIO()
 for name, digest in sorted(json.load(sys.stdin).items()):
-    sha, kept = hashlib.sha256(), io.BytesIO()
+    sha = hashlib.sha256()
     with open(os.path.join(house, name), "rb") as f:
         while block := f.read(1 << 20):
             sha.update(block)
