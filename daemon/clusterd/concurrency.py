@@ -4,8 +4,10 @@ and background loops that outlive a failing step."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
+from typing import Any, TypeVar
 
+import anyio
 import structlog
 
 from clusterctl.protocol import ProtocolError
@@ -33,6 +35,18 @@ def first_error() -> Iterator[None]:
             if isinstance(leaf, ProtocolError):
                 raise leaf from group
         raise
+
+
+T = TypeVar("T")
+
+
+async def on_each(items: Iterable[T], step: Callable[[T], Coroutine[Any, Any, None]]) -> None:
+    """`step` on every item at once (nodes, mostly); the first clear error is raised (see
+    first_error) and the other steps are cancelled."""
+    with first_error():
+        async with anyio.create_task_group() as group:
+            for item in items:
+                group.start_soon(step, item)
 
 
 async def survive(what: str, step: Callable[[], Awaitable[None]]) -> bool:

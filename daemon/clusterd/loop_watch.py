@@ -63,8 +63,6 @@ class LoopWatch:
             due = self._due
             late = time.monotonic() - due
             if late <= self.held_s:
-                if stall_due is not None and stall_due != due:
-                    stall_due = None
                 continue
             if stall_due == due:  # the same stall, sampled already: how long it lasts
                 self.stall_seconds[stall_key] = max(self.stall_seconds[stall_key], late)

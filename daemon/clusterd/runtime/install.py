@@ -382,40 +382,42 @@ async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
     # temporary one in /tmp, another mount on many machines, made uv copy all 265 MB:
     # 7-10 s per node where 2 s do), and it goes once the install is done.
     cache = f"{remote_house}.uv-cache"
-    quiet_uv = [uv, "--quiet", "--no-config", "--cache-dir", cache, "--offline",
-                "--no-python-downloads"]
-    if offline:
-        made = await runner.run([*quiet_uv, "venv", "--clear", "--python", executable, venv],
-                                timeout_s=300)
-    else:  # pip, to fetch the agent's dependencies the way the node's pip is set up to
-        made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
-    if made.exit_code != 0:
-        raise ProtocolError(
-            ErrorCode.PROVIDER_ERROR,
-            f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
-            "install the venv module on the node (Debian: apt-get install python3-venv)",
-        )
-    lap("venv")
-    steps = [] if offline else [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
-                                 "--disable-pip-version-check", "-r",
-                                 f"{remote_house}/requirements.txt"]]
-    # --no-deps: the pinned list is complete (and the package's daemon-only dependencies,
-    # such as the cloud SDKs, have no business on a node). uv checks every digest before it
-    # installs anything; no bytecode ahead of time (Python writes what is imported).
-    steps.append([*quiet_uv, "pip", "install", "--python", f"{venv}/bin/python", "--no-index",
-                  "--no-deps", "--require-hashes", "--find-links", remote_house, "-r", hashes])
-    for args in steps:
-        installed = await runner.run(args, timeout_s=1800)
-        if args[0] == uv:
-            await runner.run(["rm", "-rf", cache], timeout_s=300)
-        if installed.exit_code != 0:
-            output = installed.error_tail(12)
-            if "hash mismatch" in output.lower() or "do not match the hashes" in output.lower():
-                raise _digests_differ(runner, remote_house, output)
+    try:
+        quiet_uv = [uv, "--quiet", "--no-config", "--cache-dir", cache, "--offline",
+                    "--no-python-downloads"]
+        if offline:
+            made = await runner.run([*quiet_uv, "venv", "--clear", "--python", executable, venv],
+                                    timeout_s=300)
+        else:  # pip, to fetch the agent's dependencies the way the node's pip is set up to
+            made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
+        if made.exit_code != 0:
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
-                f"installing the runtime on {runner.node_name} failed: {output}",
+                f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
+                "install the venv module on the node (Debian: apt-get install python3-venv)",
             )
+        lap("venv")
+        steps = [] if offline else [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
+                                     "--disable-pip-version-check", "-r",
+                                     f"{remote_house}/requirements.txt"]]
+        # --no-deps: the pinned list is complete (and the package's daemon-only dependencies,
+        # such as the cloud SDKs, have no business on a node). uv checks every digest before it
+        # installs anything; no bytecode ahead of time (Python writes what is imported).
+        steps.append([*quiet_uv, "pip", "install", "--python", f"{venv}/bin/python",
+                      "--no-index", "--no-deps", "--require-hashes", "--find-links", remote_house,
+                      "-r", hashes])
+        for args in steps:
+            installed = await runner.run(args, timeout_s=1800)
+            if installed.exit_code != 0:
+                output = installed.error_tail(12)
+                if "hash mismatch" in output.lower() or "do not match the hashes" in output.lower():
+                    raise _digests_differ(runner, remote_house, output)
+                raise ProtocolError(
+                    ErrorCode.PROVIDER_ERROR,
+                    f"installing the runtime on {runner.node_name} failed: {output}",
+                )
+    finally:  # the venv's files are links into it: removing it frees nothing they need
+        await runner.run(["rm", "-rf", cache], timeout_s=300)
     lap("install")
     await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
     logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.agent.auth import new_token
-from clusterd.concurrency import first_error
+from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import install, node_helper
@@ -92,15 +92,6 @@ class NodeLayout:
 def ray_temp_key(cloud_name: str) -> str:
     """Names the cluster's Ray temp dir on a node (the helper keeps that path short)."""
     return hashlib.sha256(cloud_name.encode()).hexdigest()[:10]
-
-
-async def _on_each(nodes: Sequence[NodeInfo],
-                   step: Callable[[NodeInfo], Coroutine[Any, Any, None]]) -> None:
-    """`step` on every node at once; the first failure is raised, the others cancelled."""
-    with first_error():
-        async with anyio.create_task_group() as group:
-            for node in nodes:
-                group.start_soon(step, node)
 
 
 def _node_key(node: NodeInfo) -> str:
@@ -225,7 +216,7 @@ class RuntimeManager:
             ))
 
         async def start_workers() -> None:
-            await _on_each(info.nodes[1:], lambda node: self._start_ray_node(
+            await on_each(info.nodes[1:], lambda node: self._start_ray_node(
                 cloud_name, node, worker_ports[_node_key(node)], token, address, False,
                 members))
 
@@ -278,19 +269,19 @@ class RuntimeManager:
             if await install.needs_install(self._runner_for(node), wheelhouse, force):
                 needing.append(node)
 
-        await _on_each(nodes, check)
+        await on_each(nodes, check)
         await fault_point("launch.during_install")
         if needing:
             # Ours is checked once for all the copies (it hashes every wheel).
             await anyio.to_thread.run_sync(wheelhouse.verify)
             await progress(f"copying the runtime {wheelhouse.key} to {len(needing)} node(s)",
                            "copy")
-            await _on_each(needing, lambda n: install.copy_wheelhouse(self._runner_for(n),
+            await on_each(needing, lambda n: install.copy_wheelhouse(self._runner_for(n),
                                                                       wheelhouse))
             await progress(f"installing the runtime on {len(needing)} node(s)", "install")
-            await _on_each(needing, lambda n: install.install_copied(self._runner_for(n),
+            await on_each(needing, lambda n: install.install_copied(self._runner_for(n),
                                                                      wheelhouse))
-        await _on_each(nodes, lambda n: install.link_current(self._runner_for(n), wheelhouse))
+        await on_each(nodes, lambda n: install.link_current(self._runner_for(n), wheelhouse))
         logger.info("runtime ready on nodes", nodes=len(nodes), installed=len(needing),
                     seconds=round(time.monotonic() - started, 1))
 
@@ -411,7 +402,7 @@ class RuntimeManager:
         """Stop the agent (which cancels its jobs), then Ray on the workers, then on the head:
         a worker whose head is already gone hangs in its own shutdown."""
         await self._stop_node(info.head, ["agent"])
-        await _on_each(info.nodes[1:], lambda node: self._stop_node(node, ["ray"]))
+        await on_each(info.nodes[1:], lambda node: self._stop_node(node, ["ray"]))
         await self._stop_node(info.head, ["ray"])
 
     async def _stop_node(self, node: NodeInfo, parts: list[str]) -> None:
@@ -430,4 +421,4 @@ class RuntimeManager:
                     self._runner_for(node), "cleanup",
                     {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]})
 
-        await _on_each(info.nodes, clean)
+        await on_each(info.nodes, clean)

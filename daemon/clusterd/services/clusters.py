@@ -61,7 +61,6 @@ from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_fr
 logger = log.get("clusterd.clusters")
 
 WAIT_TIMEOUT_S = 900.0
-# What `status` leaves out unless asked to be verbose.
 # Run under a cluster's lock just before a stop or down; returns why to call it off, or None.
 Precheck = Callable[[], Awaitable[str | None]]
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")

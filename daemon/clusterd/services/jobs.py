@@ -14,7 +14,7 @@ from clusterd import log
 from clusterd.agent import containers
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_from_pb
-from clusterd.concurrency import first_error
+from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.nodes import ClusterInfo, NodeInfo
@@ -168,10 +168,7 @@ class JobService:
                     "install docker or podman on the nodes, or drop image_id to run on the "
                     "node itself")
 
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    group.start_soon(check, node)
+        await on_each(info.nodes, check)
 
     async def _sync_files(self, request: RunningRequest, info: ClusterInfo,
                           task: TaskSpec) -> None:

@@ -6,14 +6,12 @@ is deleted with the last cluster using it; no other bucket is ever deleted)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from typing import Any
-
-import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.concurrency import first_error
+from clusterd.concurrency import on_each
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.runner import CommandRunner
@@ -165,7 +163,7 @@ class StorageService:
                                    {"path": path, "token": text})
             params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": path}
 
-        await self._each_node(info, credentials)
+        await on_each(info.nodes, credentials)
 
     async def _copy_and_mount(self, info: ClusterInfo, mounts: tuple[BucketMount, ...],
                               regions: dict[str, str], params: dict[str, dict[str, Any]],
@@ -182,7 +180,7 @@ class StorageService:
                         **params[node.node_id], **_where(mount, regions)}, COPY_TIMEOUT_S)
                     fetched.append(int(reply.get("bytes", 0)))
 
-            await self._each_node(info, copy)
+            await on_each(info.nodes, copy)
             await progress(f"copied {sum(fetched) / 1e6:.1f} MB to {len(info.nodes)} node(s)")
         mounted = [m for m in mounts if m.mode != "COPY"]
         if mounted:
@@ -194,15 +192,7 @@ class StorageService:
                         **params[node.node_id], **_where(mount, regions), "mode": mount.mode,
                         "state": node_mounts_dir(node)}, MOUNT_TIMEOUT_S)
 
-            await self._each_node(info, mount_all)
-
-    @staticmethod
-    async def _each_node(info: ClusterInfo,
-                         step: Callable[[NodeInfo], Coroutine[Any, Any, None]]) -> None:
-        with first_error():
-            async with anyio.create_task_group() as group:
-                for node in info.nodes:
-                    group.start_soon(step, node)
+            await on_each(info.nodes, mount_all)
 
     async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
                        params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
