@@ -207,6 +207,20 @@ class Bench:
         return "; ".join(f"{n}x up to {h['longest_ms']} ms at {h['where']}"
                          for n, h in sorted(rows, key=lambda r: -r[0])[:3] if n > 0) or "-"
 
+    @staticmethod
+    def gc_pauses(loop: dict[str, Any], before: dict[str, Any] | None = None) -> str:
+        """The garbage collector's pauses (since `before`), per generation: count, total,
+        longest (a longest pause is over the daemon's life, not only since `before`)."""
+        earlier = {g["generation"]: g for g in (before or {}).get("gc", {}).get("pauses", [])}
+        parts = []
+        for g in loop.get("gc", {}).get("pauses", []):
+            old = earlier.get(g["generation"], {"collections": 0, "total_ms": 0.0})
+            count = g["collections"] - old["collections"]
+            if count:
+                parts.append(f"gen{g['generation']} {count}x {g['total_ms'] - old['total_ms']:.1f}"
+                             f" ms (longest {g['longest_ms']} ms)")
+        return ", ".join(parts) or "-"
+
     def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([CLUSTERCTL, *args], env=self.env, capture_output=True, text=True,
                               timeout=600)
@@ -321,7 +335,7 @@ class Bench:
             self.record(f"status_rps_{clients}_clients", rate, "req/s", target=target, ok=ok,
                         p50_ms=round(percentile(latencies, 50) * 1000, 3),
                         p99_ms=round(p99, 3), loop_lag_p99_ms=loop.get("lag_ms_p99"),
-                        loop_held=self.held(loop, before))
+                        loop_held=self.held(loop, before), gc=self.gc_pauses(loop, before))
 
     # -- (d) queue with 200 jobs --------------------------------------------------------------
 
@@ -445,7 +459,7 @@ def bench_scale(self: Bench, clusters: int = 1000, seconds: float = 5.0,
     self.record("scale_status_p99_refreshing", p99, "ms", target="≤ 20 ms", ok=p99 <= 20,
                 p50_ms=round(percentile(latencies, 50) * 1000, 2), requests=len(latencies),
                 readers=readers, loop_lag_p99_ms=loop.get("lag_ms_p99"),
-                loop_held=self.held(loop, before))
+                loop_held=self.held(loop, before), gc=self.gc_pauses(loop, before))
     assert self.daemon is not None
     rss = psutil.Process(self.daemon.pid).memory_info().rss / 2**20
     self.record("scale_daemon_rss", rss, "MiB", target="≤ 250 MB", ok=rss <= 250 * 1e6 / 2**20)
@@ -575,7 +589,7 @@ def main() -> None:
              "per_job_kib",
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
-             "log_bytes", "written_mb_per_s", "loop_lag_p99_ms", "loop_held")
+             "log_bytes", "written_mb_per_s", "loop_lag_p99_ms", "loop_held", "gc")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

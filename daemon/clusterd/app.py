@@ -25,6 +25,7 @@ from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
+from clusterd.heap import Heap
 from clusterd.locks import ClusterLocks
 from clusterd.loop_watch import LoopWatch
 from clusterd.managed.controller import ManagedJobController, Timing
@@ -184,12 +185,13 @@ class Daemon:
             self.access, self.requests, settings.state_dir / "managed-jobs",
             Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s))
         self.loop_watch = LoopWatch()
+        self.heap = Heap()
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
             strict_by_default=self._strict_by_default, managed=self.managed,
             managed_store=self.managed_store, storage=self.storage,
-            loop_stats=self.loop_watch.stats,
+            loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -300,6 +302,8 @@ class Daemon:
                 await root.start(self.autostop.run)
                 await root.start(self.managed.run)
                 root.start_soon(self._prune_history)
+                # Last: what start made (imports, loaded records) is the heap it freezes.
+                await root.start(self.heap.run)
                 logger.info("clusterd ready", pid=os.getpid(), version=__version__,
                             socket=str(self.settings.socket_path))
                 task_status.started()

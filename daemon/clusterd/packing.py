@@ -21,19 +21,43 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 
 class Packed(dict[str, Any]):
     """A map that knows its msgpack encoding (made on first use, then kept). Never changed
-    after it is made: a copy with other fields is a plain dict again (`{**view, ...}`)."""
+    after it is made: a copy with other fields is a plain dict again (`{**view, ...}`), or one made by
+    `with_last`."""
 
-    __slots__ = ("_packed",)
+    __slots__ = ("_head", "_packed")
 
     def __init__(self, fields: dict[str, Any]) -> None:
         super().__init__(fields)
         self._packed: bytes | None = None
+        self._head: bytes | None = None  # the encoding up to the last field's value
 
     @property
     def packed(self) -> bytes:
         if self._packed is None:
-            self._packed = msgpack.packb(self, use_bin_type=True)
+            if self._head is not None:
+                self._packed = self._head + msgpack.packb(self[next(reversed(self))],
+                                                          use_bin_type=True)
+            else:
+                self._packed = msgpack.packb(self, use_bin_type=True)
         return self._packed
+
+    def with_last(self, value: Any) -> Packed:
+        """A copy whose last field is `value`, encoded from this one's encoding of the
+        others (a refresh stamp changes one field of thousands of views)."""
+        copy = Packed(self)
+        copy[next(reversed(self))] = value
+        copy._head = self._head_bytes()
+        return copy
+
+    def _head_bytes(self) -> bytes:
+        if self._head is None:
+            last = next(reversed(self))
+            packer = msgpack.Packer(use_bin_type=True, autoreset=True)
+            self._head = b"".join([packer.pack_map_header(len(self)),
+                                   *(packer.pack(k) + packer.pack(v)
+                                     for k, v in self.items() if k != last),
+                                   packer.pack(last)])
+        return self._head
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:

@@ -59,3 +59,19 @@ def test_a_reply_too_big_for_a_frame_is_refused_as_before() -> None:
     with pytest.raises(ProtocolError) as refused:
         encode_frame(protocol.reply_ok(1, {"clusters": [big] * 9}))
     assert refused.value.code == protocol.ErrorCode.FRAME_TOO_LARGE
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(views.filter(bool), st.lists(values, min_size=1, max_size=3), st.booleans())
+def test_a_copy_with_a_new_last_field_encodes_as_msgpack_would(
+        view: dict[str, Any], stamps: list[Any], packed_first: bool) -> None:
+    current = Packed(view)
+    if packed_first:
+        assert current.packed == msgpack.packb(view, use_bin_type=True)
+    last = list(view)[-1]
+    for stamp in stamps:  # stamped again and again, as a refresh does
+        current = current.with_last(stamp)
+        assert current == {**view, last: stamp}
+        assert current.packed == msgpack.packb({**view, last: stamp}, use_bin_type=True)
+    assert Packed(view) == view  # the first is left as it was

@@ -304,11 +304,16 @@ async def test_a_refresh_stamps_many_records_as_replace_would_and_keeps_them(
             stamped = store.get(name)
             assert stamped is not old  # a new record: views cached per record see a change
             assert stamped == dataclasses.replace(old, refreshed_at=2000.5)
+            assert stamped.unstamped is old  # what views are built from did not change
         assert old.refreshed_at is None  # the old one is left as it was (frozen)
         reloaded = ClusterStore(database)
         await reloaded.load()
         assert {r.name: r.refreshed_at for r in reloaded.all()} == dict.fromkeys(before,
                                                                                  2000.5)
+        await store.mark_refreshed([old.name], 2001.0)
+        assert store.get(old.name).unstamped is old  # stamped again: still the same
+        changed = await store.set_status(old.name, ClusterStatus.STOPPED, "stopped")
+        assert changed.unstamped is changed  # any other change: a record of its own
     finally:
         await database.close()
 

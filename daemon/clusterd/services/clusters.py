@@ -109,9 +109,14 @@ class ClusterService:
         path, and a thousand clusters make it show)."""
         views = self._views if verbose else self._brief_views
         cached = views.get(record.name)
-        if cached is None or cached[0] is not record:
+        unstamped = record.unstamped
+        if cached is None or cached[0] is not unstamped:
             # Encoded once too: a reply of many views joins their bytes (clusterd/packing.py).
-            cached = views[record.name] = (record, Packed(self._record_view(record, verbose)))
+            cached = views[record.name] = (unstamped,
+                                           Packed(self._record_view(record, verbose)))
+        elif cached[1]["refreshed_at"] != record.refreshed_at:
+            # Only a refresh stamp since: its last field, not the whole view, is made again.
+            cached = views[record.name] = (unstamped, cached[1].with_last(record.refreshed_at))
         base = cached[1]
         holders = self._locks.holders(record.name)
         if not holders and record.name not in self.autostopping:
@@ -138,7 +143,6 @@ class ClusterService:
             "price_per_hour": (round(resources["price_per_hour"] * record.num_nodes, 4)
                                if resources.get("price_per_hour") else None),
             "launched_at": record.launched_at,
-            "refreshed_at": record.refreshed_at,
             "autostop_minutes": record.autostop_minutes,
             "autostop_down": record.autostop_down,
             "autostop_wait_for": record.autostop_wait_for,
@@ -146,17 +150,17 @@ class ClusterService:
             "autostopping": False,
             "busy": [],
         }
-        if not verbose:  # what only -v shows is the bulk of a reply of many views
-            return view
-        view.update({
-            "resources": record.requested_resources,
-            "status_updated_at": record.status_updated_at,
-            "cloud_name": record.cloud_name,
-            "hosts": [str(host) for host in (record.handle.provider.held_hosts()
-                                             if record.handle.provider is not None else ())],
-            "tunnel": (dataclasses.asdict(record.handle.tunnel)
-                       if record.handle.tunnel is not None else None),
-        })
+        if verbose:  # what only -v shows is the bulk of a reply of many views
+            view.update({
+                "resources": record.requested_resources,
+                "status_updated_at": record.status_updated_at,
+                "cloud_name": record.cloud_name,
+                "hosts": [str(h) for h in (record.handle.provider.held_hosts()
+                                           if record.handle.provider is not None else ())],
+                "tunnel": (dataclasses.asdict(record.handle.tunnel)
+                           if record.handle.tunnel is not None else None),
+            })
+        view["refreshed_at"] = record.refreshed_at  # last: see Packed.with_last
         return view
 
     def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:

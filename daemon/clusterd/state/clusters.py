@@ -63,7 +63,16 @@ class ClusterRecord:
         stamped = object.__new__(ClusterRecord)
         stamped.__dict__.update(self.__dict__)
         stamped.__dict__["refreshed_at"] = when
+        stamped.__dict__["_unstamped"] = self.unstamped
         return stamped
+
+    @property
+    def unstamped(self) -> ClusterRecord:
+        """The record this one is a refresh stamp of (itself if it is not one): the same in
+        every field but `refreshed_at`. A refresh cycle stamps every cluster, and most are
+        otherwise unchanged; what is built from the other fields (status views) is kept."""
+        unstamped: ClusterRecord = self.__dict__.get("_unstamped", self)
+        return unstamped
 
     def to_row(self) -> dict[str, Any]:
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,0 +1,75 @@
+"""`status` answers from views cached per cluster record; a refresh stamps every record, and
+the views must show the new stamp (and only it) without being built again from scratch.
+Against a real daemon whose clusters belong to the in-memory load-test provider."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from clusterctl import Client, StatusArgs
+from tests.support import Daemon, running_daemon
+
+CLUSTERS = 30
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with running_daemon("cdv-") as d:
+        d.stop()  # made its database; the records go in while it is down
+        now = time.time()
+        db = sqlite3.connect(d.state_dir / "state.db")
+        try:
+            with db:
+                db.executemany(
+                    "INSERT INTO clusters (name, provider, cloud_name, status, status_reason,"
+                    " num_nodes, requested_resources, launched_resources, handle,"
+                    " config_hash, created_at, launched_at, status_updated_at, ever_up)"
+                    " VALUES (?, 'loadtest', ?, 'INIT', 'inserted', 1, ?, ?, ?, 'test',"
+                    " ?, ?, ?, 1)",
+                    [(f"v{i:02d}", f"v{i:02d}-x", json.dumps({"infra": "loadtest/mem"}),
+                      json.dumps({"cpus": 4}), json.dumps({"provider": {"nodes": 1}}),
+                      now, now, now) for i in range(CLUSTERS)])
+        finally:
+            db.close()
+        d.start({"CLUSTERD_TEST_PROVIDERS": "loadtest"})
+        yield d
+
+
+def views(daemon: Daemon, verbose: bool, refresh: bool = False) -> dict[str, dict]:
+    with Client(daemon.socket, autostart=False) as client:
+        return {c["name"]: c for c in
+                client.call(StatusArgs(verbose=verbose, refresh=refresh))["clusters"]}
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_refresh_shows_its_stamp_in_every_cached_view(daemon: Daemon, verbose: bool) -> None:
+    first = views(daemon, verbose, refresh=True)  # settled: all UP, all stamped
+    assert len(first) == CLUSTERS and {c["status"] for c in first.values()} == {"UP"}
+    assert views(daemon, verbose) == first  # cached: the same again
+    time.sleep(0.01)  # the next stamp must differ from this one even on a coarse clock
+    second = views(daemon, verbose, refresh=True)
+    for name, before in first.items():
+        after = second[name]
+        assert after["refreshed_at"] > before["refreshed_at"], name
+        assert {**after, "refreshed_at": None} == {**before, "refreshed_at": None}, name
+    assert views(daemon, verbose) == second
+
+
+def test_a_change_beside_a_stamp_is_shown(daemon: Daemon) -> None:
+    views(daemon, True, refresh=True)
+    stopped = daemon.ctl("stop", "-y", "v03")
+    assert stopped.returncode == 0, stopped.stderr
+    for verbose in (False, True):
+        shown = views(daemon, verbose)
+        assert shown["v03"]["status"] == "STOPPED"
+        assert {c["status"] for n, c in shown.items() if n != "v03"} == {"UP"}
+    brief = views(daemon, False, refresh=True)  # stamped after the change: both show
+    verbose = views(daemon, True)
+    for name, view in brief.items():
+        assert view == {key: verbose[name][key] for key in view}, name
+    assert brief["v03"]["status"] == "STOPPED"
