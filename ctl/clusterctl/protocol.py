@@ -298,6 +298,26 @@ def shown(value: Any, limit: int = 80) -> str:
 # Messages
 
 
+# Features a daemon names in its hello, for what is newer than an op (`columns` of status).
+FEATURE_COLUMNS = "status_columns"
+FEATURES = (FEATURE_COLUMNS,)
+
+
+def views_of(clusters: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """`status`'s clusters as maps, whether it sent maps or {columns, rows, optional}: a
+    row holds a value per column, null where its view lacks an `optional` column (left out
+    here, as the map would leave it out)."""
+    if isinstance(clusters, list):
+        return clusters
+    columns = clusters["columns"]
+    views = [dict(zip(columns, row, strict=True)) for row in clusters["rows"]]
+    for key in clusters.get("optional", ()):
+        for view in views:
+            if view[key] is None:
+                del view[key]
+    return views
+
+
 def hello(client: str) -> dict[str, Any]:
     return {"type": HELLO, "protocol": PROTOCOL_VERSION, "client": client}
 
@@ -385,6 +405,9 @@ class StatusArgs(OpArgs):
     clusters: list[str] = []  # copied per instance by OpArgs
     refresh: bool = False
     verbose: bool = False
+    # `clusters` as {columns, rows} (see views_of): a quarter of the bytes of maps, and a
+    # client decodes it in a fifth of the time. Daemons that offer it list FEATURE_COLUMNS.
+    columns: bool = False
 
 
 class TaskArgs(OpArgs):

@@ -20,50 +20,99 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 
 
 class Packed(dict[str, Any]):
-    """A map that knows its msgpack encoding (made on first use, then kept). Never changed
-    after it is made: a copy with other fields is a plain dict again (`{**view, ...}`), or one made by
-    `with_last`."""
+    """A map that knows its msgpack encoding (made on first use, then kept), as a map and as
+    a row of its values (`Columns`). Never changed after it is made: a copy with other fields
+    is a plain dict again (`{**view, ...}`), or one made by `with_last`."""
 
-    __slots__ = ("_head", "_packed")
+    __slots__ = ("_packed", "_row", "_split")
 
     def __init__(self, fields: dict[str, Any]) -> None:
         super().__init__(fields)
         self._packed: bytes | None = None
-        self._head: bytes | None = None  # the encoding up to the last field's value
+        self._row: bytes | None = None  # the values, without an array header
+        # The encodings up to the last field's value: as a map (its header, the other pairs
+        # and the last key) and as a row (the other values).
+        self._split: tuple[bytes, bytes] | None = None
 
     @property
     def packed(self) -> bytes:
         if self._packed is None:
-            if self._head is not None:
-                self._packed = self._head + msgpack.packb(self[next(reversed(self))],
-                                                          use_bin_type=True)
+            if self._split is not None:
+                self._packed = self._split[0] + _pack(self[next(reversed(self))])
             else:
-                self._packed = msgpack.packb(self, use_bin_type=True)
+                self._packed = _pack(self)
         return self._packed
+
+    @property
+    def row_values(self) -> bytes:
+        """The values in field order, each encoded, with no array header before them."""
+        if self._row is None:
+            self._row = self._heads()[1] + _pack(self[next(reversed(self))])
+        return self._row
 
     def with_last(self, value: Any) -> Packed:
         """A copy whose last field is `value`, encoded from this one's encoding of the
         others (a refresh stamp changes one field of thousands of views)."""
         copy = Packed(self)
         copy[next(reversed(self))] = value
-        copy._head = self._head_bytes()
+        copy._split = self._heads()
         return copy
 
-    def _head_bytes(self) -> bytes:
-        if self._head is None:
+    def _heads(self) -> tuple[bytes, bytes]:
+        if self._split is None:
             last = next(reversed(self))
             packer = msgpack.Packer(use_bin_type=True, autoreset=True)
-            self._head = b"".join([packer.pack_map_header(len(self)),
-                                   *(packer.pack(k) + packer.pack(v)
-                                     for k, v in self.items() if k != last),
-                                   packer.pack(last)])
-        return self._head
+            pairs = [(packer.pack(k), packer.pack(v)) for k, v in self.items() if k != last]
+            self._split = (b"".join([packer.pack_map_header(len(self)),
+                                     *(k + v for k, v in pairs), packer.pack(last)]),
+                           b"".join(v for _, v in pairs))
+        return self._split
+
+
+class Columns:
+    """Views sent as {columns, rows, optional} (status with `columns`): the field names once,
+    then a row of values per view. The columns are the first Packed view's fields (every
+    Packed view of one reply is made by the same code, with the same fields in the same
+    order), then any other field some plain view has: those are `optional`, null in the rows
+    of views without them (clusterctl.protocol.views_of reads it back)."""
+
+    __slots__ = ("views",)
+
+    def __init__(self, views: list[dict[str, Any]]) -> None:
+        self.views = views
+
+    def encode(self, packer: msgpack.Packer) -> bytes:
+        first = next((v for v in self.views if type(v) is Packed), None)
+        columns = list(first if first is not None else self.views[0] if self.views else ())
+        known = set(columns)
+        optional = []
+        for view in self.views:
+            if type(view) is not Packed:
+                for key in view:
+                    if key not in known:
+                        known.add(key)
+                        optional.append(key)
+        columns += optional
+        width = len(columns)
+        row_header = packer.pack_array_header(width)
+        nulls = packer.pack(None) * len(optional)
+        parts = [packer.pack_map_header(3), packer.pack("columns"), packer.pack(columns),
+                 packer.pack("optional"), packer.pack(optional),
+                 packer.pack("rows"), packer.pack_array_header(len(self.views))]
+        for view in self.views:
+            if type(view) is Packed and len(view) + len(optional) == width:
+                parts.append(row_header + view.row_values + nulls)
+            else:
+                parts.append(packer.pack([view.get(c) for c in columns]))
+        return b"".join(parts)
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
-    """protocol.encode_frame's bytes, faster for replies with lists of Packed maps."""
+    """protocol.encode_frame's bytes, faster for replies with lists of Packed maps, and the
+    only encoder of Columns."""
     result = message.get("result")
-    if not isinstance(result, dict) or not any(_has_packed(v) for v in result.values()):
+    if not isinstance(result, dict) or not any(_has_packed(v) or type(v) is Columns
+                                               for v in result.values()):
         return protocol.encode_frame(message)
     packer = msgpack.Packer(use_bin_type=True, autoreset=True)
     parts = [packer.pack_map_header(len(message))]
@@ -75,7 +124,9 @@ def encode_frame(message: dict[str, Any]) -> bytes:
         parts.append(packer.pack_map_header(len(result)))
         for name, field in result.items():
             parts.append(packer.pack(name))
-            if _has_packed(field):
+            if type(field) is Columns:
+                parts.append(field.encode(packer))
+            elif _has_packed(field):
                 parts.append(packer.pack_array_header(len(field)))
                 parts.extend(item.packed if type(item) is Packed else packer.pack(item)
                              for item in field)
@@ -88,6 +139,11 @@ def encode_frame(message: dict[str, Any]) -> bytes:
             f"frame of {len(body)} bytes exceeds the limit of {protocol.MAX_FRAME_BYTES}",
         )
     return protocol.HEADER.pack(len(body)) + body
+
+
+def _pack(value: Any) -> bytes:
+    packed: bytes = msgpack.packb(value, use_bin_type=True)
+    return packed
 
 
 def _has_packed(value: Any) -> bool:

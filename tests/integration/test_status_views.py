@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from clusterctl import Client, StatusArgs
+from clusterctl import Client, StatusArgs, protocol
 from tests.support import Daemon, running_daemon
 
 CLUSTERS = 30
@@ -41,9 +41,14 @@ def daemon() -> Iterator[Daemon]:
 
 
 def views(daemon: Daemon, verbose: bool, refresh: bool = False) -> dict[str, dict]:
+    """The clusters as maps, checked against the same status asked in columns."""
     with Client(daemon.socket, autostart=False) as client:
-        return {c["name"]: c for c in
-                client.call(StatusArgs(verbose=verbose, refresh=refresh))["clusters"]}
+        maps = client.call(StatusArgs(verbose=verbose, refresh=refresh))["clusters"]
+        assert protocol.FEATURE_COLUMNS in client.server_hello["features"]
+        table = client.call(StatusArgs(verbose=verbose, columns=True))["clusters"]
+    assert set(table) == {"columns", "optional", "rows"} and len(table["rows"]) == len(maps)
+    assert protocol.views_of(table) == maps
+    return {c["name"]: c for c in maps}
 
 
 @pytest.mark.parametrize("verbose", [False, True])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from clusterctl import protocol
 from clusterctl.protocol import ProtocolError
-from clusterd.packing import Packed, encode_frame
+from clusterd.packing import Columns, Packed, encode_frame
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats(allow_nan=False)
@@ -75,3 +75,36 @@ def test_a_copy_with_a_new_last_field_encodes_as_msgpack_would(
         assert current == {**view, last: stamp}
         assert current.packed == msgpack.packb({**view, last: stamp}, use_bin_type=True)
     assert Packed(view) == view  # the first is left as it was
+
+
+field_names = st.sampled_from(["name", "status", "cpus", "busy", "refreshed_at"])
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(field_names, values, min_size=1, max_size=5),
+       st.lists(st.tuples(st.sampled_from(["packed", "stamped", "busy", "owned"]), values),
+                max_size=8))
+def test_columns_read_back_as_the_views_they_were_made_of(
+        fields: dict[str, Any], kinds: list[tuple[str, Any]]) -> None:
+    """Views as status sends them: Packed (some stamped since), copies with fields changed
+    (busy) and copies with a field more (a managed job's own cluster): in columns, then back
+    to maps with views_of, they are what maps would have said."""
+    made: list[dict[str, Any]] = []
+    for index, (kind, value) in enumerate(kinds):
+        view = Packed({**fields, "name": f"c{index}"})
+        if kind == "stamped":
+            view = view.with_last(value)
+        elif kind == "busy":
+            view = {**view, "busy": [value]}
+        elif kind == "owned":  # never null: a null optional field reads back as absent
+            view = {**view, "managed_job": index + 1}
+        made.append(view)
+    frame = encode_frame(protocol.reply_ok(7, {"clusters": Columns(made), "orphans": []}))
+    decoder = protocol.FrameDecoder()
+    decoder.feed(frame)
+    result = decoder.next_message()["result"]
+    assert result["orphans"] == []
+    expected = msgpack.unpackb(msgpack.packb([dict(v) for v in made], use_bin_type=True))
+    assert protocol.views_of(result["clusters"]) == expected
+    assert protocol.views_of(expected) is expected  # maps pass through as they are

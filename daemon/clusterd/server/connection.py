@@ -188,6 +188,7 @@ class Connection:
             "protocol": protocol.PROTOCOL_VERSION,
             "server": self._server_name,
             "ops": sorted(protocol.OPS),
+            "features": list(protocol.FEATURES),
             "max_frame_bytes": protocol.MAX_FRAME_BYTES,
         })
         return True

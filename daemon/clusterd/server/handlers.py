@@ -15,6 +15,7 @@ from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore
+from clusterd.packing import Columns
 from clusterd.providers.base import Provider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RequestManager, RunningRequest
@@ -135,6 +136,8 @@ class Handlers:
             await self._refresh.refresh_now(args.clusters or None)
         result = self._clusters.status(args.clusters, args.verbose)
         result["clusters"] = self._managed.mark_owned(result["clusters"])
+        if args.columns:
+            result["clusters"] = Columns(result["clusters"])
         if not args.clusters:
             result["orphans"] = self._orphans.views()
         return result
