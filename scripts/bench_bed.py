@@ -37,6 +37,7 @@ class BedDaemon:
         self.root = Path(tempfile.mkdtemp(prefix="cdba-", dir="/tmp"))
         self.daemon: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
+        self.bed_env: dict[str, str] = {}  # what `testbed env` says, once it is up
 
     def up_args(self) -> list[str]:
         return []
@@ -49,7 +50,7 @@ class BedDaemon:
         done = self._testbed("up", "--netns", self.netns, *self.up_args())
         if done.returncode != 0:
             raise SystemExit(f"{self.kind} test bed failed: {done.stderr}")
-        bed_env = json.loads(self._testbed("env", "--json").stdout)
+        self.bed_env = bed_env = json.loads(self._testbed("env", "--json").stdout)
         runtime = self.root / "rt"
         runtime.mkdir(mode=0o700)
         (self.root / "home").mkdir()
@@ -147,15 +148,17 @@ def split(rows: list[dict[str, float]]) -> str:
 
 
 def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs: int,
-                        cpus: str) -> None:
-    """A 2-node launch on the bed's provider against a local launch, alternating, by phase."""
+                        cpus: str, task: Path | None = None, then_start: bool = True) -> None:
+    """A 2-node launch on the bed's provider against a local launch, alternating, by phase
+    (the remote one runs `task`, a YAML file, if given: `true` otherwise)."""
     import statistics
 
+    what = [str(task)] if task is not None else ["--", "true"]
     remote, local, remote_phases, local_phases = [], [], [], []
     for index in range(runs):
         wall, done = timed(lambda i=index: bed.ctl(
             "launch", "-c", f"bl{i}", "--infra", infra, "--num-nodes", "2", "--cpus", cpus,
-            "--", "true"))
+            *what))
         if done.returncode != 0:
             raise SystemExit(f"{infra} launch failed: {done.stderr}")
         remote.append(wall)
@@ -179,7 +182,7 @@ def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs:
                  local_phases=split(local_phases),
                  without_provision_ratio=round(statistics.median(ours) / local_s, 2))
     last = runs - 1
-    if bed.kind == "ec2":  # stop/start: instances kept (Kubernetes pods cannot stop)
+    if bed.kind == "ec2" and then_start:  # instances kept (Kubernetes pods cannot stop)
         start_beside_local(bench, bed, name.replace("launch", "start"), f"bl{last}",
                            f"bloc{last}")
     bed.ctl("down", "-y", f"bl{last}")
