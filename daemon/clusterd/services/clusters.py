@@ -1,4 +1,4 @@
-"""Cluster lifecycle: launch, start, stop, down, status and refresh.
+"""Cluster lifecycle: launch, start, stop and down (status views: status_views.py).
 
 Order matters for crash safety: a cluster's record (with the name the provider will know it
 by) is written before any provider call that creates something, so a daemon killed at any
@@ -22,13 +22,11 @@ from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
-from clusterd.packing import Packed
 from clusterd.providers.base import (
     ClusterRequest,
     Provider,
     ProviderHandle,
     ProvisionError,
-    infra_label,
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates, plan
@@ -51,6 +49,7 @@ from clusterd.services.common import (
     require_cluster,
 )
 from clusterd.services.jobs import JobService
+from clusterd.services.status_views import StatusViews
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.handles import ClusterHandle, RuntimeHandle
@@ -91,9 +90,7 @@ class ClusterService:
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
         # `status` shows these as autostopping).
         self.autostopping: dict[str, int] = {}
-        # Cluster -> (the record its view was made of, the view): status and status -v.
-        self._views: dict[str, tuple[ClusterRecord, Packed]] = {}
-        self._brief_views: dict[str, tuple[ClusterRecord, Packed]] = {}
+        self.views = StatusViews(store, locks, self.autostopping)
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -101,79 +98,8 @@ class ClusterService:
         self._access = access
         self._jobs = jobs
 
-    # -- views ------------------------------------------------------------------------------
-
-    def view(self, record: ClusterRecord, verbose: bool = True) -> dict[str, Any]:
-        """A cluster as `status` shows it. Records are replaced, never changed in place, so
-        the part drawn from the record is built once per version of it (status is the hot
-        path, and a thousand clusters make it show)."""
-        views = self._views if verbose else self._brief_views
-        cached = views.get(record.name)
-        unstamped = record.unstamped
-        if cached is None or cached[0] is not unstamped:
-            # Encoded once too: a reply of many views joins their bytes (clusterd/packing.py).
-            cached = views[record.name] = (unstamped,
-                                           Packed(self._record_view(record, verbose)))
-        elif cached[1]["refreshed_at"] != record.refreshed_at:
-            # Only a refresh stamp since: its last field, not the whole view, is made again.
-            cached = views[record.name] = (unstamped, cached[1].with_last(record.refreshed_at))
-        base = cached[1]
-        holders = self._locks.holders(record.name)
-        if not holders and record.name not in self.autostopping:
-            return base
-        return {**base, "autostopping": record.name in self.autostopping,
-                "busy": [h.describe() for h in holders]}
-
-    def _record_view(self, record: ClusterRecord, verbose: bool) -> dict[str, Any]:
-        resources = record.launched_resources or {}
-        view: dict[str, Any] = {
-            "name": record.name,
-            "provider": record.provider,
-            "infra": _infra_text(record),
-            "status": str(record.status),
-            "status_reason": record.status_reason,
-            "num_nodes": record.num_nodes,
-            "cpus": resources.get("cpus"),
-            "memory_gb": resources.get("memory_gb"),
-            "instance_type": resources.get("instance_type"),
-            "region": resources.get("region"),
-            "zone": resources.get("zone"),
-            "spot": bool(resources.get("spot")),
-            # What the catalog says the cluster costs while it runs (all nodes), if it knows.
-            "price_per_hour": (round(resources["price_per_hour"] * record.num_nodes, 4)
-                               if resources.get("price_per_hour") else None),
-            "launched_at": record.launched_at,
-            "autostop_minutes": record.autostop_minutes,
-            "autostop_down": record.autostop_down,
-            "autostop_wait_for": record.autostop_wait_for,
-            "autostop_deadline": record.autostop_deadline,
-            "autostopping": False,
-            "busy": [],
-        }
-        if verbose:  # what only -v shows is the bulk of a reply of many views
-            view.update({
-                "resources": record.requested_resources,
-                "status_updated_at": record.status_updated_at,
-                "cloud_name": record.cloud_name,
-                "hosts": [str(h) for h in (record.handle.provider.held_hosts()
-                                           if record.handle.provider is not None else ())],
-                "tunnel": (dataclasses.asdict(record.handle.tunnel)
-                           if record.handle.tunnel is not None else None),
-            })
-        view["refreshed_at"] = record.refreshed_at  # last: see Packed.with_last
-        return view
-
     def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
-        for name in names:
-            require_cluster(self._store, name)
-        records = [self._store.get(n) for n in names] if names else self._store.all()
-        # Views of clusters gone, checked by count: a status of 10,000 clusters must not
-        # build sets of them each time (one gone while another is new goes on the next).
-        for views in (self._views, self._brief_views):
-            if len(views) > self._store.count():
-                for gone in views.keys() - set(self._store.names()):
-                    del views[gone]
-        return {"clusters": [self.view(r, verbose) for r in records if r is not None]}
+        return self.views.status(names, verbose)
 
     # -- launch -----------------------------------------------------------------------------
 
@@ -745,15 +671,6 @@ def _not_where_it_lives(record: ClusterRecord, error: ProtocolError) -> Protocol
         f"that was UP is never moved, since its disks hold your data: {error.message}",
         f"try again later, or `clusterctl down {record.name}` and launch it anew",
     )
-
-
-def _infra_text(record: ClusterRecord) -> str:
-    """Where the cluster is (as placed: provider/region/zone), else where it was asked for."""
-    placed = record.launched_resources or {}
-    if placed.get("provider"):
-        return infra_label(placed["provider"], placed.get("region"), placed.get("zone"))
-    infra = record.requested_resources.get("infra")
-    return str(infra) if infra and infra != "*" else record.provider
 
 
 def _autostop_setting(args: LaunchArgs, task: TaskSpec) -> Autostop | None:
