@@ -1,0 +1,417 @@
+"""The protocol's ops and their arguments, with the checks the daemon runs on what a client
+sends. Part of clusterctl.protocol, which re-exports every name: import them from there."""
+
+from __future__ import annotations
+
+import types
+import typing
+from typing import Any, ClassVar, TypeVar
+
+from clusterctl._vocabulary import ErrorCode, ProtocolError
+
+# --------------------------------------------------------------------------------------------
+# Ops and their arguments. Each op's arguments are a class of annotated fields with defaults;
+# the daemon validates incoming maps against it with `parse_args`, the client builds maps with
+# `to_wire`. They behave as keyword-only dataclasses (and type-check as such), but are built by
+# OpArgs itself: generating a dozen real dataclasses (and importing `dataclasses`) was a fifth
+# of clusterctl's start-up time.
+
+Args = TypeVar("Args", bound="OpArgs")
+_NO_DEFAULT: Any = object()
+
+
+@typing.dataclass_transform(kw_only_default=True)
+class OpArgs:
+    op: ClassVar[str]
+    streams: ClassVar[bool] = False
+    # (name, default) in declaration order, base classes first; defaults copied per instance.
+    _fields: ClassVar[tuple[tuple[str, Any], ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        fields = dict(cls._fields)
+        # inspect.get_annotations would cost clusterctl the import of inspect (4 ms).
+        own = cls.__dict__.get("__annotations__", {})  # noqa: RUF063
+        for name, annotation in own.items():
+            if name.startswith("_") or str(annotation).startswith(("ClassVar", "typing.ClassVar")):
+                continue
+            fields[name] = cls.__dict__.get(name, _NO_DEFAULT)
+        cls._fields = tuple(fields.items())
+
+    def __init__(self, **values: Any) -> None:
+        for name, default in self._fields:
+            if name in values:
+                value = values.pop(name)
+            elif default is _NO_DEFAULT:
+                raise TypeError(f"{type(self).__name__}: missing argument {name!r}")
+            else:
+                value = default.copy() if isinstance(default, list | dict) else default
+            object.__setattr__(self, name, value)
+        if values:
+            raise TypeError(f"{type(self).__name__}: unexpected {', '.join(sorted(values))}")
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{name}={getattr(self, name)!r}" for name, _ in self._fields)
+        return f"{type(self).__name__}({shown})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and to_wire(self) == to_wire(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+class PingArgs(OpArgs):
+    op = "ping"
+
+
+class StatusArgs(OpArgs):
+    """Clusters as views; `verbose` adds the requested resources, hosts, tunnel and cloud
+    name (a thousand clusters' worth of those is most of the reply)."""
+
+    op = "status"
+    clusters: list[str] = []  # copied per instance by OpArgs
+    refresh: bool = False
+    verbose: bool = False
+    # `clusters` as {columns, rows} (see views_of): a quarter of the bytes of maps, and a
+    # client decodes it in a fifth of the time. Daemons that offer it list FEATURE_COLUMNS.
+    columns: bool = False
+
+
+class TaskArgs(OpArgs):
+    """What launch and exec share: where the task comes from and what overrides it.
+
+    Exactly one of ``yaml_path`` (absolute path, read by the daemon), ``yaml_text`` (with
+    ``source`` naming it in errors) or ``command`` is set. Relative paths inside the task
+    (workdir, file_mounts) are resolved against ``cwd``.
+    """
+
+    cluster: str | None = None
+    yaml_path: str | None = None
+    yaml_text: str | None = None
+    source: str = "<task>"
+    command: str | None = None
+    cwd: str = "/"
+    envs: dict[str, str] = {}  # copied per instance by OpArgs
+    secrets: dict[str, str] = {}
+    num_nodes: int | None = None
+    cpus: str | None = None
+    detach: bool = False
+    name: str | None = None
+    # Refuse task fields that would be accepted without effect (else: warnings).
+    strict: bool = False
+
+
+class LaunchArgs(TaskArgs):
+    op = "launch"
+    streams = True
+    infra: str | None = None
+    idle_minutes: float | None = None
+    down: bool = False
+    # When no place has capacity: wait (a growing gap) and try every place again, until up.
+    retry_until_up: bool = False
+
+
+class ExecArgs(TaskArgs):
+    op = "exec"
+    streams = True
+
+
+class QueueArgs(OpArgs):
+    op = "queue"
+    cluster: str
+    skip_finished: bool = False
+
+
+class LogsArgs(OpArgs):
+    """Stream a job's log. ``job_id`` None means the cluster's latest job. ``tail`` 0 means
+    from the start; ``offset`` resumes at a byte offset a previous stream reported."""
+
+    op = "logs"
+    streams = True
+    cluster: str
+    job_id: int | None = None
+    follow: bool = True
+    tail: int = 0
+    offset: int | None = None
+
+
+class CancelArgs(OpArgs):
+    op = "cancel"
+    cluster: str
+    job_ids: list[int] = []
+    all: bool = False
+
+
+class StopArgs(OpArgs):
+    op = "stop"
+    streams = True
+    cluster: str
+
+
+class StartArgs(OpArgs):
+    op = "start"
+    streams = True
+    cluster: str
+
+
+class DownArgs(OpArgs):
+    """Tear a cluster down; with `orphan`, `cluster` names an orphan (by its cloud name, as
+    `status` lists them): its instances are terminated."""
+
+    op = "down"
+    streams = True
+    cluster: str
+    purge: bool = False
+    orphan: bool = False
+
+
+class EventsArgs(OpArgs):
+    """The newest `limit` events; with `follow`, then every new one as an `event` frame
+    named "cluster_event", until the client cancels or disconnects."""
+
+    op = "events"
+    streams = True  # with follow
+    cluster: str | None = None
+    limit: int = 100
+    follow: bool = False
+
+
+# What keeps a cluster from counting as idle: jobs and user SSH sessions (the default), jobs
+# only, or nothing (a hard deadline from when autostop was set).
+WAIT_FOR_CHOICES = ("jobs_and_ssh", "jobs", "none")
+
+
+class AutostopArgs(OpArgs):
+    """Set a cluster's autostop (`idle_minutes`, `down`, `wait_for`: jobs_and_ssh, jobs or
+    none), or with `cancel`, remove it."""
+
+    op = "autostop"
+    cluster: str
+    idle_minutes: float | None = None
+    down: bool = False
+    wait_for: str = "jobs_and_ssh"
+    cancel: bool = False
+
+
+class CheckArgs(OpArgs):
+    """Which providers and ssh node pools are usable, and whether each host answers."""
+
+    op = "check"
+
+
+class ShowGpusArgs(OpArgs):
+    """Accelerators in the catalogs: every instance type with one (of `name`, if given), its
+    count, size, cheapest on-demand and spot price per hour, and regions."""
+
+    op = "show_gpus"
+    name: str | None = None
+    infra: str | None = None  # one provider's only (kubernetes: its nodes, free and total)
+
+
+class RequestsArgs(OpArgs):
+    """Requests the daemon is working on (each with its latest progress), and with
+    `active_only` false the newest finished ones too."""
+
+    op = "requests"
+    active_only: bool = True
+
+
+class FollowRequestArgs(OpArgs):
+    """Follow a daemon-owned request any client started: its events from the start, then
+    live, and its outcome; one that has ended answers with its outcome at once."""
+
+    op = "follow_request"
+    streams = True
+    request_id: int
+
+
+class NodesArgs(OpArgs):
+    """A cluster's nodes as its provider reports them now (the head first)."""
+
+    op = "nodes"
+    cluster: str
+
+
+class JobsLaunchArgs(TaskArgs):
+    """Submit a managed job: it gets a cluster of its own (named ``mj-ID-NAME``), is
+    recovered when that cluster is lost, and the cluster is torn down when the job ends.
+    Streams the job's log (``log`` events) unless ``detach``; the final reply carries the
+    managed job's id, status and exit code."""
+
+    op = "jobs_launch"
+    streams = True
+    infra: str | None = None
+
+
+class JobsQueueArgs(OpArgs):
+    """Managed jobs, newest first; without ``all``, only those not finished."""
+
+    op = "jobs_queue"
+    all: bool = False
+
+
+class JobsLogsArgs(OpArgs):
+    """A managed job's whole log across its attempts (a marker line at each recovery), as
+    ``log`` events; with ``follow``, until the job ends. ``tail`` N > 0 starts with its last
+    N lines instead (0: from the start).
+
+    With ``controller``, the daemon's own log of the job instead: its status changes and
+    other findings as ``managed_job_event`` events ``{id, ts, from_status, to_status,
+    reason}`` and the daemon's log lines about it as ``daemon_log`` events ``{ts, level,
+    message, fields}``, in time order (``tail``: the last N of both together)."""
+
+    op = "jobs_logs"
+    streams = True
+    job_id: int
+    follow: bool = True
+    tail: int = 0
+    controller: bool = False
+
+
+class JobsEventsArgs(OpArgs):
+    """A managed job's status history and the controller's decisions (each recovery, each
+    relaunch round), oldest first; with ``after``, only those newer than that event id."""
+
+    op = "jobs_events"
+    job_id: int
+    after: int = 0
+
+
+class JobsCancelArgs(OpArgs):
+    """Cancel managed jobs in any state; their clusters are torn down."""
+
+    op = "jobs_cancel"
+    job_ids: list[int] = []
+    all: bool = False
+
+
+class StorageLsArgs(OpArgs):
+    """The buckets clusterd made (never any other): ``{buckets: [{name, region, persistent,
+    created_for, created_at, clusters, objects, bytes}]}`` (objects and bytes null where S3
+    did not answer)."""
+
+    op = "storage_ls"
+
+
+class StorageDeleteArgs(OpArgs):
+    """Delete a bucket clusterd made, with everything in it; refused for a bucket it did not
+    make, and for one a cluster uses."""
+
+    op = "storage_delete"
+    name: str
+
+
+OPS: dict[str, type[OpArgs]] = {
+    cls.op: cls
+    for cls in (
+        PingArgs,
+        StatusArgs,
+        LaunchArgs,
+        ExecArgs,
+        QueueArgs,
+        LogsArgs,
+        CancelArgs,
+        StopArgs,
+        StartArgs,
+        DownArgs,
+        EventsArgs,
+        RequestsArgs,
+        CheckArgs,
+        AutostopArgs,
+        ShowGpusArgs,
+        FollowRequestArgs,
+        NodesArgs,
+        JobsLaunchArgs,
+        JobsQueueArgs,
+        JobsLogsArgs,
+        JobsEventsArgs,
+        JobsCancelArgs,
+        StorageLsArgs,
+        StorageDeleteArgs,
+    )
+}
+
+# Fields whose values must never be logged or stored.
+SECRET_FIELDS = frozenset({"secrets"})
+
+
+def _describe(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(tp))
+    if origin is not None:
+        inner = ", ".join(_describe(a) for a in typing.get_args(tp))
+        return f"{origin.__name__}[{inner}]"
+    return "null" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _matches(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        return isinstance(value, list) and all(_matches(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(tp)
+        return isinstance(value, dict) and all(
+            _matches(k, key) and _matches(v, item) for k, v in value.items()
+        )
+    return isinstance(value, tp)
+
+
+_SCHEMAS: dict[type[OpArgs], tuple[dict[str, Any], tuple[str, ...]]] = {}
+
+
+def _schema(cls: type[OpArgs]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """Field types and required fields of an op's arguments (resolved once, on first use:
+    the client never validates, so it never pays for resolving annotations)."""
+    schema = _SCHEMAS.get(cls)
+    if schema is None:
+        hints = typing.get_type_hints(cls)
+        types_by_name = {name: hints[name] for name, _ in cls._fields}
+        required = tuple(name for name, default in cls._fields if default is _NO_DEFAULT)
+        schema = _SCHEMAS[cls] = (types_by_name, required)
+    return schema
+
+
+def parse_args(cls: type[Args], raw: Any) -> Args:
+    """Validate a wire map against an op's argument dataclass; ProtocolError names the field."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"{cls.op}: args must be a map")
+    types_by_name, required = _schema(cls)
+    unknown = sorted(str(k) for k in raw if k not in types_by_name)
+    if unknown:
+        listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise ProtocolError(
+            ErrorCode.INVALID_ARGUMENT,
+            f"{cls.op}: unknown argument {listed}{more}",
+            f"accepted arguments: {', '.join(types_by_name)}",
+        )
+    missing = [name for name in required if name not in raw]
+    if missing:
+        raise ProtocolError(
+            ErrorCode.INVALID_ARGUMENT, f"{cls.op}: missing argument {', '.join(missing)}"
+        )
+    for name, value in raw.items():
+        expected = types_by_name[name]
+        if not _matches(value, expected):
+            raise ProtocolError(
+                ErrorCode.INVALID_ARGUMENT,
+                f"{cls.op}: argument {name!r} must be {_describe(expected)}, "
+                f"got {type(value).__name__}",
+            )
+    return cls(**raw)
+
+
+def to_wire(args: OpArgs) -> dict[str, Any]:
+    return {name: getattr(args, name) for name, _ in args._fields}
