@@ -6,7 +6,8 @@ Encoding the whole list again on every call was a third of the daemon's time per
 A `Packed` view carries its own msgpack encoding, made once; `encode_frame` here writes a
 reply whose result holds lists of them by joining those bytes, and everything else as
 protocol.encode_frame does. The bytes are exactly those msgpack itself would write (a test
-holds them to it), so clients see no difference.
+holds them to it), so clients see no difference. A view also keeps its values' encoding, for
+`status` in columns (`Columns`: the field names once, then a row per view).
 """
 
 from __future__ import annotations
