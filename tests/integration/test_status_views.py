@@ -5,6 +5,7 @@ Against a real daemon whose clusters belong to the in-memory load-test provider.
 from __future__ import annotations
 
 import json
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -12,14 +13,16 @@ from collections.abc import Iterator
 import pytest
 
 from clusterctl import Client, StatusArgs, protocol
-from tests.support import Daemon, running_daemon
+from tests.support import Daemon, make_env, short_tempdir
 
 CLUSTERS = 30
 
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[Daemon]:
-    with running_daemon("cdv-") as d:
+    root = short_tempdir("cdv-")
+    d = Daemon(root, make_env(root)).start()
+    try:
         d.stop()  # made its database; the records go in while it is down
         now = time.time()
         db = sqlite3.connect(d.state_dir / "state.db")
@@ -38,6 +41,10 @@ def daemon() -> Iterator[Daemon]:
             db.close()
         d.start({"CLUSTERD_TEST_PROVIDERS": "loadtest"})
         yield d
+    finally:  # the load-test provider's nodes are in the daemon's memory: nothing to take down
+        if d.process is not None and d.process.poll() is None:
+            d.stop()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def views(daemon: Daemon, verbose: bool, refresh: bool = False) -> dict[str, dict]:
