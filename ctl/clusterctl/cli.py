@@ -272,8 +272,8 @@ def cmd_exec(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
-    # Columns where the daemon offers them: a fifth of the decoding for many clusters.
-    client.connect()
+    # Columns where the daemon offers them (its hello, on connecting, says): a fifth of the
+    # decoding for many clusters.
     columns = protocol.FEATURE_COLUMNS in client.server_hello.get("features", ())
     result = client.call(protocol.StatusArgs(clusters=args.clusters, refresh=args.refresh,
                                              verbose=args.verbose or args.json,

@@ -277,10 +277,10 @@ class RuntimeManager:
             await progress(f"copying the runtime {wheelhouse.key} to {len(needing)} node(s)",
                            "copy")
             await on_each(needing, lambda n: install.copy_wheelhouse(self._runner_for(n),
-                                                                      wheelhouse))
+                                                                     wheelhouse))
             await progress(f"installing the runtime on {len(needing)} node(s)", "install")
             await on_each(needing, lambda n: install.install_copied(self._runner_for(n),
-                                                                     wheelhouse))
+                                                                    wheelhouse))
         await on_each(nodes, lambda n: install.link_current(self._runner_for(n), wheelhouse))
         logger.info("runtime ready on nodes", nodes=len(nodes), installed=len(needing),
                     seconds=round(time.monotonic() - started, 1))

@@ -134,7 +134,7 @@ class Handlers:
             require_cluster(self._store, name)
         if args.refresh:
             await self._refresh.refresh_now(args.clusters or None)
-        result = self._clusters.status(args.clusters, args.verbose)
+        result = self._clusters.views.status(args.clusters, args.verbose)
         result["clusters"] = self._managed.mark_owned(result["clusters"])
         if args.columns:
             result["clusters"] = Columns(result["clusters"])

@@ -98,9 +98,6 @@ class ClusterService:
         self._access = access
         self._jobs = jobs
 
-    def status(self, names: list[str], verbose: bool = True) -> dict[str, Any]:
-        return self.views.status(names, verbose)
-
     # -- launch -----------------------------------------------------------------------------
 
     async def launch(
