@@ -64,6 +64,13 @@ async def test_the_agent_forgets_old_finished_jobs_and_their_logs(tmp_path: Path
         assert removed == [j.job_id for j in jobs[1:8]]
         assert [j.job_id for j in store.all()] == [jobs[0].job_id] + [j.job_id for j in
                                                                        jobs[8:]]
+        # The unfinished ones are known without a scan of the finished (the scheduler asks
+        # on every turn): the running one, and a job just added (INIT).
+        fresh = await store.add(name="new", user="u", spec={}, has_secrets=False,
+                                resources_display="", num_nodes=1)
+        assert [j.job_id for j in store.active()] == [jobs[0].job_id, fresh.job_id]
+        await store.update(fresh, status=JobStatus.CANCELLED)
+        assert [j.job_id for j in store.active()] == [jobs[0].job_id]
         assert not hub.log_dir(jobs[1].job_id).exists()
         assert hub.log_dir(jobs[0].job_id).exists() and hub.log_dir(jobs[-1].job_id).exists()
     finally:
@@ -71,7 +78,8 @@ async def test_the_agent_forgets_old_finished_jobs_and_their_logs(tmp_path: Path
     again = JobStore(tmp_path / "jobs.db")  # and on disk
     await again.open()
     try:
-        assert len(again.all()) == 5
+        assert len(again.all()) == 6
+        assert [j.job_id for j in again.active()] == [jobs[0].job_id]
     finally:
         await again.close()
 

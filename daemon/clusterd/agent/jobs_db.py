@@ -81,6 +81,9 @@ class JobStore:
         self.path = path
         self._conn: aiosqlite.Connection | None = None
         self._jobs: dict[int, Job] = {}
+        # The unfinished ones, kept apart: the scheduler asks for them on every turn, and
+        # the store keeps thousands of finished jobs (a scan cost the agent ~2 ms a job).
+        self._active: dict[int, Job] = {}
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
@@ -96,6 +99,7 @@ class JobStore:
                 values["has_secrets"] = bool(values["has_secrets"])
                 job = Job(**values)
                 self._jobs[job.job_id] = job
+                self._track(job)
 
     async def close(self) -> None:
         if self._conn is not None:
@@ -131,11 +135,13 @@ class JobStore:
         job = Job(cursor.lastrowid, name, user, JobStatus.INIT, now, spec, has_secrets,
                   resources_display, num_nodes)
         self._jobs[job.job_id] = job
+        self._track(job)
         return job
 
     async def update(self, job: Job, **fields: Any) -> None:
         for key, value in fields.items():
             setattr(job, key, value)
+        self._track(job)
         assignments = ", ".join(f"{key} = ?" for key in fields)
         params = [_to_column(key, value) for key, value in fields.items()]
         with anyio.CancelScope(shield=True):
@@ -155,7 +161,14 @@ class JobStore:
         return list(self._jobs.values())
 
     def active(self) -> list[Job]:
-        return [job for job in self._jobs.values() if job.active]
+        """The unfinished jobs, oldest first."""
+        return sorted(self._active.values(), key=lambda job: job.job_id)
+
+    def _track(self, job: Job) -> None:
+        if job.active:
+            self._active[job.job_id] = job
+        else:
+            self._active.pop(job.job_id, None)
 
     async def prune(self, keep: int) -> list[int]:
         """Forget the oldest finished jobs beyond `keep` records in all; returns their ids
