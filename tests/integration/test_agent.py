@@ -9,6 +9,8 @@ import os
 import secrets
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -284,6 +286,40 @@ async def test_workdir_is_where_scripts_run(agent: AgentClient,
     job, log = await run_to_end(agent, spec("pwd", nodes=1, workdir=str(workdir)))
     assert status_from_pb(job.status) == JobStatus.SUCCEEDED
     assert log.decode().strip() == str(workdir)
+
+
+def placement_groups(agent_cluster: AgentCluster) -> dict[str, str]:
+    """Every placement group Ray has had on the cluster, name to state (a driver of its own,
+    in a process of its own, so this test process keeps no Ray state)."""
+    env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
+    code = ("import json, logging, ray\n"
+            f"ray.init(address={agent_cluster.agent_params['ray_address']!r},"
+            " _node_ip_address='127.0.0.2', logging_level=logging.ERROR, log_to_driver=False)\n"
+            "table = ray.util.placement_group_table()\n"
+            "print(json.dumps({g['name']: g['state'] for g in table.values()}))\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=120, check=True)
+    groups: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return groups
+
+
+async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group(
+    agent: AgentClient, agent_cluster: AgentCluster
+) -> None:
+    # A shape no other test asks for, so the first job reserves a group of its own.
+    first, _ = await run_to_end(agent, spec("true", cpus=0.3))
+    second, log = await run_to_end(agent, spec("echo again", cpus=0.3))
+    assert status_from_pb(second.status) == JobStatus.SUCCEEDED and log.count(b"again") == 2
+    groups = placement_groups(agent_cluster)
+    assert f"job-{first.job_id}" in groups
+    assert f"job-{second.job_id}" not in groups  # never reserved: it ran in the first's
+    # Parked only for a moment: then removed, holding nothing.
+    wait_for(lambda: placement_groups(agent_cluster)[f"job-{first.job_id}"] == "REMOVED", 30,
+             "the parked placement group to be removed", interval=0.5)
+    # A job of another shape still gets a group of its own, and runs.
+    other, _ = await run_to_end(agent, spec("true", cpus=0.4))
+    assert status_from_pb(other.status) == JobStatus.SUCCEEDED
+    assert f"job-{other.job_id}" in placement_groups(agent_cluster)
 
 
 async def test_restarted_agent_fails_running_jobs_and_kills_them(

@@ -125,6 +125,7 @@ class JobRun:
         placement_group: Any,
         secrets: dict[str, str],
         on_finished: Callable[[Job], None],
+        release: Callable[[Job, Any], Awaitable[None]],
         alive_nodes: Callable[[], Awaitable[set[str]]],
         mounts_dir: str = "",
     ) -> None:
@@ -139,6 +140,7 @@ class JobRun:
         self._pg = placement_group
         self._secrets = secrets
         self._on_finished = on_finished
+        self._release = release  # the placement group, once the job is done with it
         self._cancel_requested = False
         self._cancel_reason = CANCELLED_BY_USER
         # Set once one rank failed in a fail-fast phase: ranks that start later die at once.
@@ -180,7 +182,7 @@ class JobRun:
                 ended_at=time.time(), processes=[],
             )
             self._hub.close(job.job_id)
-            await anyio.to_thread.run_sync(ray.util.remove_placement_group, self._pg)
+            await self._release(job, self._pg)
         logger.info("job finished", job_id=job.job_id, status=str(status), reason=reason)
         self._on_finished(job)
 

@@ -2,7 +2,8 @@
 
 The oldest PENDING job gets a placement group (one bundle per node, STRICT_SPREAD) and waits
 for Ray to reserve it; jobs behind it wait their turn even if they would fit, so a big job is
-never starved by small ones. Once reserved, the job runs and the next one is considered.
+never starved by small ones. Once reserved, the job runs and the next one is considered. A
+finished job's group goes to the next job of the same shape if one comes soon (placement.py).
 """
 
 from __future__ import annotations
@@ -17,13 +18,14 @@ from typing import Any
 import anyio
 import ray
 import structlog
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import placement_group
 
 from clusterctl.protocol import JobStatus
 from clusterd import log
 from clusterd.agent import node_tasks
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
+from clusterd.agent.placement import PlacementPool, remove, shape_of
 from clusterd.agent.runner import CANCELLED_BY_USER, JobRun, NodeSlot, kill_on_node
 
 logger = log.get("clusterd.agent.scheduler")
@@ -38,6 +40,10 @@ class NodeView:
     node_id: str
     ip: str
     resources: dict[str, float]
+
+
+def _bundles(job: Job) -> list[dict[str, float]]:
+    return [_bundle(job.spec.get("resources", {})) for _ in range(job.num_nodes)]
 
 
 def _bundle(resources: dict[str, Any]) -> dict[str, float]:
@@ -68,6 +74,7 @@ class Scheduler:
         self._secrets: dict[int, dict[str, str]] = {}
         self._runs: dict[int, JobRun] = {}
         self._waiting: tuple[int, anyio.CancelScope] | None = None
+        self._placements = PlacementPool()
         self._wake = anyio.Event()
         self._drained = anyio.Event()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -226,15 +233,20 @@ class Scheduler:
         return min(pending, key=lambda j: j.job_id) if pending else None
 
     async def _start(self, job: Job, group: anyio.abc.TaskGroup) -> None:
-        resources = job.spec.get("resources", {})
-        bundles = [_bundle(resources) for _ in range(job.num_nodes)]
-        pg = placement_group(bundles, strategy="STRICT_SPREAD", name=f"job-{job.job_id}")
-        with anyio.CancelScope() as scope:
-            self._waiting = (job.job_id, scope)
-            await pg.ready()
-        self._waiting = None
-        if scope.cancelled_caught or not job.active:
-            await anyio.to_thread.run_sync(remove_placement_group, pg)
+        bundles = _bundles(job)
+        pg = await self._placements.take(shape_of(bundles))
+        if pg is None:
+            await self._placements.release_all()
+            pg = placement_group(bundles, strategy="STRICT_SPREAD", name=f"job-{job.job_id}")
+            with anyio.CancelScope() as scope:
+                self._waiting = (job.job_id, scope)
+                await pg.ready()
+            self._waiting = None
+            if scope.cancelled_caught:
+                await remove(pg)
+                return
+        if not job.active:
+            await remove(pg)
             return
         slots = await self._slots(pg)
         run = JobRun(
@@ -245,11 +257,20 @@ class Scheduler:
             placement_group=pg,
             secrets=self._secrets.pop(job.job_id, {}),
             on_finished=self._finished,
+            release=self._release,
             alive_nodes=self._alive_node_ids,
             mounts_dir=self._mounts_dir,
         )
         self._runs[job.job_id] = run
         group.start_soon(run.execute, name=f"job-{job.job_id}")
+
+    async def _release(self, job: Job, pg: Any) -> None:
+        """A finished job's placement group: parked for the next job of its shape, unless a
+        job already waits for a reservation of its own (what this one holds may be it)."""
+        if self._waiting is None and self._task_group is not None:
+            self._placements.park(pg, shape_of(_bundles(job)), self._task_group)
+        else:
+            await remove(pg)
 
     def _finished(self, job: Job) -> None:
         self._runs.pop(job.job_id, None)
