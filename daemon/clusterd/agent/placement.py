@@ -6,7 +6,7 @@ again on a later pass of the GCS's scheduling, up to a second on. So a job submi
 after another finished waited ~1 s for its reservation: 2 of 15 back-to-back `exec`s on a
 warm local cluster, and every job of a queued batch once the cluster was full. A finished
 job's group is parked instead, for PARK_S, and handed to the next job asking for the same
-bundles, which then starts with no reservation to wait for at all.
+bundles, which then starts with no reservation to wait for, on the nodes it had.
 
 A parked group holds its resources: the scheduler parks only when no job is waiting for a
 reservation of its own, and a job of another shape has every parked group removed first.
@@ -40,6 +40,7 @@ def shape_of(bundles: Sequence[dict[str, float]]) -> Shape:
 class _Parked:
     group: Any
     shape: Shape
+    slots: Any  # where its bundles are, as the scheduler worked out for the job before
 
 
 class PlacementPool:
@@ -51,14 +52,15 @@ class PlacementPool:
     def parked(self) -> int:
         return len(self._parked)
 
-    async def take(self, shape: Shape) -> Any | None:
-        """A parked group of this shape that Ray still holds reserved, or None."""
+    async def take(self, shape: Shape) -> tuple[Any, Any] | None:
+        """A parked group of this shape that Ray still holds reserved, and its slots; or
+        None."""
         while entry := next((p for p in self._parked if p.shape == shape), None):
             self._parked.remove(entry)
             table = await anyio.to_thread.run_sync(ray.util.placement_group_table, entry.group,
                                                    abandon_on_cancel=True)
             if table.get("state") == "CREATED":  # not rescheduling after a node was lost
-                return entry.group
+                return entry.group, entry.slots
             await remove(entry.group)
         return None
 
@@ -68,8 +70,9 @@ class PlacementPool:
         for entry in parked:
             await remove(entry.group)
 
-    def park(self, group: Any, shape: Shape, task_group: anyio.abc.TaskGroup) -> None:
-        entry = _Parked(group, shape)
+    def park(self, group: Any, shape: Shape, slots: Any,
+             task_group: anyio.abc.TaskGroup) -> None:
+        entry = _Parked(group, shape, slots)
         self._parked.append(entry)
         task_group.start_soon(self._expire, entry, name="placement-expiry")
 

@@ -125,7 +125,7 @@ class JobRun:
         placement_group: Any,
         secrets: dict[str, str],
         on_finished: Callable[[Job], None],
-        release: Callable[[Job, Any], Awaitable[None]],
+        release: Callable[[Job, Any, list[NodeSlot]], Awaitable[None]],
         alive_nodes: Callable[[], Awaitable[set[str]]],
         mounts_dir: str = "",
     ) -> None:
@@ -182,7 +182,7 @@ class JobRun:
                 ended_at=time.time(), processes=[],
             )
             self._hub.close(job.job_id)
-            await self._release(job, self._pg)
+            await self._release(job, self._pg, self._slots)
         logger.info("job finished", job_id=job.job_id, status=str(status), reason=reason)
         self._on_finished(job)
 

@@ -234,8 +234,10 @@ class Scheduler:
 
     async def _start(self, job: Job, group: anyio.abc.TaskGroup) -> None:
         bundles = _bundles(job)
-        pg = await self._placements.take(shape_of(bundles))
-        if pg is None:
+        parked = await self._placements.take(shape_of(bundles))
+        if parked is not None:
+            pg, slots = parked
+        else:
             await self._placements.release_all()
             pg = placement_group(bundles, strategy="STRICT_SPREAD", name=f"job-{job.job_id}")
             with anyio.CancelScope() as scope:
@@ -245,10 +247,10 @@ class Scheduler:
             if scope.cancelled_caught:
                 await remove(pg)
                 return
+            slots = await self._slots(pg)
         if not job.active:
             await remove(pg)
             return
-        slots = await self._slots(pg)
         run = JobRun(
             job,
             store=self._store,
@@ -264,11 +266,11 @@ class Scheduler:
         self._runs[job.job_id] = run
         group.start_soon(run.execute, name=f"job-{job.job_id}")
 
-    async def _release(self, job: Job, pg: Any) -> None:
+    async def _release(self, job: Job, pg: Any, slots: list[NodeSlot]) -> None:
         """A finished job's placement group: parked for the next job of its shape, unless a
         job already waits for a reservation of its own (what this one holds may be it)."""
         if self._waiting is None and self._task_group is not None:
-            self._placements.park(pg, shape_of(_bundles(job)), self._task_group)
+            self._placements.park(pg, shape_of(_bundles(job)), slots, self._task_group)
         else:
             await remove(pg)
 
