@@ -157,6 +157,9 @@ class JobStore:
     def latest(self) -> Job | None:
         return self._jobs[max(self._jobs)] if self._jobs else None
 
+    def __len__(self) -> int:
+        return len(self._jobs)
+
     def all(self) -> list[Job]:
         return list(self._jobs.values())
 

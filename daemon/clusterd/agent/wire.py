@@ -24,10 +24,19 @@ WAIT_FOR_TO_PB = {
 }
 
 
+# Looked up, not worked out by name each time: a queue of thousands of jobs converts each.
+_TO_PB: dict[JobStatus, pb.JobStatus] = {
+    status: pb.JobStatus.Value(f"JOB_STATUS_{status.value}") for status in JobStatus
+}
+_FROM_PB: dict[int, JobStatus] = {value: status for status, value in _TO_PB.items()}
+
+
 def status_to_pb(status: JobStatus) -> pb.JobStatus:
-    value: pb.JobStatus = pb.JobStatus.Value(f"JOB_STATUS_{status.value}")
-    return value
+    return _TO_PB[status]
 
 
 def status_from_pb(value: pb.JobStatus) -> JobStatus:
-    return JobStatus(pb.JobStatus.Name(value).removeprefix("JOB_STATUS_"))
+    try:
+        return _FROM_PB[value]
+    except KeyError:
+        raise ValueError(f"unknown job status {value}") from None

@@ -62,6 +62,30 @@ def job_to_wire(job: pb.Job) -> dict[str, Any]:
     }
 
 
+class FinishedJobs:
+    """Finished jobs' wire maps, made once: a finished job never changes again, and a queue
+    of thousands of jobs otherwise converted every one on each call. Keyed by task id (it
+    names the cluster and the submission time: a job id alone comes again on a new cluster
+    of the same name)."""
+
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        self._maps: dict[str, dict[str, Any]] = {}
+
+    def wire(self, job: pb.Job) -> dict[str, Any]:
+        status = status_from_pb(job.status)
+        if not status.is_terminal or not job.task_id:
+            return job_to_wire(job)
+        found = self._maps.get(job.task_id)
+        if found is None or found["status"] != status or \
+                found["ended_at"] != (job.ended_at or None):
+            if len(self._maps) >= self.LIMIT:
+                self._maps.clear()
+            found = self._maps[job.task_id] = job_to_wire(job)
+        return found
+
+
 class JobService:
     def __init__(
         self,
@@ -78,6 +102,7 @@ class JobService:
         self._access = access
         self._runner_for = runner_for
         self._storage = storage
+        self._finished = FinishedJobs()
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         provider = self._providers.get(record.provider)
@@ -231,7 +256,7 @@ class JobService:
             jobs = await agent.queue(skip_finished)
         except ProtocolError as exc:
             raise head_unreachable(record, exc) from None
-        return {"cluster": name, "jobs": [job_to_wire(j) for j in jobs]}
+        return {"cluster": name, "jobs": [self._finished.wire(j) for j in jobs]}
 
     async def cancel(self, name: str, job_ids: list[int], cancel_all: bool) -> dict[str, Any]:
         if not job_ids and not cancel_all:
