@@ -289,14 +289,16 @@ async def test_workdir_is_where_scripts_run(agent: AgentClient,
 
 
 def placement_groups(agent_cluster: AgentCluster) -> dict[str, str]:
-    """Every placement group Ray has had on the cluster, name to state (a driver of its own,
-    in a process of its own, so this test process keeps no Ray state)."""
+    """Every placement group Ray has had on the cluster, name to state, UNPLACED for one
+    withdrawn before Ray placed it (a driver of its own, in a process of its own, so this
+    test process keeps no Ray state)."""
     env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
     code = ("import json, logging, ray\n"
             f"ray.init(address={agent_cluster.agent_params['ray_address']!r},"
             " _node_ip_address='127.0.0.2', logging_level=logging.ERROR, log_to_driver=False)\n"
             "table = ray.util.placement_group_table()\n"
-            "print(json.dumps({g['name']: g['state'] for g in table.values()}))\n")
+            "print(json.dumps({g['name']: g['state'] if any(g['bundles_to_node_id'].values())"
+            " else 'UNPLACED' for g in table.values()}))\n")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                           text=True, timeout=120, check=True)
     groups: dict[str, str] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -320,6 +322,27 @@ async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group
     other, _ = await run_to_end(agent, spec("true", cpus=0.4))
     assert status_from_pb(other.status) == JobStatus.SUCCEEDED
     assert f"job-{other.job_id}" in placement_groups(agent_cluster)
+
+
+async def test_a_job_waiting_for_room_is_handed_the_group_of_one_of_its_shape_that_ends(
+    agent: AgentClient, agent_cluster: AgentCluster
+) -> None:
+    gate = agent_cluster.path("handover-gate")
+    # Two jobs take every CPU of both nodes; four more of their shape wait their turn.
+    jobs = [await agent.add_job(spec(f"while [ ! -e {gate} ]; do sleep 0.05; done", cpus=1))
+            for _ in range(2)]
+    for job in jobs:
+        await wait_status(agent, job.job_id, {JobStatus.RUNNING})
+    jobs += [await agent.add_job(spec("true", cpus=1)) for _ in range(4)]
+    gate.touch()
+    for job in jobs:
+        await wait_status(agent, job.job_id, {JobStatus.SUCCEEDED})
+    groups = placement_groups(agent_cluster)
+    # Only the first two were ever placed by Ray: each later job's request was withdrawn
+    # when an earlier job's group came free (else each would wait for Ray's next pass).
+    placed = [job.job_id for job in jobs if groups.get(f"job-{job.job_id}") not in
+              (None, "UNPLACED")]
+    assert placed == [jobs[0].job_id, jobs[1].job_id], groups
 
 
 async def test_restarted_agent_fails_running_jobs_and_kills_them(

@@ -8,8 +8,10 @@ warm local cluster, and every job of a queued batch once the cluster was full. A
 job's group is parked instead, for PARK_S, and handed to the next job asking for the same
 bundles, which then starts with no reservation to wait for, on the nodes it had.
 
-A parked group holds its resources: the scheduler parks only when no job is waiting for a
-reservation of its own, and a job of another shape has every parked group removed first.
+A job already waiting for a reservation of the same shape is handed the group at once (its
+own request withdrawn). A parked group holds its resources: the scheduler parks only when no
+job is waiting for a reservation, and a job of another shape has every parked group removed
+first.
 """
 
 from __future__ import annotations

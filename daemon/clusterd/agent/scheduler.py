@@ -25,7 +25,7 @@ from clusterd import log
 from clusterd.agent import node_tasks
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
-from clusterd.agent.placement import PlacementPool, remove, shape_of
+from clusterd.agent.placement import PlacementPool, Shape, remove, shape_of
 from clusterd.agent.runner import CANCELLED_BY_USER, JobRun, NodeSlot, kill_on_node
 
 logger = log.get("clusterd.agent.scheduler")
@@ -73,7 +73,10 @@ class Scheduler:
         self._cluster_name = cluster_name
         self._secrets: dict[int, dict[str, str]] = {}
         self._runs: dict[int, JobRun] = {}
-        self._waiting: tuple[int, anyio.CancelScope] | None = None
+        # The job waiting for a reservation of its own: its id, the scope of that wait, and
+        # its shape (a job of that shape finishing meanwhile hands it its group instead).
+        self._waiting: tuple[int, anyio.CancelScope, Shape] | None = None
+        self._handed: tuple[Any, list[NodeSlot]] | None = None
         self._placements = PlacementPool()
         self._wake = anyio.Event()
         self._drained = anyio.Event()
@@ -234,20 +237,26 @@ class Scheduler:
 
     async def _start(self, job: Job, group: anyio.abc.TaskGroup) -> None:
         bundles = _bundles(job)
-        parked = await self._placements.take(shape_of(bundles))
+        shape = shape_of(bundles)
+        parked = await self._placements.take(shape)
         if parked is not None:
             pg, slots = parked
         else:
             await self._placements.release_all()
             pg = placement_group(bundles, strategy="STRICT_SPREAD", name=f"job-{job.job_id}")
             with anyio.CancelScope() as scope:
-                self._waiting = (job.job_id, scope)
+                self._waiting = (job.job_id, scope, shape)
                 await pg.ready()
             self._waiting = None
-            if scope.cancelled_caught:
+            handed, self._handed = self._handed, None
+            if handed is not None:
+                await remove(pg)
+                pg, slots = handed
+            elif scope.cancelled_caught:
                 await remove(pg)
                 return
-            slots = await self._slots(pg)
+            else:
+                slots = await self._slots(pg)
         if not job.active:
             await remove(pg)
             return
@@ -267,10 +276,15 @@ class Scheduler:
         group.start_soon(run.execute, name=f"job-{job.job_id}")
 
     async def _release(self, job: Job, pg: Any, slots: list[NodeSlot]) -> None:
-        """A finished job's placement group: parked for the next job of its shape, unless a
-        job already waits for a reservation of its own (what this one holds may be it)."""
+        """A finished job's placement group: handed to the job waiting for a reservation of
+        the same shape, if one is; else parked for the next job of its shape, unless a job of
+        another shape waits (what this one holds may be what it waits for)."""
+        shape = shape_of(_bundles(job))
         if self._waiting is None and self._task_group is not None:
-            self._placements.park(pg, shape_of(_bundles(job)), slots, self._task_group)
+            self._placements.park(pg, shape, slots, self._task_group)
+        elif self._waiting is not None and self._waiting[2] == shape and self._handed is None:
+            self._handed = (pg, slots)
+            self._waiting[1].cancel()
         else:
             await remove(pg)
 
