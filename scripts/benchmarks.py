@@ -38,6 +38,7 @@ from bench_aws import (
     bench_failover,
 )
 from bench_bed import insert_records
+from bench_client import bench_installed, bench_queue_drain
 from bench_curves import (
     bench_curves_clusters,
     bench_curves_failover,
@@ -530,6 +531,8 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "exec": Bench.bench_exec,
     "socket": Bench.bench_socket,
     "queue": Bench.bench_queue,
+    "installed": bench_installed,
+    "queue_drain": bench_queue_drain,
     "ssh_exec": bench_ssh_exec,
     "ssh_throughput": bench_ssh_throughput,
     "ssh_concurrency": bench_ssh_concurrency,
@@ -598,7 +601,7 @@ def main() -> None:
              "max_ms", "total_p50_ms", "page_kib", "received", "printed",
              "lag_s", "cli_lines_per_s", "lines_shown", "closed_p50_s", "goal_s",
              "relaunch_p50_s", "paired_ratio_without_lag_p50", "without_provision_ratio",
-             "per_job_kib",
+             "per_job_kib", "jobs_per_s",
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
              "log_bytes", "written_mb_per_s", "loop_lag_p99_ms", "loop_held", "gc")

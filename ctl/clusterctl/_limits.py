@@ -5,9 +5,11 @@ Standard library and msgpack only; `protocol` re-exports what clients need.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgpack
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_FRAME_BYTES = 8 * 1024 * 1024
 

@@ -10,7 +10,10 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 _COLORS = {"SUCCEEDED": "32", "FAILED": "31", "FAILED_SETUP": "31", "FAILED_DRIVER": "31",
            "CANCELLED": "33"}

@@ -7,10 +7,13 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from clusterctl import protocol
 from clusterctl._fail import fail
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 YAML_SUFFIXES = (".yaml", ".yml")
 

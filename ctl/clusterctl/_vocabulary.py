@@ -5,7 +5,10 @@ there."""
 from __future__ import annotations
 
 import enum
-from typing import Any
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ErrorCode(enum.StrEnum):

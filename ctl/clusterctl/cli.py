@@ -11,7 +11,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from clusterctl import protocol
 from clusterctl._fail import fail, fail_with
@@ -20,6 +19,10 @@ from clusterctl._task_options import add_task_options, print_json, task_args
 from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 # -- argument parsing ---------------------------------------------------------------------------
 

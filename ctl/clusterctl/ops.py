@@ -4,10 +4,17 @@ sends. Part of clusterctl.protocol, which re-exports every name: import them fro
 from __future__ import annotations
 
 import types
-import typing
-from typing import Any, ClassVar, TypeVar
 
 from clusterctl._vocabulary import ErrorCode, ProtocolError
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:  # (the daemon's checks of what clients send import it where they run)
+    from typing import Any, ClassVar, TypeVar, dataclass_transform
+
+    Args = TypeVar("Args", bound="OpArgs")
+else:
+    def dataclass_transform(**_: object) -> object:
+        return lambda cls: cls
 
 # --------------------------------------------------------------------------------------------
 # Ops and their arguments. Each op's arguments are a class of annotated fields with defaults;
@@ -16,11 +23,10 @@ from clusterctl._vocabulary import ErrorCode, ProtocolError
 # OpArgs itself: generating a dozen real dataclasses (and importing `dataclasses`) was a fifth
 # of clusterctl's start-up time.
 
-Args = TypeVar("Args", bound="OpArgs")
 _NO_DEFAULT: Any = object()
 
 
-@typing.dataclass_transform(kw_only_default=True)
+@dataclass_transform(kw_only_default=True)
 class OpArgs:
     op: ClassVar[str]
     streams: ClassVar[bool] = False
@@ -336,6 +342,8 @@ SECRET_FIELDS = frozenset({"secrets"})
 
 
 def _describe(tp: Any) -> str:
+    import typing
+
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_describe(a) for a in typing.get_args(tp))
@@ -346,6 +354,8 @@ def _describe(tp: Any) -> str:
 
 
 def _matches(value: Any, tp: Any) -> bool:
+    import typing
+
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         return any(_matches(value, a) for a in typing.get_args(tp))
@@ -374,7 +384,12 @@ def _schema(cls: type[OpArgs]) -> tuple[dict[str, Any], tuple[str, ...]]:
     the client never validates, so it never pays for resolving annotations)."""
     schema = _SCHEMAS.get(cls)
     if schema is None:
-        hints = typing.get_type_hints(cls)
+        import typing
+
+        # The annotations name typing's Any and ClassVar, which this module imports for the
+        # type checker only.
+        hints = typing.get_type_hints(cls, localns={"Any": typing.Any,
+                                                    "ClassVar": typing.ClassVar})
         types_by_name = {name: hints[name] for name, _ in cls._fields}
         required = tuple(name for name, default in cls._fields if default is _NO_DEFAULT)
         schema = _SCHEMAS[cls] = (types_by_name, required)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator, Mapping
-from typing import Any
 
 import msgpack
 
@@ -53,7 +52,6 @@ from clusterctl._vocabulary import shown as shown
 from clusterctl.ops import OPS as OPS
 from clusterctl.ops import SECRET_FIELDS as SECRET_FIELDS
 from clusterctl.ops import WAIT_FOR_CHOICES as WAIT_FOR_CHOICES
-from clusterctl.ops import Args as Args
 from clusterctl.ops import AutostopArgs as AutostopArgs
 from clusterctl.ops import CancelArgs as CancelArgs
 from clusterctl.ops import CheckArgs as CheckArgs
@@ -82,6 +80,10 @@ from clusterctl.ops import StorageLsArgs as StorageLsArgs
 from clusterctl.ops import TaskArgs as TaskArgs
 from clusterctl.ops import parse_args as parse_args
 from clusterctl.ops import to_wire as to_wire
+
+TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
+if TYPE_CHECKING:
+    from typing import Any
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
