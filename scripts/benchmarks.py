@@ -343,9 +343,11 @@ class Bench:
 
     # -- (d) queue with 200 jobs --------------------------------------------------------------
 
-    def bench_queue(self, jobs: int = 200, runs: int = 20) -> None:
-        print(f"(d) clusterctl queue with {jobs} jobs", file=sys.stderr)
-        from clusterctl import Client, ExecArgs
+    def ensure_jobs(self, jobs: int) -> int:
+        """At least `jobs` finished jobs in the bench cluster's queue (detached `true`s added,
+        and waited for: a listing timed while they run measures them too); how many it
+        lists."""
+        from clusterctl import Client, ExecArgs, QueueArgs
 
         existing = json.loads(self.ctl("queue", CLUSTER, "--json").stdout)
         with Client(self.socket, autostart=False) as client:
@@ -356,7 +358,16 @@ class Bench:
                 for result in client.call_many(batch):
                     if isinstance(result, Exception):
                         raise SystemExit(f"submitting jobs failed: {result}")
-        count = len(json.loads(self.ctl("queue", CLUSTER, "--json").stdout))
+            deadline = time.monotonic() + 600
+            while client.call(QueueArgs(cluster=CLUSTER, skip_finished=True))["jobs"]:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the bench's jobs did not finish within 10 minutes")
+                time.sleep(0.2)
+        return len(json.loads(self.ctl("queue", CLUSTER, "--json").stdout))
+
+    def bench_queue(self, jobs: int = 200, runs: int = 20) -> None:
+        print(f"(d) clusterctl queue with {jobs} jobs", file=sys.stderr)
+        count = self.ensure_jobs(jobs)
         ours, base = [], []
         for _ in range(runs):
             base.append(_wall([sys.executable, "-c", "pass"], self.env))
