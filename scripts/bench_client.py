@@ -1,20 +1,71 @@
-"""Client benchmarks beside the main ones: clusterctl as a user's install runs it, and how
-fast a queued batch of jobs drains (scripts/bench --only installed,queue_drain)."""
+"""Client and queue benchmarks: `queue` of 200 jobs, clusterctl as a user's install runs it,
+and how fast a queued batch of jobs drains (scripts/bench --only queue,installed,queue_drain)."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from benchmarks import Bench
 
 DRAIN_JOBS = 200
+
+
+def submit_jobs(client: Any, count: int) -> list[int]:
+    """`count` detached one-line jobs on the bench cluster, 50 to a call; their ids."""
+    from benchmarks import CLUSTER
+
+    from clusterctl import ExecArgs
+
+    ids: list[int] = []
+    for start in range(0, count, 50):
+        batch = [ExecArgs(cluster=CLUSTER, command="true", detach=True)
+                 for _ in range(min(50, count - start))]
+        for result in client.call_many(batch):
+            if isinstance(result, Exception):
+                raise SystemExit(f"submitting jobs failed: {result}")
+            ids.append(int(result["job_id"]))
+    return ids
+
+
+def ensure_jobs(bench: Bench, jobs: int) -> int:
+    """At least `jobs` finished jobs in the bench cluster's queue (one-line jobs added, and
+    waited for: a listing timed while they run measures them too); how many it lists."""
+    from benchmarks import CLUSTER
+
+    from clusterctl import Client, QueueArgs
+
+    existing = json.loads(bench.ctl("queue", CLUSTER, "--json").stdout)
+    with Client(bench.socket, autostart=False) as client:
+        submit_jobs(client, max(0, jobs - len(existing)))
+        deadline = time.monotonic() + 600
+        while client.call(QueueArgs(cluster=CLUSTER, skip_finished=True))["jobs"]:
+            if time.monotonic() > deadline:
+                raise SystemExit("the bench's jobs did not finish within 10 minutes")
+            time.sleep(0.2)
+    return len(json.loads(bench.ctl("queue", CLUSTER, "--json").stdout))
+
+
+def bench_queue(self: Bench, jobs: int = 200, runs: int = 20) -> None:
+    from benchmarks import CLUSTER, CLUSTERCTL, _wall, percentile
+
+    print(f"(d) clusterctl queue with {jobs} jobs", file=sys.stderr)
+    count = ensure_jobs(self, jobs)
+    ours, base = [], []
+    for _ in range(runs):
+        base.append(_wall([sys.executable, "-c", "pass"], self.env))
+        ours.append(_wall([CLUSTERCTL, "queue", CLUSTER], self.env))
+    p50 = statistics.median(ours) * 1000
+    self.record("queue_200_jobs_p50", p50, "ms", baseline=statistics.median(base) * 1000,
+                baseline_name="python -c pass", target="≤ 30 ms", ok=p50 <= 30,
+                jobs_listed=count, p90=round(percentile(ours, 90) * 1000, 1))
 
 
 def installed_layout(bench: Bench) -> tuple[str, str]:
@@ -52,7 +103,7 @@ def bench_installed(self: Bench, runs: int = 30) -> None:
     print("(installed) clusterctl as installed by pip, beside its python -c pass",
           file=sys.stderr)
     python, ctl = installed_layout(self)
-    listed = self.ensure_jobs(200)  # the queue row's goal is for 200 jobs
+    listed = ensure_jobs(self, 200)  # the queue row's goal is for 200 jobs
     cases = {"status": [ctl, "status"], "queue": [ctl, "queue", CLUSTER],
              "exec": [ctl, "exec", CLUSTER, "--", "echo hi"]}
     times: dict[str, list[float]] = {name: [] for name in [*cases, "python"]}
@@ -82,20 +133,12 @@ def bench_queue_drain(self: Bench) -> None:
     a two-CPU machine: what limits them is how fast a job follows the one before)."""
     from benchmarks import CLUSTER
 
-    from clusterctl import Client, ExecArgs, QueueArgs
+    from clusterctl import Client, QueueArgs
 
     print(f"(queue_drain) {DRAIN_JOBS} queued jobs, submission to the last one's end",
           file=sys.stderr)
-    ids: list[int] = []
     with Client(self.socket, autostart=False) as client:
-        for start in range(0, DRAIN_JOBS, 50):
-            batch = [ExecArgs(cluster=CLUSTER, command="true", detach=True)
-                     for _ in range(min(50, DRAIN_JOBS - start))]
-            for result in client.call_many(batch):
-                if isinstance(result, Exception):
-                    raise SystemExit(f"submitting jobs failed: {result}")
-                ids.append(int(result["job_id"]))
-        wanted = set(ids)
+        wanted = set(submit_jobs(client, DRAIN_JOBS))
         deadline = time.monotonic() + 600
         while True:
             jobs = [j for j in client.call(QueueArgs(cluster=CLUSTER))["jobs"]

@@ -38,7 +38,7 @@ from bench_aws import (
     bench_failover,
 )
 from bench_bed import insert_records
-from bench_client import bench_installed, bench_queue_drain
+from bench_client import bench_installed, bench_queue, bench_queue_drain
 from bench_curves import (
     bench_curves_clusters,
     bench_curves_failover,
@@ -341,41 +341,6 @@ class Bench:
                         p99_ms=round(p99, 3), loop_lag_p99_ms=loop.get("lag_ms_p99"),
                         loop_held=self.held(loop, before), gc=self.gc_pauses(loop, before))
 
-    # -- (d) queue with 200 jobs --------------------------------------------------------------
-
-    def ensure_jobs(self, jobs: int) -> int:
-        """At least `jobs` finished jobs in the bench cluster's queue (detached `true`s added,
-        and waited for: a listing timed while they run measures them too); how many it
-        lists."""
-        from clusterctl import Client, ExecArgs, QueueArgs
-
-        existing = json.loads(self.ctl("queue", CLUSTER, "--json").stdout)
-        with Client(self.socket, autostart=False) as client:
-            missing = max(0, jobs - len(existing))
-            for start in range(0, missing, 50):
-                batch = [ExecArgs(cluster=CLUSTER, command="true", detach=True)
-                         for _ in range(min(50, missing - start))]
-                for result in client.call_many(batch):
-                    if isinstance(result, Exception):
-                        raise SystemExit(f"submitting jobs failed: {result}")
-            deadline = time.monotonic() + 600
-            while client.call(QueueArgs(cluster=CLUSTER, skip_finished=True))["jobs"]:
-                if time.monotonic() > deadline:
-                    raise SystemExit("the bench's jobs did not finish within 10 minutes")
-                time.sleep(0.2)
-        return len(json.loads(self.ctl("queue", CLUSTER, "--json").stdout))
-
-    def bench_queue(self, jobs: int = 200, runs: int = 20) -> None:
-        print(f"(d) clusterctl queue with {jobs} jobs", file=sys.stderr)
-        count = self.ensure_jobs(jobs)
-        ours, base = [], []
-        for _ in range(runs):
-            base.append(_wall([sys.executable, "-c", "pass"], self.env))
-            ours.append(_wall([CLUSTERCTL, "queue", CLUSTER], self.env))
-        p50 = statistics.median(ours) * 1000
-        self.record("queue_200_jobs_p50", p50, "ms", baseline=statistics.median(base) * 1000,
-                    baseline_name="python -c pass", target="≤ 30 ms", ok=p50 <= 30,
-                    jobs_listed=count, p90=round(percentile(ours, 90) * 1000, 1))
 
 
 def _wall(argv: list[str], env: dict[str, str]) -> float:
@@ -541,7 +506,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "status": Bench.bench_status,
     "exec": Bench.bench_exec,
     "socket": Bench.bench_socket,
-    "queue": Bench.bench_queue,
+    "queue": bench_queue,
     "installed": bench_installed,
     "queue_drain": bench_queue_drain,
     "ssh_exec": bench_ssh_exec,
