@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.k8sbed import TESTBED
 from tests.support import Daemon, running_daemon
 
 
@@ -52,3 +57,25 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     for module, seconds in slowest:
         terminalreporter.write_line(f"{seconds:8.1f}s {module}")
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s in all")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The Kubernetes bed's first build on a machine takes minutes (then it is cached, by
+    version, outside the repo): done here, before the first test, so that no test's timeout
+    has to cover it. A failure is left for the bed's fixture to report."""
+    if session.config.option.collectonly or os.getuid() != 0 or not shutil.which("ip"):
+        return
+    if not any(item.get_closest_marker("k8s") for item in session.items):
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line("building the Kubernetes test bed, or finding it in the cache "
+                            "(the first time on a machine: minutes)")
+    try:
+        built = subprocess.run([sys.executable, TESTBED, "k8s", "build", "--runtime-image"],
+                               capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        return
+    said = (built.stdout + built.stderr).strip().splitlines()
+    if reporter is not None and said:
+        reporter.write_line(said[-1])

@@ -15,7 +15,7 @@ from _testbed.common import Failure
 
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
 EC2_COMMANDS = "{up,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
-K8S_COMMANDS = "{up,down,exec,env,status,kill-node,restart-apiserver,fault,quota}"
+K8S_COMMANDS = "{build,up,down,exec,env,status,kill-node,restart-apiserver,fault,quota}"
 
 
 def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -150,6 +150,11 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                          "~sky/.clusterd (clusterd then skips installing it), imported into "
                          "every node; built once per wheelhouse (the package index is needed "
                          "once); its name is $CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE in `exec`")
+    build = ksub.add_parser("build", allow_abbrev=False,
+                            help="build (or find in the cache) what `up` boots from, and "
+                                 "start nothing (the first time on a machine: minutes)")
+    build.add_argument("--runtime-image", action="store_true",
+                       help="the runtime image too (as `up --runtime-image` would)")
     ksub.add_parser("down", parents=[bed], allow_abbrev=False,
                     help="stop everything the bed started and remove it")
     ex = ksub.add_parser("exec", parents=[bed], allow_abbrev=False,
@@ -222,7 +227,7 @@ def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 def run_k8s(args: argparse.Namespace) -> int:
     from _testbed.k8s import commands, operations, reports
 
-    handlers = {"up": commands.cmd_up, "down": commands.cmd_down,
+    handlers = {"build": commands.cmd_build, "up": commands.cmd_up, "down": commands.cmd_down,
                 "kill-node": operations.cmd_kill_node,
                 "restart-apiserver": operations.cmd_restart_apiserver,
                 "exec": reports.cmd_exec, "env": reports.cmd_env, "status": reports.cmd_status,
@@ -260,10 +265,11 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         regions = check_ec2_args(ap, args)
     if args.command == "k8s":
         check_k8s_args(ap, args)
-    if not args.dir:
-        ap.error("--dir must not be empty")
-    if os.path.abspath(args.dir) in DANGEROUS_DIRS:
-        ap.error(f"--dir {args.dir} is not a test bed directory (it gets deleted by down)")
+    if hasattr(args, "dir"):  # `k8s build` makes no bed
+        if not args.dir:
+            ap.error("--dir must not be empty")
+        if os.path.abspath(args.dir) in DANGEROUS_DIRS:
+            ap.error(f"--dir {args.dir} is not a test bed directory (it gets deleted by down)")
     return args, regions
 
 

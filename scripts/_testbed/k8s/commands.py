@@ -71,21 +71,40 @@ def admin_api(paths: BedPaths) -> components.Api:
 # ---------------------------------------------------------------------------- up
 
 
-def cmd_up(args: argparse.Namespace) -> int:
-    t0 = time.monotonic()
-    paths = BedPaths(os.path.abspath(args.dir))
-    check_dir(paths.dir)
+def ensure_cached(with_runtime_image: bool) -> tuple[str, str, str, dict[str, str] | None]:
+    """What the bed boots from, built on this machine's first call (minutes) and cached by
+    version: Kubernetes, the node image and, if asked, the runtime image. Returns the build's
+    directory, the node image and its archive, and the runtime image (name, archive, key)."""
     requirements.ensure_debian_packages(requirements.K8S_PACKAGES)
     host.check_cgroups()
     version_dir = build.ensure_built(cache_root())
     images_dir = os.path.join(cache_root(), "images")
     node_image, node_archive = images.ensure_node_image(images_dir)
     runtime: dict[str, str] | None = None
-    if args.runtime_image:
+    if with_runtime_image:
         house = runtime_image.prepare_wheelhouse(wheelhouse_dir())
         name, archive = runtime_image.ensure_runtime_image(images_dir, node_image,
                                                            node_archive, house)
         runtime = {"name": name, "archive": archive, "key": os.path.basename(house)}
+    return version_dir, node_image, node_archive, runtime
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or find in the cache) what `up` boots from, and start nothing: the test suite
+    runs it before its first test, so a machine's first build is no test's time."""
+    t0 = time.monotonic()
+    version_dir, node_image, _, runtime = ensure_cached(args.runtime_image)
+    print(f"Kubernetes {version_dir}, node image {node_image}"
+          + (f", runtime image {runtime['name']}" if runtime else "")
+          + f" ({time.monotonic() - t0:.1f} s)")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    t0 = time.monotonic()
+    paths = BedPaths(os.path.abspath(args.dir))
+    check_dir(paths.dir)
+    version_dir, node_image, node_archive, runtime = ensure_cached(args.runtime_image)
     lock = bed_lock(paths, create=True)  # the bed's first, then the registry's, always
     reg_lock = lock_dir(host.registry_dir())
     try:
