@@ -26,6 +26,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 
 from clusterd import log
+from clusterd.agent.runner import NodeSlot
 
 logger = log.get("clusterd.agent.placement")
 
@@ -42,7 +43,7 @@ def shape_of(bundles: Sequence[dict[str, float]]) -> Shape:
 class _Parked:
     group: Any
     shape: Shape
-    slots: Any  # where its bundles are, as the scheduler worked out for the job before
+    slots: list[NodeSlot]  # where its bundles are, as worked out for the job before
 
 
 class PlacementPool:
@@ -50,11 +51,7 @@ class PlacementPool:
         self._park_s = park_s
         self._parked: list[_Parked] = []
 
-    @property
-    def parked(self) -> int:
-        return len(self._parked)
-
-    async def take(self, shape: Shape) -> tuple[Any, Any] | None:
+    async def take(self, shape: Shape) -> tuple[Any, list[NodeSlot]] | None:
         """A parked group of this shape that Ray still holds reserved, and its slots; or
         None."""
         while entry := next((p for p in self._parked if p.shape == shape), None):
@@ -72,7 +69,7 @@ class PlacementPool:
         for entry in parked:
             await remove(entry.group)
 
-    def park(self, group: Any, shape: Shape, slots: Any,
+    def park(self, group: Any, shape: Shape, slots: list[NodeSlot],
              task_group: anyio.abc.TaskGroup) -> None:
         entry = _Parked(group, shape, slots)
         self._parked.append(entry)
