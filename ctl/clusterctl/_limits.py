@@ -48,7 +48,21 @@ class TooManyItems(Exception):
 def unpack(body: bytes, limits: DecodeLimits) -> Any:
     """msgpack.unpackb within `limits`; raises TooManyItems past the item budget, and
     msgpack's own errors for anything else."""
-    budget = [limits.max_items]
+    hooks: dict[str, Any] = {}
+    # Each object takes at least a byte, and a container costs its length plus one, so a
+    # frame spends at most two items per byte: a small one needs no counting (no Python
+    # call per container, which is most of decoding a `queue` reply).
+    if 2 * len(body) > limits.max_items:
+        hooks["list_hook"] = hooks["object_hook"] = _counter(limits.max_items)
+    return msgpack.unpackb(
+        body, raw=False, strict_map_key=True, **hooks,
+        max_str_len=limits.max_str, max_bin_len=limits.max_bin,
+        max_array_len=limits.max_array, max_map_len=limits.max_map, max_ext_len=0,
+    )
+
+
+def _counter(max_items: int) -> Any:
+    budget = [max_items]
 
     def count(container: Any) -> Any:
         budget[0] -= len(container) + 1
@@ -56,8 +70,4 @@ def unpack(body: bytes, limits: DecodeLimits) -> Any:
             raise TooManyItems
         return container
 
-    return msgpack.unpackb(
-        body, raw=False, strict_map_key=True, list_hook=count, object_hook=count,
-        max_str_len=limits.max_str, max_bin_len=limits.max_bin,
-        max_array_len=limits.max_array, max_map_len=limits.max_map, max_ext_len=0,
-    )
+    return count

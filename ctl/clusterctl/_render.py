@@ -41,14 +41,11 @@ def age(ts: float | None, until: float | None = None, suffix: str = " ago") -> s
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [len(h) for h in headers]
-    for row in rows:
-        widths = [max(w, len(str(cell))) for w, cell in zip(widths, row, strict=False)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=False)).rstrip()]
-    for row in rows:
-        lines.append("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False))
-                     .rstrip())
-    return "\n".join(lines) + "\n"
+    lines = [headers, *([str(cell) for cell in row] for row in rows)]
+    # One format string for every row: `queue` prints thousands of rows on each run.
+    widths = [max(map(len, column)) for column in zip(*lines, strict=False)]
+    line = "  ".join(f"{{:<{width}}}" for width in widths)
+    return "".join(line.format(*cells).rstrip() + "\n" for cells in lines)
 
 
 class Printer:

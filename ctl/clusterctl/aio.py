@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 from collections.abc import AsyncIterator
 from types import TracebackType
 from typing import Any
@@ -117,7 +118,9 @@ class AsyncClient:
         # private, and the daemon runs as us; nothing is sent before both hold.
         opener = Client(self.socket_path, autostart=self._autostart,
                         connect_timeout=self._connect_timeout)
-        sock = await asyncio.to_thread(opener.open_socket)
+        raw = await asyncio.to_thread(opener.open_socket)
+        # asyncio's transports want socket.socket, the blocking client uses the C type.
+        sock = socket.socket(raw.family, raw.type, fileno=raw.detach())
         try:
             async with asyncio.timeout(self._connect_timeout):
                 self._reader, self._writer = await asyncio.open_unix_connection(

@@ -13,10 +13,12 @@ by request id.
 
 from __future__ import annotations
 
+# The C module, not `socket`: importing socket.py builds its enums and imports selectors,
+# ~3 ms of every clusterctl run, and a connect-send-recv client needs none of that.
+import _socket
 import contextlib
 import errno
 import os
-import socket
 import struct
 import sys
 import time
@@ -116,7 +118,7 @@ class Client:
         self._autostart = autostart
         self._connect_timeout = connect_timeout
         self._on_autostart = on_autostart
-        self._sock: socket.socket | None = None
+        self._sock: _socket.socket | None = None
         self._decoder = protocol.FrameDecoder()
         self._pending: dict[int, list[dict[str, Any]]] = {}
         self._next_id = 1
@@ -136,7 +138,7 @@ class Client:
     ) -> None:
         self.close()
 
-    def open_socket(self) -> socket.socket:
+    def open_socket(self) -> _socket.socket:
         """A checked connection to our own daemon (see `_open`), starting it first if nobody
         listens and autostart is on; DaemonUnavailable otherwise. The asyncio client opens
         its connections here too."""
@@ -171,7 +173,7 @@ class Client:
             self._sock.close()
             self._sock = None
 
-    def _open(self) -> socket.socket:
+    def _open(self) -> _socket.socket:
         """A connection to the daemon, made only once we know it is our own: the socket's
         directory is ours and private, and the process listening runs as us (SO_PEERCRED).
         Nothing is sent before both hold, so a socket planted by another user never sees a
@@ -179,13 +181,13 @@ class Client:
         directory = os.path.dirname(os.path.abspath(self.socket_path))
         with contextlib.suppress(FileNotFoundError):  # then connect fails with ENOENT
             check_private_dir(directory)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout)
             sock.connect(self.socket_path)
             sock.settimeout(None)
             _pid, uid, _gid = _PEERCRED.unpack(
-                sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))
+                sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, _PEERCRED.size))
         except OSError:
             sock.close()
             raise
@@ -196,7 +198,7 @@ class Client:
                              "remove that socket and start your own clusterd")
         return sock
 
-    def _start_daemon_and_connect(self) -> socket.socket:
+    def _start_daemon_and_connect(self) -> _socket.socket:
         import subprocess  # only here: every other run of clusterctl is spared the import
 
         from clusterctl._private import ensure_private_dir

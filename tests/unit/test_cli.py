@@ -75,10 +75,12 @@ def test_a_status_run_imports_nothing_it_does_not_need() -> None:
     """What clusterctl imports is most of its start-up time (`python -X importtime`): parsing
     a verb builds that verb's parser alone, and without shutil (5 ms); asyncio, subprocess
     and the task loader's yaml come only with the verbs that use them; typing (2 ms) with
-    none: clusterctl imports it for the type checker only."""
+    none: clusterctl imports it for the type checker only; socket.py (3 ms: its enums and
+    selectors) with none either: the client's C `_socket` does all it needs."""
     code = ("import sys; from clusterctl.cli import parse; parse(['status', '--json']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('shutil', 'subprocess', 'asyncio', 'yaml', 'dataclasses', 'json', 'typing')))")
+            "('shutil', 'subprocess', 'asyncio', 'yaml', 'dataclasses', 'json', 'typing', "
+            "'socket', 'selectors')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True)
     assert result.stdout.strip() == "[]"

@@ -11,11 +11,12 @@ import tracemalloc
 from typing import Any
 
 import msgpack
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from clusterctl import protocol
+from clusterctl import _limits, protocol
 from clusterctl.protocol import ProtocolError
 from clusterd.tasks import TaskSpec, fields, load_task
 
@@ -134,6 +135,36 @@ def test_compact_container_bombs_cost_bounded_memory(pieces: list[bytes], repeat
     finally:
         tracemalloc.stop()
     assert peak < 64 * 2**20, f"decoding peaked at {peak / 2**20:.0f} MiB"
+
+
+@FAST
+@given(values, st.lists(st.sampled_from([b"\x90", b"\x80", b"\x91\x90", b"\x81\xa1k\x80",
+                                         b"\xc0"]), max_size=30))
+def test_a_frame_spends_at_most_two_items_per_byte(value: Any, tiny: list[bytes]) -> None:
+    """The bound that lets `unpack` skip counting for small frames, on values and on runs of
+    the smallest containers msgpack has."""
+    for body in (msgpack.packb(value), b"\xdc" + struct.pack(">H", len(tiny)) + b"".join(tiny)):
+        spent = 0
+
+        def count(container: Any) -> Any:
+            nonlocal spent
+            spent += len(container) + 1
+            return container
+
+        msgpack.unpackb(body, raw=False, strict_map_key=False, list_hook=count,
+                        object_hook=count)
+        assert spent <= 2 * len(body), (body, spent)
+
+
+def test_a_frame_past_the_item_budget_is_refused() -> None:
+    def limits(max_items: int) -> protocol.DecodeLimits:
+        return protocol.DecodeLimits(max_items=max_items, max_array=10**6, max_map=10**6,
+                                     max_str=100, max_bin=100)
+
+    body = b"\xdc" + struct.pack(">H", 60) + b"\x90" * 60  # 121 items in 63 bytes
+    with pytest.raises(_limits.TooManyItems):
+        _limits.unpack(body, limits(120))
+    assert _limits.unpack(body, limits(121)) == [[]] * 60
 
 
 # --------------------------------------------------------------------------------------------
