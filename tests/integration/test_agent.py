@@ -122,6 +122,9 @@ async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes
         async for message in agent.tail(reply.job_id, follow=True, tail_lines=0, offset=0):
             log += message.data
     (final,) = await agent.jobs([reply.job_id])
+    # The stream's last message says why, as the queue does: exec needs no call after it.
+    assert message.final and message.status == final.status
+    assert message.failure_reason == final.failure_reason
     return final, log
 
 

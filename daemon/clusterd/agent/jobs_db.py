@@ -87,9 +87,9 @@ class JobStore:
         self._lock = anyio.Lock()
 
     async def open(self) -> None:
-        self._conn = await sqlite.connect(self.path)
+        # Every write below is one statement, committed as it runs.
+        self._conn = await sqlite.connect(self.path, autocommit=True)
         await self._conn.executescript(SCHEMA)
-        await self._conn.commit()
         async with self._conn.execute("SELECT * FROM jobs ORDER BY job_id") as cursor:
             for row in await cursor.fetchall():
                 values = dict(row)
@@ -130,7 +130,6 @@ class JobStore:
                     (name, user, str(JobStatus.INIT), now, json.dumps(spec), int(has_secrets),
                      resources_display, num_nodes),
                 )
-                await self._db.commit()
         assert cursor.lastrowid is not None
         job = Job(cursor.lastrowid, name, user, JobStatus.INIT, now, spec, has_secrets,
                   resources_display, num_nodes)
@@ -149,7 +148,6 @@ class JobStore:
                 await self._db.execute(
                     f"UPDATE jobs SET {assignments} WHERE job_id = ?", (*params, job.job_id)
                 )
-                await self._db.commit()
 
     def get(self, job_id: int) -> Job | None:
         return self._jobs.get(job_id)
@@ -187,7 +185,6 @@ class JobStore:
                     await self._db.execute(
                         f"DELETE FROM jobs WHERE job_id IN ({','.join('?' * len(chunk))})",
                         chunk)
-                await self._db.commit()
         for job_id in victims:
             del self._jobs[job_id]
         return victims
@@ -205,4 +202,3 @@ class JobStore:
                     " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                     (key, value),
                 )
-                await self._db.commit()

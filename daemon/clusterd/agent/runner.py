@@ -189,16 +189,16 @@ class JobRun:
     async def _execute(self) -> tuple[JobStatus, str, list[int]]:
         spec = self.job.spec
         if spec.get("setup"):
-            await self._set_status(JobStatus.SETTING_UP)
-            results = await self._run_phase("setup", spec["setup"], fail_fast=False)
+            results = await self._run_phase("setup", spec["setup"], fail_fast=False,
+                                            status=JobStatus.SETTING_UP)
             if self._cancel_requested:
                 return JobStatus.CANCELLED, self._cancel_reason, []
             failed = [r for r in results if r.error or r.exit_code != 0]
             if failed:
                 named = "; ".join(self._describe(r) for r in failed)
                 return JobStatus.FAILED_SETUP, f"setup failed on {named}", _codes(results)
-        await self._set_status(JobStatus.RUNNING, started_at=time.time())
-        results = await self._run_phase("run", spec.get("run") or "", fail_fast=True)
+        results = await self._run_phase("run", spec.get("run") or "", fail_fast=True,
+                                        status=JobStatus.RUNNING, started_at=time.time())
         if self._cancel_requested:
             return JobStatus.CANCELLED, self._cancel_reason, _codes(results)
         failed = [r for r in results if r.error or r.exit_code != 0]
@@ -244,7 +244,10 @@ class JobRun:
         await self._store.update(self.job, status=status, **fields)
         self._hub.notify(self.job.job_id)
 
-    async def _run_phase(self, phase: str, script: str, *, fail_fast: bool) -> list[RankResult]:
+    async def _run_phase(self, phase: str, script: str, *, fail_fast: bool, status: JobStatus,
+                         **fields: Any) -> list[RankResult]:
+        """Run `script` on every node; the job's `status` (and `fields`) are written while the
+        nodes start it, not before: the write is no part of the time to the first line."""
         self._aborting = False
         results = [RankResult(slot.rank) for slot in self._slots]
         gpus = float(self.job.spec.get("resources", {}).get("gpus", 0) or 0)
@@ -266,6 +269,7 @@ class JobRun:
                     )
                     group.start_soon(self._consume, slot, stream, results, fail_fast,
                                      scopes[slot.rank])
+                await self._set_status(status, **fields)
             watching.cancel_scope.cancel()
         return results
 

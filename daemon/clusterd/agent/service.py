@@ -195,7 +195,8 @@ class JobsService(pb_grpc.JobsServiceServicer):
             job_done=lambda: not job.active,
         ):
             yield pb.TailLogsResponse(data=chunk, offset=offset, job_id=job.job_id)
-        yield pb.TailLogsResponse(final=True, status=status_to_pb(job.status), job_id=job.job_id)
+        yield pb.TailLogsResponse(final=True, status=status_to_pb(job.status), job_id=job.job_id,
+                                  failure_reason=job.failure_reason or "")
 
     @traced
     async def GetLogDirs(

@@ -9,7 +9,7 @@ from typing import Any
 
 import anyio
 
-from clusterctl.protocol import ErrorCode, ProtocolError, exit_code_for_job
+from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError, exit_code_for_job
 from clusterd import log
 from clusterd.agent import containers
 from clusterd.agent.v1 import agent_pb2 as pb
@@ -321,8 +321,9 @@ class JobService:
                     current = message.job_id
                     if message.final:
                         status = status_from_pb(message.status)
-                        reason = ""
-                        if status.is_terminal:
+                        reason = message.failure_reason
+                        if not reason and status.is_terminal and \
+                                status != JobStatus.SUCCEEDED:  # an agent older than the field
                             jobs = await agent.jobs([current])
                             reason = jobs[0].failure_reason if jobs else ""
                         return {"cluster": name, "job_id": current, "status": str(status),

@@ -200,18 +200,20 @@ class TailLogsRequest(_message.Message):
     def __init__(self, job_id: _Optional[int] = ..., follow: _Optional[bool] = ..., tail_lines: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
 
 class TailLogsResponse(_message.Message):
-    __slots__ = ("data", "offset", "final", "status", "job_id")
+    __slots__ = ("data", "offset", "final", "status", "job_id", "failure_reason")
     DATA_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     offset: int
     final: bool
     status: JobStatus
     job_id: int
-    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., final: _Optional[bool] = ..., status: _Optional[_Union[JobStatus, str]] = ..., job_id: _Optional[int] = ...) -> None: ...
+    failure_reason: str
+    def __init__(self, data: _Optional[bytes] = ..., offset: _Optional[int] = ..., final: _Optional[bool] = ..., status: _Optional[_Union[JobStatus, str]] = ..., job_id: _Optional[int] = ..., failure_reason: _Optional[str] = ...) -> None: ...
 
 class GetLogDirsRequest(_message.Message):
     __slots__ = ("job_ids",)
