@@ -51,6 +51,7 @@ from clusterd.server.listener import (
     remove_socket,
     serve_connections,
 )
+from clusterd.server.stream import BufferedSocketStream
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
@@ -342,6 +343,6 @@ class Daemon:
         with scope:
             await serve_connections(listener, self._handle, cap)
 
-    async def _handle(self, stream: anyio.abc.SocketStream) -> None:
+    async def _handle(self, stream: BufferedSocketStream) -> None:
         await Connection(stream, self.handlers.dispatch, self._server_name,
                          self.settings.idle_timeout_s).serve()

@@ -23,6 +23,7 @@ from clusterctl import protocol
 from clusterctl._private import ensure_private_dir
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.server.stream import BufferedSocketStream
 
 logger = log.get("clusterd.listener")
 SD_LISTEN_FDS_START = 3
@@ -123,7 +124,7 @@ def connection_cap(configured: int) -> int:
     return max(8, min(1000, soft // 4))
 
 
-Handler = Callable[[anyio.abc.SocketStream], Awaitable[None]]
+Handler = Callable[[BufferedSocketStream], Awaitable[None]]
 
 
 async def _refuse(stream: anyio.abc.SocketStream, cap: int) -> None:
@@ -143,10 +144,16 @@ async def serve_connections(listener: anyio.abc.SocketListener, handler: Handler
     active = 0
     delay = ACCEPT_RETRY_S[0]
 
-    async def serve_one(stream: anyio.abc.SocketStream) -> None:
+    async def serve_one(accepted: anyio.abc.SocketStream) -> None:
         nonlocal active
         try:
-            await handler(stream)
+            try:
+                stream = await BufferedSocketStream.taking_over(accepted)
+            except OSError as exc:  # reset already, or out of descriptors for the copy
+                logger.info("dropped a connection as it came", error=str(exc))
+                return
+            if stream is not None:
+                await handler(stream)
         finally:
             active -= 1
 
