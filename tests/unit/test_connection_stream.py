@@ -5,6 +5,8 @@ is told apart at once."""
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 import threading
 import time
@@ -124,3 +126,30 @@ async def test_a_probe_closed_before_it_was_served_is_none() -> None:
     stream = await anyio.abc.UNIXSocketStream.from_socket(ours)
     assert await BufferedSocketStream.taking_over(stream) is None
     assert ours.fileno() == -1  # closed with it
+
+
+async def test_taking_over_needs_no_descriptor_of_its_own() -> None:
+    """Out of descriptors (accept itself just took the last), the connection is still
+    served: a copy of its descriptor would fail, and the client be dropped."""
+    ours, theirs = socket.socketpair()
+    stream = await anyio.abc.UNIXSocketStream.from_socket(ours)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    highest = max(int(fd) for fd in os.listdir("/proc/self/fd"))
+    fillers: list[int] = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (highest + 1, hard))
+    try:
+        with pytest.raises(OSError):
+            while True:  # take every descriptor left under the limit
+                fillers.append(os.dup(theirs.fileno()))
+        buffered = await BufferedSocketStream.taking_over(stream)
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert buffered is not None
+    try:
+        theirs.sendall(b"ping")
+        assert await buffered.receive() == b"ping"
+    finally:
+        await buffered.aclose()
+        theirs.close()

@@ -149,7 +149,7 @@ async def serve_connections(listener: anyio.abc.SocketListener, handler: Handler
         try:
             try:
                 stream = await BufferedSocketStream.taking_over(accepted)
-            except OSError as exc:  # reset already, or out of descriptors for the copy
+            except OSError as exc:  # reset already
                 logger.info("dropped a connection as it came", error=str(exc))
                 return
             if stream is not None:

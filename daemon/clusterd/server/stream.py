@@ -110,9 +110,11 @@ class BufferedSocketStream(anyio.abc.SocketStream):
                     return None
             except BlockingIOError:
                 pass
-            sock = raw.dup()
+            # The descriptor itself, not a copy: out of descriptors, a copy would fail, and
+            # the client be dropped instead of waiting its turn in the backlog.
+            sock = socket.socket(raw.family, raw.type, fileno=raw.detach())
         finally:
-            await stream.aclose()
+            await stream.aclose()  # of the detached socket object: closes nothing
         try:
             transport, protocol = await asyncio.get_running_loop().connect_accepted_socket(
                 _Buffering, sock)
