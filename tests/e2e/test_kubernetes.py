@@ -7,7 +7,6 @@ the API server carries (or a NodePort), and Ray and the agent run in the pods.""
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -208,25 +207,49 @@ run: echo one on $(hostname)
 """
 
 
+HOLD = "clusterd-test/hold=yes"
+
+
 def test_a_daemon_killed_mid_launch_leaves_one_set_of_pods(k8s: K8sBed) -> None:
+    nodes = [n["metadata"]["name"]
+             for n in json.loads(k8s.kubectl("get", "nodes", "-o", "json"))["items"]]
     with running(k8s.daemon("cdk8k-", config(k8s))) as daemon:
         (daemon.root / "pair.yaml").write_text(ONE.replace("resources:", "num_nodes: 2\n"
                                                                           "resources:"))
-        launching = subprocess.Popen(
-            [*daemon.wrap, CLUSTERCTL, "launch", "-c", "pair", "pair.yaml"], env=daemon.env,
-            cwd=daemon.root, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: (c := daemon.cluster("pair")) is not None and len(
-            k8s.pods(c["cloud_name"])) == 2, 120, "the launch to create its pods", interval=0.5)
-        name = cloud_name(daemon, "pair")
-        daemon.process.send_signal(signal.SIGKILL)  # type: ignore[union-attr]
-        daemon.process.wait()  # type: ignore[union-attr]
-        launching.communicate(timeout=60)
-        daemon.start()
-        again = daemon.ctl("launch", "-c", "pair", "pair.yaml", timeout=900)
-        assert again.returncode == 0, again.stderr + daemon.log()[-3000:]
+        # Killed right after the pods' handle is recorded, with no node that takes them (a
+        # taint the pods do not tolerate): the next daemon's launch finds them Pending,
+        # without addresses.
+        daemon.stop()
+        daemon.start(extra_env={"CLUSTERD_TEST_FAULTS": "launch.waiting"})
+        for node in nodes:
+            k8s.kubectl("taint", "nodes", node, f"{HOLD}:NoSchedule")
+        try:
+            killed = daemon.ctl("launch", "-c", "pair", "pair.yaml", timeout=300)
+            assert killed.returncode != 0
+            daemon.process.wait(timeout=30)  # type: ignore[union-attr]
+            daemon.start()
+            name = cloud_name(daemon, "pair")
+            assert [p["status"]["phase"] for p in k8s.pods(name)] == ["Pending", "Pending"]
+            again = subprocess.Popen(
+                [*daemon.wrap, CLUSTERCTL, "launch", "-c", "pair", "pair.yaml"],
+                env=daemon.env, cwd=daemon.root, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True)
+            assert again.stderr is not None
+            seen = []
+            for line in again.stderr:
+                seen.append(line)
+                if "waiting for the nodes of pair" in line:
+                    break
+        finally:
+            for node in nodes:
+                k8s.kubectl("taint", "nodes", node, f"{HOLD}:NoSchedule-")
+        _, err = again.communicate(timeout=900)
+        assert again.returncode == 0, "".join(seen) + err + daemon.log()[-3000:]
         pods = k8s.pods(name)
         assert sorted(p["metadata"]["name"] for p in pods) == [f"{name}-head",
                                                                 f"{name}-worker1"]
+        done = daemon.ctl("exec", "pair", "--", "echo after the kill", timeout=300)
+        assert done.returncode == 0 and "after the kill" in done.stdout, done.stderr
         assert daemon.ctl("down", "-y", "pair").returncode == 0
         assert k8s.leftovers(name) == []
 

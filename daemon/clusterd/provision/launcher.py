@@ -103,6 +103,22 @@ class Provisioner:
             gap = min(gap * 1.5, self._retry_max_gap_s)
             failover.new_round(*await plan())
 
+    async def wait_for_nodes(self, record: ClusterRecord, provider: Provider,
+                             handle: ProviderHandle) -> tuple[ClusterRecord, ProviderHandle]:
+        """The nodes of a launch interrupted after its create, once they run (a daemon killed
+        while they were still starting left a handle without their addresses)."""
+        try:
+            with anyio.fail_after(self._wait_timeout_s):
+                waited = await provider.wait(record.cloud_name, handle, self._wait_timeout_s)
+        except TimeoutError:
+            raise ProvisionError(
+                f"the nodes of {record.name} were not up within {self._wait_timeout_s:.0f} s",
+                BlockScope.FATAL, f"`clusterctl down {record.name}` removes them") from None
+        if waited != handle:
+            record = await self._store.update(
+                record.name, handle=dataclasses.replace(record.handle, provider=waited))
+        return record, waited
+
     async def _attempt(
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,
         option: Option, failover: Failover, decided: float,

@@ -317,6 +317,11 @@ class ClusterService:
                                              "launched")
         if record.ever_up and await self._lost_nodes(record, provider, handle):
             return await self._recreate_in_place(request, record, retry_until_up)
+        if not record.ever_up:
+            # An earlier launch may have died after its create, before its nodes ran.
+            await request.progress(f"waiting for the nodes of {record.name} to run",
+                                   "provision")
+            record, handle = await self._provisioner.wait_for_nodes(record, provider, handle)
         health = await self._runtime_health(record)
         if record.status == ClusterStatus.UP and health == "healthy":
             await request.progress(f"cluster {record.name} is UP; reusing it", "up")
