@@ -161,6 +161,17 @@ def _wait_ready(
 
 def _connect_error(address: str, timeout_s: float = 1.0) -> str | None:
     """Why address takes no connection now (None: it does)."""
+    failure = _connect_failure(address, timeout_s)
+    return None if failure is None else _described(failure)
+
+
+def _described(failure: OSError) -> str:
+    if isinstance(failure, TimeoutError):
+        return "connection timed out"
+    return failure.strerror or str(failure)
+
+
+def _connect_failure(address: str, timeout_s: float = 1.0) -> OSError | None:
     try:
         if address.startswith("unix:"):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -171,28 +182,36 @@ def _connect_error(address: str, timeout_s: float = 1.0) -> str | None:
             with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
                 pass
         return None
-    except TimeoutError:
-        return "connection timed out"
     except OSError as exc:
-        return exc.strerror or str(exc)
+        return exc
 
 
 def _connectable(address: str) -> bool:
     return _connect_error(address) is None
 
 
-def _require_head_reachable(address: str, node_ip: str, timeout_s: float) -> None:
-    """A worker's Ray start would wait out its whole timeout for a head it cannot reach, and
-    then say only that it did not start: say why, at once."""
-    deadline = time.monotonic() + timeout_s
-    while (why := _connect_error(address, timeout_s=3.0)) is not None:
-        if time.monotonic() > deadline:
+def _wait_for_head(address: str, node_ip: str, reach_s: float, timeout_s: float) -> None:
+    """Until the head's GCS port takes connections. Workers start beside the head: a worker's
+    Ray started before that port opens tries again only every second (and reads the head's
+    session every two), while once it is open the head's session is written too. A refused
+    connection is a head whose host answers, its Ray still starting: waited for up to
+    timeout_s. Silence (a firewall dropping the packets) for reach_s is said at once, with
+    what to do: Ray would wait out its whole timeout and then say only that it failed."""
+    started = silent_since = time.monotonic()
+    while (failure := _connect_failure(address, timeout_s=1.0)) is not None:
+        now = time.monotonic()
+        if isinstance(failure, ConnectionRefusedError):
+            silent_since = now
+        elif now - silent_since > reach_s:
             raise HelperError(
-                f"this node ({node_ip}) cannot reach the Ray head at {address}: {why}. The "
-                f"nodes of a cluster must reach each other on every port: a firewall or "
-                f"security group between them blocks Ray (on AWS, the cluster's security "
-                f"group must let its own members in)")
-        time.sleep(0.5)
+                f"this node ({node_ip}) cannot reach the Ray head at {address}: "
+                f"{_described(failure)}. The nodes of a cluster must reach each other on "
+                f"every port: a firewall or security group between them blocks Ray (on AWS, "
+                f"the cluster's security group must let its own members in)")
+        if now - started > timeout_s:
+            raise HelperError(f"the Ray head at {address} did not open its port within "
+                              f"{timeout_s:.0f} s")
+        time.sleep(0.05)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -243,6 +262,10 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     existing = _read_pidfile(pid_path)
     if existing is not None:
         return {"started": False, "pid": existing.pid}
+    if params.get("mark"):  # marked as ours, so `down` may remove the whole directory
+        mark({"dir": params["mark"]})
+    if params.get("token"):
+        write_token({"path": params["token_path"], "token": params["token"]})
     ray_bin = str(Path(sys.executable).with_name("ray"))
     private_ray_root()
     temp_dir = ray_temp_dir(params["temp_key"])
@@ -264,11 +287,12 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     for key, flag in RAY_PORT_FLAGS.items():
         if key in params.get("ports", {}):
             argv.append(f"{flag}={int(params['ports'][key])}")
+    timeout = float(params.get("timeout", 60))
     if params["head"]:
         argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false"]
         address = f"{params['node_ip']}:{int(params['gcs_port'])}"
     else:
-        _require_head_reachable(params["head_address"], params["node_ip"], HEAD_REACH_S)
+        _wait_for_head(params["head_address"], params["node_ip"], HEAD_REACH_S, timeout)
         argv.append(f"--address={params['head_address']}")
         address = ""
     offset = log_path.stat().st_size if log_path.exists() else 0
@@ -282,9 +306,12 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
             return b"Ray runtime started" in log.read()
 
     what = "Ray head" if address else "Ray worker"
-    timeout = float(params.get("timeout", 60))
-    _wait_ready(pid_path, log_path, what,
-                lambda: started() and (not address or _connectable(address)), timeout)
+    try:
+        _wait_ready(pid_path, log_path, what,
+                    lambda: started() and (not address or _connectable(address)), timeout)
+    except HelperError:
+        _terminate(pid_path, 5.0)  # not left trying on its own
+        raise
     # A node started again (stopped, rebooted) gets its bucket mounts back.
     remounted = _bucket_mount("remount")({"state": str(run_dir.parent / MOUNTS)})
     return {"started": True, "pid": pid, **remounted}

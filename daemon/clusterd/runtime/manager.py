@@ -1,4 +1,6 @@
-"""A cluster's runtime on its nodes: Ray (head, then workers) and the agent on the head.
+"""A cluster's runtime on its nodes: Ray on each and the agent on the head, started all at
+once (a worker's helper waits for the head's port to open, the agent's Ray connect for the
+head's Ray to take drivers: each start's Python and imports overlap the others').
 
 `up` is idempotent and doubles as repair: what is already running is kept, what died is
 started again, and the cluster is ready only once the agent answers and sees every node.
@@ -169,9 +171,12 @@ class RuntimeManager:
         # runtime is replaced.
         agent_token = previous.agent_token if previous and not fresh else None
         agent_token = agent_token or new_token()
-        for node in info.nodes[1:]:
-            if _node_key(node) not in worker_ports:
-                worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
+
+        async def pick_ports(node: NodeInfo) -> None:
+            worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
+
+        await on_each([n for n in info.nodes[1:] if _node_key(n) not in worker_ports],
+                      pick_ports)
         address = f"{head.internal_ip}:{ports['gcs_port']}"
         listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
                   else "unix:" + REMOTE_AGENT_SOCKET.format(key=ray_temp_key(cloud_name)))
@@ -186,12 +191,28 @@ class RuntimeManager:
         # while: the head marked it dead, and it has not heard yet) is started anew.
         members = await self._ray_members(cluster, cloud_name, previous) if head_alive else None
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        token = await self._start_ray_head(cloud_name, info, ports, token, address)
+        if token is None:
+            # Ray is up on the head: any worker that needs a start must get its token.
+            token = str((await node_helper.call(
+                head_runner, "read-token", {"path": head_layout.token_path}))["token"])
         started: dict[str, Any] = {}
 
-        async def start_agent() -> None:
-            # It needs the head's Ray only: it starts while the workers' Ray start and join.
+        began = time.monotonic()
+
+        def done(what: str, node: NodeInfo) -> None:
+            # Where a start's time goes (they overlap): in the daemon's log.
+            logger.info(f"{what} started", node=node.node_id,
+                        seconds=round(time.monotonic() - began, 2))
+
+        async def start_head() -> None:
+            assert token is not None
+            await self._start_ray_node(cloud_name, head, ports, token, address, head=True)
+            done("head's Ray", head)
             await progress("starting the agent on the head node", "agent")
+
+        async def start_agent() -> None:
+            # Beside the head's Ray: the agent's own start (Python, its imports) overlaps
+            # Ray's, and its connect waits for the head's Ray to take drivers.
             started.update(await node_helper.call(
                 head_runner,
                 "start-agent",
@@ -214,14 +235,24 @@ class RuntimeManager:
                 },
                 timeout_s=self._start_timeout_s + 30,
             ))
+            done("agent", head)
 
         async def start_workers() -> None:
-            await on_each(info.nodes[1:], lambda node: self._start_ray_node(
-                cloud_name, node, worker_ports[_node_key(node)], token, address, False,
-                members))
+            # Beside the head's: a worker's helper waits for the head's port to open (the
+            # head's start is mostly what follows that), and each Ray's start overlaps the
+            # others' waits.
+            assert token is not None
+            async def start_worker(node: NodeInfo) -> None:
+                assert token is not None
+                await self._start_ray_node(cloud_name, node, worker_ports[_node_key(node)],
+                                           token, address, False, members)
+                done("worker's Ray", node)
+
+            await on_each(info.nodes[1:], start_worker)
 
         with first_error():
             async with anyio.create_task_group() as group:
+                group.start_soon(start_head)
                 group.start_soon(start_workers)
                 group.start_soon(start_agent)
         handle = dataclasses.replace(handle, agent_socket=str(started["socket"]))
@@ -229,6 +260,8 @@ class RuntimeManager:
         await self._access.reset(cluster)
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
         await self._wait_for_nodes(cluster, endpoint, agent_token, len(info.nodes))
+        logger.info("runtime up", nodes=len(info.nodes),
+                    seconds=round(time.monotonic() - began, 2))
         return handle
 
     async def _ray_members(self, cluster: str, cloud_name: str,
@@ -301,18 +334,6 @@ class RuntimeManager:
             env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         return env
 
-    async def _start_ray_head(self, cloud_name: str, info: ClusterInfo,
-                              ports: dict[str, int], token: str | None, address: str) -> str:
-        """Ray on the head, unless it runs; returns the token the workers join with."""
-        if token is None:
-            # Ray is up on the head: any worker that needs a start must get its token.
-            token = str((await node_helper.call(
-                self._runner_for(info.head), "read-token",
-                {"path": NodeLayout(info.head.runtime_dir).token_path},
-            ))["token"])
-        await self._start_ray_node(cloud_name, info.head, ports, token, address, head=True)
-        return token
-
     async def _start_ray_node(
         self,
         cloud_name: str,
@@ -327,17 +348,19 @@ class RuntimeManager:
         head counts it: a node's Ray the head has given up on is stopped and started anew)."""
         runner = self._runner_for(node)
         layout = NodeLayout(node.runtime_dir)
-        status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
-        if status["ray"]["alive"]:
-            if members is None or node.internal_ip in members:
-                return
-            logger.info("restarting a worker's Ray the head no longer counts",
-                        node=node.node_id, ip=node.internal_ip)
-            await self._stop_node(node, ["ray"])
-        # Marked as ours, so `down` may remove the whole directory.
-        await node_helper.call(runner, "mark", {"dir": layout.base})
-        await node_helper.call(runner, "write-token", {"path": layout.token_path, "token": token})
+        if members is not None and node.internal_ip not in members:
+            status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
+            if status["ray"]["alive"]:
+                logger.info("restarting a worker's Ray the head no longer counts",
+                            node=node.node_id, ip=node.internal_ip)
+                await self._stop_node(node, ["ray"])
+        # One helper call (each is a Python start on the node): a Ray running there already
+        # is kept, else the directory is marked ours (`down` may remove it whole), the token
+        # written and Ray started.
         params: dict[str, Any] = {
+            "mark": layout.base,
+            "token_path": layout.token_path,
+            "token": token,
             "dir": layout.run_dir,
             "temp_key": ray_temp_key(cloud_name),
             "head": head,

@@ -1,0 +1,76 @@
+"""A worker's helper waits for the head's port before Ray starts there (node._wait_for_head):
+a refused connection is a head still starting, silence a firewall, said at once."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from clusterd.agent import node
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_a_head_that_opens_its_port_later_is_waited_for() -> None:
+    port = free_port()
+    opened: list[socket.socket] = []
+
+    def open_later() -> None:
+        time.sleep(0.5)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen(8)
+        opened.append(listener)
+
+    thread = threading.Thread(target=open_later)
+    thread.start()
+    started = time.monotonic()
+    try:
+        # Refused for half a second: longer than reach_s, which is for silence only.
+        node._wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=0.1, timeout_s=10)
+        assert time.monotonic() - started >= 0.4
+    finally:
+        thread.join()
+        for listener in opened:
+            listener.close()
+
+
+def test_a_head_that_never_opens_its_port_fails_after_the_timeout() -> None:
+    port = free_port()
+    with pytest.raises(node.HelperError, match="did not open its port within"):
+        node._wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=30, timeout_s=0.5)
+
+
+@pytest.fixture
+def silent_address() -> Iterator[str]:
+    """A port that drops connection attempts, as a firewall does: a listener whose backlog
+    is full (Linux then drops new SYNs, and the connect times out)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = socket.create_connection(address, timeout=1)
+    try:
+        yield f"{address[0]}:{address[1]}"
+    finally:
+        queued.close()
+        listener.close()
+
+
+def test_a_head_behind_silence_is_reported_with_what_to_do(silent_address: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(node.HelperError) as raised:
+        node._wait_for_head(silent_address, "127.0.0.2", reach_s=1.5, timeout_s=60)
+    assert time.monotonic() - started < 10  # not the whole start timeout
+    message = str(raised.value)
+    assert "cannot reach the Ray head" in message and "connection timed out" in message
+    assert "security group must let its own members in" in message
