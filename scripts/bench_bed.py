@@ -139,6 +139,22 @@ def timed(run: Any) -> tuple[float, subprocess.CompletedProcess[str]]:
     return time.monotonic() - started, done
 
 
+def busy_cpu_seconds() -> float:
+    """CPU time the whole machine has spent busy (not idle, not waiting on I/O) since boot:
+    a bed's nodes share this machine's cores, so a launch's wall time has this floor."""
+    with open("/proc/stat") as stat:
+        fields = [int(v) for v in stat.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def timed_cpu(run: Any) -> tuple[float, float, subprocess.CompletedProcess[str]]:
+    """`timed`, with the machine's busy CPU seconds over the same span."""
+    cpu = busy_cpu_seconds()
+    wall, done = timed(run)
+    return wall, busy_cpu_seconds() - cpu, done
+
+
 def split(rows: list[dict[str, float]]) -> str:
     """Median seconds per phase over runs, as `phase:s,...`."""
     import statistics
@@ -155,20 +171,24 @@ def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs:
 
     what = [str(task)] if task is not None else ["--", "true"]
     remote, local, remote_phases, local_phases = [], [], [], []
+    remote_cpu, local_cpu = [], []
     for index in range(runs):
-        wall, done = timed(lambda i=index: bed.ctl(
+        wall, cpu, done = timed_cpu(lambda i=index: bed.ctl(
             "launch", "-c", f"bl{i}", "--infra", infra, "--num-nodes", "2", "--cpus", cpus,
             *what))
         if done.returncode != 0:
             raise SystemExit(f"{infra} launch failed: {done.stderr}")
         remote.append(wall)
+        remote_cpu.append(cpu)
         remote_phases.append(phases(done.stderr, wall))
         if index < runs - 1:
             bed.ctl("down", "-y", f"bl{index}")
-        wall, done = timed(lambda i=index: bench.ctl("launch", "-c", f"bloc{i}", "--", "true"))
+        wall, cpu, done = timed_cpu(lambda i=index: bench.ctl("launch", "-c", f"bloc{i}", "--",
+                                                              "true"))
         if done.returncode != 0:
             raise SystemExit(f"local launch failed: {done.stderr}")
         local.append(wall)
+        local_cpu.append(cpu)
         local_phases.append(phases(done.stderr, wall))
         if index < runs - 1:
             bench.ctl("down", "-y", f"bloc{index}")
@@ -180,7 +200,12 @@ def launch_beside_local(bench: Any, bed: BedDaemon, name: str, infra: str, runs:
     bench.record(name, statistics.median(remote), "s", baseline=local_s,
                  baseline_name="local launch", phases=split(remote_phases),
                  local_phases=split(local_phases),
-                 without_provision_ratio=round(statistics.median(ours) / local_s, 2))
+                 without_provision_ratio=round(statistics.median(ours) / local_s, 2),
+                 # Busy CPU seconds of the whole machine over each launch: the bed's nodes
+                 # share its cores with the daemon and the local cluster.
+                 cpu_s=round(statistics.median(remote_cpu), 1),
+                 local_cpu_s=round(statistics.median(local_cpu), 1),
+                 cores=os.cpu_count())
     last = runs - 1
     if bed.kind == "ec2" and then_start:  # instances kept (Kubernetes pods cannot stop)
         start_beside_local(bench, bed, name.replace("launch", "start"), f"bl{last}",
@@ -195,22 +220,26 @@ def start_beside_local(bench: Any, bed: BedDaemon, name: str, remote: str,
     import statistics
 
     remote_walls, local_walls, remote_phases, local_phases = [], [], [], []
+    cpus: dict[str, list[float]] = {remote: [], local: []}
     for _ in range(runs):
         for ctl, cluster, walls, rows in ((bed.ctl, remote, remote_walls, remote_phases),
                                           (bench.ctl, local, local_walls, local_phases)):
             stopped = ctl("stop", "-y", cluster)
             if stopped.returncode != 0:
                 raise SystemExit(f"stop {cluster} failed: {stopped.stderr}")
-            wall, done = timed(lambda c=cluster, run=ctl: run("start", c))
+            wall, cpu, done = timed_cpu(lambda c=cluster, run=ctl: run("start", c))
             if done.returncode != 0:
                 raise SystemExit(f"start {cluster} failed: {done.stderr}")
             walls.append(wall)
+            cpus[cluster].append(cpu)
             rows.append(phases(done.stderr, wall))
     bench.record(name, statistics.median(remote_walls), "s",
                  baseline=statistics.median(local_walls), baseline_name="local start",
                  target="≤ 1.2x a local start",
                  ok=statistics.median(remote_walls) <= 1.2 * statistics.median(local_walls),
-                 phases=split(remote_phases), local_phases=split(local_phases))
+                 phases=split(remote_phases), local_phases=split(local_phases),
+                 cpu_s=round(statistics.median(cpus[remote]), 1),
+                 local_cpu_s=round(statistics.median(cpus[local]), 1))
 
 
 # (cloud name, requested resources, launched resources, handle) of one record.
