@@ -24,6 +24,13 @@ TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clust
 if TYPE_CHECKING:
     from typing import Any
 
+# argparse looks each of its messages up in gettext's catalogs, every time, importing `locale`
+# for the first: 1.2-1.4 ms of every run, for catalogs Python does not ship (and clusterctl's
+# own messages are English). Its messages are used as they are.
+argparse._ = lambda message: message  # type: ignore[attr-defined]
+argparse.ngettext = (  # type: ignore[attr-defined]
+    lambda singular, plural, count: singular if count == 1 else plural)
+
 # -- argument parsing ---------------------------------------------------------------------------
 
 
