@@ -159,12 +159,6 @@ def _wait_ready(
     raise HelperError(f"{what} did not become ready within {timeout_s:.0f} s:\n{_tail(log_path)}")
 
 
-def _connect_error(address: str, timeout_s: float = 1.0) -> str | None:
-    """Why address takes no connection now (None: it does)."""
-    failure = _connect_failure(address, timeout_s)
-    return None if failure is None else _described(failure)
-
-
 def _described(failure: OSError) -> str:
     if isinstance(failure, TimeoutError):
         return "connection timed out"
@@ -172,6 +166,7 @@ def _described(failure: OSError) -> str:
 
 
 def _connect_failure(address: str, timeout_s: float = 1.0) -> OSError | None:
+    """Why address takes no connection now (None: it does)."""
     try:
         if address.startswith("unix:"):
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -187,7 +182,7 @@ def _connect_failure(address: str, timeout_s: float = 1.0) -> OSError | None:
 
 
 def _connectable(address: str) -> bool:
-    return _connect_error(address) is None
+    return _connect_failure(address) is None
 
 
 def _wait_for_head(address: str, node_ip: str, reach_s: float, timeout_s: float) -> None:
@@ -577,13 +572,11 @@ def _bucket_mount(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "start-ray": start_ray,
     "start-agent": start_agent,
-    "write-token": write_token,
     "write-private": write_token,  # any small secret file, mode 0600 (AWS credentials)
     "read-token": read_token,
     "stop": stop,
     "status": status,
     "cleanup": cleanup,
-    "mark": mark,
     "free-ports": free_ports,
     "git-checkout": git_checkout,
     "container-runtime": container_runtime,

@@ -191,10 +191,9 @@ class RuntimeManager:
         # while: the head marked it dead, and it has not heard yet) is started anew.
         members = await self._ray_members(cluster, cloud_name, previous) if head_alive else None
         await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        if token is None:
-            # Ray is up on the head: any worker that needs a start must get its token.
-            token = str((await node_helper.call(
-                head_runner, "read-token", {"path": head_layout.token_path}))["token"])
+        # With Ray up on the head, a worker that needs a start must get the token it runs with.
+        ray_token = token if token is not None else str((await node_helper.call(
+            head_runner, "read-token", {"path": head_layout.token_path}))["token"])
         started: dict[str, Any] = {}
 
         began = time.monotonic()
@@ -205,8 +204,7 @@ class RuntimeManager:
                         seconds=round(time.monotonic() - began, 2))
 
         async def start_head() -> None:
-            assert token is not None
-            await self._start_ray_node(cloud_name, head, ports, token, address, head=True)
+            await self._start_ray_node(cloud_name, head, ports, ray_token, address, head=True)
             done("head's Ray", head)
             await progress("starting the agent on the head node", "agent")
 
@@ -237,23 +235,18 @@ class RuntimeManager:
             ))
             done("agent", head)
 
-        async def start_workers() -> None:
+        async def start_worker(node: NodeInfo) -> None:
             # Beside the head's: a worker's helper waits for the head's port to open (the
             # head's start is mostly what follows that), and each Ray's start overlaps the
             # others' waits.
-            assert token is not None
-            async def start_worker(node: NodeInfo) -> None:
-                assert token is not None
-                await self._start_ray_node(cloud_name, node, worker_ports[_node_key(node)],
-                                           token, address, False, members)
-                done("worker's Ray", node)
-
-            await on_each(info.nodes[1:], start_worker)
+            await self._start_ray_node(cloud_name, node, worker_ports[_node_key(node)],
+                                       ray_token, address, False, members)
+            done("worker's Ray", node)
 
         with first_error():
             async with anyio.create_task_group() as group:
                 group.start_soon(start_head)
-                group.start_soon(start_workers)
+                group.start_soon(on_each, info.nodes[1:], start_worker)
                 group.start_soon(start_agent)
         handle = dataclasses.replace(handle, agent_socket=str(started["socket"]))
         await fault_point("launch.after_agent")
