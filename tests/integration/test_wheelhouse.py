@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from clusterctl.protocol import ProtocolError
+from clusterd.runtime import bytecode
 from clusterd.runtime.install import (
     Wheelhouse,
     WheelhouseBuilder,
@@ -169,16 +170,17 @@ def rezip(wheel: Path) -> None:
 
 
 class TamperingNode(LocalRunner):
-    """A node where someone changes a wheel between the copy and the install."""
+    """A node where someone changes a file of the wheelhouse (a wheel: `NAME-*.whl`) between
+    the copy and the install."""
 
-    def __init__(self, wheel: str, change: Callable[[Path], None] = spoil) -> None:
+    def __init__(self, file: str, change: Callable[[Path], None] = spoil) -> None:
         super().__init__()
-        self.wheel = wheel
+        self.file = file if file == bytecode.ARCHIVE else f"{file}-*.whl"
         self.change = change
 
     async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
         await super().sync_dir(source, destination, timeout_s=timeout_s)
-        self.change(next(Path(os.path.expanduser(destination)).glob(f"{self.wheel}-*.whl")))
+        self.change(next(Path(os.path.expanduser(destination)).glob(self.file)))
 
 
 # anyio: a wheel of the venv (bytes added: no zip any more; or a module changed inside a zip
@@ -204,13 +206,34 @@ async def test_the_node_installs_nothing_from_a_wheel_changed_after_the_copy(
 
 @pytest.mark.ray  # installs Ray into a venv: slow
 @pytest.mark.anyio
+async def test_bytecode_changed_after_the_copy_leaves_the_runtime_unready(
+        built: Wheelhouse, node: Path) -> None:
+    """The bytecode is checked on the node too (uv checks only the wheels): changed, it is
+    not unpacked, and the venv is not marked ready (the next launch installs it again)."""
+    with pytest.raises(ProtocolError) as refused:
+        await install_runtime(TamperingNode(bytecode.ARCHIVE), built)
+    message = refused.value.message
+    assert "do not match the digests recorded when the wheelhouse was built" in message
+    assert message.endswith(f"not marked ready (nothing runs from it): {bytecode.ARCHIVE}")
+    venv = node / ".clusterd" / "venvs" / built.key
+    assert not list(venv.rglob("*.pyc")) and not list(venv.glob(".clusterd-ready"))
+
+
+@pytest.mark.ray  # installs Ray into a venv: slow
+@pytest.mark.anyio
 async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(built: Wheelhouse,
                                                                   node: Path) -> None:
     await install_runtime(LocalRunner(), built)
     python = node / ".clusterd" / "current" / "bin" / "python"
+    site_packages = next(node.glob(".clusterd/venvs/*/lib/python*/site-packages"))
+    shipped = sorted(site_packages.rglob("*.pyc"))
+    # The first import runs the bytecode compiled with the wheelhouse, checked against the
+    # node's sources (PEP 552 flags 0b11), and compiles nothing.
     done = await anyio.run_process(
-        [str(python), "-c", "import clusterd.agent.auth, ray; print('ok')"], check=False)
-    assert done.stdout.decode().strip() == "ok", done.stderr
+        [str(python), "-c", "import clusterd.agent.auth, ray, importlib.util as u; "
+         "print(open(u.cache_from_source(ray.__file__), 'rb').read()[4])"], check=False)
+    assert done.stdout.decode().strip() == "3", done.stderr
+    assert len(shipped) > 1000 and sorted(site_packages.rglob("*.pyc")) == shipped
     # Nothing of the install is left beside the wheelhouse copy but uv itself.
     leftovers = {p.name.split(built.key, 1)[1] for p in
                  (node / ".clusterd" / "wheelhouse").iterdir() if p.name != built.key}

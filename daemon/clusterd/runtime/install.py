@@ -6,7 +6,8 @@ index: nodes run exactly the daemon's code, and need no internet. uv does the in
 wheel carries a static binary: about 2 s for the whole runtime where pip took 15, most of it
 pip compiling every module of Ray ahead of time). A node whose Python differs from the
 daemon's gets the package from the wheelhouse and the rest from the index, with pip (which
-reads the node's own pip configuration, mirrors included). A node that already has this
+reads the node's own pip configuration, mirrors included). The bytecode of the runtime comes
+with the wheelhouse, compiled once here (bytecode.py). A node that already has this
 version is left alone (a marker in its venv says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
@@ -36,6 +37,7 @@ import anyio
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.runtime import bytecode
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
 
@@ -89,17 +91,19 @@ class Wheelhouse:
 
     @classmethod
     def of(cls, path: Path, digests: dict[str, str]) -> Wheelhouse:
+        def lacking(what: str) -> integrity.WheelhouseRefused:
+            return integrity.WheelhouseRefused(
+                path, f"has no {what} (made by an older clusterd?)",
+                f"remove it (rm -r {path}) and let clusterd build it again")
+
         packages = sorted(n for n in digests if n.startswith("clusterd-") and n.endswith(".whl"))
         if not packages:
-            raise integrity.WheelhouseRefused(path, "has no clusterd wheel",
-                                              f"remove it (rm -r {path}) and let clusterd "
-                                              "build it again")
+            raise lacking("clusterd wheel")
         installers = sorted(n for n in digests if _is_installer_wheel(n))
         if not installers:
-            raise integrity.WheelhouseRefused(path, f"has no {INSTALLER_DISTRIBUTION} wheel "
-                                              "(made by an older clusterd?)",
-                                              f"remove it (rm -r {path}) and let clusterd "
-                                              "build it again")
+            raise lacking(f"{INSTALLER_DISTRIBUTION} wheel")
+        if bytecode.ARCHIVE not in digests:
+            raise lacking(f"bytecode archive {bytecode.ARCHIVE}")
         return cls(path, path.name, packages[0], installers[0],
                    tuple(sorted(digests.items())))
 
@@ -226,6 +230,9 @@ class WheelhouseBuilder:
             _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements,
                  installer_requirement())
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
+            bytecode.build_archive([p for p in staging.glob("*.whl")
+                                    if not _is_installer_wheel(p.name)],
+                                   staging / bytecode.ARCHIVE)
             # For installs by hand (the test beds' runtime images): pip checks each wheel.
             wheels = {p.name: integrity.sha256_of(p) for p in staging.glob("*.whl")
                       if not _is_installer_wheel(p.name)}
@@ -425,6 +432,19 @@ async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
     finally:  # the venv's files are links into it: removing it frees nothing they need
         await runner.run(["rm", "-rf", cache], timeout_s=300)
     lap("install")
+    if offline:
+        site_packages = f"{venv}/lib/python{node_python}/site-packages"
+        unpacked = await runner.run(
+            bytecode.unpack_command(f"{remote_house}/{bytecode.ARCHIVE}",
+                                    digests[bytecode.ARCHIVE], site_packages),
+            timeout_s=300)
+        if unpacked.exit_code == bytecode.DIGEST_DIFFERS:
+            raise _digests_differ(runner, remote_house, bytecode.ARCHIVE)
+        if unpacked.exit_code != 0:
+            raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                                f"{runner.node_name}: unpacking the runtime's bytecode failed: "
+                                f"{unpacked.error_tail(3)}", "the node needs tar and gzip")
+        lap("bytecode")
     await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
     logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
                 offline=offline, **{f"{step}_s": s for step, s in took.items()})
@@ -442,10 +462,12 @@ async def _changed_wheel(runner: CommandRunner, remote_house: str, wheelhouse: W
 
 
 def _digests_differ(runner: CommandRunner, remote_house: str, what: str) -> ProtocolError:
+    done = ("the venv is not marked ready (nothing runs from it)" if bytecode.is_archive(what)
+            else "nothing was installed")
     return ProtocolError(
         ErrorCode.PROVIDER_ERROR,
-        f"the runtime's wheels on {runner.node_name} do not match the digests recorded when "
-        f"the wheelhouse was built; nothing was installed: {what}",
+        f"the runtime's files on {runner.node_name} do not match the digests recorded when "
+        f"the wheelhouse was built; {done}: {what}",
         f"someone or something changed ~/{remote_house} on the node; remove it, and launch "
         "again",
     )
