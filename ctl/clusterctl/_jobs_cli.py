@@ -3,11 +3,10 @@ torn down when they end). Imported only when that verb runs."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from clusterctl import protocol
 from clusterctl._fail import fail
@@ -15,6 +14,9 @@ from clusterctl._render import Printer, age, table
 from clusterctl._task_options import add_task_options, print_json, task_args
 from clusterctl.client import Client
 from clusterctl.protocol import ExitCode
+
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_options(jobs: argparse.ArgumentParser) -> None:

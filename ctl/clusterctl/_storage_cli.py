@@ -3,7 +3,6 @@ other bucket). Imported only when that verb runs."""
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from clusterctl import protocol
@@ -11,6 +10,10 @@ from clusterctl._render import age, table
 from clusterctl._task_options import print_json
 from clusterctl.client import Client
 from clusterctl.protocol import ExitCode
+
+TYPE_CHECKING = False  # typing, for the type checker alone
+if TYPE_CHECKING:
+    import argparse
 
 
 def add_options(storage: argparse.ArgumentParser) -> None:

@@ -3,7 +3,6 @@ options, and the request made of them; and `--json` output."""
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
@@ -13,6 +12,7 @@ from clusterctl._fail import fail
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
+    import argparse
     from typing import Any
 
 YAML_SUFFIXES = (".yaml", ".yml")

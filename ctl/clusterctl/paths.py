@@ -35,5 +35,9 @@ def state_dir() -> str:
     return os.path.join(_xdg("XDG_STATE_HOME", ".local", "state"), "clusterd")
 
 
+def cache_dir() -> str:
+    return os.path.join(_xdg("XDG_CACHE_HOME", ".cache"), "clusterd")
+
+
 def config_dir() -> str:
     return os.path.join(_xdg("XDG_CONFIG_HOME", ".config"), "clusterd")
