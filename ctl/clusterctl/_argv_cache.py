@@ -66,9 +66,9 @@ def _read(fingerprint: list[Any]) -> dict[str, dict[str, Any]]:
     except (OSError, UnsafePath):
         return {}
     try:
-        if os.fstat(fd).st_uid != os.getuid():
-            return {}
-        with os.fdopen(fd, "rb") as f:
+        with os.fdopen(fd, "rb") as f:  # closes the descriptor on every way out
+            if os.fstat(f.fileno()).st_uid != os.getuid():
+                return {}
             kept = msgpack.unpackb(f.read(), raw=False)
     except (OSError, ValueError, msgpack.UnpackException):
         return {}

@@ -30,10 +30,6 @@ ARCHIVE = f"bytecode-{sys.implementation.cache_tag}.tar.gz"
 COMPILE_TIMEOUT_S = 900
 
 
-def is_archive(name: str) -> bool:
-    return name == ARCHIVE
-
-
 def _sources(wheel: Path, into: Path) -> int:
     """The importable .py files of `wheel`, extracted under `into` as they lie in
     site-packages (a wheel's root is site-packages; its .data and .dist-info hold no modules

@@ -230,12 +230,11 @@ class WheelhouseBuilder:
             _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements,
                  installer_requirement())
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
-            bytecode.build_archive([p for p in staging.glob("*.whl")
-                                    if not _is_installer_wheel(p.name)],
-                                   staging / bytecode.ARCHIVE)
+            runtime_wheels = [p for p in staging.glob("*.whl")
+                              if not _is_installer_wheel(p.name)]
+            bytecode.build_archive(runtime_wheels, staging / bytecode.ARCHIVE)
             # For installs by hand (the test beds' runtime images): pip checks each wheel.
-            wheels = {p.name: integrity.sha256_of(p) for p in staging.glob("*.whl")
-                      if not _is_installer_wheel(p.name)}
+            wheels = {p.name: integrity.sha256_of(p) for p in runtime_wheels}
             (staging / integrity.HASHED_REQUIREMENTS).write_text(
                 integrity.hashed_requirements(wheels))
             digests = integrity.write_sums(staging)  # last: the build is complete
@@ -462,7 +461,7 @@ async def _changed_wheel(runner: CommandRunner, remote_house: str, wheelhouse: W
 
 
 def _digests_differ(runner: CommandRunner, remote_house: str, what: str) -> ProtocolError:
-    done = ("the venv is not marked ready (nothing runs from it)" if bytecode.is_archive(what)
+    done = ("the venv is not marked ready (nothing runs from it)" if what == bytecode.ARCHIVE
             else "nothing was installed")
     return ProtocolError(
         ErrorCode.PROVIDER_ERROR,
