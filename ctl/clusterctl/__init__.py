@@ -6,6 +6,7 @@ too, imported on first use (clusterctl itself never pays for asyncio).
 
 from __future__ import annotations
 
+from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 from clusterctl.protocol import (
@@ -13,14 +14,10 @@ from clusterctl.protocol import (
     AutostopArgs,
     CancelArgs,
     CheckArgs,
-    ClusterStatus,
     DownArgs,
-    ErrorCode,
     EventsArgs,
     ExecArgs,
-    ExitCode,
     FollowRequestArgs,
-    JobStatus,
     LaunchArgs,
     LogsArgs,
     NodesArgs,
@@ -35,6 +32,8 @@ from clusterctl.protocol import (
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
     from typing import Any
+
+    from clusterctl.protocol import ClusterStatus, ErrorCode, ExitCode, JobStatus
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -71,4 +70,6 @@ def __getattr__(name: str) -> Any:
         from clusterctl import aio
 
         return getattr(aio, name)
+    if name in ("ClusterStatus", "ErrorCode", "ExitCode", "JobStatus"):
+        return getattr(protocol, name)  # enums, loaded on first use (see protocol)
     raise AttributeError(f"module 'clusterctl' has no attribute {name!r}")

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import sys
 
+from clusterctl import _exit_codes, protocol
 from clusterctl.client import ClusterdError
-from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
     from typing import NoReturn
 
 
-def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
+def fail(message: str, hint: str = "", code: int = _exit_codes.ERROR) -> NoReturn:
     sys.stderr.write(f"clusterctl: error: {message}\n")
     if hint:
         sys.stderr.write(f"hint: {hint}\n")
@@ -21,6 +21,6 @@ def fail(message: str, hint: str = "", code: int = ExitCode.ERROR) -> NoReturn:
 
 
 def fail_with(error: ClusterdError) -> NoReturn:
-    code = ExitCode.NOT_FOUND if error.code in NOT_FOUND_CODES else ExitCode.ERROR
+    code = _exit_codes.NOT_FOUND if error.code in protocol.NOT_FOUND_CODES else _exit_codes.ERROR
     first, newline, rest = error.message.partition("\n")
     fail(f"{first} [{error.code}]{newline}{rest}", error.hint, code)

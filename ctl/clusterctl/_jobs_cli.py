@@ -8,12 +8,11 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from clusterctl import protocol
+from clusterctl import _exit_codes, protocol
 from clusterctl._fail import fail
 from clusterctl._render import Printer, age, table
 from clusterctl._task_options import add_task_options, print_json, task_args
 from clusterctl.client import Client
-from clusterctl.protocol import ExitCode
 
 if TYPE_CHECKING:
     import argparse
@@ -57,7 +56,7 @@ def main(client: Client, args: argparse.Namespace) -> int:
         sys.stderr.write(f"Managed job {job_id}: cancelling (its cluster is torn down).\n")
     for job_id in result.get("already_finished", []):
         sys.stderr.write(f"Managed job {job_id} has already ended.\n")
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def logs_request(args: argparse.Namespace) -> protocol.JobsLogsArgs:
@@ -95,18 +94,18 @@ def _follow(client: Client, request: protocol.OpArgs, detach: bool = False) -> i
         printer.note(f"Detached; managed job {job_id} goes on.\n"
                      f"  logs:   clusterctl jobs logs {job_id}\n"
                      f"  cancel: clusterctl jobs cancel {job_id}")
-        return ExitCode.NOT_FINISHED
+        return _exit_codes.NOT_FINISHED
     printer.finish_logs()
     result = stream.result or {}
     if detach:
         printer.note(f"  logs:   clusterctl jobs logs {result.get('job_id')}\n"
                      f"  cancel: clusterctl jobs cancel {result.get('job_id')}")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     line = f"Managed job {result.get('job_id')}: {result.get('status')}"
     if result.get("failure_reason"):
         line += f" ({result['failure_reason']})"
     printer.note(line)
-    return int(result.get("exit_code", ExitCode.ERROR))
+    return int(result.get("exit_code", _exit_codes.ERROR))
 
 
 CONTROLLER_EVENTS = ("managed_job_event", "daemon_log")
@@ -151,11 +150,11 @@ def _queue(client: Client, args: argparse.Namespace) -> int:
     jobs = client.call(protocol.JobsQueueArgs(all=args.all)).get("jobs", [])
     if args.json:
         print_json(jobs)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     if not jobs:
         print("No managed jobs." if args.all else
               "No unfinished managed jobs (finished ones too: clusterctl jobs queue --all).")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",
                "#RECOVERIES", "STATUS", "INFRA", "REASON"]
     rows = [[str(j["job_id"]), j["name"], j.get("resources") or "-", age(j["submitted_at"]),
@@ -163,4 +162,4 @@ def _queue(client: Client, args: argparse.Namespace) -> int:
              j["status"], j.get("infra") or "-", (j.get("status_reason") or "-")[:60]]
             for j in jobs]
     sys.stdout.write(table(headers, rows))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED

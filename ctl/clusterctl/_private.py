@@ -12,7 +12,6 @@ node helper on every node.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 
@@ -88,8 +87,10 @@ def ensure_private_dir(path: str) -> str:
     parent = os.path.dirname(path.rstrip("/"))
     if parent:
         os.makedirs(parent, exist_ok=True)
-    with contextlib.suppress(FileExistsError):
+    try:
         os.mkdir(path, PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
     try:
         # Opened, not looked up again: what is checked is what gets fixed.
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
@@ -117,14 +118,18 @@ def write_private_file(path: str, data: bytes) -> None:
     """Replace `path` with `data`, mode 0600 from the start (never readable by others, even
     for a moment), atomically."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with contextlib.suppress(FileNotFoundError):
+    try:
         os.unlink(tmp)  # left by a crash: O_EXCL below must make a fresh file
+    except FileNotFoundError:
+        pass
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE_FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(tmp)
+        except OSError:
+            pass
         raise

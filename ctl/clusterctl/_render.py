@@ -9,10 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Sequence
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from typing import Any
 
 _COLORS = {"SUCCEEDED": "32", "FAILED": "31", "FAILED_SETUP": "31", "FAILED_DRIVER": "31",

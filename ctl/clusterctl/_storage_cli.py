@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from clusterctl import protocol
+from clusterctl import _exit_codes, protocol
 from clusterctl._render import age, table
 from clusterctl._task_options import print_json
 from clusterctl.client import Client
-from clusterctl.protocol import ExitCode
 
 TYPE_CHECKING = False  # typing, for the type checker alone
 if TYPE_CHECKING:
@@ -42,18 +41,18 @@ def main(client: Client, args: argparse.Namespace) -> int:
     if args.storage_action == "delete":
         client.call(protocol.StorageDeleteArgs(name=args.name))
         sys.stderr.write(f"Bucket {args.name} deleted.\n")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     result = client.call(protocol.StorageLsArgs())
     buckets = result.get("buckets", [])
     if args.json:
         print_json(buckets)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     if not buckets:
         sys.stderr.write("No buckets made by clusterd.\n")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     rows = [[b["name"], b["region"], "-" if b["objects"] is None else str(b["objects"]),
              size(b["bytes"]), "yes" if b["persistent"] else "no (deleted with its cluster)",
              ", ".join(b["clusters"]) or "-", age(b["created_at"])] for b in buckets]
     sys.stdout.write(table(["NAME", "REGION", "OBJECTS", "SIZE", "PERSISTENT", "USED BY",
                             "CREATED"], rows))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED

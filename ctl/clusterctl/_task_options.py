@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
 
 from clusterctl import protocol
 from clusterctl._fail import fail
@@ -13,6 +12,7 @@ from clusterctl._fail import fail
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
     from typing import Any
 
 YAML_SUFFIXES = (".yaml", ".yml")

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import enum
 
+from clusterctl import _exit_codes
+
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
     from typing import Any
@@ -122,12 +124,12 @@ _FINAL_MANAGED_STATUSES = frozenset(
 class ExitCode(enum.IntEnum):
     """Exit codes of clusterctl, also carried in the final reply of job streams."""
 
-    SUCCEEDED = 0
-    ERROR = 1
-    FAILED = 100
-    NOT_FINISHED = 101
-    NOT_FOUND = 102
-    CANCELLED = 103
+    SUCCEEDED = _exit_codes.SUCCEEDED
+    ERROR = _exit_codes.ERROR
+    FAILED = _exit_codes.FAILED
+    NOT_FINISHED = _exit_codes.NOT_FINISHED
+    NOT_FOUND = _exit_codes.NOT_FOUND
+    CANCELLED = _exit_codes.CANCELLED
 
 
 def exit_code_for_job(status: JobStatus | str | None) -> ExitCode:

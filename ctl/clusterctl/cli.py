@@ -9,18 +9,17 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
 
-from clusterctl import _argv_cache, protocol
+from clusterctl import _argv_cache, _exit_codes, protocol
 from clusterctl._fail import fail, fail_with
 from clusterctl._render import Printer, age, table
 from clusterctl._task_options import print_json, task_args
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
-from clusterctl.protocol import NOT_FOUND_CODES, ExitCode
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 # -- commands -----------------------------------------------------------------------------------
@@ -57,19 +56,19 @@ def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> i
         else:
             printer.note(f"Detached; request {state.get('request_id')} goes on in clusterd.\n"
                          f"  watch: clusterctl status {cluster or ''}".rstrip())
-        return ExitCode.NOT_FINISHED
+        return _exit_codes.NOT_FINISHED
     job_id = result.get("job_id")
     cluster = result.get("cluster")
     if job_id is None:
         printer.note(f"Cluster {cluster} is ready; the task had nothing to run.")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     if detach:
         printer.note(f"Job {job_id} submitted to {cluster}.\n"
                      f"  logs:   clusterctl logs {cluster} {job_id}\n"
                      f"  cancel: clusterctl cancel {cluster} {job_id}")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     printer.job_result(result)
-    return int(result.get("exit_code", ExitCode.ERROR))
+    return int(result.get("exit_code", _exit_codes.ERROR))
 
 
 def cmd_launch(client: Client, args: argparse.Namespace) -> int:
@@ -95,7 +94,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     orphans = result.get("orphans", [])
     if args.json:
         print_json(clusters)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     if orphans:
         sys.stderr.write("Orphans (made by this daemon, named by no record; still costing):\n")
         for orphan in orphans:
@@ -106,7 +105,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
                              f"{orphan['remove']}\n")
     if not clusters:
         print("No clusters. Launch one: clusterctl launch -- echo hello")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "REFRESHED"]
     if args.verbose:
         headers += ["$/h", "REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
@@ -140,7 +139,7 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
                     f"{tunnel['socket']} -> {tunnel['remote']}" if tunnel else "-"]
         rows.append(row)
     sys.stdout.write(table(headers, rows))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_queue(client: Client, args: argparse.Namespace) -> int:
@@ -149,7 +148,7 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> int:
     jobs = result.get("jobs", [])
     if args.json:
         print_json(jobs)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     headers = ["ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "RESOURCES",
                "STATUS", "LOG"]
     rows = []
@@ -162,7 +161,7 @@ def cmd_queue(client: Client, args: argparse.Namespace) -> int:
                      age(job.get("submitted_at")), age(started), duration,
                      job.get("resources") or "-", job["status"], job.get("log_dir") or "-"])
     sys.stdout.write(f"Jobs on {args.cluster}:\n" + table(headers, rows))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
@@ -173,12 +172,12 @@ def cmd_logs(client: Client, args: argparse.Namespace) -> int:
     printer = Printer()
     result = _drain(client.stream(request), printer, {})
     if result is None:
-        return ExitCode.NOT_FINISHED
-    if args.no_follow and result.get("exit_code") == ExitCode.NOT_FINISHED:
+        return _exit_codes.NOT_FINISHED
+    if args.no_follow and result.get("exit_code") == _exit_codes.NOT_FINISHED:
         printer.note(f"Job {result.get('job_id')} is {result.get('status')}.")
     else:
         printer.job_result(result)
-    return int(result.get("exit_code", ExitCode.ERROR))
+    return int(result.get("exit_code", _exit_codes.ERROR))
 
 
 def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
@@ -193,7 +192,7 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
         print(f"No active job to cancel on {args.cluster}.")
     for job_id in result.get("already_finished", []):
         print(f"Job {job_id} had already finished.")
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def _confirm(question: str, assume_yes: bool) -> None:
@@ -201,7 +200,7 @@ def _confirm(question: str, assume_yes: bool) -> None:
         return
     answer = input(f"{question} [Y/n] ").strip().lower()
     if answer not in ("", "y", "yes"):
-        fail("aborted", code=ExitCode.ERROR)
+        fail("aborted", code=_exit_codes.ERROR)
 
 
 def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
@@ -224,15 +223,15 @@ def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
         printer.event(event, data, {}, prefix=f"[{names[index]}] ")
 
     results = client.call_many(requests, on_event=on_event)
-    code: int = ExitCode.SUCCEEDED
+    code: int = _exit_codes.SUCCEEDED
     for name, result in zip(names, results, strict=True):
         if isinstance(result, ClusterdError):
             sys.stderr.write(f"clusterctl: error: {name}: {result.message} [{result.code}]\n")
             if result.hint:
                 sys.stderr.write(f"hint: {result.hint}\n")
-            not_found = result.code in NOT_FOUND_CODES
-            if code == ExitCode.SUCCEEDED or not not_found:
-                code = ExitCode.NOT_FOUND if not_found else ExitCode.ERROR
+            not_found = result.code in protocol.NOT_FOUND_CODES
+            if code == _exit_codes.SUCCEEDED or not not_found:
+                code = _exit_codes.NOT_FOUND if not_found else _exit_codes.ERROR
             continue
         done = {"stop": "stopped", "start": "started", "down": "torn down"}[verb]
         if verb == "stop" and not result.get("changed", True):
@@ -256,13 +255,13 @@ def cmd_events(client: Client, args: argparse.Namespace) -> int:
     events = result.get("events", [])
     if args.json:
         print_json(events)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     if not events:
         print("No events.")
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     sys.stdout.write(table(["TIME", "CLUSTER", "CHANGE", "REASON", "REQUEST"],
                            [_event_row(e) for e in events]))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def _follow_events(client: Client, args: argparse.Namespace) -> int:
@@ -280,7 +279,7 @@ def _follow_events(client: Client, args: argparse.Namespace) -> int:
         stream.detach()
     except BrokenPipeError:
         os._exit(0)
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_autostop(client: Client, args: argparse.Namespace) -> int:
@@ -296,14 +295,14 @@ def cmd_autostop(client: Client, args: argparse.Namespace) -> int:
         action = "tear it down" if setting["down"] else "stop it"
         print(f"{args.cluster}: will {action} after {setting['idle_minutes']:g} idle minutes "
               f"(busy means: {setting['wait_for'].replace('_', ' ')}).")
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_requests(client: Client, args: argparse.Namespace) -> int:
     result = client.call(protocol.RequestsArgs(active_only=not args.all))
     if args.json:
         print_json(result)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     running = result.get("running", [])
     rows = [[str(r["id"]), r["op"], r.get("cluster") or "-", f"{r['running_for']:.0f}s",
              "RUNNING"] for r in running]
@@ -311,14 +310,14 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
         if r["status"] != "RUNNING":
             rows.append([str(r["id"]), r["op"], r.get("cluster") or "-", "-", r["status"]])
     sys.stdout.write(table(["ID", "OP", "CLUSTER", "RUNNING FOR", "STATUS"], rows))
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_check(client: Client, args: argparse.Namespace) -> int:
     result = client.call(protocol.CheckArgs())
     if args.json:
         print_json(result)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     for name, provider in result.get("providers", {}).items():
         state = "available" if provider.get("ok") else "unavailable"
         print(f"{name}: {state} ({provider.get('detail', '')})")
@@ -328,7 +327,7 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
             print(f"  hint: {provider['hint']}")
     hosts = result.get("hosts", [])
     if not hosts:
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     print(f"ssh: node pools from {result.get('pools_file')}")
     rows = [[h["pool"], f"{h['user']}@{h['host']}:{h['port']}",
              "ok" if h["ok"] else f"UNREACHABLE: {h['error']}", h.get("cluster") or "free",
@@ -336,7 +335,7 @@ def cmd_check(client: Client, args: argparse.Namespace) -> int:
                                            else "")]
             for h in hosts]
     sys.stdout.write(table(["POOL", "HOST", "SSH", "IN USE BY", "HOST KEY"], rows))
-    return ExitCode.SUCCEEDED if all(h["ok"] for h in hosts) else ExitCode.ERROR
+    return _exit_codes.SUCCEEDED if all(h["ok"] for h in hosts) else _exit_codes.ERROR
 
 
 def _price(value: Any) -> str:
@@ -348,7 +347,7 @@ def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
         "accelerators", [])
     if args.json:
         print_json(rows)
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     # Nodes that are there (kubernetes), then a cloud's catalog of instance types.
     nodes = [r for r in rows if "node" in r]
     rows = [r for r in rows if "node" not in r]
@@ -358,7 +357,7 @@ def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
             [[r["region"], r["node"], r["accelerator"], f"{r['count']:g}", f"{r['free']:g}",
               f"{r['vcpus']:g}", f"{r['memory_gb']:g}GB"] for r in nodes]))
         if not rows:
-            return ExitCode.SUCCEEDED
+            return _exit_codes.SUCCEEDED
         print()
     if args.name:
         table_rows = [[r["accelerator"], f"{r['count']:g}", r["instance_type"],
@@ -366,7 +365,7 @@ def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
                        _price(r["spot_price"]), ", ".join(r["regions"])] for r in rows]
         sys.stdout.write(table(["ACCELERATOR", "COUNT", "INSTANCE TYPE", "vCPUs", "MEMORY",
                                 "ON-DEMAND $/h", "SPOT $/h", "REGIONS"], table_rows))
-        return ExitCode.SUCCEEDED
+        return _exit_codes.SUCCEEDED
     summary: dict[str, dict[str, Any]] = {}
     for r in rows:
         entry = summary.setdefault(r["accelerator"], {"counts": [], "price": None,
@@ -383,7 +382,7 @@ def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
                             "REGIONS"], table_rows))
     print("Prices are per instance and hour (AWS catalog). "
           "`clusterctl show-gpus NAME` lists instance types.")
-    return ExitCode.SUCCEEDED
+    return _exit_codes.SUCCEEDED
 
 
 def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
@@ -449,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ClusterdError as error:
         fail_with(error)
     except KeyboardInterrupt:
-        sys.exit(ExitCode.NOT_FINISHED)
+        sys.exit(_exit_codes.NOT_FINISHED)
     except BrokenPipeError:
         # stdout closed early (e.g. piped into head): not an error worth a traceback.
         os._exit(0)

@@ -16,23 +16,23 @@ from __future__ import annotations
 # The C module, not `socket`: importing socket.py builds its enums and imports selectors,
 # ~3 ms of every clusterctl run, and a connect-send-recv client needs none of that.
 import _socket
-import contextlib
 import errno
 import os
 import struct
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
-from types import TracebackType
 
 from clusterctl import paths, protocol
 from clusterctl._private import PRIVATE_FILE_MODE, UnsafePath, check_private_dir
 from clusterctl._version import __version__
-from clusterctl.protocol import ErrorCode, OpArgs
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+    from types import TracebackType
     from typing import Any
+
+    from clusterctl.protocol import OpArgs
 
 CLIENT_NAME = f"clusterctl/{__version__}"
 _PEERCRED = struct.Struct("3i")
@@ -52,9 +52,9 @@ class ClusterdError(Exception):
     @classmethod
     def from_wire(cls, error: Any) -> ClusterdError:
         if not isinstance(error, dict):
-            return cls(ErrorCode.INTERNAL, f"malformed error from daemon: {error!r}")
+            return cls(protocol.ErrorCode.INTERNAL, f"malformed error from daemon: {error!r}")
         return cls(
-            str(error.get("code", ErrorCode.INTERNAL)),
+            str(error.get("code", protocol.ErrorCode.INTERNAL)),
             str(error.get("message", "")),
             str(error.get("hint", "")),
         )
@@ -99,8 +99,10 @@ class Stream:
 
     def detach(self) -> None:
         """Tell the daemon we no longer want this stream (the job keeps running)."""
-        with contextlib.suppress(OSError):
+        try:
             self._client._send({"type": protocol.CANCEL, "id": self.request_id})
+        except OSError:
+            pass
 
 
 class Client:
@@ -165,7 +167,8 @@ class Client:
         if reply.get("type") == protocol.ERROR:
             raise ClusterdError.from_wire(reply.get("error"))
         if reply.get("type") != protocol.HELLO:
-            raise ClusterdError(ErrorCode.BAD_FRAME, f"expected hello, got {reply.get('type')}")
+            raise ClusterdError(protocol.ErrorCode.BAD_FRAME,
+                                f"expected hello, got {reply.get('type')}")
         self.server_hello = reply
 
     def close(self) -> None:
@@ -179,8 +182,10 @@ class Client:
         Nothing is sent before both hold, so a socket planted by another user never sees a
         request (or a secret)."""
         directory = os.path.dirname(os.path.abspath(self.socket_path))
-        with contextlib.suppress(FileNotFoundError):  # then connect fails with ENOENT
+        try:
             check_private_dir(directory)
+        except FileNotFoundError:
+            pass  # then connect fails with ENOENT
         sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             sock.settimeout(self._connect_timeout)

@@ -3,10 +3,6 @@ sends. Part of clusterctl.protocol, which re-exports every name: import them fro
 
 from __future__ import annotations
 
-import types
-
-from clusterctl._vocabulary import ErrorCode, ProtocolError
-
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:  # (the daemon's checks of what clients send import it where they run)
     from typing import Any, ClassVar, TypeVar, dataclass_transform
@@ -342,6 +338,7 @@ SECRET_FIELDS = frozenset({"secrets"})
 
 
 def _describe(tp: Any) -> str:
+    import types
     import typing
 
     origin = typing.get_origin(tp)
@@ -354,6 +351,7 @@ def _describe(tp: Any) -> str:
 
 
 def _matches(value: Any, tp: Any) -> bool:
+    import types
     import typing
 
     origin = typing.get_origin(tp)
@@ -396,32 +394,36 @@ def _schema(cls: type[OpArgs]) -> tuple[dict[str, Any], tuple[str, ...]]:
     return schema
 
 
+def _invalid(message: str, hint: str = "") -> Exception:
+    # Imported here: the vocabulary's enums cost `enum` (3 ms of a clusterctl run), and only
+    # the daemon's checks of what a client sends need them.
+    from clusterctl._vocabulary import ErrorCode, ProtocolError
+
+    return ProtocolError(ErrorCode.INVALID_ARGUMENT, message, hint)
+
+
 def parse_args(cls: type[Args], raw: Any) -> Args:
     """Validate a wire map against an op's argument dataclass; ProtocolError names the field."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ProtocolError(ErrorCode.INVALID_ARGUMENT, f"{cls.op}: args must be a map")
+        raise _invalid(f"{cls.op}: args must be a map")
     types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
         listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
-        raise ProtocolError(
-            ErrorCode.INVALID_ARGUMENT,
+        raise _invalid(
             f"{cls.op}: unknown argument {listed}{more}",
             f"accepted arguments: {', '.join(types_by_name)}",
         )
     missing = [name for name in required if name not in raw]
     if missing:
-        raise ProtocolError(
-            ErrorCode.INVALID_ARGUMENT, f"{cls.op}: missing argument {', '.join(missing)}"
-        )
+        raise _invalid(f"{cls.op}: missing argument {', '.join(missing)}")
     for name, value in raw.items():
         expected = types_by_name[name]
         if not _matches(value, expected):
-            raise ProtocolError(
-                ErrorCode.INVALID_ARGUMENT,
+            raise _invalid(
                 f"{cls.op}: argument {name!r} must be {_describe(expected)}, "
                 f"got {type(value).__name__}",
             )

@@ -29,7 +29,6 @@ message kinds, in order of appearance on a connection:
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
 
 import msgpack
 
@@ -39,16 +38,6 @@ from clusterctl._limits import REPLY_LIMITS as REPLY_LIMITS
 from clusterctl._limits import REQUEST_LIMITS as REQUEST_LIMITS
 from clusterctl._limits import DecodeLimits as DecodeLimits
 from clusterctl._limits import TooManyItems, unpack
-from clusterctl._vocabulary import NOT_FOUND_CODES as NOT_FOUND_CODES
-from clusterctl._vocabulary import ClusterStatus as ClusterStatus
-from clusterctl._vocabulary import ErrorCode as ErrorCode
-from clusterctl._vocabulary import ExitCode as ExitCode
-from clusterctl._vocabulary import JobStatus as JobStatus
-from clusterctl._vocabulary import ManagedJobStatus as ManagedJobStatus
-from clusterctl._vocabulary import ProtocolError as ProtocolError
-from clusterctl._vocabulary import exit_code_for_job as exit_code_for_job
-from clusterctl._vocabulary import exit_code_for_managed_job as exit_code_for_managed_job
-from clusterctl._vocabulary import shown as shown
 from clusterctl.ops import OPS as OPS
 from clusterctl.ops import SECRET_FIELDS as SECRET_FIELDS
 from clusterctl.ops import WAIT_FOR_CHOICES as WAIT_FOR_CHOICES
@@ -83,7 +72,44 @@ from clusterctl.ops import to_wire as to_wire
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Mapping
     from typing import Any
+
+    from clusterctl._vocabulary import NOT_FOUND_CODES as NOT_FOUND_CODES
+    from clusterctl._vocabulary import ClusterStatus as ClusterStatus
+    from clusterctl._vocabulary import ErrorCode as ErrorCode
+    from clusterctl._vocabulary import ExitCode as ExitCode
+    from clusterctl._vocabulary import JobStatus as JobStatus
+    from clusterctl._vocabulary import ManagedJobStatus as ManagedJobStatus
+    from clusterctl._vocabulary import ProtocolError as ProtocolError
+    from clusterctl._vocabulary import exit_code_for_job as exit_code_for_job
+    from clusterctl._vocabulary import exit_code_for_managed_job as exit_code_for_managed_job
+    from clusterctl._vocabulary import shown as shown
+
+# The protocol's words are enums, and importing `enum` (with the `functools` and `collections`
+# it brings) is 3 ms of a 16 ms clusterctl run that, when all goes well, never needs one. So
+# they load on first use (PEP 562); `from clusterctl.protocol import ErrorCode` works as ever.
+_VOCABULARY = frozenset({
+    "NOT_FOUND_CODES", "ClusterStatus", "ErrorCode", "ExitCode", "JobStatus",
+    "ManagedJobStatus", "ProtocolError", "exit_code_for_job", "exit_code_for_managed_job",
+    "shown",
+})
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _VOCABULARY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from clusterctl import _vocabulary
+
+    value = getattr(_vocabulary, name)
+    globals()[name] = value
+    return value
+
+
+def _error(code: str, message: str, hint: str = "") -> Exception:
+    from clusterctl._vocabulary import ErrorCode, ProtocolError
+
+    return ProtocolError(ErrorCode(code), message, hint)
 
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
@@ -103,8 +129,8 @@ ERROR = "error"
 def encode_frame(message: Mapping[str, Any]) -> bytes:
     body: bytes = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME_BYTES:
-        raise ProtocolError(
-            ErrorCode.FRAME_TOO_LARGE,
+        raise _error(
+            "FRAME_TOO_LARGE",
             f"frame of {len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}",
         )
     return HEADER.pack(len(body)) + body
@@ -136,8 +162,8 @@ class FrameDecoder:
             return None
         (length,) = HEADER.unpack_from(self._buffer)
         if length > self._max:
-            raise ProtocolError(
-                ErrorCode.FRAME_TOO_LARGE,
+            raise _error(
+                "FRAME_TOO_LARGE",
                 f"frame of {length} bytes exceeds the limit of {self._max}",
                 "send smaller requests; logs and listings are streamed in pieces",
             )
@@ -157,18 +183,18 @@ def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, A
     try:
         message = unpack(body, limits)
     except TooManyItems:
-        raise ProtocolError(
-            ErrorCode.BAD_FRAME,
+        raise _error(
+            "BAD_FRAME",
             f"frame holds more than {limits.max_items} values",
             "send fewer values per frame",
         ) from None
     except Exception as exc:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(
-            ErrorCode.BAD_FRAME, f"frame is not valid msgpack: {shown(exc, 200)}"
-        ) from None
+        from clusterctl._vocabulary import shown
+
+        raise _error("BAD_FRAME", f"frame is not valid msgpack: {shown(exc, 200)}") from None
     if not isinstance(message, dict):
-        raise ProtocolError(
-            ErrorCode.BAD_FRAME, f"frame must be a msgpack map, got {type(message).__name__}"
+        raise _error(
+            "BAD_FRAME", f"frame must be a msgpack map, got {type(message).__name__}"
         )
     return message
 
