@@ -7,6 +7,7 @@ about 15 s)."""
 
 from __future__ import annotations
 
+import csv
 import io
 import os
 import shutil
@@ -20,7 +21,7 @@ import anyio
 import pytest
 
 from clusterctl.protocol import ProtocolError
-from clusterd.runtime import bytecode
+from clusterd.runtime import bytecode, slim
 from clusterd.runtime.install import (
     Wheelhouse,
     WheelhouseBuilder,
@@ -238,3 +239,24 @@ async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(built: Wheelho
     leftovers = {p.name.split(built.key, 1)[1] for p in
                  (node / ".clusterd" / "wheelhouse").iterdir() if p.name != built.key}
     assert leftovers == {".require-hashes.txt", ".uv"}
+
+
+def test_rays_wheel_comes_without_what_no_node_runs(built: Wheelhouse) -> None:
+    """Ray's wheel in the wheelhouse lacks the libraries and jars (slim.py), and is still a
+    whole wheel: its RECORD names each file it holds with that file's digest, and nothing
+    it lacks; its `serve` and `tune` commands are gone with them, `ray` stays."""
+    wheel = next(built.path.glob("ray-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        record_name = next(n for n in names if n.endswith(".dist-info/RECORD"))
+        rows = list(csv.reader(io.StringIO(archive.read(record_name).decode())))
+        for name, digest, _size in rows:
+            if name != record_name:
+                assert digest == slim._record_hash(archive.read(name)), name
+        entry_points = archive.read(record_name.replace("RECORD", "entry_points.txt")).decode()
+    assert {row[0] for row in rows} == names
+    assert not [n for n in names if n.startswith(("ray/jars/", "ray/rllib/", "ray/data/",
+                                                   "ray/dashboard/client/"))]
+    assert "ray/_raylet.so" in names and "ray/dashboard/agent.py" in names
+    assert "ray = " in entry_points and "serve =" not in entry_points
+    assert wheel.stat().st_size < 50_000_000  # of 79 MB whole

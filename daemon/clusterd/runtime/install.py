@@ -7,7 +7,8 @@ wheel carries a static binary: about 2 s for the whole runtime where pip took 15
 pip compiling every module of Ray ahead of time). A node whose Python differs from the
 daemon's gets the package from the wheelhouse and the rest from the index, with pip (which
 reads the node's own pip configuration, mirrors included). The bytecode of the runtime comes
-with the wheelhouse, compiled once here (bytecode.py). A node that already has this
+with the wheelhouse, compiled once here (bytecode.py), and Ray's wheel comes without the
+libraries no node of ours runs (slim.py: 40 of its 79 MB). A node that already has this
 version is left alone (a marker in its venv says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
@@ -37,7 +38,7 @@ import anyio
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.runtime import bytecode
+from clusterd.runtime import bytecode, slim
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
 
@@ -232,6 +233,11 @@ class WheelhouseBuilder:
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
             runtime_wheels = [p for p in staging.glob("*.whl")
                               if not _is_installer_wheel(p.name)]
+            for wheel in runtime_wheels:
+                if slim.is_ray_wheel(wheel.name):
+                    before, after = slim.slim_ray_wheel(wheel)
+                    logger.info("ray's wheel slimmed", before_mb=round(before / 1e6, 1),
+                                after_mb=round(after / 1e6, 1))
             bytecode.build_archive(runtime_wheels, staging / bytecode.ARCHIVE)
             # For installs by hand (the test beds' runtime images): pip checks each wheel.
             wheels = {p.name: integrity.sha256_of(p) for p in runtime_wheels}
