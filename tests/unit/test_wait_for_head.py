@@ -7,10 +7,12 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
+import psutil
 import pytest
 
-from clusterd.agent import node
+from clusterd.agent import node, processes
 
 
 def free_port() -> int:
@@ -74,3 +76,18 @@ def test_a_head_behind_silence_is_reported_with_what_to_do(silent_address: str) 
     message = str(raised.value)
     assert "cannot reach the Ray head" in message and "connection timed out" in message
     assert "security group must let its own members in" in message
+
+
+def test_a_worker_whose_head_never_opens_leaves_no_process(tmp_path: Path) -> None:
+    """A worker's Ray is started (importing) before the wait; a wait that fails ends it, and
+    no pid file is left: nothing runs that no record could stop."""
+    pid_path, log_path = tmp_path / "ray.pid", tmp_path / "ray.log"
+    argv = ["ray", "start", "--block", f"--address=127.0.0.1:{free_port()}"]
+    params = {"head_address": argv[-1].split("=", 1)[1], "node_ip": "127.0.0.2"}
+    before = {child.pid for child in psutil.Process().children()}
+    with pytest.raises(node.HelperError, match="did not open its port within"):
+        node._start_worker_ray(argv, log_path, pid_path, {}, params, timeout=1.0)
+    started = [child for child in psutil.Process().children() if child.pid not in before]
+    assert len(started) == 1  # it was started before the wait
+    assert processes.find(started[0].pid) is None  # and is gone (a zombie at most)
+    assert not pid_path.exists()
