@@ -394,12 +394,13 @@ def _schema(cls: type[OpArgs]) -> tuple[dict[str, Any], tuple[str, ...]]:
     return schema
 
 
-def _invalid(message: str, hint: str = "") -> Exception:
-    # Imported here: the vocabulary's enums cost `enum` (3 ms of a clusterctl run), and only
-    # the daemon's checks of what a client sends need them.
+def protocol_error(code: str, message: str, hint: str = "") -> Exception:
+    """ProtocolError(ErrorCode(code), ...), for this module and protocol's framing. The
+    vocabulary is imported only here: its enums cost `enum` (3 ms of a clusterctl run), and a
+    run that goes well raises none."""
     from clusterctl._vocabulary import ErrorCode, ProtocolError
 
-    return ProtocolError(ErrorCode.INVALID_ARGUMENT, message, hint)
+    return ProtocolError(ErrorCode(code), message, hint)
 
 
 def parse_args(cls: type[Args], raw: Any) -> Args:
@@ -407,23 +408,26 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise _invalid(f"{cls.op}: args must be a map")
+        raise protocol_error("INVALID_ARGUMENT", f"{cls.op}: args must be a map")
     types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
         listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
-        raise _invalid(
+        raise protocol_error(
+            "INVALID_ARGUMENT",
             f"{cls.op}: unknown argument {listed}{more}",
             f"accepted arguments: {', '.join(types_by_name)}",
         )
     missing = [name for name in required if name not in raw]
     if missing:
-        raise _invalid(f"{cls.op}: missing argument {', '.join(missing)}")
+        raise protocol_error("INVALID_ARGUMENT",
+                             f"{cls.op}: missing argument {', '.join(missing)}")
     for name, value in raw.items():
         expected = types_by_name[name]
         if not _matches(value, expected):
-            raise _invalid(
+            raise protocol_error(
+                "INVALID_ARGUMENT",
                 f"{cls.op}: argument {name!r} must be {_describe(expected)}, "
                 f"got {type(value).__name__}",
             )

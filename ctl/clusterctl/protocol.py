@@ -68,6 +68,7 @@ from clusterctl.ops import StorageDeleteArgs as StorageDeleteArgs
 from clusterctl.ops import StorageLsArgs as StorageLsArgs
 from clusterctl.ops import TaskArgs as TaskArgs
 from clusterctl.ops import parse_args as parse_args
+from clusterctl.ops import protocol_error
 from clusterctl.ops import to_wire as to_wire
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
@@ -105,12 +106,6 @@ def __getattr__(name: str) -> Any:
     globals()[name] = value
     return value
 
-
-def _error(code: str, message: str, hint: str = "") -> Exception:
-    from clusterctl._vocabulary import ErrorCode, ProtocolError
-
-    return ProtocolError(ErrorCode(code), message, hint)
-
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
 
@@ -129,7 +124,7 @@ ERROR = "error"
 def encode_frame(message: Mapping[str, Any]) -> bytes:
     body: bytes = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME_BYTES:
-        raise _error(
+        raise protocol_error(
             "FRAME_TOO_LARGE",
             f"frame of {len(body)} bytes exceeds the limit of {MAX_FRAME_BYTES}",
         )
@@ -162,7 +157,7 @@ class FrameDecoder:
             return None
         (length,) = HEADER.unpack_from(self._buffer)
         if length > self._max:
-            raise _error(
+            raise protocol_error(
                 "FRAME_TOO_LARGE",
                 f"frame of {length} bytes exceeds the limit of {self._max}",
                 "send smaller requests; logs and listings are streamed in pieces",
@@ -183,7 +178,7 @@ def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, A
     try:
         message = unpack(body, limits)
     except TooManyItems:
-        raise _error(
+        raise protocol_error(
             "BAD_FRAME",
             f"frame holds more than {limits.max_items} values",
             "send fewer values per frame",
@@ -191,9 +186,10 @@ def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, A
     except Exception as exc:  # msgpack raises several unrelated types for bad input
         from clusterctl._vocabulary import shown
 
-        raise _error("BAD_FRAME", f"frame is not valid msgpack: {shown(exc, 200)}") from None
+        raise protocol_error("BAD_FRAME",
+                             f"frame is not valid msgpack: {shown(exc, 200)}") from None
     if not isinstance(message, dict):
-        raise _error(
+        raise protocol_error(
             "BAD_FRAME", f"frame must be a msgpack map, got {type(message).__name__}"
         )
     return message
