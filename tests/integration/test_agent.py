@@ -16,6 +16,7 @@ from pathlib import Path
 
 import anyio
 import grpc
+import psutil
 import pytest
 
 from clusterctl._version import __version__
@@ -143,6 +144,27 @@ async def wait_file(path: Path, timeout: float = 60) -> str:
         while not path.exists() or not path.read_text().strip():
             await anyio.sleep(0.05)
     return path.read_text().strip()
+
+
+def ray_processes(run_dir: Path) -> list[str]:
+    """The command lines of a node's `ray start` and everything it started."""
+    record = json.loads((run_dir / "ray.pid").read_text())
+    started = psutil.Process(int(record["pid"]))
+    return [" ".join(p.cmdline()) for p in [started, *started.children(recursive=True)]]
+
+
+def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluster) -> None:
+    # No Ray Client server (nothing speaks it), no autoscaler monitor (the daemon adds the
+    # nodes), no log monitor (the agent's driver takes no worker output): each is a Python
+    # process that costs CPU at every start and memory for the cluster's life.
+    head = ray_processes(agent_cluster.head_run)
+    worker = ray_processes(agent_cluster.root / "worker" / "run")
+    for processes, node_kind in ((head, "head"), (worker, "worker")):
+        assert any("raylet/raylet" in p for p in processes), (node_kind, processes)
+        unwanted = [p for p in processes if "ray.util.client.server" in p
+                    or "log_monitor.py" in p or "autoscaler/_private/monitor.py" in p]
+        assert unwanted == [], (node_kind, unwanted)
+    assert any("gcs_server" in p for p in head), head
 
 
 async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> None:

@@ -44,7 +44,6 @@ MOUNTS = "mounts"  # beside run/: the bucket mounts' state (see bucket_mount.py)
 RAY_PORT_FLAGS = {
     "node_manager_port": "--node-manager-port",
     "object_manager_port": "--object-manager-port",
-    "ray_client_server_port": "--ray-client-server-port",
     "dashboard_port": "--dashboard-port",
     "dashboard_agent_listen_port": "--dashboard-agent-listen-port",
     "dashboard_agent_grpc_port": "--dashboard-agent-grpc-port",
@@ -253,21 +252,32 @@ def write_token(params: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(path)}
 
 
-# A worker's `ray start`, run by Python itself (as Ray's `ray` script does) so that its imports
-# (0.8-0.9 s of CPU: Ray's command line) are done while the head still starts, not after the
-# wait for the head's port. It runs on when the helper says "go" on its stdin; at end of file
+# `ray start`, run by Python itself (as Ray's `ray` script does). A worker's imports (0.8-0.9 s
+# of CPU: Ray's command line) are done while the head still starts, not after the wait for the
+# head's port: with "held" it runs on when the helper says "go" on its stdin, and at end of file
 # (the helper failed, or was killed) it ends without starting anything.
-_PRELOADED_RAY_START = """
+# Ray starts a Ray Client server on the head whenever grpc imports, and has no flag to say no
+# (it refuses port 0). Nothing of ours speaks Ray Client (the agent is a plain driver), so the
+# check it asks is answered "not installed": one Python process fewer on every head (0.5 s of
+# CPU at each start, ~70 MB of memory for the cluster's life).
+_RAY_START = """
 import os, sys
-from ray.scripts.scripts import main
-if sys.stdin.readline() != "go\\n":
-    sys.exit(75)
-devnull = os.open(os.devnull, os.O_RDONLY)
-os.dup2(devnull, 0)
-os.close(devnull)
-sys.argv = ["ray", *sys.argv[1:]]
-sys.exit(main())
+from ray.scripts import scripts
+scripts.get_ray_client_dependency_error = lambda: ImportError("Ray Client is not used")
+if sys.argv[1] == "held":
+    if sys.stdin.readline() != "go\\n":
+        sys.exit(75)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+sys.argv = ["ray", *sys.argv[2:]]
+sys.exit(scripts.main())
 """
+
+
+def _ray_start_argv(argv: list[str], held: bool) -> list[str]:
+    """`ray start ...` (argv) as this runtime's Python runs it (see _RAY_START)."""
+    return [sys.executable, "-c", _RAY_START, "held" if held else "now", *argv[1:]]
 
 
 def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict[str, str],
@@ -275,8 +285,7 @@ def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict
     """Start a worker's Ray (argv: `ray start ...`) beside the head's: imported at once, let
     go once the head's GCS port takes connections."""
     held: list[IO[bytes]] = []
-    pid = _spawn_recorded([sys.executable, "-c", _PRELOADED_RAY_START, *argv[1:]], log_path,
-                          pid_path, env, held=held)
+    pid = _spawn_recorded(_ray_start_argv(argv, held=True), log_path, pid_path, env, held=held)
     with held[0] as go:
         try:
             _wait_for_head(params["head_address"], params["node_ip"], HEAD_REACH_S, timeout)
@@ -301,13 +310,15 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         mark({"dir": params["mark"]})
     if params.get("token"):
         write_token({"path": params["token_path"], "token": params["token"]})
-    ray_bin = str(Path(sys.executable).with_name("ray"))
     private_ray_root()
     temp_dir = ray_temp_dir(params["temp_key"])
     temp_dir.mkdir(mode=0o700, exist_ok=True)
     (temp_dir / MARKER).touch()
     argv = [
-        ray_bin, "start", "--block", "--disable-usage-stats",
+        "ray", "start", "--block", "--disable-usage-stats",
+        # Nothing of ours reads what these would give: the agent's driver takes no worker
+        # output (log_to_driver=False), and the daemon, not Ray's autoscaler, adds nodes.
+        "--include-log-monitor=false",
         f"--temp-dir={temp_dir}",
         f"--node-ip-address={params['node_ip']}",
         # Whole CPUs, rounded up: a pod of 0.5 CPU is one to Ray, where its task of 0.5 fits.
@@ -326,9 +337,10 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     offset = log_path.stat().st_size if log_path.exists() else 0
     env = {"RAY_USAGE_STATS_ENABLED": "0", **_env(params)}
     if params["head"]:
-        argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false"]
+        argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false",
+                 "--no-monitor"]
         address = f"{params['node_ip']}:{int(params['gcs_port'])}"
-        pid = _spawn_recorded(argv, log_path, pid_path, env)
+        pid = _spawn_recorded(_ray_start_argv(argv, held=False), log_path, pid_path, env)
     else:
         argv.append(f"--address={params['head_address']}")
         address = ""

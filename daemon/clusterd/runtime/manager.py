@@ -48,7 +48,6 @@ HEAD_PORTS = (
     "gcs_port",
     "node_manager_port",
     "object_manager_port",
-    "ray_client_server_port",
     "dashboard_port",
     "dashboard_agent_listen_port",
     "dashboard_agent_grpc_port",
