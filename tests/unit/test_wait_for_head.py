@@ -91,3 +91,68 @@ def test_a_worker_whose_head_never_opens_leaves_no_process(tmp_path: Path) -> No
     assert len(started) == 1  # it was started before the wait
     assert processes.find(started[0].pid) is None  # and is gone (a zombie at most)
     assert not pid_path.exists()
+
+
+def test_a_worker_waits_for_the_heads_raylet_not_only_its_gcs(tmp_path: Path) -> None:
+    """The head writes its session into the GCS just after the GCS port opens, and starts its
+    raylet after that: a worker let go on the GCS port alone often asked too early and looked
+    again 2 s later. With the raylet's address named, an open GCS port is not enough."""
+    gcs = socket.socket()
+    gcs.bind(("127.0.0.1", 0))
+    gcs.listen(8)
+    try:
+        head = f"127.0.0.1:{gcs.getsockname()[1]}"
+        argv = ["ray", "start", "--block", f"--address={head}"]
+        params = {"head_address": head, "head_raylet_address": f"127.0.0.1:{free_port()}",
+                  "node_ip": "127.0.0.2"}
+        raylet = params["head_raylet_address"]
+        with pytest.raises(node.HelperError, match=f"{raylet} did not open its port"):
+            node._start_worker_ray(argv, tmp_path / "ray.log", tmp_path / "ray.pid", {},
+                                   params, timeout=1.0)
+        assert not (tmp_path / "ray.pid").exists()
+    finally:
+        gcs.close()
+
+
+@pytest.fixture
+def open_port() -> Iterator[str]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def test_a_worker_waits_for_word_that_the_heads_ray_is_up(tmp_path: Path,
+                                                         open_port: str) -> None:
+    """Ray asks the GCS for the head's node and, when it is not registered yet, looks again
+    only 2 s later: the worker is let go once the daemon says the head is up (a file), not
+    when the head's ports open. The word is used once."""
+    word = tmp_path / "run" / f"{node.HEAD_STARTED_PREFIX}abc"
+    argv = ["ray", "start", "--block", f"--address={open_port}"]
+    params = {"head_address": open_port, "head_raylet_address": open_port,
+              "node_ip": "127.0.0.2", "head_started_file": str(word)}
+    pid_path = tmp_path / "ray.pid"
+    with pytest.raises(node.HelperError, match="the Ray head did not start within"):
+        node._start_worker_ray(argv, tmp_path / "ray.log", pid_path, {}, params, timeout=0.5)
+    assert not pid_path.exists()
+
+    said = threading.Timer(0.4, node.head_started, [{"file": str(word)}])
+    said.start()
+    started = time.monotonic()
+    try:
+        pid = node._start_worker_ray(argv, tmp_path / "ray.log", pid_path, {}, params,
+                                     timeout=20)
+        assert time.monotonic() - started >= 0.3
+        assert processes.find(pid) is not None and not word.exists()
+    finally:
+        said.join()
+        node._terminate(pid_path, 5.0)
+
+
+def test_head_started_writes_only_its_own_kind_of_file(tmp_path: Path) -> None:
+    with pytest.raises(node.HelperError, match="not a head-started file"):
+        node.head_started({"file": str(tmp_path / "ray.pid")})
+    assert not (tmp_path / "ray.pid").exists()

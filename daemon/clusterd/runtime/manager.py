@@ -27,13 +27,15 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.agent.auth import new_token
+from clusterd.agent.node import HEAD_STARTED_PREFIX
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.nodes import ClusterInfo, NodeInfo
-from clusterd.runtime import install, node_helper
+from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient
 from clusterd.runtime.install import WheelhouseBuilder
+from clusterd.runtime.install_round import InstallRound
 from clusterd.runtime.runner import CommandRunner
 from clusterd.state.handles import RuntimeHandle
 
@@ -69,6 +71,9 @@ NOT_RAY_FLAGS = ("gcs_port", "autoscaler_metric_port", "dashboard_metric_port")
 # Where the agent's socket lives on a remote head (its directory is made 0700 there).
 REMOTE_AGENT_SOCKET = "~/.clusterd/s/{key}.sock"
 MEMBERS_TIMEOUT_S = 15.0  # asking a running agent which nodes Ray counts
+# Between asks of a new agent whether every node joined: each is one small call on the
+# agent link, and the launch waits on it.
+NODES_POLL_S = 0.1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +98,17 @@ class NodeLayout:
 def ray_temp_key(cloud_name: str) -> str:
     """Names the cluster's Ray temp dir on a node (the helper keeps that path short)."""
     return hashlib.sha256(cloud_name.encode()).hexdigest()[:10]
+
+
+@dataclasses.dataclass(frozen=True)
+class _StartPlan:
+    """What the head decides before any Ray starts, for every node's start."""
+
+    handle: RuntimeHandle  # its worker_ports are filled in as each worker picks them
+    members: set[str] | None  # the workers the head's running Ray counts (None: not known)
+    ray_token: str
+    address: str  # the head's GCS
+    agent_token: str
 
 
 def _node_key(node: NodeInfo) -> str:
@@ -133,68 +149,29 @@ class RuntimeManager:
     ) -> RuntimeHandle:
         """Bring Ray and the agent up on every node; returns the runtime handle to store.
         With `fresh`, whatever runs is stopped first (a runtime of another version).
-        `checkpoint` gets the handle before anything starts, so a daemon killed mid-way
-        restarts knowing the ports and the agent's address of what it may have started."""
+        `checkpoint` gets the handle before anything starts (and again with each worker's
+        ports, before that worker starts), so a daemon killed mid-way restarts knowing the
+        ports and the agent's address of what it may have started.
+
+        Each node goes on as soon as it is ready: the head installs, decides the ports and
+        starts Ray and the agent; a worker installs, picks its ports once the head has
+        decided, and starts its Ray beside the head's."""
         if fresh:
             await self._stop_running(cluster, info, progress, "stopping the old runtime")
         remote = [node for node in info.nodes if node.ssh is not None]
-        if remote:
-            await self._install(remote, progress, force=fresh)
+        installs = (await InstallRound.prepare(self._runner_for, self._wheelhouse, remote,
+                                               progress, force=fresh) if remote else None)
         head = info.head
         head_runner = self._runner_for(head)
         head_layout = NodeLayout(head.runtime_dir)
-        state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
-        running_at = state["ray"].get("address")  # None: not known (an older helper)
-        head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.ports)
-                      and running_at in (None, previous.ray_address if previous else None))
-        if not head_alive and state["ray"]["alive"]:
-            # A Ray head on ports other than recorded (or none recorded): starting anew on
-            # fresh ports beside it would leave it holding the head (start-ray keeps a live
-            # one) and new workers dialling ports it never opened. Stop it, and its workers.
-            await self._stop_running(cluster, info, progress,
-                                     "stopping a Ray head whose ports are not the recorded ones")
-        elif not head_alive and state["agent"]["alive"]:
-            # An agent outliving its Ray head is a driver of a cluster that is gone.
-            await node_helper.call(head_runner, "stop",
-                                   {"dir": head_layout.run_dir, "parts": ["agent"]})
-        if head_alive:
-            assert previous is not None
-            ports: dict[str, int] = dict(previous.ports)
-            worker_ports: dict[str, dict[str, int]] = dict(previous.worker_ports)
-            token = None  # nodes keep the token file Ray was started with
-        else:
-            ports = await self._free_ports(head, HEAD_PORTS)
-            worker_ports = {}
-            token = secrets.token_hex(32)
-        # The agent's token stays what it was (an agent still running keeps it), unless the
-        # runtime is replaced.
-        agent_token = previous.agent_token if previous and not fresh else None
-        agent_token = agent_token or new_token()
-
-        async def pick_ports(node: NodeInfo) -> None:
-            worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
-
-        await on_each([n for n in info.nodes[1:] if _node_key(n) not in worker_ports],
-                      pick_ports)
-        address = f"{head.internal_ip}:{ports['gcs_port']}"
-        listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}" if head.ssh is None
-                  else "unix:" + REMOTE_AGENT_SOCKET.format(key=ray_temp_key(cloud_name)))
-        handle = RuntimeHandle(
-            ports=ports, worker_ports=worker_ports, ray_address=address, agent_listen=listen,
-            agent_token=agent_token,
-            # The head is this machine: its socket, directly; else over SSH, by a tunnel.
-            agent_endpoint=listen if head.ssh is None else None, head_ssh=head.ssh)
-        if checkpoint is not None:
-            await checkpoint(handle)
-        # A worker whose Ray runs but which the head's Ray no longer counts (cut off for a
-        # while: the head marked it dead, and it has not heard yet) is started anew.
-        members = await self._ray_members(cluster, cloud_name, previous) if head_alive else None
-        await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
-        # With Ray up on the head, a worker that needs a start must get the token it runs with.
-        ray_token = token if token is not None else str((await node_helper.call(
-            head_runner, "read-token", {"path": head_layout.token_path}))["token"])
+        # What the head decides (ports, tokens, which workers its Ray still counts) before
+        # any Ray starts; each worker reads it once `decided` is set.
+        decided = anyio.Event()
+        head_up = anyio.Event()  # the head's Ray runs (and its node is registered)
+        worker_ports: dict[str, dict[str, int]] = {}
+        plans: list[_StartPlan] = []  # the one the head decides
+        recorded = anyio.Lock()  # checkpoints, one at a time: the last one holds every port
         started: dict[str, Any] = {}
-
         began = time.monotonic()
 
         def done(what: str, node: NodeInfo) -> None:
@@ -202,25 +179,87 @@ class RuntimeManager:
             logger.info(f"{what} started", node=node.node_id,
                         seconds=round(time.monotonic() - began, 2))
 
+        async def record(handle: RuntimeHandle) -> None:
+            if checkpoint is not None:
+                async with recorded:
+                    await checkpoint(dataclasses.replace(handle, worker_ports=dict(worker_ports)))
+
+        async def decide() -> None:
+            nonlocal began
+            state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
+            running_at = state["ray"].get("address")  # None: not known (an older helper)
+            head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.ports)
+                          and running_at in (None, previous.ray_address if previous else None))
+            if not head_alive and state["ray"]["alive"]:
+                # A Ray head on ports other than recorded (or none recorded): starting anew on
+                # fresh ports beside it would leave it holding the head (start-ray keeps a
+                # live one) and new workers dialling ports it never opened. Stop it, and its
+                # workers (none of which starts before this is decided).
+                await self._stop_running(
+                    cluster, info, progress,
+                    "stopping a Ray head whose ports are not the recorded ones")
+            elif not head_alive and state["agent"]["alive"]:
+                # An agent outliving its Ray head is a driver of a cluster that is gone.
+                await node_helper.call(head_runner, "stop",
+                                       {"dir": head_layout.run_dir, "parts": ["agent"]})
+            if head_alive:
+                assert previous is not None
+                ports: dict[str, int] = dict(previous.ports)
+                worker_ports.update(previous.worker_ports)
+                token = None  # nodes keep the token file Ray was started with
+            else:
+                ports = await self._free_ports(head, HEAD_PORTS)
+                token = secrets.token_hex(32)
+            # The agent's token stays what it was (an agent still running keeps it), unless
+            # the runtime is replaced.
+            agent_token = previous.agent_token if previous and not fresh else None
+            agent_token = agent_token or new_token()
+            address = f"{head.internal_ip}:{ports['gcs_port']}"
+            listen = (f"unix:{self._agent_socket_dir / f'{cloud_name}.sock'}"
+                      if head.ssh is None
+                      else "unix:" + REMOTE_AGENT_SOCKET.format(key=ray_temp_key(cloud_name)))
+            handle = RuntimeHandle(
+                ports=ports, worker_ports={}, ray_address=address, agent_listen=listen,
+                agent_token=agent_token,
+                # The head is this machine: its socket, directly; else over SSH, by a tunnel.
+                agent_endpoint=listen if head.ssh is None else None, head_ssh=head.ssh)
+            await record(handle)
+            # A worker whose Ray runs but which the head's Ray no longer counts (cut off for
+            # a while: the head marked it dead, and it has not heard yet) is started anew.
+            members = (await self._ray_members(cluster, cloud_name, previous) if head_alive
+                       else None)
+            # With Ray up on the head, a worker that needs a start must get the token it
+            # runs with.
+            ray_token = token if token is not None else str((await node_helper.call(
+                head_runner, "read-token", {"path": head_layout.token_path}))["token"])
+            plans.append(_StartPlan(handle, members, ray_token, address, agent_token))
+            await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
+            began = time.monotonic()
+            decided.set()
+
         async def start_head() -> None:
-            await self._start_ray_node(cloud_name, head, ports, ray_token, address, head=True)
+            plan = plans[0]
+            await self._start_ray_node(cloud_name, head, plan.handle.ports, plan.ray_token,
+                                       plan.address, head=True)
+            head_up.set()
             done("head's Ray", head)
             await progress("starting the agent on the head node", "agent")
 
         async def start_agent() -> None:
             # Beside the head's Ray: the agent's own start (Python, its imports) overlaps
             # Ray's, and its connect waits for the head's Ray to take drivers.
+            handle = plans[0].handle
             started.update(await node_helper.call(
                 head_runner,
                 "start-agent",
                 {
                     "dir": head_layout.run_dir,
-                    "listen": listen,
-                    "token": agent_token,
+                    "listen": handle.agent_listen,
+                    "token": plans[0].agent_token,
                     "state_dir": head_layout.agent_state,
-                    "ray_address": address,
+                    "ray_address": plans[0].address,
                     "cluster_name": cluster,
-                    "env": self._ray_env(head_layout, ports, head),
+                    "env": self._ray_env(head_layout, handle.ports, head),
                     "timeout": self._start_timeout_s,
                     # Every node's run dir has the same form (in its user's home), so the
                     # agent can stop the whole cluster when autostop falls due with no daemon
@@ -234,24 +273,56 @@ class RuntimeManager:
             ))
             done("agent", head)
 
-        async def start_worker(node: NodeInfo) -> None:
-            # Beside the head's: a worker's helper waits for the head's port to open (the
-            # head's start is mostly what follows that), and each Ray's start overlaps the
-            # others' waits.
-            await self._start_ray_node(cloud_name, node, worker_ports[_node_key(node)],
-                                       ray_token, address, False, members)
+        async def head_node() -> None:
+            if installs is not None and head.ssh is not None:
+                await installs.node(head)
+            await decide()
+            async with anyio.create_task_group() as group:
+                group.start_soon(start_head)
+                group.start_soon(start_agent)
+
+        async def worker_node(node: NodeInfo) -> None:
+            # Each on its own: installed while the head installs or starts, its ports
+            # picked, and its Ray started beside the head's (its helper waits for the head's
+            # port to open; the start is mostly what follows that).
+            if installs is not None and node.ssh is not None:
+                await installs.node(node)
+            with anyio.fail_after(self._start_timeout_s * 4):  # the head's install and start
+                await decided.wait()
+            plan = plans[0]
+            if _node_key(node) not in worker_ports:
+                worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
+                await record(plan.handle)
+            # Its helper waits (imports done) for word that the head's Ray is up: see
+            # agent/node.py, _start_worker_ray.
+            head_started_file = (f"{NodeLayout(node.runtime_dir).run_dir}/"
+                                 f"{HEAD_STARTED_PREFIX}{secrets.token_hex(8)}")
+
+            async def say_head_started() -> None:
+                with anyio.fail_after(self._start_timeout_s * 2):
+                    await head_up.wait()
+                await node_helper.call(self._runner_for(node), "head-started",
+                                       {"file": head_started_file})
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(say_head_started)
+                await self._start_ray_node(
+                    cloud_name, node, worker_ports[_node_key(node)], plan.ray_token,
+                    plan.address, False, plan.members,
+                    head_raylet_port=plan.handle.ports["node_manager_port"],
+                    head_started_file=head_started_file)
             done("worker's Ray", node)
 
         with first_error():
             async with anyio.create_task_group() as group:
-                group.start_soon(start_head)
-                group.start_soon(on_each, info.nodes[1:], start_worker)
-                group.start_soon(start_agent)
+                group.start_soon(head_node)
+                group.start_soon(on_each, info.nodes[1:], worker_node)
+        handle = dataclasses.replace(plans[0].handle, worker_ports=dict(worker_ports))
         handle = dataclasses.replace(handle, agent_socket=str(started["socket"]))
         await fault_point("launch.after_agent")
         await self._access.reset(cluster)
         endpoint = await self._access.endpoint(cluster, cloud_name, handle)
-        await self._wait_for_nodes(cluster, endpoint, agent_token, len(info.nodes))
+        await self._wait_for_nodes(cluster, endpoint, plans[0].agent_token, len(info.nodes))
         logger.info("runtime up", nodes=len(info.nodes),
                     seconds=round(time.monotonic() - began, 2))
         return handle
@@ -284,32 +355,6 @@ class RuntimeManager:
         await self._access.close(cluster)
         await self.stop(info)
 
-    async def _install(self, nodes: list[NodeInfo], progress: Progress, force: bool) -> None:
-        started = time.monotonic()
-        await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
-        wheelhouse = await self._wheelhouse.ensure()
-        needing: list[NodeInfo] = []
-
-        async def check(node: NodeInfo) -> None:
-            if await install.needs_install(self._runner_for(node), wheelhouse, force):
-                needing.append(node)
-
-        await on_each(nodes, check)
-        await fault_point("launch.during_install")
-        if needing:
-            # Ours is checked once for all the copies (it hashes every wheel).
-            await anyio.to_thread.run_sync(wheelhouse.verify)
-            await progress(f"copying the runtime {wheelhouse.key} to {len(needing)} node(s)",
-                           "copy")
-            await on_each(needing, lambda n: install.copy_wheelhouse(self._runner_for(n),
-                                                                     wheelhouse))
-            await progress(f"installing the runtime on {len(needing)} node(s)", "install")
-            await on_each(needing, lambda n: install.install_copied(self._runner_for(n),
-                                                                    wheelhouse))
-        await on_each(nodes, lambda n: install.link_current(self._runner_for(n), wheelhouse))
-        logger.info("runtime ready on nodes", nodes=len(nodes), installed=len(needing),
-                    seconds=round(time.monotonic() - started, 1))
-
     async def _free_ports(self, node: NodeInfo, names: tuple[str, ...]) -> dict[str, int]:
         found = await node_helper.call(self._runner_for(node), "free-ports",
                                        {"count": len(names)})
@@ -335,6 +380,8 @@ class RuntimeManager:
         address: str,
         head: bool,
         members: set[str] | None = None,
+        head_raylet_port: int | None = None,
+        head_started_file: str | None = None,
     ) -> None:
         """Start Ray on node unless it runs there already (and, when members is known, the
         head counts it: a node's Ray the head has given up on is stopped and started anew)."""
@@ -373,6 +420,10 @@ class RuntimeManager:
             params["gcs_port"] = ports["gcs_port"]
         else:
             params["head_address"] = address
+            if head_raylet_port is not None:
+                params["head_raylet_address"] = f"{address.rsplit(':', 1)[0]}:{head_raylet_port}"
+            if head_started_file is not None:
+                params["head_started_file"] = head_started_file
         await node_helper.call(runner, "start-ray", params, timeout_s=self._start_timeout_s + 30)
 
     async def _wait_for_nodes(self, cluster: str, endpoint: str, token: str,
@@ -392,7 +443,7 @@ class RuntimeManager:
                         if exc.code == ErrorCode.AGENT_VERSION_MISMATCH:
                             raise
                         last = exc
-                    await anyio.sleep(0.25)
+                    await anyio.sleep(NODES_POLL_S)
         except TimeoutError:
             if last is not None and not seen:
                 raise last from None
