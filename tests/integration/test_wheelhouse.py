@@ -262,3 +262,33 @@ def test_rays_wheel_comes_without_what_no_node_runs(built: Wheelhouse) -> None:
     assert "ray/_raylet.so" in names and "ray/dashboard/agent.py" in names
     assert "ray = " in entry_points and "serve =" not in entry_points
     assert wheel.stat().st_size < 50_000_000  # of 79 MB whole
+
+
+def test_botocore_comes_with_only_the_service_models_a_node_loads(built: Wheelhouse,
+                                                                  tmp_path: Path) -> None:
+    """botocore's wheel keeps the models of S3 and of the services its credential providers
+    call, and the files every service reads; and it still makes an S3 client and signs a
+    request with them, from the slimmed wheel alone."""
+    wheel = next(built.path.glob("botocore-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        archive.extractall(tmp_path / "site")
+    services = {n.split("/")[2] for n in names
+                if n.startswith("botocore/data/") and n.count("/") > 2}
+    assert services == set(slim.BOTOCORE_SERVICES)
+    assert {"botocore/data/endpoints.json", "botocore/data/_retry.json"} <= names
+    assert wheel.stat().st_size < 3_000_000  # of 16 MB whole
+    made = subprocess.run(
+        [sys.executable, "-S", "-c",
+         "import sys; sys.path[:0] = [sys.argv[1], *sys.argv[2:]]\n"
+         "import botocore.session\n"
+         "c = botocore.session.get_session().create_client('s3', region_name='eu-west-1',"
+         " aws_access_key_id='k', aws_secret_access_key='s')\n"
+         "print(botocore.__file__)\n"
+         "print(c.generate_presigned_url('get_object', {'Bucket': 'b', 'Key': 'k'}))",
+         str(tmp_path / "site"), *[p for p in sys.path if "site-packages" in p]],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert made.returncode == 0, made.stderr
+    module, url = made.stdout.split()
+    assert module.startswith(str(tmp_path / "site"))  # the slimmed one, not the dev venv's
+    assert url.startswith("https://") and "amazonaws.com/" in url and "Signature" in url, url

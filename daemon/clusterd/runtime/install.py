@@ -8,7 +8,8 @@ pip compiling every module of Ray ahead of time). A node whose Python differs fr
 daemon's gets the package from the wheelhouse and the rest from the index, with pip (which
 reads the node's own pip configuration, mirrors included). The bytecode of the runtime comes
 with the wheelhouse, compiled once here (bytecode.py), and Ray's wheel comes without the
-libraries no node of ours runs (slim.py: 40 of its 79 MB). A node that already has this
+libraries no node of ours runs, and botocore without the models of AWS services no node calls
+(slim.py: 40 of Ray's 79 MB, 15 of botocore's 16). A node that already has this
 version is left alone (a marker in its venv says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
@@ -234,10 +235,11 @@ class WheelhouseBuilder:
             runtime_wheels = [p for p in staging.glob("*.whl")
                               if not _is_installer_wheel(p.name)]
             for wheel in runtime_wheels:
-                if slim.is_ray_wheel(wheel.name):
-                    before, after = slim.slim_ray_wheel(wheel)
-                    logger.info("ray's wheel slimmed", before_mb=round(before / 1e6, 1),
-                                after_mb=round(after / 1e6, 1))
+                slimming = slim.slimming_for(wheel.name)
+                if slimming is not None:
+                    before, after = slim.slim_wheel(wheel, slimming)
+                    logger.info("wheel slimmed", wheel=wheel.name,
+                                before_mb=round(before / 1e6, 1), after_mb=round(after / 1e6, 1))
             bytecode.build_archive(runtime_wheels, staging / bytecode.ARCHIVE)
             # For installs by hand (the test beds' runtime images): pip checks each wheel.
             wheels = {p.name: integrity.sha256_of(p) for p in runtime_wheels}
