@@ -167,6 +167,45 @@ def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluste
     assert any("gcs_server" in p for p in head), head
 
 
+NODE_LOOKUP = """
+import json, sys
+from ray._private import services, state
+from clusterd.agent import ray_start
+address = sys.argv[1]
+real = state.GlobalState.node_table
+asked = []
+def not_yet_then_real(self):
+    asked.append(1)
+    return [] if len(asked) <= 3 else real(self)
+table = state.GlobalState()
+table._initialize_global_state(services._get_gcs_client_options(address))
+ids = sorted(node["NodeID"] for node in real(table))
+state.GlobalState.node_table = not_yet_then_real
+found = ray_start._get_node(address, ids[0])
+state.GlobalState.node_table = real
+up = ray_start.wait_until_registered(address, 30)
+nobody = ray_start.wait_until_registered(sys.argv[2], 0.3)
+print(json.dumps({"asked": len(asked), "nodes": len(ids), "port": found["node_manager_port"],
+                  "up": up, "nobody": nobody}))
+"""
+
+
+def test_a_starting_node_is_looked_up_again_at_once_until_it_registers(
+        agent_cluster: AgentCluster) -> None:
+    """ray_start's lookup of a node just started (Ray's own asks again only a second later)
+    asks the GCS until the node is there, then answers as Ray's does, on the pinned Ray; the
+    agent's wait for a registered node sees one, and says when there is no GCS at all."""
+    env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
+    done = subprocess.run([sys.executable, "-c", NODE_LOOKUP,
+                           str(agent_cluster.agent_params["ray_address"]),
+                           f"127.0.0.1:{node.free_ports({'count': 1})['ports'][0]}"],
+                          capture_output=True, text=True, timeout=120, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reply["asked"] == 4 and reply["nodes"] == 2 and reply["port"] > 0
+    assert reply["up"] is True and reply["nobody"] is False
+
+
 async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> None:
     job, log = await run_to_end(agent, spec(
         setup="echo setup rank=$SKYPILOT_SETUP_NODE_RANK ips=$(echo $SKYPILOT_SETUP_NODE_IPS)",

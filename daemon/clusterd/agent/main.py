@@ -10,6 +10,7 @@ SIGTERM stops jobs and exits.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import posixpath
@@ -25,7 +26,7 @@ import structlog
 
 from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd import log
-from clusterd.agent import node, node_tasks
+from clusterd.agent import node, node_tasks, ray_start
 from clusterd.agent.auth import NONCE_TTL_S, NonceBook
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.autostop_marker import write_marker
@@ -102,6 +103,10 @@ def read_token() -> str:
 
 def connect_ray(address: str, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
+    # Started beside the head's Ray: a driver whose node's raylet is not up yet looks again
+    # only every second (see ray_start.py). What this finds or not, ray.init says below.
+    with contextlib.suppress(Exception):
+        ray_start.wait_until_registered(address, timeout_s)
     while True:
         try:
             ray.init(

@@ -250,32 +250,10 @@ def write_token(params: dict[str, Any]) -> dict[str, Any]:
     return {"path": str(path)}
 
 
-# `ray start`, run by Python itself (as Ray's `ray` script does). A worker's imports (0.8-0.9 s
-# of CPU: Ray's command line) are done while the head still starts, not after the wait for the
-# head's port: with "held" it runs on when the helper says "go" on its stdin, and at end of file
-# (the helper failed, or was killed) it ends without starting anything.
-# Ray starts a Ray Client server on the head whenever grpc imports, and has no flag to say no
-# (it refuses port 0). Nothing of ours speaks Ray Client (the agent is a plain driver), so the
-# check it asks is answered "not installed": one Python process fewer on every head (0.5 s of
-# CPU at each start, ~70 MB of memory for the cluster's life).
-_RAY_START = """
-import os, sys
-from ray.scripts import scripts
-scripts.get_ray_client_dependency_error = lambda: ImportError("Ray Client is not used")
-if sys.argv[1] == "held":
-    if sys.stdin.readline() != "go\\n":
-        sys.exit(75)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.close(devnull)
-sys.argv = ["ray", *sys.argv[2:]]
-sys.exit(scripts.main())
-"""
-
-
 def _ray_start_argv(argv: list[str], held: bool) -> list[str]:
-    """`ray start ...` (argv) as this runtime's Python runs it (see _RAY_START)."""
-    return [sys.executable, "-c", _RAY_START, "held" if held else "now", *argv[1:]]
+    """`ray start ...` (argv) as this runtime's Python runs it (see ray_start.py)."""
+    return [sys.executable, "-m", "clusterd.agent.ray_start", "held" if held else "now",
+            *argv[1:]]
 
 
 def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict[str, str],
