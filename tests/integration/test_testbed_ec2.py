@@ -544,6 +544,26 @@ def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
     pair[0] = row
 
 
+def test_a_stop_and_start_between_two_polls_boots_the_machine_again(bed: Bed) -> None:
+    """Stopped and started back to back (in one call here, well inside one poll of the
+    watcher): the machine still boots again, at its new address, with nothing of before
+    running."""
+    (iid,) = bed.py("out(launch(zone='us-east-1c'))")
+    row = bed.wait_node(iid, "up")
+    marker = f"sleep {5000 + os.getpid() % 1000}"
+    r = bed.ssh(row["private_ip"], f"nohup setsid {marker} >/dev/null 2>&1 & echo started")
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: bool(node_processes(marker)), 10, "the node's sleep to start")
+    bed.py(f"ec2().stop_instances(InstanceIds=[{iid!r}]); "
+           f"ec2().start_instances(InstanceIds=[{iid!r}]); out(1)")
+    wait_for(lambda: not node_processes(marker), 15, "the node of before to die")
+    after = bed.wait_node(iid, "up", "running")
+    assert after["private_ip"] != row["private_ip"]
+    r = bed.ssh(after["private_ip"], "ip -4 -o addr show dev eth0")
+    assert f"{after['private_ip']}/16" in r.stdout, r.stdout + r.stderr
+    bed.py(f"ec2().terminate_instances(InstanceIds=[{iid!r}]); out(1)")
+
+
 def test_shutdown_with_behaviour_stop(bed: Bed, pair: list[dict[str, Any]]) -> None:
     b = pair[1]
     bed.ssh(b["private_ip"], "sudo shutdown -h now")

@@ -4,6 +4,7 @@ seconds.
 
   running, no node              -> boot a node (first boot: the key pair's key on the disk, and
                                    for a runtime image, its template's files as hard links)
+  running, node at another IP   -> stopped and started between two polls: kill it, boot again
   running, node died            -> boot it again after a backoff (logged)
   running, shutdown requested   -> apply InstanceInitiatedShutdownBehavior through the API
   stopping / stopped            -> kill the node's PID namespace; keep its disk
@@ -174,6 +175,14 @@ class Watcher:
         iid, state = inst.id, inst.state
         node = self._nodes.get(iid)
         if state == "running":
+            if node is not None and node.alive() and inst.private_ip != node.ip:
+                # Stopped and started again between two ticks (it has a new address): the
+                # stop was missed, and the machine boots again as a stop and start would.
+                self._kill(node)
+                del self._nodes[iid]
+                node = None
+                log.info("instance %s was stopped and started: node killed, booting it again",
+                         iid)
             if node is None or not node.alive():
                 self._boot_when_due(region, backend, inst, node)
             else:
