@@ -46,7 +46,8 @@ class InstallRound:
         needing: set[str] = set()
 
         async def check(node: NodeInfo) -> None:
-            if await install.needs_install(runner_for(node), wheelhouse, force):
+            # A node that has it is linked to it here and needs nothing more.
+            if force or not await install.linked_if_installed(runner_for(node), wheelhouse):
                 needing.add(node.node_id)
 
         await on_each(nodes, check)
@@ -63,17 +64,18 @@ class InstallRound:
         await self._progress(message, phase)
 
     async def node(self, node: NodeInfo) -> None:
-        """Make `node` run this runtime: copied and installed if it needs it, then linked as
-        the current one."""
+        """Make `node` run this runtime: copied, installed and linked as the current one if
+        it needed it (one that had it was linked when checked)."""
         runner = self._runner_for(node)
-        if node.node_id in self._needing:
-            started = time.monotonic()
-            count = len(self._needing)
-            await self._say_once("copy", f"copying the runtime {self._wheelhouse.key} to "
-                                         f"{count} node(s)")
-            await install.copy_wheelhouse(runner, self._wheelhouse)
-            await self._say_once("install", f"installing the runtime on {count} node(s)")
-            await install.install_copied(runner, self._wheelhouse)
-            logger.info("runtime ready on node", node=node.node_id,
-                        seconds=round(time.monotonic() - started, 2))
+        if node.node_id not in self._needing:
+            return  # linked when checked
+        started = time.monotonic()
+        count = len(self._needing)
+        await self._say_once("copy", f"copying the runtime {self._wheelhouse.key} to "
+                                     f"{count} node(s)")
+        await install.copy_wheelhouse(runner, self._wheelhouse)
+        await self._say_once("install", f"installing the runtime on {count} node(s)")
+        await install.install_copied(runner, self._wheelhouse)
         await install.link_current(runner, self._wheelhouse)
+        logger.info("runtime ready on node", node=node.node_id,
+                    seconds=round(time.monotonic() - started, 2))

@@ -186,7 +186,21 @@ class RuntimeManager:
 
         async def decide() -> None:
             nonlocal began
-            state = await node_helper.call(head_runner, "status", {"dir": head_layout.run_dir})
+            # Both at once (each is a Python start on the head): the free ports are used only
+            # if the head's Ray is to start anew.
+            state: dict[str, Any] = {}
+            fresh_ports: dict[str, int] = {}
+
+            async def ask_status() -> None:
+                state.update(await node_helper.call(head_runner, "status",
+                                                    {"dir": head_layout.run_dir}))
+
+            async def pick_head_ports() -> None:
+                fresh_ports.update(await self._free_ports(head, HEAD_PORTS))
+
+            async with anyio.create_task_group() as asks:
+                asks.start_soon(ask_status)
+                asks.start_soon(pick_head_ports)
             running_at = state["ray"].get("address")  # None: not known (an older helper)
             head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.ports)
                           and running_at in (None, previous.ray_address if previous else None))
@@ -208,7 +222,7 @@ class RuntimeManager:
                 worker_ports.update(previous.worker_ports)
                 token = None  # nodes keep the token file Ray was started with
             else:
-                ports = await self._free_ports(head, HEAD_PORTS)
+                ports = fresh_ports
                 token = secrets.token_hex(32)
             # The agent's token stays what it was (an agent still running keeps it), unless
             # the runtime is replaced.
