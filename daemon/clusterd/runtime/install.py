@@ -281,13 +281,13 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
                           force: bool = False) -> None:
     """Make sure the node has this runtime and `.clusterd/current` points at it; with
     `force`, install it again even if it claims to be there (it answered with another
-    version). The steps one by one (the runtime manager runs each on all nodes at once)."""
-    if await needs_install(runner, wheelhouse, force):
+    version). The steps one by one (a launch runs them node by node: install_round.py)."""
+    if force or not await linked_if_installed(runner, wheelhouse):
         # Our copy first: changed since it was checked (or built), it goes nowhere.
         await anyio.to_thread.run_sync(wheelhouse.verify)
         await copy_wheelhouse(runner, wheelhouse)
         await install_copied(runner, wheelhouse)
-    await link_current(runner, wheelhouse)
+        await link_current(runner, wheelhouse)
 
 
 def _venv(wheelhouse: Wheelhouse) -> str:
@@ -296,12 +296,6 @@ def _venv(wheelhouse: Wheelhouse) -> str:
 
 def _remote_house(wheelhouse: Wheelhouse) -> str:
     return f".clusterd/wheelhouse/{wheelhouse.key}"
-
-
-async def needs_install(runner: CommandRunner, wheelhouse: Wheelhouse, force: bool) -> bool:
-    check = await runner.run(["test", "-e", f"{_venv(wheelhouse)}/{READY_MARKER}"],
-                             timeout_s=60)
-    return force or check.exit_code != 0
 
 
 async def linked_if_installed(runner: CommandRunner, wheelhouse: Wheelhouse) -> bool:

@@ -104,7 +104,7 @@ def ray_temp_key(cloud_name: str) -> str:
 class _StartPlan:
     """What the head decides before any Ray starts, for every node's start."""
 
-    handle: RuntimeHandle  # its worker_ports are filled in as each worker picks them
+    handle: RuntimeHandle  # without worker_ports: `up` keeps those as each worker picks them
     members: set[str] | None  # the workers the head's running Ray counts (None: not known)
     ray_token: str
     address: str  # the head's GCS
@@ -297,8 +297,8 @@ class RuntimeManager:
 
         async def worker_node(node: NodeInfo) -> None:
             # Each on its own: installed while the head installs or starts, its ports
-            # picked, and its Ray started beside the head's (its helper waits for the head's
-            # port to open; the start is mostly what follows that).
+            # picked once the head has decided, and its Ray's imports done beside the head's
+            # start (its helper then waits for word that the head's Ray is up).
             if installs is not None and node.ssh is not None:
                 await installs.node(node)
             with anyio.fail_after(self._start_timeout_s * 4):  # the head's install and start
