@@ -215,6 +215,7 @@ def _wait_for_head(address: str, node_ip: str, reach_s: float, timeout_s: float)
 
 RAY_TEMP_ROOT = "/tmp/clusterd-ray-{uid}"
 HEAD_REACH_S = 15.0  # how long a worker tries to reach the head before it says it cannot
+RAY_NOTICES_DEATH_S = 3.0  # `ray start --block` polls its processes once a second
 
 
 def ray_temp_dir(key: str) -> Path:
@@ -445,8 +446,32 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         except FileNotFoundError:
             return False
 
-    _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(params.get("timeout", 90)))
+    try:
+        _wait_ready(pid_path, log_path, "clusterd-agent", serving,
+                    float(params.get("timeout", 90)))
+    except HelperError:
+        _raise_if_ray_died(params.get("node_run_dir"))
+        raise
     return {"started": True, "pid": pid, "socket": str(socket_path)}
+
+
+def _raise_if_ray_died(ray_run_dir: str | None) -> None:
+    """An agent fails to start when the head's Ray dies under it: Ray says it started once
+    its GCS serves, and a raylet that fails a moment later (a bad setting) takes the GCS down
+    with it. Then Ray's own log says why, not the agent's crash."""
+    if not ray_run_dir:
+        return
+    run_dir = Path(ray_run_dir).expanduser()
+    if not (run_dir / "ray.log").exists():
+        return
+    # `ray start --block` looks at its processes once a second and then stops the rest.
+    deadline = time.monotonic() + RAY_NOTICES_DEATH_S
+    while _read_pidfile(run_dir / "ray.pid") is not None:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
+    raise HelperError(f"Ray head exited while the agent was starting:\n"
+                          f"{_tail(run_dir / 'ray.log')}")
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
