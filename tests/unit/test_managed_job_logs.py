@@ -264,6 +264,46 @@ async def test_controller_view_follows_until_the_job_is_final(streams: Streams) 
                               "attempt 1 running", "attempt 1 succeeded"]
 
 
+@pytest.mark.anyio
+async def test_a_follower_sees_a_status_change_and_its_line_in_the_whole_views_order(
+        streams: Streams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller commits a status change, then logs its line. Here both land while a
+    follower's round is between reading the events and reading the lines (the order of a
+    CI flake): the line must still come after the event, as in the view read afterwards."""
+    files, store = streams.files, streams.store
+    await store.set_status(1, S.STARTING, "launching a cluster")
+    await store.set_status(1, S.RUNNING, "attempt 1 running")
+    read_events = store.events
+    landed = anyio.Event()
+
+    async def events_then_the_job_ends(job_id: int, **kwargs: Any) -> Any:
+        found = await read_events(job_id, **kwargs)
+        if "after" in kwargs and not landed.is_set():
+            landed.set()
+            await store.set_status(1, S.SUCCEEDED, "attempt 1 succeeded")
+            files.append_controller_line(1, line(time.time(), "managed job ended"))
+            streams.poke(1)
+        return found
+
+    monkeypatch.setattr(store, "events", events_then_the_job_ends)
+    async with anyio.create_task_group() as group:
+        async def follow() -> None:
+            result = await streams.streams.controller(1, True, 0, streams.emit)
+            assert result["status"] == "SUCCEEDED"
+
+        group.start_soon(follow)
+        with anyio.fail_after(10):
+            while len(streams.view()) < 3:
+                await anyio.sleep(0.01)
+            streams.poke(1)  # the next round reads the events, and then the job ends
+    followed = streams.view()
+    streams.emitted.clear()
+    await streams.streams.controller(1, False, 0, streams.emit)
+    assert followed == streams.view() == ["submitted", "launching a cluster",
+                                          "attempt 1 running", "attempt 1 succeeded",
+                                          "managed job ended"]
+
+
 def test_merge_keeps_later_events_pending_for_later_lines() -> None:
     events = collections.deque([(5.0, "e", {"n": "e5"}), (20.0, "e", {"n": "e20"})])
     lines = [(1.0, "l", {"n": "l1"}), (5.0, "l", {"n": "l5"}), (0.0, "l", {"n": "l?"}),

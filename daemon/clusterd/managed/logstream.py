@@ -17,7 +17,9 @@ nobody (status changes, teed lines).
 from __future__ import annotations
 
 import collections
-from collections.abc import Awaitable, Callable
+import math
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import anyio
@@ -66,6 +68,7 @@ class JobLogStreams:
         record = self._require(job_id)
         files = self._files
         offset = skip = after = 0
+        read_at = time.time()
         if tail > 0:
             # The last N of the two merged are among the last N of each: take those, and
             # skip what is over N. Lines written meanwhile come after them, as when following.
@@ -76,6 +79,8 @@ class JobLogStreams:
         else:
             events = await self._store.events(job_id)
         first = True
+        pending: collections.deque[Entry] = collections.deque()  # events not sent yet
+        held: collections.deque[Entry] = collections.deque()  # lines not sent yet
 
         async def send(entry: Entry) -> None:
             nonlocal skip
@@ -87,25 +92,39 @@ class JobLogStreams:
         while True:
             changed = self._changed(job_id)
             record = self._require(job_id)
+            final = record.status.is_final or not follow
+            # A status change is committed, then its line logged: a line logged after the
+            # events were read may belong after an event this round did not see. Such lines
+            # wait for the next round, so a follower sees the order the whole view has.
             if not first:
+                read_at = time.time()
                 events = await self._store.events(job_id, after=after)
             first = False
+            horizon = math.inf if final else read_at
             if events:
                 after = events[-1].id
-            pending = collections.deque(_event_entry(e) for e in events)
+            pending.extend(_event_entry(e) for e in events)
             while True:
+                for entry in merge_by_time(pending, _until(held, horizon)):
+                    await send(entry)
                 lines_read, offset = await anyio.to_thread.run_sync(
                     files.controller_lines, job_id, offset)
                 if not lines_read:
                     break
-                for entry in merge_by_time(pending, (line.entry() for line in lines_read)):
-                    await send(entry)
-            while pending:
+                held.extend(line.entry() for line in lines_read)
+            while pending and (not held or pending[0][0] <= held[0][0]):
                 await send(pending.popleft())
-            if record.status.is_final or not follow:
+            if final:
                 return result(record)
             with anyio.move_on_after(RECHECK_S):
                 await changed.wait()
+
+
+def _until(lines: collections.deque[Entry], horizon: float) -> Iterator[Entry]:
+    """The lines from the front of `lines` (taken as they go) up to the first one later than
+    `horizon`; one without a time (0) goes with the line before it."""
+    while lines and lines[0][0] <= horizon:
+        yield lines.popleft()
 
 
 def _event_entry(event: ManagedJobEvent) -> Entry:
