@@ -14,6 +14,7 @@ import subprocess
 import time
 from typing import Any
 
+from _testbed import requirements
 from _testbed.common import (
     KILLED,
     SSHD,
@@ -31,7 +32,6 @@ from _testbed.common import (
     warn,
     write_file,
 )
-from _testbed import requirements
 from _testbed.ec2 import host_setup, runtime_image
 from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
@@ -92,8 +92,8 @@ def last_line(path: str) -> str:
 def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
     requirements.ensure_debian_packages(requirements.EC2_PACKAGES)
-    tools = ["ip", "unshare", "nft", "useradd", "userdel", "usermod", "visudo", "sudo", "ssh-keygen",
-             "mount"]
+    tools = ["ip", "unshare", "nft", "useradd", "userdel", "usermod", "visudo", "sudo",
+             "ssh-keygen", "mount"]
     for tool in tools + (["setpriv", "cp"] if args.runtime_image else []):
         if shutil.which(tool) is None:
             raise Failure(f"{tool} not found on PATH",

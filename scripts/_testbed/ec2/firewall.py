@@ -126,7 +126,7 @@ def ruleset(members: list[Member], permissions: Mapping[str, list[Mapping[str, A
                     continue
                 for source in _sources(permission, by_group):
                     rules.append(" ".join(x for x in (source, proto, "accept") if x))
-        rules = list(dict.fromkeys(rules)) + ["drop"]
+        rules = [*dict.fromkeys(rules), "drop"]
         body = "".join(f"\t\t{r}\n" for r in rules)
         chains.append(f"\tchain {_chain(m.instance_id)} {{  # {m.ip} {','.join(m.groups)}\n"
                       f"{body}\t}}\n")
