@@ -15,7 +15,7 @@ import collections
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -71,19 +71,26 @@ def version_mismatch(cluster: str, detail: str) -> ProtocolError:
     )
 
 
-@contextlib.contextmanager
-def closed_under_the_call(cluster: str) -> Iterator[None]:
+@contextlib.asynccontextmanager
+async def closed_under_the_call(cluster: str) -> AsyncIterator[None]:
     """A call whose channel another task closed (a reset after a failed health check, a
     client replaced) ends in asyncio's CancelledError, though nobody cancelled the task
     making it. Let through, that ends a task group silently, as if the group itself had been
     cancelled (a log stream followed in one just stopped, with no status and no error). It
-    is the agent's connection gone: AGENT_UNREACHABLE, which callers retry. A cancellation
-    of the task itself passes through as it is."""
+    is the agent's connection gone: AGENT_UNREACHABLE, which callers retry.
+
+    A cancellation of the task itself (a timeout around the call) must end as that
+    cancellation. But grpc, having cancelled its call, raises a CancelledError of its own,
+    without the cancel scope's message that anyio goes by: a `fail_after` would not know it
+    as its own and let it through, as a cancellation of everything around it (a managed job's
+    watch ended so, with neither status nor error). One checkpoint takes the scope's own
+    cancellation, which anyio delivers again until the task leaves the scope."""
     try:
         yield
     except asyncio.CancelledError:
         task = asyncio.current_task()
         if task is None or task.cancelling():
+            await anyio.lowlevel.checkpoint()
             raise
         raise ProtocolError(
             ErrorCode.AGENT_UNREACHABLE,
@@ -160,7 +167,7 @@ class AgentClient:
         it has, nothing but a nonce is sent to whatever answers at the endpoint."""
         nonce = new_nonce()
         try:
-            with closed_under_the_call(self.cluster):
+            async with closed_under_the_call(self.cluster):
                 reply = await self._health.Handshake(pb.HandshakeRequest(client_nonce=nonce),
                                                      timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -194,7 +201,7 @@ class AgentClient:
     async def _refill(self) -> None:
         asked = time.monotonic()
         try:
-            with closed_under_the_call(self.cluster):
+            async with closed_under_the_call(self.cluster):
                 reply = await self._health.IssueNonces(
                     pb.IssueNoncesRequest(count=NONCE_BATCH), timeout=HANDSHAKE_TIMEOUT_S)
         except grpc.aio.AioRpcError as error:
@@ -263,7 +270,7 @@ class AgentClient:
             attempt += 1
             metadata = await self._metadata()
             try:
-                with closed_under_the_call(self.cluster):
+                async with closed_under_the_call(self.cluster):
                     return await method(request, timeout=timeout_s, metadata=metadata)
             except grpc.aio.AioRpcError as error:
                 if not self._retry_with_fresh_nonces(error, attempt):
@@ -317,7 +324,7 @@ class AgentClient:
             call = self._jobs.TailLogs(request, metadata=await self._metadata())
             received = False
             try:
-                with closed_under_the_call(self.cluster):
+                async with closed_under_the_call(self.cluster):
                     async for message in call:
                         received = True
                         yield message
