@@ -257,14 +257,21 @@ class ManagedJobController:
             if record.status == S.CANCELLING:
                 return
             cluster = self._cluster_store.get(record.cluster)
-            if cluster is None or cluster.status != ClusterStatus.UP:
+            up = cluster is not None and cluster.status == ClusterStatus.UP
+            if record.agent_job_id is not None:  # an attempt runs
+                if up or (cluster is not None and cluster.status == ClusterStatus.INIT):
+                    # A refresh that found the agent slow once (a daemon just started, a
+                    # loaded machine) made the cluster INIT: the watch's own checks say
+                    # whether it is lost, as they do for a cluster that is UP.
+                    await self._watch(record)
+                else:
+                    await self._lost(record, "its cluster was found gone" if cluster is None
+                                     else f"its cluster is {cluster.status}")
+            elif not up:
                 if not await self._launch(record):
                     return
-                continue
-            if record.agent_job_id is None:
+            else:
                 await self._submit(record)
-                continue
-            await self._watch(record)
 
     async def _task(self, record: ManagedJobRecord) -> TaskSpec | None:
         """The job's task with its secrets; None (and the job ended) if a restart lost them."""
@@ -438,8 +445,15 @@ class ManagedJobController:
 
             async def health() -> None:
                 strikes = 0
+                noted = ""  # the INIT cluster's reason last said
                 while True:
                     early = await poll.wait()
+                    cluster = self._cluster_store.get(record.cluster)
+                    if cluster is not None and cluster.status == ClusterStatus.INIT \
+                            and cluster.status_reason != noted:
+                        noted = cluster.status_reason
+                        logger.info("the job's cluster is INIT: checking it before counting it "
+                                    "lost", reason=noted)
                     why, agent_ok = await self._health(record)
                     # Strikes count at the poll's pace only: an agent that restarts is not
                     # given up on sooner because the stream noticed it first.
@@ -496,7 +510,7 @@ class ManagedJobController:
         cluster = self._cluster_store.get(record.cluster)
         if cluster is None:
             return "its cluster was found gone", False
-        if cluster.status != ClusterStatus.UP:
+        if cluster.status not in (ClusterStatus.UP, ClusterStatus.INIT):
             return f"its cluster went {cluster.status}: {cluster.status_reason}", False
         provider = self._providers.get(cluster.provider)
         try:
