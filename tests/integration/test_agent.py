@@ -155,14 +155,18 @@ def ray_processes(run_dir: Path) -> list[str]:
 
 def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluster) -> None:
     # No Ray Client server (nothing speaks it), no autoscaler monitor (the daemon adds the
-    # nodes), no log monitor (the agent's driver takes no worker output): each is a Python
-    # process that costs CPU at every start and memory for the cluster's life.
+    # nodes), no log monitor (the agent's driver takes no worker output), no dashboard (off,
+    # yet Ray started it to serve usage stats): each is a Python process that costs CPU at
+    # every start and memory for the cluster's life. And one prestarted worker per node, not
+    # one per CPU.
     head = ray_processes(agent_cluster.head_run)
     worker = ray_processes(agent_cluster.root / "worker" / "run")
     for processes, node_kind in ((head, "head"), (worker, "worker")):
-        assert any("raylet/raylet" in p for p in processes), (node_kind, processes)
+        (raylet,) = [p for p in processes if "raylet/raylet" in p]
+        assert "--num_prestart_python_workers=1 " in raylet, (node_kind, raylet)
         unwanted = [p for p in processes if "ray.util.client.server" in p
-                    or "log_monitor.py" in p or "autoscaler/_private/monitor.py" in p]
+                    or "log_monitor.py" in p or "autoscaler/_private/monitor.py" in p
+                    or "dashboard/dashboard.py" in p]
         assert unwanted == [], (node_kind, unwanted)
     assert any("gcs_server" in p for p in head), head
 
