@@ -4,6 +4,8 @@ by side, a daemon killed and restarted, and requests blocked by (and pre-empted 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
 from pathlib import Path
 
@@ -152,9 +154,23 @@ def test_lock_wait_is_bounded(daemon: Daemon) -> None:
     daemon.stop()
     daemon.start(extra_env={"CLUSTERD_LOCK_TIMEOUT": "2"})
     first = daemon.popen_ctl("launch", "-c", "slow", "--", "echo first")
-    wait_for(lambda: json.loads(daemon.ctl("requests", "--json").stdout)["running"], 30,
-             "the first launch to start")
-    second = daemon.ctl("launch", "-c", "slow", "--", "echo second", timeout=60)
+    # The first launch holds the lock for as long as its Ray start is stopped (a launch takes
+    # less than the lock's timeout now).
+    found: dict[str, Path] = {}
+
+    def ray_spawned() -> bool:
+        cluster = daemon.cluster("slow")
+        if cluster is not None and cluster.get("cloud_name"):
+            found["pid"] = runtime_dir(daemon, "slow") / "run" / "ray.pid"
+        return "pid" in found and found["pid"].exists()
+
+    wait_for(ray_spawned, 60, "the first launch to start Ray")
+    group = os.getpgid(json.loads(found["pid"].read_text())["pid"])
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        second = daemon.ctl("launch", "-c", "slow", "--", "echo second", timeout=60)
+    finally:
+        os.killpg(group, signal.SIGCONT)
     assert second.returncode == 1
     assert "LOCK_TIMEOUT" in second.stderr and "blocked by request" in second.stderr
     _, err = first.communicate(timeout=240)

@@ -74,7 +74,8 @@ def _start_api_server(include_dashboard: bool | None, *args: Any, **kwargs: Any
                       ) -> tuple[str | None, Any]:
     if include_dashboard is False:
         return "", None  # (its URL: "" as Ray has it with no dashboard; no process)
-    return _ray_start_api_server(include_dashboard, *args, **kwargs)
+    started: tuple[str | None, Any] = _ray_start_api_server(include_dashboard, *args, **kwargs)
+    return started
 
 
 PRESTARTED_WORKERS = 1
