@@ -116,7 +116,9 @@ def test_failure_on_one_node_kills_the_other(bed: Bed, duo: str) -> None:
     assert f"rank 1 ({bed.hosts[1]['ip']}) exited with exit code 3" in result.stderr
     child = Path(f"/tmp/{PREFIX}-fail-0")
     if child.exists():
-        assert not pid_alive(int(child.read_text()))
+        pid = int(child.read_text())
+        child.unlink()
+        assert not pid_alive(pid)
 
 
 def test_setup_failure_names_the_failed_nodes(bed: Bed, duo: str, tmp_path: Path) -> None:
