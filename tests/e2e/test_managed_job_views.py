@@ -4,6 +4,7 @@ real job under a real daemon, Ray and agent, through clusterctl: `jobs logs --ta
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import subprocess
@@ -31,15 +32,22 @@ run: |
 ENTRY = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}  ")
 
 
-@pytest.fixture(scope="module")
-def daemon() -> Iterator[Daemon]:
-    with running_daemon("cdmv-") as d:
+@contextlib.contextmanager
+def managed_daemon(prefix: str) -> Iterator[Daemon]:
+    """A daemon whose managed jobs are all ended (and so their clusters down) when done."""
+    with running_daemon(prefix) as d:
         try:
             yield d
         finally:
             # A managed job's cluster is the job's: cancelling the job takes it down.
             d.ctl("jobs", "cancel", "--all")
             wait_for(lambda: not queue(d), 120, "every managed job to end", interval=0.5)
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[Daemon]:
+    with managed_daemon("cdmv-") as d:
+        yield d
 
 
 def queue(daemon: Daemon, *extra: str) -> list[dict[str, Any]]:

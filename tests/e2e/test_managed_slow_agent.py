@@ -8,36 +8,18 @@ import os
 import re
 import signal
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
-from tests.e2e.test_managed_job_views import job, queue
-from tests.support import Daemon, running_daemon, wait_for
-
-FINAL = {"SUCCEEDED", "FAILED", "FAILED_SETUP", "FAILED_PRECHECKS", "FAILED_NO_RESOURCE",
-         "FAILED_CONTROLLER", "CANCELLED"}
+from tests.e2e.test_managed_job_views import managed_daemon
+from tests.e2e.test_managed_jobs import FINAL, job, wait_status
+from tests.support import Daemon, wait_for
 
 
 @pytest.fixture
 def daemon() -> Iterator[Daemon]:
-    with running_daemon("cdms-") as d:
-        try:
-            yield d
-        finally:
-            d.ctl("jobs", "cancel", "--all")
-            wait_for(lambda: not queue(d), 120, "every managed job to end", interval=0.5)
-
-
-def wait_job(daemon: Daemon, job_id: int, wanted: set[str], timeout: float) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-
-    def reached() -> bool:
-        found.update(job(daemon, job_id))
-        return found["status"] in wanted
-
-    wait_for(reached, timeout, f"managed job {job_id} to be one of {wanted}", interval=0.5)
-    return found
+    with managed_daemon("cdms-") as d:
+        yield d
 
 
 def test_an_agent_slow_to_answer_a_refresh_costs_the_job_no_attempt(daemon: Daemon) -> None:
@@ -50,7 +32,7 @@ def test_an_agent_slow_to_answer_a_refresh_costs_the_job_no_attempt(daemon: Daem
     found = re.search(r"Managed job (\d+) submitted", launched.stderr)
     assert found, launched.stderr
     job_id = int(found.group(1))
-    running = wait_job(daemon, job_id, {"RUNNING"} | FINAL, 240)
+    running = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 240)
     assert running["status"] == "RUNNING", running
     cluster = daemon.cluster(running["cluster"])
     assert cluster is not None
@@ -76,7 +58,7 @@ def test_an_agent_slow_to_answer_a_refresh_costs_the_job_no_attempt(daemon: Daem
     finally:
         os.kill(agent_pid, signal.SIGCONT)
     go.touch()
-    done = wait_job(daemon, job_id, FINAL, 180)
+    done = wait_status(daemon, job_id, FINAL, 180)
     assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
     assert (done["attempts"], done["recoveries"]) == (1, 0), (done, daemon.log()[-6000:])
     logs = daemon.ctl("jobs", "logs", str(job_id), "--no-follow").stdout
