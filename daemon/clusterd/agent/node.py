@@ -471,7 +471,7 @@ def _raise_if_ray_died(ray_run_dir: str | None) -> None:
             return
         time.sleep(0.1)
     raise HelperError(f"Ray head exited while the agent was starting:\n"
-                          f"{_tail(run_dir / 'ray.log')}")
+                      f"{_tail(run_dir / 'ray.log')}")
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
