@@ -44,7 +44,7 @@ def duo(bed: Bed) -> str:
     result = bed.daemon.ctl("launch", "-c", "duo", "--infra", "ssh/testbed", "--num-nodes", "2",
                             "--", "echo launched on $SKYPILOT_NODE_RANK", timeout=900)
     assert result.returncode == 0, result.stderr + bed.daemon.log()[-5000:]
-    for phase in ("preparing the runtime", "copying the runtime", "installing the runtime",
+    for phase in ("preparing the runtime", "installing the runtime",
                   "starting Ray on 2",
                   "starting the agent", "cluster duo is UP"):
         assert phase in result.stderr, phase

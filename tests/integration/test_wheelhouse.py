@@ -8,23 +8,28 @@ about 15 s)."""
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import anyio
 import pytest
+import zstandard
 
 from clusterctl.protocol import ProtocolError
-from clusterd.runtime import bytecode, slim
+from clusterd.commands import CommandResult
+from clusterd.runtime import slim, venv_archive
 from clusterd.runtime.install import (
     Wheelhouse,
     WheelhouseBuilder,
+    copy_wheelhouse,
     install_runtime,
     wheelhouse_key,
 )
@@ -159,86 +164,140 @@ def test_its_records_are_what_sha256sum_and_the_test_beds_image_read(
         runtime_image.find_wheelhouse(str(root))
 
 
-def rezip(wheel: Path) -> None:
-    """Change a wheel so that it stays a well-formed zip: one module gains a line."""
-    original = wheel.read_bytes()
-    with zipfile.ZipFile(io.BytesIO(original)) as old, zipfile.ZipFile(wheel, "w") as new:
-        for item in old.infolist():
-            data = old.read(item.filename)
-            if item.filename.endswith("/__init__.py"):
-                data += b"\nPLANTED = True\n"
-            new.writestr(item, data)
+def appended(name: str, archive: bytes) -> bytes:
+    """Bytes added after the archive's end."""
+    return archive + b"\0planted"
 
 
-class TamperingNode(LocalRunner):
-    """A node where someone changes a file of the wheelhouse (a wheel: `NAME-*.whl`) between
-    the copy and the install."""
+def replanted(name: str, archive: bytes) -> bytes:
+    """A well-formed archive of the same runtime whose one module gains a line."""
+    zstd = name == venv_archive.ZSTD_ARCHIVE
+    tar_bytes = (zstandard.ZstdDecompressor().decompressobj().decompress(archive) if zstd
+                 else gzip.decompress(archive))
+    out = io.BytesIO()
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as old, \
+            tarfile.open(fileobj=out, mode="w") as new:
+        for member in old.getmembers():
+            data = old.extractfile(member) if member.isfile() else None
+            if data is not None and member.name.endswith("/anyio/__init__.py"):
+                body = data.read() + b"\nPLANTED = True\n"
+                member.size = len(body)
+                new.addfile(member, io.BytesIO(body))
+            else:
+                new.addfile(member, data)
+    return (zstandard.ZstdCompressor().compress(out.getvalue()) if zstd
+            else gzip.compress(out.getvalue()))
 
-    def __init__(self, file: str, change: Callable[[Path], None] = spoil) -> None:
+
+class TamperingLink(LocalRunner):
+    """A node reached through something that changes the runtime's archive on its way."""
+
+    def __init__(self, change: Callable[[str, bytes], bytes], scratch: Path) -> None:
         super().__init__()
-        self.file = file if file == bytecode.ARCHIVE else f"{file}-*.whl"
         self.change = change
+        self.scratch = scratch
 
-    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
-        await super().sync_dir(source, destination, timeout_s=timeout_s)
-        self.change(next(Path(os.path.expanduser(destination)).glob(self.file)))
+    async def run(self, argv: Sequence[str], *, input: bytes | Path | None = None,
+                  timeout_s: float = 120) -> CommandResult:
+        if isinstance(input, Path):
+            changed = self.scratch / input.name
+            changed.write_bytes(self.change(input.name, input.read_bytes()))
+            input = changed
+        return await super().run(argv, input=input, timeout_s=timeout_s)
 
 
-# anyio: a wheel of the venv (bytes added: no zip any more; or a module changed inside a zip
-# still well formed); uv: the installer itself, which would otherwise run as the node's user
-# with whatever someone put in it.
-@pytest.mark.parametrize(("wheel", "change"), [("anyio", spoil), ("anyio", rezip),
-                                               ("uv", spoil)])
+@pytest.mark.ray  # unpacks Ray into a venv: slow
+@pytest.mark.parametrize("change", [appended, replanted])
 @pytest.mark.anyio
-async def test_the_node_installs_nothing_from_a_wheel_changed_after_the_copy(
-        built: Wheelhouse, node: Path, wheel: str, change: Callable[[Path], None]) -> None:
+async def test_the_node_keeps_nothing_of_a_runtime_changed_on_the_way(
+        built: Wheelhouse, node: Path, tmp_path: Path, change: Callable[[str, bytes], bytes]
+) -> None:
+    """The node unpacks the archive as it arrives, but keeps it only if what arrived is what
+    was recorded at the build, whether or not tar could unpack it: nothing is left to run,
+    and no marker says the runtime is there."""
     with pytest.raises(ProtocolError) as refused:
-        await install_runtime(TamperingNode(wheel, change), built)
+        await install_runtime(TamperingLink(change, tmp_path), built)
     message = refused.value.message
-    assert "do not match the digests recorded when the wheelhouse was built" in message
-    assert f"{wheel}-" in message
-    venv = node / ".clusterd" / "venvs" / built.key
-    assert not list(venv.glob("lib/python*/site-packages/anyio*"))
-    assert not list(venv.glob("lib/python*/site-packages/clusterd*"))
-    if wheel == "uv":  # a changed installer is never unpacked (a checked one may be: it
-        # is what refuses the other wheels, against the same digests)
-        assert not list((node / ".clusterd" / "wheelhouse").glob("*.uv"))
+    assert "does not match the digest recorded when the wheelhouse was built" in message
+    assert message.endswith(f"nothing of it was kept: {venv_archive.ZSTD_ARCHIVE}")
+    assert not (node / ".clusterd" / "venvs" / built.key).exists()
+    assert not (node / ".clusterd" / "current").exists()
+
+
+def without_zstd(place: Path) -> dict[str, str]:
+    """An environment whose PATH has what a node needs (python3, tar, gzip, sh...), not zstd."""
+    bin_dir = place / "bin-without-zstd"
+    bin_dir.mkdir()
+    for directory in os.environ["PATH"].split(os.pathsep):
+        for tool in Path(directory).glob("*") if Path(directory).is_dir() else []:
+            target = bin_dir / tool.name
+            if tool.name != "zstd" and not target.exists() and os.access(tool, os.X_OK):
+                target.symlink_to(tool)
+    return {**os.environ, "PATH": str(bin_dir)}
 
 
 @pytest.mark.ray  # installs Ray into a venv: slow
+@pytest.mark.parametrize("zstd", [True, False], ids=["zstd", "gzip"])
 @pytest.mark.anyio
-async def test_bytecode_changed_after_the_copy_leaves_the_runtime_unready(
-        built: Wheelhouse, node: Path) -> None:
-    """The bytecode is checked on the node too (uv checks only the wheels): changed, it is
-    not unpacked, and the venv is not marked ready (the next launch installs it again)."""
-    with pytest.raises(ProtocolError) as refused:
-        await install_runtime(TamperingNode(bytecode.ARCHIVE), built)
-    message = refused.value.message
-    assert "do not match the digests recorded when the wheelhouse was built" in message
-    assert message.endswith(f"not marked ready (nothing runs from it): {bytecode.ARCHIVE}")
-    venv = node / ".clusterd" / "venvs" / built.key
-    assert not list(venv.rglob("*.pyc")) and not list(venv.glob(".clusterd-ready"))
-
-
-@pytest.mark.ray  # installs Ray into a venv: slow
-@pytest.mark.anyio
-async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(built: Wheelhouse,
-                                                                  node: Path) -> None:
-    await install_runtime(LocalRunner(), built)
-    python = node / ".clusterd" / "current" / "bin" / "python"
+async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(
+        built: Wheelhouse, node: Path, tmp_path: Path, zstd: bool,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """On a node with zstd the runtime comes as .tar.zst; on one without, as .tar.gz."""
+    assert shutil.which("zstd"), "scripts/test installs Debian's zstd"
+    runner = LocalRunner(env=None if zstd else without_zstd(tmp_path))
+    await install_runtime(runner, built)
+    sent = venv_archive.ZSTD_ARCHIVE if zstd else venv_archive.GZIP_ARCHIVE
+    assert f"archive={sent}" in capfd.readouterr().out  # the daemon's log line
+    venv = node / ".clusterd" / "current"
     site_packages = next(node.glob(".clusterd/venvs/*/lib/python*/site-packages"))
     shipped = sorted(site_packages.rglob("*.pyc"))
-    # The first import runs the bytecode compiled with the wheelhouse, checked against the
-    # node's sources (PEP 552 flags 0b11), and compiles nothing.
+    # The venv is the node's: its interpreter, its own prefix, none of the daemon's
+    # packages. The first import runs the bytecode compiled with the wheelhouse, checked
+    # against the node's sources (PEP 552 flags 0b11), and compiles nothing.
     done = await anyio.run_process(
-        [str(python), "-c", "import clusterd.agent.auth, ray, importlib.util as u; "
+        [str(venv / "bin" / "python"), "-c",
+         "import sys, clusterd.agent.auth, ray, importlib.util as u; "
+         "print(sys.prefix, sys.prefix != sys.base_prefix, ray.__file__); "
          "print(open(u.cache_from_source(ray.__file__), 'rb').read()[4])"], check=False)
-    assert done.stdout.decode().strip() == "3", done.stderr
+    first, flags = done.stdout.decode().splitlines()
+    prefix, isolated, ray_file = first.split()
+    assert Path(prefix).resolve() == venv.resolve() and isolated == "True"
+    assert Path(ray_file).resolve().is_relative_to(site_packages.resolve())
+    assert flags == "3", done.stderr
     assert len(shipped) > 1000 and sorted(site_packages.rglob("*.pyc")) == shipped
-    # Nothing of the install is left beside the wheelhouse copy but uv itself.
-    leftovers = {p.name.split(built.key, 1)[1] for p in
-                 (node / ".clusterd" / "wheelhouse").iterdir() if p.name != built.key}
-    assert leftovers == {".require-hashes.txt", ".uv"}
+    assert (venv / "bin" / "python").resolve() == Path(sys._base_executable).resolve()
+    # Its console scripts run wherever the venv lies (relocatable: no path of the build's).
+    ray_cli = await anyio.run_process([str(venv / "bin" / "ray"), "--version"], check=False)
+    assert ray_cli.returncode == 0 and b"ray, version" in ray_cli.stdout, ray_cli.stderr
+    # Streamed, not copied: nothing of the install is left beside the venv.
+    assert sorted(p.name for p in (node / ".clusterd").iterdir()) == ["current", "venvs"]
+
+
+def test_the_runtime_archive_holds_nothing_of_this_machine(built: Wheelhouse) -> None:
+    """Built once here and unpacked on every node: no owner, time or path of the build's, no
+    link to this machine's interpreter, in a stable order; the same tar in both archives."""
+    zstd = (built.path / venv_archive.ZSTD_ARCHIVE).read_bytes()
+    tar_bytes = zstandard.ZstdDecompressor().decompressobj().decompress(zstd)
+    assert gzip.decompress((built.path / venv_archive.GZIP_ARCHIVE).read_bytes()) == tar_bytes
+    with tarfile.open(fileobj=io.BytesIO(tar_bytes)) as archive:
+        members = archive.getmembers()
+    assert {(m.uid, m.gid, m.uname, m.gname, m.mtime) for m in members} == {(0, 0, "", "", 0)}
+    names = {m.name for m in members}
+    assert "pyvenv.cfg" not in names and not {n for n in names if n.startswith("bin/python")}
+    links = [m for m in members if m.issym() or m.islnk()]
+    assert not [m for m in links if m.linkname.startswith("/")], links
+    assert [m.name for m in members] == sorted((m.name for m in members),
+                                               key=lambda n: n.split("/"))
+
+
+@pytest.mark.anyio
+async def test_a_copy_of_the_wheelhouse_leaves_the_runtime_archive_behind(
+        built: Wheelhouse, node: Path) -> None:
+    """A node with another Python gets the wheels (rsync), not the archive made for ours."""
+    await copy_wheelhouse(LocalRunner(), built)
+    copied = {p.name for p in (node / ".clusterd" / "wheelhouse" / built.key).iterdir()}
+    assert built.package_wheel in copied and built.installer_wheel in copied
+    assert copied == {name for name, _ in built.digests} - set(venv_archive.ARCHIVES) | {SUMS}
 
 
 def test_rays_wheel_comes_without_what_no_node_runs(built: Wheelhouse) -> None:

@@ -6,13 +6,14 @@ each of several processes (Ray's command line, the dashboard agent, the runtime-
 log monitor, the agent), each writing the same .pyc files; on the EC2 test bed the runtime of
 a fresh install took 8.3-8.6 s to start, one with bytecode in place 4.2-4.3 s. So the wheelhouse
 carries an archive of the runtime wheels' bytecode, compiled here from the very sources the
-wheels hold, and the node unpacks it into the venv after the install.
+wheels hold, which goes into the venv each node gets.
 
 The .pyc files are checked-hash ones (PEP 552): valid wherever the same source is, whatever its
 path or its mtime on the node, and checked against that source at every import, so a .pyc
 never runs in place of a source that differs (Python compiles the source then, as without the
 archive). The bytecode format is fixed within a Python minor version, which the wheelhouse key
-names: only a node with the daemon's Python (the offline install) gets the archive.
+names: only a node with the daemon's Python gets it, inside the runtime's archive (built
+from these wheels and this bytecode: venv_archive.py).
 """
 
 from __future__ import annotations
@@ -77,24 +78,3 @@ def _plain(member: tarfile.TarInfo) -> tarfile.TarInfo:
     member.uname = member.gname = ""
     member.mode = 0o644
     return member
-
-
-# Run by the node's python3 after the install: the archive is checked against the digest the
-# daemon verified (held in its memory) and unpacked from the very bytes checked (tar reads
-# them on stdin), so nothing changed between the check and the unpacking runs.
-_CHECK_AND_UNTAR = """
-import hashlib, subprocess, sys
-archive, digest, site = sys.argv[1:4]
-with open(archive, "rb") as f:
-    data = f.read()
-if hashlib.sha256(data).hexdigest() != digest:
-    sys.exit(3)
-sys.exit(subprocess.run(["tar", "-xzf", "-", "-C", site], input=data).returncode)
-"""
-DIGEST_DIFFERS = 3
-
-
-def unpack_command(archive: str, digest: str, site_packages: str) -> list[str]:
-    """The node's command that puts the bytecode beside the installed sources; exit
-    DIGEST_DIFFERS if the archive is not the one recorded."""
-    return ["python3", "-c", _CHECK_AND_UNTAR, archive, digest, site_packages]

@@ -1,21 +1,21 @@
 """The runtime on remote nodes: a venv with exactly this daemon's package and a pinned Ray.
 
 The daemon builds a wheelhouse once per version (its own package as a wheel, plus the wheels
-the agent needs, plus uv's wheel), ships it to every node, and installs from it without an
-index: nodes run exactly the daemon's code, and need no internet. uv does the install (its
-wheel carries a static binary: about 2 s for the whole runtime where pip took 15, most of it
-pip compiling every module of Ray ahead of time). A node whose Python differs from the
-daemon's gets the package from the wheelhouse and the rest from the index, with pip (which
-reads the node's own pip configuration, mirrors included). The bytecode of the runtime comes
-with the wheelhouse, compiled once here (bytecode.py), and Ray's wheel comes without the
-libraries no node of ours runs, and botocore without the models of AWS services no node calls
-(slim.py: 40 of Ray's 79 MB, 15 of botocore's 16). A node that already has this
-version is left alone (a marker in its venv says so).
+the agent needs, plus uv's wheel) and, from it, the venv a node runs as one archive, with the
+runtime's bytecode compiled once here (bytecode.py). A node whose Python is the daemon's gets
+that archive streamed and unpacked as it arrives (venv_archive.py): no index, no resolver,
+nothing compiled on the node, and it runs exactly the daemon's code. A node whose Python
+differs gets a copy of the wheelhouse, the package from it and the rest from the index, with
+pip (which reads the node's own pip configuration, mirrors included). Ray's wheel comes
+without the libraries no node of ours runs, and botocore without the models of AWS services
+no node calls (slim.py: 40 of Ray's 79 MB, 15 of botocore's 16). A node that already has
+this version is left alone (a marker in its venv says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
-at its build); the daemon checks its copy before each copy to a node. On the node, every
-wheel is checked against the digests the daemon verified, held in its memory, before uv is
-unpacked from its wheel, and uv (or pip) checks them again as it installs
+at its build); the daemon checks its copy before each install on a node. On the node, what
+arrived is checked against the digests the daemon verified, held in its memory: the archive
+as it is unpacked (the venv is marked ready only if it matches), or each copied wheel before
+uv is unpacked from its wheel, and uv (or pip) checks them again as it installs
 (`--require-hashes`).
 """
 
@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -39,7 +40,7 @@ import anyio
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.runtime import bytecode, slim
+from clusterd.runtime import bytecode, slim, venv_archive
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
 
@@ -50,6 +51,7 @@ logger = log.get("clusterd.install")
 AGENT_DISTRIBUTIONS = ("ray", "grpcio", "protobuf", "aiosqlite", "anyio", "structlog",
                        "psutil", "msgpack", "pyyaml")
 READY_MARKER = ".clusterd-ready"
+SKYIGNORE = ".skyignore"
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
@@ -104,8 +106,9 @@ class Wheelhouse:
         installers = sorted(n for n in digests if _is_installer_wheel(n))
         if not installers:
             raise lacking(f"{INSTALLER_DISTRIBUTION} wheel")
-        if bytecode.ARCHIVE not in digests:
-            raise lacking(f"bytecode archive {bytecode.ARCHIVE}")
+        for archive in venv_archive.ARCHIVES:
+            if archive not in digests:
+                raise lacking(f"runtime archive {archive}")
         return cls(path, path.name, packages[0], installers[0],
                    tuple(sorted(digests.items())))
 
@@ -240,11 +243,20 @@ class WheelhouseBuilder:
                     before, after = slim.slim_wheel(wheel, slimming)
                     logger.info("wheel slimmed", wheel=wheel.name,
                                 before_mb=round(before / 1e6, 1), after_mb=round(after / 1e6, 1))
-            bytecode.build_archive(runtime_wheels, staging / bytecode.ARCHIVE)
-            # For installs by hand (the test beds' runtime images): pip checks each wheel.
+            # For installs by hand (the test beds' runtime images) and the runtime's
+            # archive: pip and uv check each wheel.
             wheels = {p.name: integrity.sha256_of(p) for p in runtime_wheels}
             (staging / integrity.HASHED_REQUIREMENTS).write_text(
                 integrity.hashed_requirements(wheels))
+            with tempfile.TemporaryDirectory(prefix="clusterd-bytecode-") as compiled:
+                bytecode_archive = Path(compiled) / bytecode.ARCHIVE
+                bytecode.build_archive(runtime_wheels, bytecode_archive)
+                venv_archive.build(staging, staging / integrity.HASHED_REQUIREMENTS,
+                                   bytecode_archive, staging)
+            # A node with another Python gets a copy of the wheels (rsync reads this), not
+            # the archives it has no use for.
+            (staging / SKYIGNORE).write_text("".join(f"/{name}\n"
+                                                     for name in venv_archive.ARCHIVES))
             digests = integrity.write_sums(staging)  # last: the build is complete
             try:
                 staging.rename(final)
@@ -285,9 +297,73 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
     if force or not await linked_if_installed(runner, wheelhouse):
         # Our copy first: changed since it was checked (or built), it goes nowhere.
         await anyio.to_thread.run_sync(wheelhouse.verify)
-        await copy_wheelhouse(runner, wheelhouse)
-        await install_copied(runner, wheelhouse)
+        await install_checked(runner, wheelhouse)
         await link_current(runner, wheelhouse)
+
+
+async def install_checked(runner: CommandRunner, wheelhouse: Wheelhouse,
+                          announce: Callable[[str], Awaitable[None]] | None = None) -> None:
+    """Install the runtime on the node from a wheelhouse the caller has verified: the
+    archive of the venv, streamed, on a node whose Python is ours (venv_archive.py); else
+    the package's wheel from a copy of the wheelhouse and the rest from the node's index.
+    `announce` hears each phase ("copy", "install") as it begins."""
+    node_python, has_zstd, executable = await _probe_python(runner)
+    if node_python == PYTHON_TAG:
+        if announce is not None:
+            await announce("install")
+        await _receive_archive(runner, wheelhouse, venv_archive.archive_for(has_zstd))
+        return
+    if announce is not None:
+        await announce("copy")
+    await copy_wheelhouse(runner, wheelhouse)
+    if announce is not None:
+        await announce("install")
+    await install_copied(runner, wheelhouse, executable)
+
+
+async def _probe_python(runner: CommandRunner) -> tuple[str, bool, str]:
+    """The node's python3: its version (X.Y), whether zstd is on its PATH, its executable."""
+    found = await runner.run(
+        ["python3", "-c", "import shutil, sys; print('%d.%d' % sys.version_info[:2], "
+         "int(bool(shutil.which('zstd'))), sys.executable)"], timeout_s=60)
+    if found.exit_code != 0:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{runner.node_name} has no python3: {found.error_tail(3)}",
+                            "install Python 3.11 or newer on the node")
+    version, has_zstd, executable = found.text.strip().split(" ", 2)
+    return version, has_zstd == "1", executable
+
+
+async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: str) -> None:
+    started = time.monotonic()
+    archive = wheelhouse.path / name
+    received = await runner.run(
+        venv_archive.receive_command(name, _venv(wheelhouse), dict(wheelhouse.digests)[name],
+                                     READY_MARKER),
+        input=archive, timeout_s=1800)
+    if received.exit_code == venv_archive.DIGEST_DIFFERS:
+        raise ProtocolError(
+            ErrorCode.PROVIDER_ERROR,
+            f"the runtime that reached {runner.node_name} does not match the digest recorded "
+            f"when the wheelhouse was built; nothing of it was kept: {name}",
+            "something changed it on the way, or the file here changed while it was sent; "
+            "launch again",
+        )
+    if received.exit_code != 0:
+        raise ProtocolError(
+            ErrorCode.PROVIDER_ERROR,
+            f"installing the runtime on {runner.node_name} failed: "
+            f"{received.error_tail(8)}",
+            "the node needs tar (and gzip or zstd), and room in its home for the runtime (about "
+            f"{_installed_mb(archive)} MB)",
+        )
+    logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
+                archive=name, seconds=round(time.monotonic() - started, 2))
+
+
+def _installed_mb(archive: Path) -> int:
+    """About what the archive unpacks to (gzip gets Python and its binaries to about 3/10)."""
+    return round(archive.stat().st_size * 10 / 3 / 1e6)
 
 
 def _venv(wheelhouse: Wheelhouse) -> str:
@@ -355,29 +431,16 @@ os.replace(target + ".part", target)
 DIGESTS_DIFFER = 3
 
 
-async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    """Install the runtime's venv from the wheelhouse copied onto the node, each wheel
-    checked against the digests in our memory first; the ready marker last."""
+async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse, executable: str
+                         ) -> None:
+    """On a node whose Python is not ours (`executable`): a venv of its own with the agent's
+    dependencies from the node's index (pip, which reads the node's own configuration,
+    mirrors included), and the package from the wheelhouse copied onto the node, checked
+    against the digests in our memory first; the ready marker last. Ours, compiled for
+    another Python, would be of no use: no bytecode is shipped."""
     venv, remote_house = _venv(wheelhouse), _remote_house(wheelhouse)
     started = time.monotonic()
-    took: dict[str, float] = {}  # seconds per step, for the log
-
-    def lap(step: str) -> None:
-        took[step] = round(time.monotonic() - started - sum(took.values()), 2)
-
-    found = await runner.run(
-        ["python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2], sys.executable)"],
-        timeout_s=60)
-    if found.exit_code != 0:
-        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                            f"{runner.node_name} has no python3: {found.error_tail(3)}",
-                            "install Python 3.11 or newer on the node")
-    node_python, executable = found.text.strip().split(" ", 1)
-    offline = node_python == PYTHON_TAG
-    # What may be installed from the wheelhouse, each wheel pinned to the digest verified
-    # here (from our memory, not from the copy): every wheel when the node's Python is ours;
-    # else only the package, the agent's dependencies coming from the index.
-    wheels = wheelhouse.runtime_wheels() if offline else [wheelhouse.package_wheel]
+    wheels = [wheelhouse.package_wheel]
     hashes = f"{remote_house}.require-hashes.txt"
     written = await runner.run(["sh", "-c", 'cat > "$1"', "sh", hashes],
                                input=wheelhouse.require_hashes(wheels).encode(), timeout_s=60)
@@ -387,7 +450,6 @@ async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
     digests = dict(wheelhouse.digests)
     checked = {wheelhouse.installer_wheel: digests[wheelhouse.installer_wheel]}
     uv = f"{remote_house}.uv"
-    lap("probe")
     unpacked = await runner.run(
         ["python3", "-c", _CHECK_AND_UNPACK, remote_house, wheelhouse.installer_wheel, uv],
         input=json.dumps(checked).encode(), timeout_s=300)
@@ -397,37 +459,27 @@ async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
                             f"{runner.node_name}: unpacking the installer (uv) failed: "
                             f"{unpacked.error_tail(5)}")
-    lap("check")
     # uv is told everything (no config files, no interpreter downloads, no index): what it
-    # does is what is written here. Its cache (where it unpacks the wheels) is beside the
-    # venv, on the same mount, so the venv's files are hard links to it, not copies (a
-    # temporary one in /tmp, another mount on many machines, made uv copy all 265 MB:
-    # 7-10 s per node where 2 s do), and it goes once the install is done.
+    # does is what is written here. Its cache is beside the venv, on the same mount, so the
+    # venv's files are hard links to it, not copies, and it goes once the install is done.
     cache = f"{remote_house}.uv-cache"
     try:
-        quiet_uv = [uv, "--quiet", "--no-config", "--cache-dir", cache, "--offline",
-                    "--no-python-downloads"]
-        if offline:
-            made = await runner.run([*quiet_uv, "venv", "--clear", "--python", executable, venv],
-                                    timeout_s=300)
-        else:  # pip, to fetch the agent's dependencies the way the node's pip is set up to
-            made = await runner.run(["python3", "-m", "venv", "--clear", venv], timeout_s=300)
+        made = await runner.run([executable, "-m", "venv", "--clear", venv], timeout_s=300)
         if made.exit_code != 0:
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
                 f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
                 "install the venv module on the node (Debian: apt-get install python3-venv)",
             )
-        lap("venv")
-        steps = [] if offline else [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
-                                     "--disable-pip-version-check", "-r",
-                                     f"{remote_house}/requirements.txt"]]
-        # --no-deps: the pinned list is complete (and the package's daemon-only dependencies,
-        # such as the cloud SDKs, have no business on a node). uv checks every digest before it
-        # installs anything; no bytecode ahead of time (Python writes what is imported).
-        steps.append([*quiet_uv, "pip", "install", "--python", f"{venv}/bin/python",
-                      "--no-index", "--no-deps", "--require-hashes", "--find-links", remote_house,
-                      "-r", hashes])
+        steps = [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
+                  "--disable-pip-version-check", "-r", f"{remote_house}/requirements.txt"],
+                 # --no-deps: the pinned list is complete (and the package's daemon-only
+                 # dependencies, such as the cloud SDKs, have no business on a node). uv
+                 # checks the digest before it installs anything.
+                 [uv, "--quiet", "--no-config", "--cache-dir", cache, "--offline",
+                  "--no-python-downloads", "pip", "install", "--python", f"{venv}/bin/python",
+                  "--no-index", "--no-deps", "--require-hashes", "--find-links", remote_house,
+                  "-r", hashes]]
         for args in steps:
             installed = await runner.run(args, timeout_s=1800)
             if installed.exit_code != 0:
@@ -441,23 +493,9 @@ async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
                 )
     finally:  # the venv's files are links into it: removing it frees nothing they need
         await runner.run(["rm", "-rf", cache], timeout_s=300)
-    lap("install")
-    if offline:
-        site_packages = f"{venv}/lib/python{node_python}/site-packages"
-        unpacked = await runner.run(
-            bytecode.unpack_command(f"{remote_house}/{bytecode.ARCHIVE}",
-                                    digests[bytecode.ARCHIVE], site_packages),
-            timeout_s=300)
-        if unpacked.exit_code == bytecode.DIGEST_DIFFERS:
-            raise _digests_differ(runner, remote_house, bytecode.ARCHIVE)
-        if unpacked.exit_code != 0:
-            raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                                f"{runner.node_name}: unpacking the runtime's bytecode failed: "
-                                f"{unpacked.error_tail(3)}", "the node needs tar and gzip")
-        lap("bytecode")
     await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
     logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
-                offline=offline, **{f"{step}_s": s for step, s in took.items()})
+                archive=None, seconds=round(time.monotonic() - started, 2))
 
 
 async def _changed_wheel(runner: CommandRunner, remote_house: str, wheelhouse: Wheelhouse,
@@ -472,12 +510,10 @@ async def _changed_wheel(runner: CommandRunner, remote_house: str, wheelhouse: W
 
 
 def _digests_differ(runner: CommandRunner, remote_house: str, what: str) -> ProtocolError:
-    done = ("the venv is not marked ready (nothing runs from it)" if what == bytecode.ARCHIVE
-            else "nothing was installed")
     return ProtocolError(
         ErrorCode.PROVIDER_ERROR,
         f"the runtime's files on {runner.node_name} do not match the digests recorded when "
-        f"the wheelhouse was built; {done}: {what}",
+        f"the wheelhouse was built; nothing was installed: {what}",
         f"someone or something changed ~/{remote_house} on the node; remove it, and launch "
         "again",
     )

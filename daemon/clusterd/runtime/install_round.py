@@ -71,11 +71,14 @@ class InstallRound:
             return  # linked when checked
         started = time.monotonic()
         count = len(self._needing)
-        await self._say_once("copy", f"copying the runtime {self._wheelhouse.key} to "
-                                     f"{count} node(s)")
-        await install.copy_wheelhouse(runner, self._wheelhouse)
-        await self._say_once("install", f"installing the runtime on {count} node(s)")
-        await install.install_copied(runner, self._wheelhouse)
+
+        async def announce(phase: str) -> None:
+            await self._say_once(phase, f"copying the runtime {self._wheelhouse.key} to "
+                                        f"{count} node(s)" if phase == "copy" else
+                                        f"installing the runtime on {count} node(s): "
+                                        f"{self._wheelhouse.key}")
+
+        await install.install_checked(runner, self._wheelhouse, announce)
         await install.link_current(runner, self._wheelhouse)
         logger.info("runtime ready on node", node=node.node_id,
                     seconds=round(time.monotonic() - started, 2))

@@ -3,10 +3,12 @@ a node is reached (a local process for the `local` provider, an SSH channel othe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import anyio
@@ -22,9 +24,11 @@ class CommandRunner(Protocol):
     python: str  # the runtime's python on that node
 
     async def run(
-        self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float = 120
+        self, argv: Sequence[str], *, input: bytes | Path | None = None,
+        timeout_s: float = 120
     ) -> CommandResult:
-        """Run argv on the node; never raises for a non-zero exit (check the result)."""
+        """Run argv on the node; never raises for a non-zero exit (check the result).
+        `input` is its stdin: bytes, or a local file streamed to it as it is read."""
         ...
 
     async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
@@ -47,12 +51,17 @@ class LocalRunner:
         self._env = env
 
     async def run(
-        self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float = 120
+        self, argv: Sequence[str], *, input: bytes | Path | None = None,
+        timeout_s: float = 120
     ) -> CommandResult:
-        with anyio.fail_after(timeout_s):
+        with contextlib.ExitStack() as stack, anyio.fail_after(timeout_s):
+            streamed = None
+            if isinstance(input, Path):
+                streamed = await anyio.to_thread.run_sync(input.open, "rb")
+                stack.callback(streamed.close)
             result = await anyio.run_process(
-                list(argv), input=input, check=False, env=self._env,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                list(argv), input=None if isinstance(input, Path) else input, stdin=streamed,
+                check=False, env=self._env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             )
         return CommandResult(result.returncode, result.stdout, result.stderr)
 

@@ -29,8 +29,9 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 
 SUMS = "SHA256SUMS"
 HASHED_REQUIREMENTS = "requirements-hashed.txt"
-# sha256sum's format: the digest, two spaces (or " *"), a plain file name.
-SUMS_LINE = re.compile(r"([0-9a-f]{64}) [ *]([A-Za-z0-9_][A-Za-z0-9_.+-]*)")
+# sha256sum's format: the digest, two spaces (or " *"), a plain file name (or the one dot
+# file a wheelhouse has: what a copy of it to a node leaves out, install.py).
+SUMS_LINE = re.compile(r"([0-9a-f]{64}) [ *](\.skyignore|[A-Za-z0-9_][A-Za-z0-9_.+-]*)")
 READ_BYTES = 1024 * 1024
 
 

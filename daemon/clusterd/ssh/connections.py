@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -145,17 +146,24 @@ class SSHConnections:
                 for target in targets:
                     group.start_soon(one, target)
 
-    async def run(self, target: SSHTarget, command: str, *, input: bytes | None = None,
+    async def run(self, target: SSHTarget, command: str, *, input: bytes | Path | None = None,
                   timeout_s: float = 120, name: str | None = None) -> CommandResult:
         """Run a shell command line on the node, in one of its connection's channel slots;
-        never raises for a non-zero exit. A connection that breaks under the command is
-        dropped (the next use reconnects) and reported as NODE_UNREACHABLE."""
+        never raises for a non-zero exit. `input` is its stdin: bytes, or a local file
+        streamed as it is read (the command may start on its first bytes). A connection that
+        breaks under the command is dropped (the next use reconnects) and reported as
+        NODE_UNREACHABLE."""
         node = await self.get(target)
         try:
             async with node.channel() as conn:
-                process = await conn.create_process(command, input=input, encoding=None)
+                process = await conn.create_process(
+                    command, input=None if isinstance(input, Path) else input, encoding=None)
                 with stopped_if_abandoned(process), anyio.fail_after(timeout_s):
-                    done = await process.wait(check=False)
+                    async with anyio.create_task_group() as feeding:
+                        if isinstance(input, Path):
+                            feeding.start_soon(_feed, process, input)
+                        done = await process.wait(check=False)
+                        feeding.cancel_scope.cancel()
         except TimeoutError:
             raise ProtocolError(
                 ErrorCode.PROVIDER_ERROR,
@@ -301,3 +309,26 @@ class SSHConnections:
     async def close_all(self) -> None:
         for target in list(self._connections):
             await self.drop(target)
+
+
+FEED_CHUNK_BYTES = 256 * 1024
+
+
+async def _feed(process: asyncssh.SSHClientProcess[bytes], source: Path) -> None:
+    """`source`'s bytes to the command's stdin as they are read, then end of file. A command
+    that stops reading ends the feeding: its exit status says why. A file that cannot be read
+    sends nothing: the command sees an empty stdin (whoever streams one checks what came)."""
+    try:
+        file = await anyio.open_file(source, "rb")
+    except OSError as exc:
+        logger.warning("cannot read the file to stream", path=str(source), error=str(exc))
+        process.stdin.write_eof()
+        return
+    async with file:
+        try:
+            while chunk := await file.read(FEED_CHUNK_BYTES):
+                process.stdin.write(chunk)
+                await process.stdin.drain()
+            process.stdin.write_eof()
+        except (BrokenPipeError, ConnectionError, asyncssh.Error):
+            pass

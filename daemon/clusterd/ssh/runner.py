@@ -74,12 +74,12 @@ class SSHRunner:
         return await self._connections.get(self.target)
 
     async def run(
-        self, argv: Sequence[str], *, input: bytes | None = None, timeout_s: float = 120
+        self, argv: Sequence[str], *, input: bytes | Path | None = None, timeout_s: float = 120
     ) -> CommandResult:
         return await self.run_shell(shlex.join(argv), input=input, timeout_s=timeout_s)
 
     async def run_shell(
-        self, command: str, *, input: bytes | None = None, timeout_s: float = 120
+        self, command: str, *, input: bytes | Path | None = None, timeout_s: float = 120
     ) -> CommandResult:
         """Run a shell command line (a script, even) as it is: the node's shell gets it as one
         argument, so one too long for that goes through an uploaded file instead."""
@@ -93,13 +93,13 @@ class SSHRunner:
             return await self._run_via_file(command, input, timeout_s)
         return result
 
-    async def _exec(self, command: str, input: bytes | None, timeout_s: float
+    async def _exec(self, command: str, input: bytes | Path | None, timeout_s: float
                     ) -> CommandResult:
         return await self._connections.run(self.target, command, input=input,
                                            timeout_s=timeout_s, name=self.node_name)
 
     async def _run_via_file(
-        self, command: str, input: bytes | None, timeout_s: float
+        self, command: str, input: bytes | Path | None, timeout_s: float
     ) -> CommandResult:
         path = f"{REMOTE_TMP}/cmd-{secrets.token_hex(8)}.sh"
         node = await self._node()
