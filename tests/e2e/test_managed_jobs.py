@@ -370,8 +370,9 @@ def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daem
         done = wait_status(daemon, job_id, FINAL, 300)
     finally:
         shutil.rmtree(mark, ignore_errors=True)
-    assert done["status"] == "SUCCEEDED", (done, daemon.log()[-4000:])
-    assert done["attempts"] == 1 and done["recoveries"] == 0
+    view = daemon.ctl("jobs", "logs", "--controller", str(job_id), "--no-follow").stdout
+    assert done["status"] == "SUCCEEDED", (done, view, daemon.log()[-4000:])
+    assert done["attempts"] == 1 and done["recoveries"] == 0, (done, view)
     text = log_of(daemon, job_id)
     assert text.count("begun") == 1 and text.count("ended") == 1, text
     made = {i["id"] for i in instances_of(ec2, cluster)}

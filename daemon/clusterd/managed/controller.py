@@ -66,6 +66,10 @@ PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
 USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
 # Consecutive failed agent health checks after which the cluster counts as lost.
 AGENT_STRIKES = 3
+# Times in a row the job's log stream may fail to be followed again (one poll apart) before
+# the attempt counts as lost whatever the health checks say: they decide first, as a row of
+# this length outlasts AGENT_STRIKES polls.
+STREAM_TRIES = 5
 # Launch failures other than capacity after which a job that has not run yet fails.
 FIRST_LAUNCH_TRIES = 3
 
@@ -433,14 +437,26 @@ class ManagedJobController:
 
         async with anyio.create_task_group() as group:
             async def stream() -> None:
-                offset = self._files.size(record.id) - record.log_base
-                try:
-                    found["end"] = await self._jobs.stream_logs(
-                        record.cluster, record.agent_job_id, follow=True, tail=0,
-                        offset=max(0, offset), emit=emit, on_break=poll.look_now)
-                except ProtocolError as exc:
-                    found.setdefault("lost", f"the job's log stream broke: "
-                                             f"{brief(exc.message)}")
+                for tries in range(1, STREAM_TRIES + 1):
+                    offset = self._files.size(record.id) - record.log_base
+                    try:
+                        found["end"] = await self._jobs.stream_logs(
+                            record.cluster, record.agent_job_id, follow=True, tail=0,
+                            offset=max(0, offset), emit=emit, on_break=poll.look_now)
+                        break
+                    except ProtocolError as exc:
+                        why = f"the job's log stream broke: {brief(exc.message)}"
+                        if exc.code == ErrorCode.JOB_NOT_FOUND or tries == STREAM_TRIES:
+                            found.setdefault("lost", why)
+                            break
+                        # Whether the cluster is lost is the health checks' to say: a head
+                        # slow to take an SSH connection (a daemon just started on a loaded
+                        # machine) is not. They look now; the stream goes on from where it
+                        # stopped.
+                        logger.info("the job's log stream broke; following it again",
+                                    managed_job=record.id, error=exc.message)
+                        poll.look_now()
+                        await anyio.sleep(self._timing.poll_s)
                 group.cancel_scope.cancel()
 
             async def health() -> None:
