@@ -3,6 +3,7 @@ user each, a real two-node Ray cluster across two of them, driven through cluste
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pwd
@@ -635,5 +636,34 @@ async def test_a_proxy_command_carries_the_connection(bed: Bed, tmp_path: Path) 
         result = await connections.run(target, "echo through the relay")
         assert result.exit_code == 0 and result.stdout == b"through the relay\n"
         assert log.read_text() == f"relayed {host['ip']}:{host['port']}\n"
+    finally:
+        await connections.close_all()
+
+
+@pytest.mark.anyio
+async def test_a_file_streamed_to_a_command_arrives_whole_over_aes_gcm(
+        bed: Bed, tmp_path: Path) -> None:
+    """A local file as a command's stdin (how the runtime reaches a node): every byte, in
+    order, as the command reads it; a command that stops reading early ends the stream
+    without a hang; and the channel is AES-GCM, preferred for its cost per byte."""
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.ssh.host_keys import HostKeyStore
+
+    host = bed.hosts[2]
+    target = SSHTarget(host["ip"], host["port"], host["user"], bed.key)
+    payload = tmp_path / "payload"
+    payload.write_bytes(os.urandom(3 * 1024 * 1024 + 17))  # several chunks, one partial
+    connections = SSHConnections(HostKeyStore(tmp_path / "known_hosts"))
+    try:
+        whole = await connections.run(target, "sha256sum", input=payload)
+        assert whole.exit_code == 0, whole.stderr
+        assert whole.stdout.split()[0].decode() == hashlib.sha256(
+            payload.read_bytes()).hexdigest()
+        early = await connections.run(target, "head -c 10 | wc -c", input=payload,
+                                      timeout_s=30)
+        assert early.exit_code == 0 and early.stdout.strip() == b"10", early.stderr
+        node = await connections.get(target)
+        async with node.channel() as conn:
+            assert conn.get_extra_info("send_cipher") == "aes128-gcm@openssh.com"
     finally:
         await connections.close_all()

@@ -35,6 +35,13 @@ CONNECT_ATTEMPTS = 4
 KEEPALIVE_INTERVAL_S = 15.0
 WINDOW_BYTES = 8 * 1024 * 1024
 MAX_PACKET_BYTES = 256 * 1024
+# AES-GCM first (asyncssh's default puts ChaCha20-Poly1305 first): OpenSSL's AES-GCM is one
+# call per packet on the CPU's AES instructions, where asyncssh's ChaCha20-Poly1305 is two. A
+# 60 MB upload to a local sshd: 0.18 s against 0.34 s, half the daemon's CPU (every runtime
+# install streams that much to each node). The rest stay, in asyncssh's order, for servers
+# without it.
+ENCRYPTION_ALGS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+                   "chacha20-poly1305@openssh.com", "aes256-ctr", "aes192-ctr", "aes128-ctr")
 
 
 # Told of a key met for the first time; returns whether a user was told (in a request).
@@ -224,6 +231,7 @@ class SSHConnections:
             # packet, so fewer, larger ones keep up with OpenSSH.
             "window": WINDOW_BYTES,
             "max_pktsize": MAX_PACKET_BYTES,
+            "encryption_algs": list(ENCRYPTION_ALGS),
         }
         if target.proxy_command:
             options["proxy_command"] = expand_proxy_command(target)
