@@ -28,6 +28,7 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 
@@ -40,6 +41,7 @@ BUILD_TIMEOUT_S = 900
 PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 # What names this machine's interpreter: made on each node for its own (see _RECEIVE).
 _NODE_OWN = {"pyvenv.cfg", "bin/python", "bin/python3", f"bin/python{PYTHON_TAG}"}
+_DATA_FILTER: dict[str, Any] = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
 
 
 def build(wheel_dir: Path, hashed_requirements: Path, compiled: Path, out_dir: Path) -> None:
@@ -61,7 +63,9 @@ def build(wheel_dir: Path, hashed_requirements: Path, compiled: Path, out_dir: P
               str(wheel_dir), "-r", str(hashed_requirements)], "uv pip install")
         site_packages = venv / "lib" / f"python{PYTHON_TAG}" / "site-packages"
         with tarfile.open(compiled) as pycs:
-            pycs.extractall(site_packages, filter="data")
+            # Ours, made a moment ago; the filter where this Python has it (Debian's 3.11.2
+            # predates extraction filters, 3.14 wants one named).
+            pycs.extractall(site_packages, **_DATA_FILTER)
         plain = Path(scratch) / "runtime.tar"
         with tarfile.open(plain, "w") as archive:
             for path in _walk(venv):
