@@ -43,6 +43,7 @@ from clusterd import log
 from clusterd.runtime import bytecode, slim, venv_archive
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
+from clusterd.runtime.venv_archive import PYTHON_TAG
 
 logger = log.get("clusterd.install")
 
@@ -52,7 +53,6 @@ AGENT_DISTRIBUTIONS = ("ray", "grpcio", "protobuf", "aiosqlite", "anyio", "struc
                        "psutil", "msgpack", "pyyaml")
 READY_MARKER = ".clusterd-ready"
 SKYIGNORE = ".skyignore"
-PYTHON_TAG = f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
 # Not a requirement of clusterd's own (aiobotocore brings it): the nodes' S3 helpers
