@@ -171,6 +171,21 @@ def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluste
     assert any("gcs_server" in p for p in head), head
 
 
+def test_each_raylet_retries_its_connects_often(agent_cluster: AgentCluster) -> None:
+    # A raylet connects to its own object store at once; when the store's thread has not
+    # listened yet (a busy machine), Ray's default waits a whole second before it tries again.
+    # Every raylet (and what it starts) gets ray_start's retry settings: 50 ms apart, with the
+    # same 10 s in all.
+    for run_dir in (agent_cluster.head_run, agent_cluster.root / "worker" / "run"):
+        record = json.loads((run_dir / "ray.pid").read_text())
+        started = psutil.Process(int(record["pid"]))
+        (raylet,) = [p for p in started.children(recursive=True)
+                     if "raylet/raylet" in " ".join(p.cmdline())]
+        environ = raylet.environ()
+        assert environ.get("RAY_raylet_client_connect_timeout_milliseconds") == "50", run_dir
+        assert environ.get("RAY_raylet_client_num_connect_attempts") == "200", run_dir
+
+
 NODE_LOOKUP = """
 import json, sys
 from ray._private import services, state
