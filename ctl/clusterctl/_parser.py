@@ -39,11 +39,18 @@ def _launch_options(launch: argparse.ArgumentParser) -> None:
                         help="when no place has capacity, wait and try them all again (with a "
                              "growing gap) until the cluster is up; `down` calls it off")
     add_task_options(launch)
+    _verbose_option(launch)
+
+
+def _verbose_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="name each progress line's phase, and say how long each took")
 
 
 def _exec_options(exec_: argparse.ArgumentParser) -> None:
     exec_.add_argument("cluster")
     add_task_options(exec_)
+    _verbose_option(exec_)
 
 
 def _status_options(status: argparse.ArgumentParser) -> None:
@@ -85,6 +92,8 @@ def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
                                   "terminate what they left")
         if verb in ("stop", "down"):
             sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
+        if verb == "start":
+            _verbose_option(sub)
     return add
 
 

@@ -12,7 +12,7 @@ import time
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any
 
 _COLORS = {"SUCCEEDED": "32", "FAILED": "31", "FAILED_SETUP": "31", "FAILED_DRIVER": "31",
@@ -48,12 +48,63 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "".join(line.format(*cells).rstrip() + "\n" for cells in lines)
 
 
-class Printer:
-    """Turns a stream's events into output: logs to stdout, everything else to stderr."""
+# Progress lines that say something along the way rather than open a step of their own.
+NOT_PHASES = ("", "warning", "ssh")
 
-    def __init__(self) -> None:
+
+class PhaseClock:
+    """Where a request's time went, by phase (`launch -v`, `start -v`): each phase from its
+    first progress line until the next phase's, the last until `stop` (the job submitted,
+    or the request's end). Times are the daemon's (`elapsed`), so a request followed late
+    (its events replayed at once) is timed as it ran; only the last phase's end is ours."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._marks: list[tuple[str, float]] = []  # (phase, the daemon's elapsed)
+        self._last_seen = 0.0  # our clock when the last progress line came
+        self._end: float | None = None
+
+    def mark(self, phase: str, elapsed: float) -> None:
+        if self._end is not None or phase in NOT_PHASES:
+            return
+        self._last_seen = self._clock()
+        if not self._marks or self._marks[-1][0] != phase:
+            self._marks.append((phase, elapsed))
+
+    def stop(self) -> None:
+        if self._end is None and self._marks:
+            # The last progress line's time, plus what passed here since.
+            self._end = self._marks[-1][1] + self._clock() - self._last_seen
+
+    def totals(self) -> dict[str, float]:
+        """Seconds per phase, in the order each first began (a phase seen twice: summed)."""
+        self.stop()
+        if not self._marks or self._end is None:
+            return {}
+        totals: dict[str, float] = {}
+        ends = [at for _, at in self._marks[1:]] + [self._end]
+        for (phase, began), ended in zip(self._marks, ends, strict=True):
+            totals[phase] = totals.get(phase, 0.0) + max(0.0, ended - began)
+        return totals
+
+    def summary(self) -> str | None:
+        totals = self.totals()
+        if not totals:
+            return None
+        parts = ", ".join(f"{phase} {seconds:.1f}s" for phase, seconds in totals.items())
+        return f"phases: {parts} (total {sum(totals.values()):.1f}s)"
+
+
+class Printer:
+    """Turns a stream's events into output: logs to stdout, everything else to stderr. With
+    `verbose`, each progress line names its phase, and `phases()` says where the time went."""
+
+    def __init__(self, verbose: bool = False) -> None:
         self._out = sys.stdout.buffer
         self._last_byte = b"\n"
+        self.verbose = verbose
+        self.clock = PhaseClock()
+        self._phases_said = False
 
     def note(self, text: str) -> None:
         sys.stderr.write(text + "\n")
@@ -68,16 +119,30 @@ class Printer:
                 self._out.flush()
                 self._last_byte = chunk[-1:]
         elif event == "progress":
-            self.note(f"{prefix}[{data.get('elapsed', 0):6.1f}s] {data.get('message', '')}")
+            phase = str(data.get("phase") or "")
+            self.clock.mark(phase, float(data.get("elapsed") or 0.0))
+            shown = f"{phase:<10} " if self.verbose and phase not in NOT_PHASES else (
+                " " * 11 if self.verbose else "")
+            self.note(f"{prefix}[{data.get('elapsed', 0):6.1f}s] {shown}"
+                      f"{data.get('message', '')}")
         elif event == "blocked":
             self.note(f"{prefix}waiting: {data.get('message', '')}")
         elif event == "request":
             state["request_id"] = data.get("request_id")
             state["cluster"] = data.get("cluster")
         elif event == "job":
+            self.clock.stop()  # what follows is the job's own time
             state["job_id"] = data.get("job_id")
             state["cluster"] = data.get("cluster")
             self.note(f"{prefix}Job {data.get('job_id')} submitted to {data.get('cluster')}.")
+            self.phases(prefix)
+
+    def phases(self, prefix: str = "") -> None:
+        """With `verbose`, where the request's time went (once its phases are over)."""
+        summary = self.clock.summary() if self.verbose and not self._phases_said else None
+        if summary:
+            self._phases_said = True
+            self.note(f"{prefix}{summary}")
 
     def finish_logs(self) -> None:
         # Keep the terminal prompt off the end of a log that lacks a final newline.

@@ -36,13 +36,16 @@ def _drain(stream: Stream, printer: Printer, state: dict[str, Any]) -> dict[str,
         return None
     except ClusterdError as error:
         printer.finish_logs()
+        printer.phases()  # -v: how far it got, and where the time went
         fail_with(error)
     printer.finish_logs()
+    printer.phases()
     return stream.result or {}
 
 
-def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool) -> int:
-    printer = Printer()
+def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool,
+                    verbose: bool = False) -> int:
+    printer = Printer(verbose)
     state: dict[str, Any] = {}
     result = _drain(client.stream(request), printer, state)
     if result is None:
@@ -75,12 +78,12 @@ def cmd_launch(client: Client, args: argparse.Namespace) -> int:
     request = task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
                          idle_minutes=args.idle_minutes, down=args.down,
                          retry_until_up=args.retry_until_up)
-    return _run_job_stream(client, request, args.detach)
+    return _run_job_stream(client, request, args.detach, args.verbose)
 
 
 def cmd_exec(client: Client, args: argparse.Namespace) -> int:
     request = task_args(args, protocol.ExecArgs, cluster=args.cluster)
-    return _run_job_stream(client, request, args.detach)
+    return _run_job_stream(client, request, args.detach, args.verbose)
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
@@ -217,10 +220,11 @@ def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
         requests = [protocol.StopArgs(cluster=n) for n in names]
     else:
         requests = [protocol.StartArgs(cluster=n) for n in names]
-    printer = Printer()
+    verbose = bool(getattr(args, "verbose", False))  # `start -v`
+    printers = [Printer(verbose) for _ in names]  # one per cluster: each has its phases
 
     def on_event(index: int, event: str, data: dict[str, Any]) -> None:
-        printer.event(event, data, {}, prefix=f"[{names[index]}] ")
+        printers[index].event(event, data, {}, prefix=f"[{names[index]}] ")
 
     results = client.call_many(requests, on_event=on_event)
     code: int = _exit_codes.SUCCEEDED
@@ -237,6 +241,8 @@ def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
         if verb == "stop" and not result.get("changed", True):
             done = "already stopped"
         print(f"Cluster {name} {done}.")
+    for name, printer in zip(names, printers, strict=True):
+        printer.phases(prefix=f"[{name}] ")
     return code
 
 

@@ -68,8 +68,11 @@ def test_launch_stop_start_down(daemon: Daemon, tmp_path: Path) -> None:
     assert "launch needs a task" in nothing.stderr and "-- CMD" in nothing.stderr
     assert daemon.cluster("nosuch") is None
 
-    start = daemon.ctl("start", "life")
+    start = daemon.ctl("start", "-v", "life")
     assert start.returncode == 0, start.stderr
+    assert "[life] [" in start.stderr and "ray        starting Ray on 1 node(s)" in start.stderr
+    (summary,) = [line for line in start.stderr.splitlines() if "phases: " in line]
+    assert summary.startswith("[life] phases: start ") and ", ray " in summary, summary
     assert daemon.cluster("life")["status"] == "UP"  # type: ignore[index]
     exec_ = daemon.ctl("exec", "life", "--", "echo back")
     assert exec_.returncode == 0 and exec_.stdout == "back\n"

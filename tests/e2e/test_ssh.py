@@ -42,13 +42,18 @@ def bed() -> Iterator[Bed]:
 
 @pytest.fixture(scope="module")
 def duo(bed: Bed) -> str:
-    result = bed.daemon.ctl("launch", "-c", "duo", "--infra", "ssh/testbed", "--num-nodes", "2",
-                            "--", "echo launched on $SKYPILOT_NODE_RANK", timeout=900)
+    result = bed.daemon.ctl("launch", "-v", "-c", "duo", "--infra", "ssh/testbed",
+                            "--num-nodes", "2", "--", "echo launched on $SKYPILOT_NODE_RANK",
+                            timeout=900)
     assert result.returncode == 0, result.stderr + bed.daemon.log()[-5000:]
-    for phase in ("preparing the runtime", "installing the runtime",
-                  "starting Ray on 2",
-                  "starting the agent", "cluster duo is UP"):
+    for phase in ("install    preparing the runtime", "install    installing the runtime",
+                  "ray        starting Ray on 2",
+                  "agent      starting the agent", "up         cluster duo is UP"):
         assert phase in result.stderr, phase
+    # -v: where the launch's time went, each phase once, in order, before the job's result.
+    (summary,) = [line for line in result.stderr.splitlines() if line.startswith("phases: ")]
+    timed = [part.split()[0] for part in summary.removeprefix("phases: ").split(", ")]
+    assert timed == ["placement", "provision", "install", "ray", "agent", "up"], summary
     assert sorted(result.stdout.splitlines()) == ["(head, rank=0) launched on 0",
                                                   "(worker1, rank=1) launched on 1"]
     return "duo"

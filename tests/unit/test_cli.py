@@ -78,6 +78,16 @@ def test_every_verb_parses_its_own_options() -> None:
     assert parse(["events", "dev", "-n", "7"]).limit == 7
 
 
+def test_launch_exec_and_start_take_verbose(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse(["launch", "-v", "-c", "dev", "--", "true"]).verbose is True
+    assert parse(["launch", "-c", "dev", "--", "true"]).verbose is False
+    assert parse(["exec", "dev", "--verbose", "--", "true"]).verbose is True
+    assert parse(["start", "-v", "a", "b"]).verbose is True
+    with pytest.raises(SystemExit):
+        parse(["stop", "-v", "a"])  # nothing to time
+    assert "unrecognized arguments: -v" in capsys.readouterr().err
+
+
 def test_a_status_run_imports_nothing_it_does_not_need() -> None:
     """What clusterctl imports is most of its start-up time (`python -X importtime`): parsing
     a verb builds that verb's parser alone, and without shutil (5 ms); asyncio, subprocess

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from clusterctl._render import age, table
+from clusterctl._render import PhaseClock, Printer, age, table
 
 
 def test_table_aligns_columns_to_the_widest_cell() -> None:
@@ -61,3 +61,61 @@ def test_age_defaults_to_now() -> None:
 
 def test_age_never_shows_sixty_seconds() -> None:
     assert age(1000.0, until=1059.7) in ("59s ago", "1m ago")
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_phase_clock_times_each_phase_until_the_next_and_the_last_until_stop() -> None:
+    clock = FakeClock()
+    phases = PhaseClock(clock)
+    for phase, elapsed in (("placement", 0.0), ("provision", 0.1), ("ssh", 1.2),
+                           ("provision", 1.5), ("install", 1.9), ("warning", 2.0),
+                           ("ray", 3.0)):
+        phases.mark(phase, elapsed)
+    clock.now += 0.5  # the job is submitted half a second after the last progress line
+    phases.stop()
+    clock.now += 60  # the job's own run: not a phase
+    phases.mark("agent", 99.0)  # nothing counts after stop
+    totals = phases.totals()
+    assert list(totals) == ["placement", "provision", "install", "ray"]
+    assert [round(s, 2) for s in totals.values()] == [0.1, 1.8, 1.1, 0.5]
+    assert phases.summary() == ("phases: placement 0.1s, provision 1.8s, install 1.1s, "
+                                "ray 0.5s (total 3.5s)")
+
+
+def test_phase_clock_sums_a_phase_that_comes_back_and_says_nothing_without_phases() -> None:
+    clock = FakeClock()
+    phases = PhaseClock(clock)
+    assert phases.summary() is None
+    for phase, elapsed in (("provision", 0.0), ("retry", 2.0), ("provision", 3.0)):
+        phases.mark(phase, elapsed)
+    clock.now += 1.0
+    assert {k: round(v, 2) for k, v in phases.totals().items()} == {"provision": 3.0,
+                                                                   "retry": 1.0}
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_printer_names_phases_and_sums_them_only_when_verbose(
+        verbose: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    printer = Printer(verbose)
+    state: dict[str, object] = {}
+    printer.event("progress", {"phase": "ray", "message": "starting Ray", "elapsed": 0.5}, state)
+    printer.event("progress", {"phase": "ssh", "message": "first contact", "elapsed": 0.6},
+                  state)
+    printer.event("job", {"job_id": 3, "cluster": "c"}, state)
+    printer.phases()  # said once: at the job, not again at the end
+    lines = capsys.readouterr().err.splitlines()
+    if verbose:
+        assert lines[0] == "[   0.5s] ray        starting Ray"
+        assert lines[1] == "[   0.6s]            first contact"
+        assert lines[2] == "Job 3 submitted to c."
+        assert lines[3].startswith("phases: ray ") and len(lines) == 4
+    else:
+        assert lines == ["[   0.5s] starting Ray", "[   0.6s] first contact",
+                         "Job 3 submitted to c."]
