@@ -204,8 +204,10 @@ found = ray_start._get_node(address, ids[0])
 state.GlobalState.node_table = real
 up = ray_start.wait_until_registered(address, 30)
 nobody = ray_start.wait_until_registered(sys.argv[2], 0.3)
+hosts = {host: ray_start._registered_at(table, host)
+         for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4")}
 print(json.dumps({"asked": len(asked), "nodes": len(ids), "port": found["node_manager_port"],
-                  "up": up, "nobody": nobody}))
+                  "up": up, "nobody": nobody, "hosts": hosts}))
 """
 
 
@@ -213,7 +215,8 @@ def test_a_starting_node_is_looked_up_again_at_once_until_it_registers(
         agent_cluster: AgentCluster) -> None:
     """ray_start's lookup of a node just started (Ray's own asks again only a second later)
     asks the GCS until the node is there, then answers as Ray's does, on the pinned Ray; the
-    agent's wait for a registered node sees one, and says when there is no GCS at all."""
+    agent's and a worker's wait for the head's node sees it, and says when there is no GCS
+    at all."""
     env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
     done = subprocess.run([sys.executable, "-c", NODE_LOOKUP,
                            str(agent_cluster.agent_params["ray_address"]),
@@ -223,6 +226,8 @@ def test_a_starting_node_is_looked_up_again_at_once_until_it_registers(
     reply = json.loads(done.stdout.strip().splitlines()[-1])
     assert reply["asked"] == 4 and reply["nodes"] == 2 and reply["port"] > 0
     assert reply["up"] is True and reply["nobody"] is False
+    # A worker's Ray, and the agent, go once the head's own node (not any node) is there.
+    assert reply["hosts"] == {"127.0.0.2": True, "127.0.0.3": True, "127.0.0.4": False}
 
 
 async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> None:

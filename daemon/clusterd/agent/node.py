@@ -260,21 +260,13 @@ def _ray_start_argv(argv: list[str], held: bool) -> list[str]:
 def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict[str, str],
                       params: dict[str, Any], timeout: float) -> int:
     """Start a worker's Ray (argv: `ray start ...`) beside the head's: imported at once, let
-    go once the head is far enough on (see below)."""
+    go once the head's GCS port takes connections (silence there is a firewall, said at
+    once). It then waits (ray_start.py) for the head's node to register, as Ray needs."""
     held: list[IO[bytes]] = []
     pid = _spawn_recorded(_ray_start_argv(argv, held=True), log_path, pid_path, env, held=held)
     with held[0] as go:
         try:
-            # The head's raylet port, if named, not only its GCS port: the raylet is what
-            # registers the head with the GCS (a firewall in front of it is said at once).
-            _wait_for_head(params.get("head_raylet_address") or params["head_address"],
-                           params["node_ip"], HEAD_REACH_S, timeout)
-            # A worker's Ray asks the GCS for the head's node first, and when that is not
-            # registered yet it looks again only 2 s later (Ray's fixed retry): that was
-            # most of a worker's start. The daemon knows when the head's start is done, and
-            # says so with this file (head_started).
-            if params.get("head_started_file"):
-                _wait_for_file(Path(params["head_started_file"]).expanduser(), timeout)
+            _wait_for_head(params["head_address"], params["node_ip"], HEAD_REACH_S, timeout)
         except HelperError:
             go.close()  # it ends at end of file; stopped too, should it be slow to see it
             _terminate(pid_path, 5.0)
@@ -284,39 +276,11 @@ def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict
     return pid
 
 
-HEAD_STARTED_PREFIX = "head-started-"
-
-
-def _wait_for_file(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise HelperError(f"the Ray head did not start within {timeout_s:.0f} s")
-        time.sleep(0.02)
-    path.unlink(missing_ok=True)
-
-
-def head_started(params: dict[str, Any]) -> dict[str, Any]:
-    """Tell a worker's start (waiting in _start_worker_ray) that the head's Ray is up."""
-    path = Path(params["file"]).expanduser()
-    if not path.name.startswith(HEAD_STARTED_PREFIX):
-        raise HelperError(f"not a head-started file: {path}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    return {}
-
-
 def start_ray(params: dict[str, Any]) -> dict[str, Any]:
     run_dir = Path(params["dir"]).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "ray.pid", run_dir / "ray.log"
-    # Word of a head's start meant for an earlier start of this node (one that found its Ray
-    # running) goes; this start's own may be here already, and stays.
-    own = Path(params.get("head_started_file") or "").name
-    for stale in run_dir.glob(f"{HEAD_STARTED_PREFIX}*"):
-        if stale.name != own:
-            stale.unlink(missing_ok=True)
     existing = _read_pidfile(pid_path)
     if existing is not None:
         return {"started": False, "pid": existing.pid}
@@ -661,7 +625,6 @@ def _bucket_mount(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "start-ray": start_ray,
-    "head-started": head_started,
     "start-agent": start_agent,
     "write-private": write_token,  # any small secret file, mode 0600 (AWS credentials)
     "read-token": read_token,

@@ -35,7 +35,11 @@ Ray), rather than quietly running what we meant to leave out.
 
 With "held", Ray's modules are imported at once (0.8-0.9 s of CPU) and the start waits for a
 "go" line on stdin: a worker's imports are done while the head still starts. At end of file
-(the helper failed, or was killed) it ends without starting anything.
+(the helper failed, or was killed) it ends without starting anything. After "go" (the head's
+GCS port is open) it waits, asking every 50 ms, for the head's node in the GCS
+(wait_until_registered): a worker's Ray asks for it first (for the head's directories) and,
+when it is not there yet, asks again only 2 s later. Waiting here rather than for the
+daemon's word saves a round trip through the daemon on every worker's start.
 """
 
 from __future__ import annotations
@@ -108,15 +112,17 @@ def _gcs_listening(gcs_address: str) -> bool:
         return False
 
 
-def _any_registered(table: state.GlobalState) -> bool:
-    return any(node.get("Alive") for node in table.node_table())
+def _registered_at(table: state.GlobalState, host: str) -> bool:
+    return any(node.get("Alive") and node.get("NodeManagerAddress") == host
+               for node in table.node_table())
 
 
 def wait_until_registered(gcs_address: str, timeout_s: float) -> bool:
-    """Until a live node is registered with the GCS at gcs_address, asked every 50 ms (the
-    GCS's port first: a client of a GCS not up yet waits long); False when timeout_s passed
-    first. The head registers first (workers start once it is up), so a driver on the head
-    (the agent) that connects then finds its node at once."""
+    """Until the head's node (the one at the GCS's host: where the agent, a driver, runs) is
+    registered with the GCS at gcs_address, asked every 50 ms (the GCS's port first: a client
+    of a GCS not up yet waits long); False when timeout_s passed first. Workers may register
+    before the head does (they start beside it)."""
+    host = gcs_address.rsplit(":", 1)[0].strip("[]")
     deadline = time.monotonic() + timeout_s
     while not _gcs_listening(gcs_address):
         if time.monotonic() > deadline:
@@ -125,7 +131,7 @@ def wait_until_registered(gcs_address: str, timeout_s: float) -> bool:
     table = state.GlobalState()
     table._initialize_global_state(services._get_gcs_client_options(gcs_address))
     try:
-        while not _any_registered(table):
+        while not _registered_at(table, host):
             if time.monotonic() > deadline:
                 return False
             time.sleep(NODE_POLL_S)
@@ -138,6 +144,14 @@ def wait_until_registered(gcs_address: str, timeout_s: float) -> bool:
 # environment). Ray's defaults: 1000 ms, 10 tries.
 CONNECT_RETRY = {"RAY_raylet_client_connect_timeout_milliseconds": "50",
                  "RAY_raylet_client_num_connect_attempts": "200"}
+
+
+HEAD_WAIT_S = 60.0  # then Ray's own lookup, with its own retries and error
+
+
+def _address_of(ray_args: list[str]) -> str | None:
+    return next((arg.split("=", 1)[1] for arg in ray_args if arg.startswith("--address=")),
+                None)
 
 
 def main(argv: list[str]) -> int:
@@ -156,6 +170,9 @@ def main(argv: list[str]) -> int:
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        address = _address_of(ray_args)
+        if address is not None:
+            wait_until_registered(address, HEAD_WAIT_S)  # not there: Ray's lookup says why
     sys.argv = ["ray", *ray_args]
     result = scripts.main()
     return result if isinstance(result, int) else 0

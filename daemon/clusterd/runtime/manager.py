@@ -27,7 +27,6 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.agent.auth import new_token
-from clusterd.agent.node import HEAD_STARTED_PREFIX
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.nodes import ClusterInfo, NodeInfo
@@ -167,7 +166,6 @@ class RuntimeManager:
         # What the head decides (ports, tokens, which workers its Ray still counts) before
         # any Ray starts; each worker reads it once `decided` is set.
         decided = anyio.Event()
-        head_up = anyio.Event()  # the head's Ray runs (and its node is registered)
         worker_ports: dict[str, dict[str, int]] = {}
         plans: list[_StartPlan] = []  # the one the head decides
         recorded = anyio.Lock()  # checkpoints, one at a time: the last one holds every port
@@ -255,7 +253,6 @@ class RuntimeManager:
             plan = plans[0]
             await self._start_ray_node(cloud_name, head, plan.handle.ports, plan.ray_token,
                                        plan.address, head=True)
-            head_up.set()
             done("head's Ray", head)
             await progress("starting the agent on the head node", "agent")
 
@@ -298,7 +295,8 @@ class RuntimeManager:
         async def worker_node(node: NodeInfo) -> None:
             # Each on its own: installed while the head installs or starts, its ports
             # picked once the head has decided, and its Ray's imports done beside the head's
-            # start (its helper then waits for word that the head's Ray is up).
+            # start; its own start goes on once the head's node is registered, as its
+            # Ray needs (agent/ray_start.py asks the GCS every 50 ms: no word from here).
             if installs is not None and node.ssh is not None:
                 await installs.node(node)
             with anyio.fail_after(self._start_timeout_s * 4):  # the head's install and start
@@ -307,24 +305,8 @@ class RuntimeManager:
             if _node_key(node) not in worker_ports:
                 worker_ports[_node_key(node)] = await self._free_ports(node, WORKER_PORTS)
                 await record(plan.handle)
-            # Its helper waits (imports done) for word that the head's Ray is up: see
-            # agent/node.py, _start_worker_ray.
-            head_started_file = (f"{NodeLayout(node.runtime_dir).run_dir}/"
-                                 f"{HEAD_STARTED_PREFIX}{secrets.token_hex(8)}")
-
-            async def say_head_started() -> None:
-                with anyio.fail_after(self._start_timeout_s * 2):
-                    await head_up.wait()
-                await node_helper.call(self._runner_for(node), "head-started",
-                                       {"file": head_started_file})
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(say_head_started)
-                await self._start_ray_node(
-                    cloud_name, node, worker_ports[_node_key(node)], plan.ray_token,
-                    plan.address, False, plan.members,
-                    head_raylet_port=plan.handle.ports["node_manager_port"],
-                    head_started_file=head_started_file)
+            await self._start_ray_node(cloud_name, node, worker_ports[_node_key(node)],
+                                       plan.ray_token, plan.address, False, plan.members)
             done("worker's Ray", node)
 
         with first_error():
@@ -394,8 +376,6 @@ class RuntimeManager:
         address: str,
         head: bool,
         members: set[str] | None = None,
-        head_raylet_port: int | None = None,
-        head_started_file: str | None = None,
     ) -> None:
         """Start Ray on node unless it runs there already (and, when members is known, the
         head counts it: a node's Ray the head has given up on is stopped and started anew)."""
@@ -434,10 +414,6 @@ class RuntimeManager:
             params["gcs_port"] = ports["gcs_port"]
         else:
             params["head_address"] = address
-            if head_raylet_port is not None:
-                params["head_raylet_address"] = f"{address.rsplit(':', 1)[0]}:{head_raylet_port}"
-            if head_started_file is not None:
-                params["head_started_file"] = head_started_file
         await node_helper.call(runner, "start-ray", params, timeout_s=self._start_timeout_s + 30)
 
     async def _wait_for_nodes(self, cluster: str, endpoint: str, token: str,
