@@ -372,10 +372,12 @@ def test_daemon_kills_under_a_running_job_lose_nothing(ec2: EC2Bed, daemon: Daem
         shutil.rmtree(mark, ignore_errors=True)
     if done["status"] != "SUCCEEDED" or done["attempts"] != 1 or done["recoveries"] != 0:
         # Whole, where pytest shows it (an assertion's message is cut short): what the
-        # controller saw, and the end of the daemons' log.
+        # controller saw, the end of the daemons' log, and what the bed did to its nodes.
         view = daemon.ctl("jobs", "logs", "--controller", str(job_id), "--no-follow").stdout
+        bed_log = ec2.dir / "controller.log"
+        nodes = bed_log.read_text()[-20000:] if bed_log.exists() else "(none)"
         print(f"{done}\n--- controller's view\n{view}\n--- daemon log\n"
-              f"{daemon.log()[-30000:]}")
+              f"{daemon.log()[-30000:]}\n--- the bed's controller log\n{nodes}")
     assert done["status"] == "SUCCEEDED"
     assert done["attempts"] == 1 and done["recoveries"] == 0
     text = log_of(daemon, job_id)

@@ -518,6 +518,30 @@ def test_partition_cuts_a_node_off_and_heal_restores_it(bed: Bed) -> None:
     bed.py(f"ec2().terminate_instances(InstanceIds=[{iid!r}]); out(1)")
 
 
+def test_a_killed_node_is_off_its_bridge_before_its_address_is_free(bed: Bed) -> None:
+    """The kernel dismantles a node's namespace in its own time once no process is left in it;
+    until then its stack answers on its address (resets: its sshd is dead). Held open here
+    (as a slow teardown would), it must still be off the bridge once its node is gone, or a
+    new instance given the address would have its connections refused by the old one."""
+    (iid,) = bed.py("out(launch(zone='us-east-1c'))")
+    row = bed.wait_node(iid, "up")
+    veth = "cdv" + iid.removeprefix("i-")[-12:]
+
+    def bed_links() -> str:
+        return subprocess.run(["ip", "-n", bed.netns, "-o", "link", "show"],
+                              capture_output=True, text=True, check=True).stdout
+
+    assert f" {veth}@" in bed_links()
+    pinned = os.open(f"/proc/{row['node_pid']}/ns/net", os.O_RDONLY)
+    try:
+        bed.py(f"ec2().terminate_instances(InstanceIds=[{iid!r}]); out(1)")
+        bed.wait_node(iid, "none", "terminated")
+        assert f" {veth}@" not in bed_links()
+        assert from_bed(bed, row["private_ip"], 22) != "refused"
+    finally:
+        os.close(pinned)
+
+
 def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
                                                           pair: list[dict[str, Any]]) -> None:
     a = pair[0]

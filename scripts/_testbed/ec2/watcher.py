@@ -321,7 +321,11 @@ class Watcher:
 
     def _kill(self, node: Node) -> None:
         """SIGKILL the node's unshare: its PID 1 and with it every process of the node die.
-        Its address is free for another instance from then on."""
+        Then its veth goes, and only then is its address free for another instance: the
+        kernel dismantles a namespace with no process left in its own time, and until then
+        the old node's network stack answers on the address (ARP, and a reset for every
+        connection, its sshd being dead). A new instance given the address had its SSH
+        connections refused, for as long as the bridge sent them to the old node."""
         proc = node.proc
         if proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -331,6 +335,9 @@ class Watcher:
             node.proc, node.up = None, False
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.paths.instance(node.instance_id).node_pid)
+        network.delete_link(network.veth_name(node.instance_id))  # both ends go
+        if node.ip.startswith("127."):
+            network.forget_neighbour(node.ip)  # the old node's MAC, in the bed's cache
         self._held = self._held - {node.ip}
 
     # ------------------------------------------------------------------------ shutdown
