@@ -13,9 +13,10 @@ import shutil
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 
+SKYIGNORE = ".skyignore"
 RSYNC_FILTERS = (
     # As SkyPilot: a .skyignore in the directory wins, else .gitignore rules apply.
-    "--filter=:- .skyignore",
+    f"--filter=:- {SKYIGNORE}",
 )
 
 
@@ -46,5 +47,5 @@ def rsync_binary() -> str:
 
 
 def ignore_filters(source: str) -> list[str]:
-    has_skyignore = os.path.exists(os.path.join(source, ".skyignore"))
+    has_skyignore = os.path.exists(os.path.join(source, SKYIGNORE))
     return list(RSYNC_FILTERS) if has_skyignore else ["--filter=:- .gitignore"]
