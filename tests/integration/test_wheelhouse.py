@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import os
 import shutil
@@ -27,6 +28,7 @@ from clusterctl.protocol import ProtocolError
 from clusterd.commands import CommandResult
 from clusterd.runtime import slim, venv_archive
 from clusterd.runtime.install import (
+    BEHIND_HEAD_NICENESS,
     Wheelhouse,
     WheelhouseBuilder,
     copy_wheelhouse,
@@ -351,3 +353,33 @@ def test_botocore_comes_with_only_the_service_models_a_node_loads(built: Wheelho
     module, url = made.stdout.split()
     assert module.startswith(str(tmp_path / "site"))  # the slimmed one, not the dev venv's
     assert url.startswith("https://") and "amazonaws.com/" in url and "Signature" in url, url
+
+
+@pytest.mark.parametrize("niceness", [0, BEHIND_HEAD_NICENESS])
+def test_a_workers_unpacking_yields_the_cpu_when_asked(tmp_path: Path, niceness: int) -> None:
+    """The receive command, niced (a worker's install, behind the head's start), runs its
+    tar at that niceness; not asked, at the node's own."""
+    content = tmp_path / "content"
+    (content / "bin").mkdir(parents=True)
+    (content / "lib").mkdir()
+    (content / "lib" / "module.py").write_text("x = 1\n")
+    archive = tmp_path / "runtime.tar.gz"
+    subprocess.run(["tar", "-czf", str(archive), "-C", str(content), "bin", "lib"], check=True)
+    # tar, as the node runs it, says at which niceness it runs (`nice` prints it), then is tar.
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    said = tmp_path / "tar-niceness"
+    real_tar = shutil.which("tar")
+    (tools / "tar").write_text(f"#!/bin/sh\nnice > {said}\nexec {real_tar} \"$@\"\n")
+    (tools / "tar").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    command = venv_archive.receive_command(venv_archive.GZIP_ARCHIVE, str(tmp_path / "venv"),
+                                           digest, ".ready", niceness)
+    done = subprocess.run(command, input=archive.read_bytes(), env=env, capture_output=True,
+                          check=False, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    own = os.nice(0)
+    assert int(said.read_text()) == own + niceness
+    assert (tmp_path / "venv" / "lib" / "module.py").read_text() == "x = 1\n"
+    assert (tmp_path / "venv" / ".ready").exists()

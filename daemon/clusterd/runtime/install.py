@@ -40,6 +40,7 @@ import anyio
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.commands import SKYIGNORE
 from clusterd.runtime import bytecode, slim, venv_archive
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.runner import CommandRunner
@@ -52,7 +53,6 @@ logger = log.get("clusterd.install")
 AGENT_DISTRIBUTIONS = ("ray", "grpcio", "protobuf", "aiosqlite", "anyio", "structlog",
                        "psutil", "msgpack", "pyyaml")
 READY_MARKER = ".clusterd-ready"
-SKYIGNORE = ".skyignore"
 
 
 # Not a requirement of clusterd's own (aiobotocore brings it): the nodes' S3 helpers
@@ -301,17 +301,27 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
         await link_current(runner, wheelhouse)
 
 
+# A worker's unpacking yields the CPU to the head's Ray start where both share a host (nodes
+# of an SSH pool on one machine, pods on one Kubernetes node, the test beds): the head's
+# start is on every launch's path, a worker's install only until the head is up. On a
+# machine of its own nothing else runs, and it costs nothing.
+BEHIND_HEAD_NICENESS = 10
+
+
 async def install_checked(runner: CommandRunner, wheelhouse: Wheelhouse,
-                          announce: Callable[[str], Awaitable[None]] | None = None) -> None:
+                          announce: Callable[[str], Awaitable[None]] | None = None,
+                          behind_head: bool = False) -> None:
     """Install the runtime on the node from a wheelhouse the caller has verified: the
     archive of the venv, streamed, on a node whose Python is ours (venv_archive.py); else
     the package's wheel from a copy of the wheelhouse and the rest from the node's index.
-    `announce` hears each phase ("copy", "install") as it begins."""
+    `announce` hears each phase ("copy", "install") as it begins; `behind_head`: a worker's
+    (BEHIND_HEAD_NICENESS)."""
     node_python, has_zstd, executable = await _probe_python(runner)
     if node_python == PYTHON_TAG:
         if announce is not None:
             await announce("install")
-        await _receive_archive(runner, wheelhouse, venv_archive.archive_for(has_zstd))
+        await _receive_archive(runner, wheelhouse, venv_archive.archive_for(has_zstd),
+                               BEHIND_HEAD_NICENESS if behind_head else 0)
         return
     if announce is not None:
         await announce("copy")
@@ -334,12 +344,13 @@ async def _probe_python(runner: CommandRunner) -> tuple[str, bool, str]:
     return version, has_zstd == "1", executable
 
 
-async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: str) -> None:
+async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: str,
+                           niceness: int) -> None:
     started = time.monotonic()
     archive = wheelhouse.path / name
     received = await runner.run(
         venv_archive.receive_command(name, _venv(wheelhouse), dict(wheelhouse.digests)[name],
-                                     READY_MARKER),
+                                     READY_MARKER, niceness),
         input=archive, timeout_s=1800)
     if received.exit_code == venv_archive.DIGEST_DIFFERS:
         raise ProtocolError(
@@ -362,7 +373,8 @@ async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: 
 
 
 def _installed_mb(archive: Path) -> int:
-    """About what the archive unpacks to (gzip gets Python and its binaries to about 3/10)."""
+    """About what the archive unpacks to: both compress this runtime's tar (Python and its
+    binaries) to about 3/10 (203 MB: zstd 58 MB, gzip 61 MB)."""
     return round(archive.stat().st_size * 10 / 3 / 1e6)
 
 

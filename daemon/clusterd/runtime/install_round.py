@@ -63,9 +63,10 @@ class InstallRound:
             self._said.add(phase)
         await self._progress(message, phase)
 
-    async def node(self, node: NodeInfo) -> None:
+    async def node(self, node: NodeInfo, behind_head: bool = False) -> None:
         """Make `node` run this runtime: copied, installed and linked as the current one if
-        it needed it (one that had it was linked when checked)."""
+        it needed it (one that had it was linked when checked). A worker's install goes
+        `behind_head` (install.BEHIND_HEAD_NICENESS)."""
         runner = self._runner_for(node)
         if node.node_id not in self._needing:
             return  # linked when checked
@@ -78,7 +79,7 @@ class InstallRound:
                                         f"installing the runtime on {count} node(s): "
                                         f"{self._wheelhouse.key}")
 
-        await install.install_checked(runner, self._wheelhouse, announce)
+        await install.install_checked(runner, self._wheelhouse, announce, behind_head)
         await install.link_current(runner, self._wheelhouse)
         logger.info("runtime ready on node", node=node.node_id,
                     seconds=round(time.monotonic() - started, 2))

@@ -298,7 +298,7 @@ class RuntimeManager:
             # start; its own start goes on once the head's node is registered, as its
             # Ray needs (agent/ray_start.py asks the GCS every 50 ms: no word from here).
             if installs is not None and node.ssh is not None:
-                await installs.node(node)
+                await installs.node(node, behind_head=True)
             with anyio.fail_after(self._start_timeout_s * 4):  # the head's install and start
                 await decided.wait()
             plan = plans[0]

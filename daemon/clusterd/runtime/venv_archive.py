@@ -115,7 +115,8 @@ def _plain(member: tarfile.TarInfo) -> tarfile.TarInfo:
 # links and pyvenv.cfg (what `python -m venv` writes), and the ready marker last.
 _RECEIVE = """
 import hashlib, os, platform, shutil, subprocess, sys
-venv, digest, marker, unpacker = sys.argv[1:5]
+venv, digest, marker, unpacker, niceness = sys.argv[1:6]
+os.nice(int(niceness))  # tar and its unpacker too
 shutil.rmtree(venv, ignore_errors=True)
 os.makedirs(venv)
 tar = subprocess.Popen(["tar", "-x", "--use-compress-program=" + unpacker, "-f", "-",
@@ -152,12 +153,14 @@ DIGEST_DIFFERS = 3
 UNPACK_FAILED = 4
 
 
-def receive_command(archive: str, venv: str, digest: str, marker: str) -> list[str]:
+def receive_command(archive: str, venv: str, digest: str, marker: str,
+                    niceness: int = 0) -> list[str]:
     """The node's command that makes `venv` from `archive` (one of ARCHIVES: its bytes come
     on stdin) and marks it ready; exit DIGEST_DIFFERS (nothing left) if what arrived is not
-    the recorded archive, UNPACK_FAILED if tar failed (its message on stderr)."""
+    the recorded archive, UNPACK_FAILED if tar failed (its message on stderr). With
+    `niceness`, it yields the CPU to whatever else runs there (see install.py)."""
     return ["python3", "-c", _RECEIVE, venv, digest, marker,
-            "zstd" if archive == ZSTD_ARCHIVE else "gzip"]
+            "zstd" if archive == ZSTD_ARCHIVE else "gzip", str(niceness)]
 
 
 def archive_for(node_has_zstd: bool) -> str:
