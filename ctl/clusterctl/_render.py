@@ -121,8 +121,8 @@ class Printer:
         elif event == "progress":
             phase = str(data.get("phase") or "")
             self.clock.mark(phase, float(data.get("elapsed") or 0.0))
-            shown = f"{phase:<10} " if self.verbose and phase not in NOT_PHASES else (
-                " " * 11 if self.verbose else "")
+            # -v: a column of phases (blank for a line that only annotates).
+            shown = f"{'' if phase in NOT_PHASES else phase:<10} " if self.verbose else ""
             self.note(f"{prefix}[{data.get('elapsed', 0):6.1f}s] {shown}"
                       f"{data.get('message', '')}")
         elif event == "blocked":
