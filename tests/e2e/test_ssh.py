@@ -56,6 +56,16 @@ def duo(bed: Bed) -> str:
     assert timed == ["placement", "provision", "install", "ray", "agent", "up"], summary
     assert sorted(result.stdout.splitlines()) == ["(head, rank=0) launched on 0",
                                                   "(worker1, rank=1) launched on 1"]
+    # The head's runtime was sent first; the worker's once it had arrived.
+    events = [(e["event"], e.get("node"), e.get("head")) for e in
+              map(json.loads, filter(lambda line: line.startswith("{"),
+                                     bed.daemon.log().splitlines()))
+              if e.get("cluster") == "duo"
+              and e["event"] in ("runtime install begins", "runtime installed")]
+    (head,) = [node for event, node, is_head in events if is_head]
+    assert [(event, node == head) for event, node, _ in events] == [
+        ("runtime install begins", True), ("runtime installed", True),
+        ("runtime install begins", False), ("runtime installed", False)], events
     return "duo"
 
 

@@ -29,13 +29,16 @@ from clusterd.commands import CommandResult
 from clusterd.runtime import slim, venv_archive
 from clusterd.runtime.install import (
     BEHIND_HEAD_NICENESS,
+    NodePython,
     Wheelhouse,
     WheelhouseBuilder,
     copy_wheelhouse,
     install_runtime,
+    linked_or_probed,
     wheelhouse_key,
 )
 from clusterd.runtime.runner import LocalRunner
+from clusterd.runtime.venv_archive import PYTHON_TAG
 from clusterd.runtime.wheelhouse import HASHED_REQUIREMENTS, SUMS, WheelhouseRefused
 from tests.support import other_user, short_tempdir
 
@@ -122,17 +125,28 @@ def test_a_key_and_a_ready_marker_do_not_make_a_wheelhouse(place: Path) -> None:
 
 
 @pytest.mark.anyio
-async def test_a_wheel_changed_after_the_build_is_refused_naming_it(
+async def test_a_file_changed_after_the_build_is_refused_before_it_is_sent(
         place: Path, built: Wheelhouse, node: Path) -> None:
+    """Found again, the whole wheelhouse is hashed. Before an install, what the nodes are
+    sent is: the archive to a node whose Python is ours, the wheels to any other."""
     root = copy_of(built, place)
     wheelhouse = WheelhouseBuilder(root).build()  # as the daemon found it, before the change
     wheel = next(wheelhouse.path.glob("anyio-*.whl"))
     spoil(wheel)
     assert f"{wheel} has changed since the wheelhouse was built" in refusal(root)
-    # A daemon holding it from before: nothing is copied to the node.
+    ours = NodePython(PYTHON_TAG, True, sys.executable)
+    other = NodePython("3.99", False, "/usr/bin/python3.99")
+    assert ours.archive == venv_archive.ZSTD_ARCHIVE and other.archive is None
+    wheelhouse.verify([ours])  # its archive is the one recorded: the wheel is not sent
+    with pytest.raises(WheelhouseRefused) as refused:
+        wheelhouse.verify([ours, other])
+    assert f"{wheel} has changed since" in refused.value.message
+    # A daemon holding it from before: a changed archive is not sent to the node.
+    archive = wheelhouse.path / venv_archive.ZSTD_ARCHIVE
+    spoil(archive)
     with pytest.raises(WheelhouseRefused) as refused:
         await install_runtime(LocalRunner(), wheelhouse)
-    assert f"{wheel} has changed since" in refused.value.message
+    assert f"{archive} has changed since" in refused.value.message
     assert list(node.iterdir()) == []
 
 
@@ -273,6 +287,14 @@ async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(
     assert ray_cli.returncode == 0 and b"ray, version" in ray_cli.stdout, ray_cli.stderr
     # Streamed, not copied: nothing of the install is left beside the venv.
     assert sorted(p.name for p in (node / ".clusterd").iterdir()) == ["current", "venvs"]
+    # Asked again, the node has it: linked to it (again), no probe. Told to install it
+    # anyway (it answered with another version), it says what its Python is.
+    (node / ".clusterd" / "current").unlink()
+    assert await linked_or_probed(runner, built) is None
+    assert os.readlink(node / ".clusterd" / "current") == f"venvs/{built.key}"
+    probed = await linked_or_probed(runner, built, force=True)
+    assert probed is not None and (probed.version, probed.has_zstd) == (PYTHON_TAG, zstd)
+    assert Path(probed.executable).is_file()
 
 
 def test_the_runtime_archive_holds_nothing_of_this_machine(built: Wheelhouse) -> None:
@@ -374,8 +396,10 @@ def test_a_workers_unpacking_yields_the_cpu_when_asked(tmp_path: Path, niceness:
     (tools / "tar").chmod(0o755)
     env = {**os.environ, "PATH": f"{tools}{os.pathsep}{os.environ['PATH']}"}
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    (tmp_path / "old-venv").mkdir()
+    (tmp_path / "current").symlink_to("old-venv")
     command = venv_archive.receive_command(venv_archive.GZIP_ARCHIVE, str(tmp_path / "venv"),
-                                           digest, ".ready", niceness)
+                                           digest, ".ready", niceness, "current", "venv")
     done = subprocess.run(command, input=archive.read_bytes(), env=env, capture_output=True,
                           check=False, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -383,3 +407,6 @@ def test_a_workers_unpacking_yields_the_cpu_when_asked(tmp_path: Path, niceness:
     assert int(said.read_text()) == own + niceness
     assert (tmp_path / "venv" / "lib" / "module.py").read_text() == "x = 1\n"
     assert (tmp_path / "venv" / ".ready").exists()
+    # Made the current one, the link replaced (as `ln -sfn` would), nothing left beside it.
+    assert os.readlink(tmp_path / "current") == "venv"
+    assert not os.path.lexists(tmp_path / "current.new")

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 
 import anyio
@@ -84,6 +84,21 @@ def agent_requirements() -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
+class NodePython:
+    """A node's python3, as probed: its X.Y, whether zstd is on its PATH, its executable."""
+
+    version: str
+    has_zstd: bool
+    executable: str
+
+    @property
+    def archive(self) -> str | None:
+        """The runtime's archive the node unpacks; None: its Python is not ours, and it
+        installs from a copy of the wheelhouse."""
+        return venv_archive.archive_for(self.has_zstd) if self.version == PYTHON_TAG else None
+
+
+@dataclasses.dataclass(frozen=True)
 class Wheelhouse:
     path: Path
     key: str  # identifies this exact runtime: version plus a digest of the wheels
@@ -112,9 +127,19 @@ class Wheelhouse:
         return cls(path, path.name, packages[0], installers[0],
                    tuple(sorted(digests.items())))
 
-    def verify(self) -> None:
-        """Blocking: WheelhouseRefused unless the files are still the ones verified before."""
-        integrity.verify(self.path, dict(self.digests))
+    def verify(self, pythons: Iterable[NodePython] | None = None) -> None:
+        """Blocking: WheelhouseRefused unless the files are still the ones verified before;
+        given the Pythons of the nodes about to get it, only what is sent to them is hashed
+        (the archive for a node whose Python is ours, the wheels for any other)."""
+        hashing = None
+        if pythons is not None:
+            hashing = set()
+            for python in pythons:
+                if python.archive is not None:
+                    hashing.add(python.archive)
+                else:
+                    hashing |= {n for n, _ in self.digests if n not in venv_archive.ARCHIVES}
+        integrity.verify(self.path, dict(self.digests), hashing)
 
     def runtime_wheels(self) -> list[str]:
         """The wheels that make the node's venv: all but the installer's."""
@@ -286,7 +311,8 @@ def _pip(*args: str) -> None:
 
 # The runtime the daemon's commands use on a node: a link to the installed version's venv,
 # relative to the login directory (where commands over SSH start).
-CURRENT_PYTHON = ".clusterd/current/bin/python"
+CURRENT_LINK = ".clusterd/current"
+CURRENT_PYTHON = f"{CURRENT_LINK}/bin/python"
 
 
 async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
@@ -294,12 +320,14 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
     """Make sure the node has this runtime and `.clusterd/current` points at it; with
     `force`, install it again even if it claims to be there (it answered with another
     version). The steps one by one (a launch runs them node by node: install_round.py)."""
-    if force or not await linked_if_installed(runner, wheelhouse):
+    python = await linked_or_probed(runner, wheelhouse, force)
+    if python is not None:
         # Our copy first: changed since it was checked (or built), it goes nowhere.
-        await anyio.to_thread.run_sync(wheelhouse.verify)
-        await install_checked(runner, wheelhouse)
-        await link_current(runner, wheelhouse)
+        await anyio.to_thread.run_sync(wheelhouse.verify, [python])
+        await install_checked(runner, wheelhouse, python)
 
+
+RECEIVE_TIMEOUT_S = 1800  # the runtime's stream to one node, over the slowest link we serve
 
 # A worker's unpacking yields the CPU to the head's Ray start where both share a host (nodes
 # of an SSH pool on one machine, pods on one Kubernetes node, the test beds): the head's
@@ -308,40 +336,62 @@ async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
 BEHIND_HEAD_NICENESS = 10
 
 
-async def install_checked(runner: CommandRunner, wheelhouse: Wheelhouse,
+async def install_checked(runner: CommandRunner, wheelhouse: Wheelhouse, python: NodePython,
                           announce: Callable[[str], Awaitable[None]] | None = None,
-                          behind_head: bool = False) -> None:
-    """Install the runtime on the node from a wheelhouse the caller has verified: the
-    archive of the venv, streamed, on a node whose Python is ours (venv_archive.py); else
-    the package's wheel from a copy of the wheelhouse and the rest from the node's index.
-    `announce` hears each phase ("copy", "install") as it begins; `behind_head`: a worker's
-    (BEHIND_HEAD_NICENESS)."""
-    node_python, has_zstd, executable = await _probe_python(runner)
-    if node_python == PYTHON_TAG:
+                          behind_head: bool = False,
+                          sent: Callable[[], None] | None = None) -> None:
+    """Install the runtime on the node whose Python is `python`, from a wheelhouse the caller
+    has verified, and make it the current one: the archive of the venv, streamed, on a node
+    whose Python is ours (venv_archive.py); else the package's wheel from a copy of the
+    wheelhouse and the rest from the node's index. `announce` hears each phase ("copy",
+    "install") as it begins; `behind_head`: a worker's (BEHIND_HEAD_NICENESS); `sent` is
+    called once nothing more goes from here to the node (the archive is unpacked, or the
+    wheelhouse copied: the rest is the node's own work)."""
+    if python.archive is not None:
         if announce is not None:
             await announce("install")
-        await _receive_archive(runner, wheelhouse, venv_archive.archive_for(has_zstd),
+        await _receive_archive(runner, wheelhouse, python.archive,
                                BEHIND_HEAD_NICENESS if behind_head else 0)
+        if sent is not None:
+            sent()
         return
     if announce is not None:
         await announce("copy")
     await copy_wheelhouse(runner, wheelhouse)
+    if sent is not None:
+        sent()
     if announce is not None:
         await announce("install")
-    await install_copied(runner, wheelhouse, executable)
+    await install_copied(runner, wheelhouse, python.executable)
+    await link_current(runner, wheelhouse)
 
 
-async def _probe_python(runner: CommandRunner) -> tuple[str, bool, str]:
-    """The node's python3: its version (X.Y), whether zstd is on its PATH, its executable."""
+# The node's python3: its version (X.Y), whether zstd is on its PATH, its executable.
+_PROBE = ("import shutil, sys; print('%d.%d' % sys.version_info[:2], "
+          "int(bool(shutil.which('zstd'))), sys.executable)")
+_LINKED = "linked"
+
+
+async def linked_or_probed(runner: CommandRunner, wheelhouse: Wheelhouse,
+                           force: bool = False) -> NodePython | None:
+    """If the node has this runtime (and not `force`), make it the current one and say None;
+    else what its python3 is, to install the runtime with. One round trip either way (a
+    start of a stopped cluster waits on it)."""
+    linked = ('test -e "$1" && ln -sfn "$2" "$3" && echo linked && exit; '
+              if not force else '')
     found = await runner.run(
-        ["python3", "-c", "import shutil, sys; print('%d.%d' % sys.version_info[:2], "
-         "int(bool(shutil.which('zstd'))), sys.executable)"], timeout_s=60)
+        ["sh", "-c", linked + 'exec python3 -c "$4"', "sh",
+         f"{_venv(wheelhouse)}/{READY_MARKER}", f"venvs/{wheelhouse.key}", CURRENT_LINK,
+         _PROBE], timeout_s=60)
+    said = found.text.strip()
+    if found.exit_code == 0 and said == _LINKED:
+        return None
     if found.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
                             f"{runner.node_name} has no python3: {found.error_tail(3)}",
                             "install Python 3.11 or newer on the node")
-    version, has_zstd, executable = found.text.strip().split(" ", 2)
-    return version, has_zstd == "1", executable
+    version, has_zstd, executable = said.split(" ", 2)
+    return NodePython(version, has_zstd == "1", executable)
 
 
 async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: str,
@@ -350,8 +400,9 @@ async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: 
     archive = wheelhouse.path / name
     received = await runner.run(
         venv_archive.receive_command(name, _venv(wheelhouse), dict(wheelhouse.digests)[name],
-                                     READY_MARKER, niceness),
-        input=archive, timeout_s=1800)
+                                     READY_MARKER, niceness, CURRENT_LINK,
+                                     f"venvs/{wheelhouse.key}"),
+        input=archive, timeout_s=RECEIVE_TIMEOUT_S)
     if received.exit_code == venv_archive.DIGEST_DIFFERS:
         raise ProtocolError(
             ErrorCode.PROVIDER_ERROR,
@@ -386,15 +437,6 @@ def _remote_house(wheelhouse: Wheelhouse) -> str:
     return f".clusterd/wheelhouse/{wheelhouse.key}"
 
 
-async def linked_if_installed(runner: CommandRunner, wheelhouse: Wheelhouse) -> bool:
-    """If the node has this runtime, make it the current one and say True, in one round trip
-    (a start of a stopped cluster waits on it); else False, and nothing changes."""
-    done = await runner.run(
-        ["sh", "-c", 'test -e "$1" && ln -sfn "$2" .clusterd/current', "sh",
-         f"{_venv(wheelhouse)}/{READY_MARKER}", f"venvs/{wheelhouse.key}"], timeout_s=60)
-    return done.exit_code == 0
-
-
 async def copy_wheelhouse(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
     """The wheelhouse onto the node (rsync: what is there already is not sent again). The
     caller has verified our copy first (Wheelhouse.verify)."""
@@ -403,7 +445,7 @@ async def copy_wheelhouse(runner: CommandRunner, wheelhouse: Wheelhouse) -> None
 
 
 async def link_current(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", ".clusterd/current"],
+    linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", CURRENT_LINK],
                               timeout_s=60)
     if linked.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,

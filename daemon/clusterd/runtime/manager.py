@@ -159,7 +159,8 @@ class RuntimeManager:
             await self._stop_running(cluster, info, progress, "stopping the old runtime")
         remote = [node for node in info.nodes if node.ssh is not None]
         installs = (await InstallRound.prepare(self._runner_for, self._wheelhouse, remote,
-                                               progress, force=fresh) if remote else None)
+                                               info.head, progress, force=fresh)
+                    if remote else None)
         head = info.head
         head_runner = self._runner_for(head)
         head_layout = NodeLayout(head.runtime_dir)
@@ -293,12 +294,12 @@ class RuntimeManager:
                 group.start_soon(start_agent)
 
         async def worker_node(node: NodeInfo) -> None:
-            # Each on its own: installed while the head installs or starts, its ports
+            # Each on its own: installed once the head has, while the head starts; its ports
             # picked once the head has decided, and its Ray's imports done beside the head's
             # start; its own start goes on once the head's node is registered, as its
             # Ray needs (agent/ray_start.py asks the GCS every 50 ms: no word from here).
             if installs is not None and node.ssh is not None:
-                await installs.node(node, behind_head=True)
+                await installs.node(node)
             with anyio.fail_after(self._start_timeout_s * 4):  # the head's install and start
                 await decided.wait()
             plan = plans[0]

@@ -112,10 +112,11 @@ def _plain(member: tarfile.TarInfo) -> tarfile.TarInfo:
 
 # Run by the node's python3 with the archive on stdin. It hashes what it reads while tar
 # unpacks it into a fresh venv directory, then makes the venv the node's: its interpreter's
-# links and pyvenv.cfg (what `python -m venv` writes), and the ready marker last.
+# links and pyvenv.cfg (what `python -m venv` writes), the ready marker, and last the link
+# that makes it the current runtime (replaced at once, as `ln -sfn` would).
 _RECEIVE = """
 import hashlib, os, platform, shutil, subprocess, sys
-venv, digest, marker, unpacker, niceness = sys.argv[1:6]
+venv, digest, marker, unpacker, niceness, link, link_target = sys.argv[1:8]
 os.nice(int(niceness))  # tar and its unpacker too
 shutil.rmtree(venv, ignore_errors=True)
 os.makedirs(venv)
@@ -148,19 +149,25 @@ with open(os.path.join(venv, "pyvenv.cfg"), "w") as cfg:
               "include-system-site-packages = false\\nrelocatable = true\\n"
               % (os.path.dirname(python), platform.python_version()))
 open(os.path.join(venv, marker), "w").close()
+os.makedirs(os.path.dirname(link) or ".", exist_ok=True)
+if os.path.lexists(link + ".new"):
+    os.remove(link + ".new")
+os.symlink(link_target, link + ".new")
+os.replace(link + ".new", link)
 """
 DIGEST_DIFFERS = 3
 UNPACK_FAILED = 4
 
 
-def receive_command(archive: str, venv: str, digest: str, marker: str,
-                    niceness: int = 0) -> list[str]:
+def receive_command(archive: str, venv: str, digest: str, marker: str, niceness: int,
+                    link: str, link_target: str) -> list[str]:
     """The node's command that makes `venv` from `archive` (one of ARCHIVES: its bytes come
-    on stdin) and marks it ready; exit DIGEST_DIFFERS (nothing left) if what arrived is not
-    the recorded archive, UNPACK_FAILED if tar failed (its message on stderr). With
-    `niceness`, it yields the CPU to whatever else runs there (see install.py)."""
+    on stdin), marks it ready and points the symbolic link `link` at `link_target` (the
+    venv, as the link sees it); exit DIGEST_DIFFERS (nothing left, the link as it was) if
+    what arrived is not the recorded archive, UNPACK_FAILED if tar failed (its message on
+    stderr). With `niceness`, it yields the CPU to whatever else runs there (install.py)."""
     return ["python3", "-c", _RECEIVE, venv, digest, marker,
-            "zstd" if archive == ZSTD_ARCHIVE else "gzip", str(niceness)]
+            "zstd" if archive == ZSTD_ARCHIVE else "gzip", str(niceness), link, link_target]
 
 
 def archive_for(node_has_zstd: bool) -> str:

@@ -13,7 +13,7 @@ copy, or a directory made by hand (a key and a marker) is refused, naming the fi
 On a node, pip checks each wheel against the digests the daemon verified, held in its memory
 (`--require-hashes`): what arrives is installed only if it is what was checked here.
 
-Standard library only; blocking (hashing reads every wheel): call it from a thread.
+Standard library only; blocking (hashing reads the files): call it from a thread.
 """
 
 from __future__ import annotations
@@ -109,10 +109,13 @@ def _read_sums(directory: Path) -> dict[str, str]:
     return digests
 
 
-def verify(directory: Path, expected: Mapping[str, str] | None = None) -> dict[str, str]:
+def verify(directory: Path, expected: Mapping[str, str] | None = None,
+           hashing: Iterable[str] | None = None) -> dict[str, str]:
     """Check the wheelhouse `directory` (and its parent, the wheelhouse root) as the module
     says, against the digests in its SUMS, or `expected` (those checked before, kept in
-    memory). Returns the digests; WheelhouseRefused naming the first file that differs."""
+    memory); with `hashing`, only the files named there are read and hashed (those about
+    to be sent), while every file's owner and presence is checked. Returns the digests;
+    WheelhouseRefused naming the first file that differs."""
     check_trusted(directory.parent, directory=True)
     check_trusted(directory, directory=True)
     if expected is None:
@@ -129,9 +132,12 @@ def verify(directory: Path, expected: Mapping[str, str] | None = None) -> dict[s
     if missing:
         raise WheelhouseRefused(directory / missing[0], "was recorded when the wheelhouse was "
                                 "built and is missing (a partial copy?)", _rebuild_hint(directory))
+    hashed = set(expected if hashing is None else hashing)
     for name, digest in sorted(expected.items()):
         path = directory / name
         check_trusted(path, directory=False)
+        if name not in hashed:
+            continue
         found = sha256_of(path)
         if found != digest:
             raise WheelhouseRefused(
