@@ -171,6 +171,14 @@ def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluste
     assert any("gcs_server" in p for p in head), head
 
 
+def command_of(process: psutil.Process) -> str:
+    """Its command line; "" if it ended since it was listed (Ray's short-lived helpers)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.NoSuchProcess:
+        return ""
+
+
 def test_each_raylet_retries_its_connects_often(agent_cluster: AgentCluster) -> None:
     # A raylet connects to its own object store at once; when the store's thread has not
     # listened yet (a busy machine), Ray's default waits a whole second before it tries again.
@@ -180,7 +188,7 @@ def test_each_raylet_retries_its_connects_often(agent_cluster: AgentCluster) -> 
         record = json.loads((run_dir / "ray.pid").read_text())
         started = psutil.Process(int(record["pid"]))
         (raylet,) = [p for p in started.children(recursive=True)
-                     if "raylet/raylet" in " ".join(p.cmdline())]
+                     if "raylet/raylet" in command_of(p)]
         environ = raylet.environ()
         assert environ.get("RAY_raylet_client_connect_timeout_milliseconds") == "50", run_dir
         assert environ.get("RAY_raylet_client_num_connect_attempts") == "200", run_dir
@@ -204,7 +212,7 @@ found = ray_start._get_node(address, ids[0])
 state.GlobalState.node_table = real
 up = ray_start.wait_until_registered(address, 30)
 nobody = ray_start.wait_until_registered(sys.argv[2], 0.3)
-hosts = {host: ray_start._registered_at(table, host)
+hosts = {host: ray_start._registered_at(table.node_table(), host)
          for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4")}
 print(json.dumps({"asked": len(asked), "nodes": len(ids), "port": found["node_manager_port"],
                   "up": up, "nobody": nobody, "hosts": hosts}))

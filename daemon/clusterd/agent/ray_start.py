@@ -44,10 +44,12 @@ daemon's word saves a round trip through the daemon on every worker's start.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ray._private import ray_constants, services, state
@@ -64,18 +66,26 @@ def _no_ray_client() -> ImportError:
 _ray_get_node = services.get_node
 
 
-def _get_node(gcs_address: str, node_id: str) -> Any:
+def _poll_nodes(gcs_address: str, found: Callable[[list[dict[str, Any]]], bool],
+                deadline: float) -> bool:
+    """Ask the GCS at gcs_address for its node table every NODE_POLL_S until `found` says
+    yes (True) or the deadline passes (False)."""
     table = state.GlobalState()
     table._initialize_global_state(services._get_gcs_client_options(gcs_address))
     try:
-        deadline = time.monotonic() + NODE_POLL_FOR_S
-        while time.monotonic() < deadline and not any(
-                node.get("NodeID") == node_id for node in table.node_table()):
+        while not found(table.node_table()):
+            if time.monotonic() > deadline:
+                return False
             time.sleep(NODE_POLL_S)
-    except Exception:  # Ray's own lookup, below, says what is wrong
-        pass
+        return True
     finally:
         table.disconnect()
+
+
+def _get_node(gcs_address: str, node_id: str) -> Any:
+    with contextlib.suppress(Exception):  # Ray's own lookup, below, says what is wrong
+        _poll_nodes(gcs_address, lambda nodes: any(n.get("NodeID") == node_id for n in nodes),
+                    time.monotonic() + NODE_POLL_FOR_S)
     return _ray_get_node(gcs_address, node_id)
 
 
@@ -112,9 +122,8 @@ def _gcs_listening(gcs_address: str) -> bool:
         return False
 
 
-def _registered_at(table: state.GlobalState, host: str) -> bool:
-    return any(node.get("Alive") and node.get("NodeManagerAddress") == host
-               for node in table.node_table())
+def _registered_at(nodes: list[dict[str, Any]], host: str) -> bool:
+    return any(node.get("Alive") and node.get("NodeManagerAddress") == host for node in nodes)
 
 
 def wait_until_registered(gcs_address: str, timeout_s: float) -> bool:
@@ -128,16 +137,7 @@ def wait_until_registered(gcs_address: str, timeout_s: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(NODE_POLL_S)
-    table = state.GlobalState()
-    table._initialize_global_state(services._get_gcs_client_options(gcs_address))
-    try:
-        while not _registered_at(table, host):
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(NODE_POLL_S)
-        return True
-    finally:
-        table.disconnect()
+    return _poll_nodes(gcs_address, lambda nodes: _registered_at(nodes, host), deadline)
 
 
 # Ray reads its settings from `RAY_<name>` in each process it starts (they inherit this one's
