@@ -377,11 +377,11 @@ async def linked_or_probed(runner: CommandRunner, wheelhouse: Wheelhouse,
     """If the node has this runtime (and not `force`), make it the current one and say None;
     else what its python3 is, to install the runtime with. One round trip either way (a
     start of a stopped cluster waits on it)."""
-    linked = ('test -e "$1" && ln -sfn "$2" "$3" && echo linked && exit; '
+    linked = (f'test -e "$1" && ln -sfn "$2" "$3" && echo {_LINKED} && exit; '
               if not force else '')
     found = await runner.run(
         ["sh", "-c", linked + 'exec python3 -c "$4"', "sh",
-         f"{_venv(wheelhouse)}/{READY_MARKER}", f"venvs/{wheelhouse.key}", CURRENT_LINK,
+         f"{_venv(wheelhouse)}/{READY_MARKER}", _current_target(wheelhouse), CURRENT_LINK,
          _PROBE], timeout_s=60)
     said = found.text.strip()
     if found.exit_code == 0 and said == _LINKED:
@@ -401,7 +401,7 @@ async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: 
     received = await runner.run(
         venv_archive.receive_command(name, _venv(wheelhouse), dict(wheelhouse.digests)[name],
                                      READY_MARKER, niceness, CURRENT_LINK,
-                                     f"venvs/{wheelhouse.key}"),
+                                     _current_target(wheelhouse)),
         input=archive, timeout_s=RECEIVE_TIMEOUT_S)
     if received.exit_code == venv_archive.DIGEST_DIFFERS:
         raise ProtocolError(
@@ -433,6 +433,11 @@ def _venv(wheelhouse: Wheelhouse) -> str:
     return f".clusterd/venvs/{wheelhouse.key}"
 
 
+def _current_target(wheelhouse: Wheelhouse) -> str:
+    """The venv as CURRENT_LINK names it (relative: the link sits beside `venvs`)."""
+    return f"venvs/{wheelhouse.key}"
+
+
 def _remote_house(wheelhouse: Wheelhouse) -> str:
     return f".clusterd/wheelhouse/{wheelhouse.key}"
 
@@ -445,7 +450,7 @@ async def copy_wheelhouse(runner: CommandRunner, wheelhouse: Wheelhouse) -> None
 
 
 async def link_current(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    linked = await runner.run(["ln", "-sfn", f"venvs/{wheelhouse.key}", CURRENT_LINK],
+    linked = await runner.run(["ln", "-sfn", _current_target(wheelhouse), CURRENT_LINK],
                               timeout_s=60)
     if linked.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,

@@ -149,7 +149,6 @@ with open(os.path.join(venv, "pyvenv.cfg"), "w") as cfg:
               "include-system-site-packages = false\\nrelocatable = true\\n"
               % (os.path.dirname(python), platform.python_version()))
 open(os.path.join(venv, marker), "w").close()
-os.makedirs(os.path.dirname(link) or ".", exist_ok=True)
 if os.path.lexists(link + ".new"):
     os.remove(link + ".new")
 os.symlink(link_target, link + ".new")
