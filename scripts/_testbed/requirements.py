@@ -22,9 +22,10 @@ INSTALL_TIMEOUT_S = 900.0
 
 # What nodes run is the machine's own: sshd, rsync (workdirs, file mounts), python3 -m venv
 # (the runtime), ps. The EC2 bed also makes namespaces and links (iproute2), enforces security
-# groups (nftables), and gives nodes sudo (which brings visudo, to check its sudoers file).
+# groups (nftables), gives nodes sudo (which brings visudo, to check its sudoers file), and
+# makes each instance's disk an ext4 image (e2fsprogs' mkfs.ext4; util-linux's losetup).
 HOSTS_PACKAGES = ("openssh-server", "openssh-client", "rsync", "python3-venv", "procps")
-EC2_PACKAGES = (*HOSTS_PACKAGES, "sudo", "iproute2", "nftables", "util-linux")
+EC2_PACKAGES = (*HOSTS_PACKAGES, "sudo", "iproute2", "nftables", "util-linux", "e2fsprogs")
 # The Kubernetes bed runs containers with Debian's runc and CNI plugins (containerd, Go and
 # etcd it extracts into its cache without installing them), builds with gcc (the static pause
 # needs libc6-dev), patch and openssl, makes its node image with debootstrap, and kube-proxy

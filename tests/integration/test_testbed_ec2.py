@@ -299,12 +299,12 @@ touch {venv}/only-here""")
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["2.60.0", "ready",
                                 f"#!/home/ubuntu/.clusterd/venvs/{key}/bin/python3", "0"]
-    # the instance's runtime is the template's files (hard links); new files are its own
+    # The instance's runtime is a copy of the template's, on a disk of its own: what the
+    # node writes there stays there.
     template = bed.dir / "images" / f"runtime-{key}" / "home" / ".clusterd" / "venvs" / key
-    disk = bed.dir / "instances" / iid / "home" / ".clusterd" / "venvs" / key
-    assert (disk / "pyvenv.cfg").stat().st_ino == (template / "pyvenv.cfg").stat().st_ino
-    assert (disk / "only-here").exists() and not (template / "only-here").exists()
-    assert (bed.dir / "instances" / iid / "home" / ".ssh" / "authorized_keys").is_file()
+    r = bed.ssh(row["private_ip"], f"cat {venv}/pyvenv.cfg")
+    assert r.stdout == (template / "pyvenv.cfg").read_text()
+    assert not (template / "only-here").exists()
 
 
 def test_nothing_but_loopback_is_reachable(bed: Bed) -> None:
@@ -335,6 +335,28 @@ def test_node_answers_ssh_with_sudo_and_private_dirs(bed: Bed, pair: list[dict[s
     assert r.stdout.split() == ["no-a"]
     assert not Path("/tmp/only-a").exists()
     assert not os.listdir("/home/ubuntu")  # the host's is only a mount point
+
+
+def test_each_node_has_a_disk_of_its_own(bed: Bed, pair: list[dict[str, Any]]) -> None:
+    """Its home and /tmp are on an ext4 image of its own (as an instance's EBS volume),
+    mounted only inside the node: the host sees no mount of it."""
+    devices = []
+    for row in pair:
+        r = bed.ssh(row["private_ip"], "findmnt -n -o SOURCE,FSTYPE --target ~; "
+                                       "findmnt -n -o SOURCE --target /tmp")
+        assert r.returncode == 0, r.stderr
+        home_source, fstype, tmp_source = r.stdout.split()
+        device = home_source.removesuffix("[/home]")
+        assert device.startswith("/dev/loop") and fstype == "ext4", r.stdout
+        assert tmp_source == f"{device}[/tmp]", r.stdout
+        devices.append(device)
+    assert devices[0] != devices[1]
+    attached = subprocess.run(["losetup", "--noheadings", "-O", "NAME,BACK-FILE", "--list"],
+                              capture_output=True, text=True).stdout
+    for row, device in zip(pair, devices, strict=True):
+        assert f"{device} {bed.dir / 'instances' / row['id'] / 'disk.ext4'}" in \
+            " ".join(attached.split()), attached
+    assert str(bed.dir) not in Path("/proc/self/mounts").read_text()
 
 
 def test_ubuntu_image_home_has_no_runtime(bed: Bed, pair: list[dict[str, Any]]) -> None:
@@ -597,7 +619,7 @@ def test_shutdown_with_behaviour_stop(bed: Bed, pair: list[dict[str, Any]]) -> N
                     f"['Reservations'][0]['Instances'][0]['StateReason'])")
     assert reason == {"Code": "Client.InstanceInitiatedShutdown",
                       "Message": "Client.InstanceInitiatedShutdown: Instance initiated shutdown"}
-    assert (bed.dir / "instances" / b["id"] / "home").is_dir()
+    assert (bed.dir / "instances" / b["id"] / "disk.ext4").is_file()
 
 
 def test_shutdown_with_behaviour_terminate(bed: Bed) -> None:
@@ -741,6 +763,9 @@ def test_down_leaves_nothing(bed: Bed) -> None:
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
     assert not node_processes(str(bed.dir))
     assert not bed.dir.exists()
+    wait_for(lambda: str(bed.dir) not in subprocess.run(
+        ["losetup", "--list", "-O", "BACK-FILE"], capture_output=True, text=True).stdout, 10,
+        "the nodes' disks to be released")
     if not others:
         with pytest.raises(KeyError):
             pwd.getpwnam("ubuntu")

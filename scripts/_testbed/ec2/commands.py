@@ -32,7 +32,7 @@ from _testbed.common import (
     warn,
     write_file,
 )
-from _testbed.ec2 import host_setup, runtime_image
+from _testbed.ec2 import disk, host_setup, runtime_image
 from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
     API_URL,
@@ -101,6 +101,7 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
                                "mount coreutils nftables")
     if not os.path.exists(SSHD):
         raise Failure(f"{SSHD} not found", hint="apt-get install openssh-server")
+    disk.check_host()
     if not os.access(VENV_PYTHON, os.X_OK):
         raise Failure(f"{VENV_PYTHON} not found (the controller needs the project's venv)",
                       hint="scripts/test or scripts/quickstart makes it")

@@ -21,7 +21,7 @@ from _testbed.common import (
     unlocked_password_field,
     write_file,
 )
-from _testbed.ec2.layout import NODE_HOME, NODE_MOUNT, NODE_USER, BedPaths
+from _testbed.ec2.layout import NODE_DISK, NODE_HOME, NODE_MOUNT, NODE_USER, BedPaths
 
 REGISTRY = "/run/clusterd-testbed/ec2"  # one NETNS.json per live bed: {"dir", "netns"}
 SUDOERS_FILE = "/etc/sudoers.d/clusterd-testbed-ubuntu"
@@ -154,7 +154,7 @@ def ensure_node_user() -> None:
         if pw is None:
             raise Failure(f"useradd {NODE_USER} made no user")
     unlocked_password_field(NODE_USER)
-    for d in (NODE_HOME, NODE_MOUNT):  # mount points: a node mounts its own over them
+    for d in (NODE_HOME, NODE_MOUNT, NODE_DISK):  # mount points: a node mounts its own there
         os.makedirs(d, mode=0o755, exist_ok=True)
     os.chown(NODE_HOME, pw.pw_uid, pw.pw_gid)
     os.makedirs("/usr/local/sbin", mode=0o755, exist_ok=True)
@@ -182,7 +182,7 @@ def remove_node_user() -> list[str]:
     pw = getpw(NODE_USER)
     if pw is not None and pw.pw_gecos == GECOS:
         errors += delete_user(NODE_USER)
-    for d in (NODE_MOUNT, NODE_HOME):
+    for d in (NODE_MOUNT, NODE_HOME, NODE_DISK):
         with contextlib.suppress(OSError):  # only if empty: it is a mount point, nothing more
             os.rmdir(d)
     return errors

@@ -38,6 +38,7 @@ SECRET_ACCESS_KEY = "clusterd-testbed-not-a-secret"
 NODE_USER = "ubuntu"
 NODE_HOME = "/home/ubuntu"
 NODE_MOUNT = "/run/clusterd-testbed-node"  # an instance's control directory, on the node
+NODE_DISK = "/run/clusterd-testbed-disk"  # where a node mounts its disk (disk.py)
 SHUTDOWN_REQUEST = "shutdown-request"  # written there by the shutdown stubs
 NODE_READY = "ready"  # written there by the node's init once its sshd answers
 VPC_NAME = "clusterd-testbed"
@@ -79,19 +80,16 @@ def default_netns() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class InstancePaths:
-    """One instance's files. `home` is its disk (kept across stop/start, deleted with the
-    instance); `control` is mounted on NODE_MOUNT on the node and holds its sshd's config and
-    host key and the shutdown requests; `tmp` is emptied at every boot."""
+    """One instance's files. `disk` is its disk, an ext4 image holding its /home/ubuntu and
+    /tmp (disk.py: kept across stop/start, deleted with the instance); `control` is mounted on
+    NODE_MOUNT on the node and holds its sshd's config and host key and the shutdown
+    requests."""
 
     root: str
 
     @property
-    def home(self) -> str:
-        return os.path.join(self.root, "home")
-
-    @property
-    def tmp(self) -> str:
-        return os.path.join(self.root, "tmp")
+    def disk(self) -> str:
+        return os.path.join(self.root, "disk.ext4")
 
     @property
     def control(self) -> str:
@@ -163,7 +161,8 @@ class BedPaths:
         return self._p("images")
 
     def runtime_template(self, key: str) -> str:
-        """The home directory instances of the runtime image KEY start from (hard links)."""
+        """The home directory instances of the runtime image KEY start from (copied onto their
+        disks)."""
         assert "/" not in key and key not in ("", ".", "..")
         return self._p("images", f"runtime-{key}", "home")
 

@@ -1,9 +1,10 @@
 """PID 1 of an EC2 node: run by the controller as
 `unshare --net --mount --pid --fork --mount-proc --kill-child=SIGKILL -- python -m
 _testbed.ec2.node_init ...`, as root, in the node's own network, PID and mount namespaces. It
-makes the node's mounts - the instance's disk on /home/ubuntu, a freshly emptied /tmp (a boot),
-a private /dev/shm, the shutdown stubs on /usr/local/sbin, the instance's control directory on
-/run/clusterd-testbed-node, a /sys of its own network namespace - and its network: `lo` with
+makes the node's mounts - the instance's disk (an ext4 image: disk.py) with its home on
+/home/ubuntu and its /tmp freshly emptied (a boot), a private /dev/shm, the shutdown stubs on
+/usr/local/sbin, the instance's control directory on /run/clusterd-testbed-node, a /sys of its
+own network namespace - and its network: `lo` with
 127.0.0.1/32 only, and the instance's private address on the veth the controller hands it
 (network.py). Then it runs sshd in the foreground, says it is up (a `ready` file in the control
 directory, once sshd answers) and reaps every orphan until sshd exits. When this process dies,
@@ -24,7 +25,7 @@ import sys
 import time
 
 from _testbed.common import Failure, run
-from _testbed.ec2 import network
+from _testbed.ec2 import disk, network
 from _testbed.ec2.layout import NODE_READY
 
 SSHD = "/usr/sbin/sshd"
@@ -65,15 +66,21 @@ def make_mounts(args: argparse.Namespace) -> None:
     # Nothing mounted here may show up on the host or on another node. The order matters: the
     # instance's directory may itself live under /tmp, so /tmp is covered last.
     mount("--make-rprivate", "/")
+    try:
+        disk.wait_released(args.disk)
+    except Failure as e:
+        raise SystemExit(f"node_init: {e}") from e
+    mount("-o", disk.MOUNT_OPTIONS, args.disk, args.disk_mount)
     mount("--bind", args.control, args.node_mount)
     mount("--bind", args.sbin, "/usr/local/sbin")
     mount("-o", "remount,bind,ro", "/usr/local/sbin")
-    mount("--bind", args.home, args.home_mount)
+    mount("--bind", os.path.join(args.disk_mount, "home"), args.home_mount)
     mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", "/dev/shm")
     # sysfs shows the network namespace of whoever mounted it: the node's own, from now on.
     mount("-t", "sysfs", "-o", "nosuid,nodev,noexec", "sysfs", "/sys")
-    empty_dir(args.tmp, 0o1777)
-    mount("--bind", args.tmp, "/tmp")
+    tmp = os.path.join(args.disk_mount, "tmp")
+    empty_dir(tmp, 0o1777)
+    mount("--bind", tmp, "/tmp")
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
 
 
@@ -153,8 +160,8 @@ def serve(sshd_config: str, ip: str, ready_file: str) -> int:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="node_init")
     ap.add_argument("--instance-id", required=True)
-    ap.add_argument("--home", required=True, help="the instance's disk")
-    ap.add_argument("--tmp", required=True)
+    ap.add_argument("--disk", required=True, help="the instance's disk image (disk.py)")
+    ap.add_argument("--disk-mount", required=True, help="where the node mounts it")
     ap.add_argument("--control", required=True)
     ap.add_argument("--sbin", required=True, help="the shutdown stubs")
     ap.add_argument("--node-mount", required=True)

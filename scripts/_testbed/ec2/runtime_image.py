@@ -3,8 +3,8 @@ an AMI of their own. A template home directory, DIR/images/runtime-KEY/home, hol
 runtime for wheelhouse KEY exactly as clusterd's install_runtime leaves it on a node
 (.clusterd/venvs/KEY with its ready marker, and the .clusterd/current link); the controller
 registers an AMI for it in every region, and the watcher gives an instance of that AMI, on its
-first boot, a copy of the template made of hard links. clusterd then finds the runtime there and
-skips the install.
+first boot, a copy of the template on its new disk (disk.py). clusterd then finds the runtime
+there and skips the install.
 
 The template is built once per KEY, by the command line: `unshare --mount --net --pid --fork --
 python -m _testbed.ec2.runtime_image ...` runs `main` as root in throwaway namespaces (an empty

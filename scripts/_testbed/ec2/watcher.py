@@ -2,8 +2,8 @@
 its VPC's bridge: network.py) per running instance in moto, polling moto's backend every POLL_S
 seconds.
 
-  running, no node              -> boot a node (first boot: the key pair's key on the disk, and
-                                   for a runtime image, its template's files as hard links)
+  running, no node              -> boot a node (first boot: a new disk, disk.py, with the key
+                                   pair's key and for a runtime image its template's files)
   running, node at another IP   -> stopped and started between two polls: kill it, boot again
   running, node died            -> boot it again after a backoff (logged)
   running, shutdown requested   -> apply InstanceInitiatedShutdownBehavior through the API
@@ -28,15 +28,15 @@ from typing import Any
 
 from _testbed.common import (
     assert_loopback,
-    chown_tree,
     ensure_keygen,
     getpw,
     read_text,
     sshd_config,
     write_file,
 )
-from _testbed.ec2 import network
+from _testbed.ec2 import disk, network
 from _testbed.ec2.layout import (
+    NODE_DISK,
     NODE_HOME,
     NODE_INIT_MODULE,
     NODE_MOUNT,
@@ -146,8 +146,8 @@ class Watcher:
         return ("down" if instance_state == "running" else "none"), None
 
     def use_template(self, image_id: str, template: str) -> None:
-        """Instances of image_id start, on their first boot, with template's files in their home
-        (hard links: pip never rewrites an installed file, so the copies stay the template's)."""
+        """Instances of image_id start, on their first boot, with a copy of template's files in
+        their home (as an EBS volume made from an AMI's snapshot)."""
         with self._lock:
             self._templates[image_id] = template
 
@@ -244,8 +244,7 @@ class Watcher:
             raise RuntimeError(f"there is no user {NODE_USER} (`ec2 up` makes it)")
         os.makedirs(ipaths.root, mode=0o755, exist_ok=True)
         os.makedirs(ipaths.control, mode=0o755, exist_ok=True)
-        os.makedirs(ipaths.tmp, mode=0o1777, exist_ok=True)
-        if not os.path.isdir(ipaths.home):
+        if not os.path.exists(ipaths.disk):
             self._first_boot(backend, inst, ipaths, pw.pw_uid, pw.pw_gid)
         ensure_keygen(ipaths.host_key, f"{inst.id}-host")
         host_key_on_node = os.path.join(NODE_MOUNT, os.path.basename(ipaths.host_key))
@@ -260,7 +259,7 @@ class Watcher:
         cmd = ["unshare", "--net", "--mount", "--pid", "--fork", "--mount-proc",
                "--kill-child=SIGKILL",
                "--", sys.executable, "-m", NODE_INIT_MODULE, "--instance-id", inst.id,
-               "--home", ipaths.home, "--tmp", ipaths.tmp, "--control", ipaths.control,
+               "--disk", ipaths.disk, "--disk-mount", NODE_DISK, "--control", ipaths.control,
                "--sbin", self.paths.node_sbin, "--node-mount", NODE_MOUNT,
                "--home-mount", NODE_HOME,
                "--sshd-config", os.path.join(NODE_MOUNT, os.path.basename(ipaths.sshd_config)),
@@ -287,37 +286,18 @@ class Watcher:
 
     def _first_boot(self, backend: Any, inst: Any, ipaths: InstancePaths, uid: int,
                     gid: int) -> None:
-        """A new disk: /etc/skel, the key pair's public key in .ssh/authorized_keys and, for a
-        runtime image, its template's files (hard links, made after the rest: nothing is ever
-        written through one)."""
-        part = ipaths.home + ".new"
-        shutil.rmtree(part, ignore_errors=True)
-        os.makedirs(os.path.join(part, ".ssh"), mode=0o700)
-        os.chmod(part, 0o755)
-        if os.path.isdir("/etc/skel"):
-            for name in os.listdir("/etc/skel"):
-                src = os.path.join("/etc/skel", name)
-                if os.path.isfile(src) and not os.path.islink(src):
-                    shutil.copy2(src, os.path.join(part, name))
+        """A new disk (disk.py): /etc/skel, the key pair's public key in .ssh/authorized_keys
+        and, for a runtime image, a copy of its template's files."""
         key = backend.key_pairs.get(inst.key_name) if inst.key_name else None
-        if key is not None:
-            write_file(os.path.join(part, ".ssh", "authorized_keys"),
-                       key.public_key.strip() + "\n", 0o600)
-        else:
+        if key is None:
             log.warning("instance %s has no key pair (%r): nobody can log in to it",
                         inst.id, inst.key_name)
-        chown_tree(part, uid, gid)
         template = self._templates.get(inst.image_id)
+        disk.make(ipaths.disk, skeleton="/etc/skel", uid=uid, gid=gid, template=template,
+                  authorized_key=key.public_key if key is not None else None)
         if template is not None:
-            p = subprocess.run(["cp", "-al", "--", os.path.join(template, "."), part + "/"],
-                               stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                               timeout=120)
-            if p.returncode != 0:
-                raise RuntimeError(f"cp -al {template}/. {part}/ failed (exit {p.returncode}): "
-                                   f"{p.stderr.strip()[-500:]}")
             log.info("instance %s: its home starts from the runtime image %s", inst.id,
                      inst.image_id)
-        os.rename(part, ipaths.home)
 
     def _kill(self, node: Node) -> None:
         """SIGKILL the node's unshare: its PID 1 and with it every process of the node die.
