@@ -36,7 +36,8 @@ class AWSBed(BedDaemon):
         return calls
 
 
-def bench_aws_launch(bench: Any, runs: int = 2) -> None:
+# Three launches each, for a median: two fresh launches on the bed differed by up to 30%.
+def bench_aws_launch(bench: Any, runs: int = 3) -> None:
     print("(j) launch of a 2-node AWS cluster on the EC2 test bed vs a local launch",
           file=sys.stderr)
     bed = AWSBed(bench)
