@@ -95,6 +95,14 @@ class EC2Bed:
         status = json.loads(self.testbed("status", "--json").stdout)
         return [i for instances in status["regions"].values() for i in instances]
 
+    def touch_on_node(self, instance_id: str, path: str) -> None:
+        """Make an empty file on a node's disk from the bed's side, whatever its network lets
+        through: as root, in the node's mount namespace (its disk is mounted only there)."""
+        (node_pid,) = [n["node_pid"] for n in self.nodes() if n["id"] == instance_id]
+        done = subprocess.run(["nsenter", "--target", str(node_pid), "--mount", "--", "touch",
+                               path], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+
     def firewall_syncs(self) -> int:
         """How many passes over the API the bed's firewall has finished."""
         done = self.testbed("firewall", "--json")

@@ -281,11 +281,11 @@ def test_a_port_not_in_the_group_is_refused_from_the_daemons_side(bed: Bed, duo:
 
 def test_without_the_self_rule_the_same_job_fails_with_a_clear_reason(
         bed: Bed, duo: str) -> None:
-    """The rule is revoked while both ranks run, then rank 1 is let go (a file in its node's
-    home, which is a directory of the bed's): Ray's own connections are established by then
-    and live on, as EC2 keeps established flows, so only the task's new one is dropped. (Revoked
-    before the job, Ray itself cannot start a rank's new worker process on the node: the job
-    hangs in Ray, which says nothing of the rule.)"""
+    """The rule is revoked while both ranks run, then rank 1 is let go (a file the bed puts in
+    its node's home): Ray's own connections are established by then and live on, as EC2 keeps
+    established flows, so only the task's new one is dropped. (Revoked before the job, Ray
+    itself cannot start a rank's new worker process on the node: the job hangs in Ray, which
+    says nothing of the rule.)"""
     name = cloud_name(bed, duo)
     group = next(g for g in bed.aws()["groups"]
                  if g["tags"].get("clusterd-cluster-name") == name)
@@ -311,7 +311,7 @@ def test_without_the_self_rule_the_same_job_fails_with_a_clear_reason(
     bed.ec2.ec2_call("us-east-1", "revoke_security_group_ingress", GroupId=group["id"],
                      IpPermissions=rule)
     try:
-        Path(bed.ec2.dir, "instances", worker["id"], "home", gate).touch()
+        bed.ec2.touch_on_node(worker["id"], f"/home/ubuntu/{gate}")
         result = bed.daemon.ctl("logs", duo, str(job_id), timeout=240)
         assert "rank 1 cannot reach" in result.stdout and "timed out" in result.stdout, (
             result.stdout)
