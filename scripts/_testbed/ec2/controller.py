@@ -61,9 +61,9 @@ class Bed:
         self.regions: list[str] = []
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self.endpoint = Endpoint(self.subnet_zone)
-        self.watcher = Watcher(paths, self.backends, self.api)
         self.firewall = Firewall(lambda: list(self.regions), self.api)
+        self.endpoint = Endpoint(self.subnet_zone, on_call=self.firewall.saw_call)
+        self.watcher = Watcher(paths, self.backends, self.api)
         self._wanted = regions
         # the runtime images: key -> its template (the last one is the current one), and
         # key -> {region: AMI id}
@@ -121,10 +121,17 @@ class Bed:
             if region not in self._clients:
                 import boto3
 
-                self._clients[region] = boto3.session.Session(
+                client = boto3.session.Session(
                     aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
                     region_name=region).client("ec2", endpoint_url=MOTO_URL)
+                # The controller's own changes (a preemption, a node's shutdown) bypass the
+                # endpoint: the firewall hears of them here.
+                client.meta.events.register("after-call.ec2", self._after_own_call)
+                self._clients[region] = client
             return self._clients[region]
+
+    def _after_own_call(self, model: Any, **kwargs: Any) -> None:
+        self.firewall.saw_call("ec2", model.name)
 
     def client(self, service: str) -> Any:
         """A boto3 client of a global service (IAM, STS) to moto itself."""

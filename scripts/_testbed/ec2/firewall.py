@@ -8,9 +8,14 @@ does with each instance's groups.
   EC2 drops it (no reset): a connect times out.
 - Egress is open, and an instance's traffic to itself never leaves it.
 
-The rules are a function of what the API says (`ruleset`), read from moto every POLL_S by a
-thread of the controller and applied in one nft transaction when they change, so an authorize,
-a revoke, or an instance starting or stopping takes effect within a second. Traffic between
+The rules are a function of what the API says (`ruleset`), read from moto by a thread of the
+controller and applied in one nft transaction when they change. It reads the API again within
+POLL_S of any EC2 call that may change something (not a Describe or Get): the bed's endpoint
+and the controller's own clients tell it of each call. So an authorize, a revoke, or an
+instance starting or stopping takes effect within a second. What moto changes on its own
+(an instance going from stopping to stopped) is read at least every IDLE_PASS_S. It used to
+read the API every POLL_S whatever happened: two calls per region, four times a second, a
+tenth of a core of the machine that the nodes share. Traffic between
 two nodes of one bridge reaches the inet family's forward hook through bridge netfilter; the
 daemon's traffic (it runs in the bed's namespace) goes through the output hook.
 """
@@ -32,6 +37,8 @@ log = logging.getLogger("testbed.ec2.firewall")
 
 TABLE = "clusterd_sg"
 POLL_S = 0.25
+IDLE_PASS_S = 2.0
+READS = ("Describe", "Get")  # EC2 calls that change nothing
 ANYWHERE = "0.0.0.0/0"
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
 
@@ -174,6 +181,7 @@ class Firewall:
         self.generation = 0  # bumped at every change applied
         self.applied_at = 0.0
         self.syncs = 0  # passes finished (read the API, applied what changed)
+        self._dirty = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="firewall", daemon=True)
 
     def start(self) -> None:
@@ -196,8 +204,19 @@ class Firewall:
     def rules(self) -> str:
         return self._applied or ""
 
+    def saw_call(self, service: str, action: str) -> None:
+        """An API call was made (by anyone): read the API again soon if it may have changed
+        something. A call whose service or action could not be read counts as a change."""
+        if service in ("ec2", "") and not (action and action.startswith(READS)):
+            self._dirty.set()
+
     def _loop(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(POLL_S):
+            if not self._dirty.is_set() and time.monotonic() - last < IDLE_PASS_S:
+                continue
+            self._dirty.clear()  # before reading: a call during the pass makes another
+            last = time.monotonic()
             try:
                 self.sync()
             except Exception:

@@ -29,8 +29,10 @@ HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authoriza
 class Endpoint:
     """The endpoint's bookkeeping: call counts and fault rules. Thread-safe."""
 
-    def __init__(self, subnet_zone: Callable[[str, str], str | None]) -> None:
+    def __init__(self, subnet_zone: Callable[[str, str], str | None],
+                 on_call: Callable[[str, str], None] | None = None) -> None:
         self.subnet_zone = subnet_zone
+        self.on_call = on_call  # (service, action) of every call, as it comes
         self.stopping = threading.Event()
         self._lock = threading.Lock()
         self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
@@ -39,6 +41,8 @@ class Endpoint:
 
     def observe(self, call: Call) -> Rule | None:
         """Count the call; return the rule it fires (and count that firing), if any."""
+        if self.on_call is not None:
+            self.on_call(call.service, call.action)
         with self._lock:
             self._counts[(call.service, call.action, call.region)] += 1
             rule = pick_rule(self._rules, call)
