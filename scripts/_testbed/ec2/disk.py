@@ -37,9 +37,9 @@ RELEASE_WAIT_S = 30.0
 FILL_TIMEOUT_S = 300.0
 
 
-def _run(argv: list[str], what: str, timeout: float = FILL_TIMEOUT_S) -> None:
+def _run(argv: list[str], what: str, env: dict[str, str] | None = None) -> None:
     p = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=FILL_TIMEOUT_S, env=env)
     if p.returncode != 0:
         raise Failure(f"{what} failed (exit {p.returncode}): "
                       f"{(p.stderr or p.stdout).strip()[-500:]}")
@@ -85,14 +85,10 @@ def _fill_home(image: str, template: str) -> None:
     mountpoint = image + ".mnt"
     os.makedirs(mountpoint, exist_ok=True)
     try:
-        p = subprocess.run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
-                            _FILL, "sh", image, mountpoint, template], stdin=subprocess.DEVNULL,
-                           capture_output=True, text=True, timeout=FILL_TIMEOUT_S,
-                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                                "MOUNT_OPTIONS": MOUNT_OPTIONS})
-        if p.returncode != 0:
-            raise Failure(f"copying the runtime image {template} onto a new disk failed "
-                          f"(exit {p.returncode}): {p.stderr.strip()[-500:]}")
+        _run(["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", _FILL, "sh",
+              image, mountpoint, template],
+             f"copying the runtime image {template} onto a new disk",
+             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MOUNT_OPTIONS": MOUNT_OPTIONS})
     finally:
         os.rmdir(mountpoint)
 
@@ -114,10 +110,6 @@ def wait_released(disk: str, timeout: float = RELEASE_WAIT_S) -> None:
                           "(a node of an earlier boot still has it mounted)",
                           hint=f"losetup --associated {disk}")
         time.sleep(0.02)
-
-
-def mount(disk: str, mountpoint: str) -> None:
-    _run(["mount", "-o", MOUNT_OPTIONS, disk, mountpoint], f"mounting {disk}", timeout=60)
 
 
 def check_host() -> None:

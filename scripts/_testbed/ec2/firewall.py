@@ -15,9 +15,10 @@ and the controller's own clients tell it of each call. So an authorize, a revoke
 instance starting or stopping takes effect within a second. What moto changes on its own
 (an instance going from stopping to stopped) is read at least every IDLE_PASS_S. It used to
 read the API every POLL_S whatever happened: two calls per region, four times a second, a
-tenth of a core of the machine that the nodes share. Traffic between
-two nodes of one bridge reaches the inet family's forward hook through bridge netfilter; the
-daemon's traffic (it runs in the bed's namespace) goes through the output hook.
+tenth of a core of the machine that the nodes share.
+
+Traffic between two nodes of one bridge reaches the inet family's forward hook through bridge
+netfilter; the daemon's traffic (it runs in the bed's namespace) goes through the output hook.
 """
 
 from __future__ import annotations

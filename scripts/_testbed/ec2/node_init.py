@@ -1,10 +1,9 @@
-"""PID 1 of an EC2 node: run by the controller as
-`unshare --net --mount --pid --fork --mount-proc --kill-child=SIGKILL -- python -m
-_testbed.ec2.node_init ...`, as root, in the node's own network, PID and mount namespaces. It
-makes the node's mounts - the instance's disk (an ext4 image: disk.py) with its home on
-/home/ubuntu and its /tmp freshly emptied (a boot), a private /dev/shm, the shutdown stubs on
-/usr/local/sbin, the instance's control directory on /run/clusterd-testbed-node, a /sys of its
-own network namespace - and its network: `lo` with
+"""PID 1 of an EC2 node: run by the controller as `unshare --net --mount --pid --fork --mount-proc
+--kill-child=SIGKILL -- python -m _testbed.ec2.node_init ...`, as root, in the node's own
+network, PID and mount namespaces. It makes the node's mounts - the instance's disk (an ext4
+image: disk.py) with its home on /home/ubuntu and its /tmp freshly emptied (a boot), a private
+/dev/shm, the shutdown stubs on /usr/local/sbin, the instance's control directory on
+/run/clusterd-testbed-node, a /sys of its own network namespace - and its network: `lo` with
 127.0.0.1/32 only, and the instance's private address on the veth the controller hands it
 (network.py). Then it runs sshd in the foreground, says it is up (a `ready` file in the control
 directory, once sshd answers) and reaps every orphan until sshd exits. When this process dies,
