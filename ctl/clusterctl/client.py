@@ -213,12 +213,13 @@ class Client:
             ensure_private_dir(log_dir)
         except UnsafePath as exc:
             raise DaemonUnavailable(f"cannot start clusterd: {exc.message}", exc.fix) from None
+        self._refuse_if_served_elsewhere(log_dir)
         log_path = os.path.join(log_dir, "clusterd.log")
         if self._on_autostart is not None:
             self._on_autostart(log_path)
         env = dict(os.environ)
         if self.socket_path != paths.socket_path():
-            env["CLUSTERD_SOCKET"] = str(self.socket_path)
+            env["CLUSTERD_SOCKET"] = os.path.abspath(self.socket_path)  # it runs in /
         fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
                      PRIVATE_FILE_MODE)
         os.fchmod(fd, PRIVATE_FILE_MODE)  # one written by an older clusterd may be 0644
@@ -244,6 +245,8 @@ class Client:
                                         exc.fix) from None
             except OSError as exc:
                 exited = process.poll()
+                if exited is not None:
+                    self._refuse_if_served_elsewhere(log_dir)
                 if exited is not None and exited != 0:
                     raise DaemonUnavailable(
                         f"clusterd exited with code {exited} while starting",
@@ -256,6 +259,20 @@ class Client:
                     ) from None
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
+
+    def _refuse_if_served_elsewhere(self, state_dir: str) -> None:
+        """One daemon serves a state directory (see _state_owner): if it listens on another
+        socket than ours, starting a second one would only be refused; say which socket."""
+        from clusterctl._state_owner import read_owner
+
+        owner = read_owner(state_dir)
+        if owner is not None and owner.socket != os.path.abspath(self.socket_path):
+            raise DaemonUnavailable(
+                f"clusterd (pid {owner.pid}) already serves the state in {state_dir} on "
+                f"socket {owner.socket}, not on {self.socket_path}",
+                f"talk to it with `clusterctl --socket {owner.socket}` (or "
+                "CLUSTERD_SOCKET), or give another daemon a state of its own "
+                "(XDG_STATE_HOME)")
 
     # -- frames -------------------------------------------------------------------------------
 

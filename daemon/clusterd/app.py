@@ -13,6 +13,7 @@ import fcntl
 import os
 import secrets
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -20,6 +21,8 @@ from typing import IO, Any
 import anyio
 import anyio.abc
 
+from clusterctl import _state_owner
+from clusterctl._state_owner import StateOwner
 from clusterctl._version import __version__
 from clusterctl.protocol import ProtocolError
 from clusterd import log
@@ -77,9 +80,20 @@ class AlreadyRunning(RuntimeError):
     pass
 
 
+class StateInUse(AlreadyRunning):
+    """Another clusterd serves this state directory (see clusterctl._state_owner)."""
+
+    def __init__(self, state_dir: Path, owner: StateOwner | None) -> None:
+        self.state_dir = state_dir
+        self.owner = owner
+        holder = (f"pid {owner.pid}, on socket {owner.socket}" if owner
+                  else "its pid not yet written")
+        super().__init__(f"another clusterd ({holder}) serves the state in {state_dir}")
+
+
 @contextlib.contextmanager
 def single_instance(lock_path: Path) -> Iterator[IO[str]]:
-    """Hold an exclusive lock for the daemon's lifetime: one clusterd per user and socket."""
+    """Hold an exclusive lock for the daemon's lifetime: one clusterd per socket."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(lock_path, "a+")  # noqa: SIM115 - held until the context ends
     try:
@@ -98,9 +112,41 @@ def single_instance(lock_path: Path) -> Iterator[IO[str]]:
         handle.close()
 
 
+@contextlib.contextmanager
+def state_owner(state_dir: Path, socket_path: Path) -> Iterator[None]:
+    """Hold the state directory for the daemon's lifetime: one clusterd per state, whatever
+    its socket. Taken before anything reads or writes the state; the kernel lets go of it
+    when the process dies, however it dies."""
+    fd = os.open(_state_owner.lock_path(str(state_dir)),
+                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StateInUse(state_dir, _holder(fd)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, _state_owner.encode(StateOwner(os.getpid(), str(socket_path))), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _holder(fd: int) -> StateOwner | None:
+    """Who holds the state lock, as it wrote down; it writes just after it takes the lock,
+    so a start racing ours may need a moment."""
+    for _ in range(50):
+        owner = _state_owner.decode(os.pread(fd, 4096, 0))
+        if owner is not None:
+            return owner
+        time.sleep(0.01)
+    return None
+
+
 def daemon_id(state_dir: Path) -> str:
     """This daemon's identity, made once per state directory: what it creates in a cloud is
-    tagged with it, so it can tell its own instances (and orphans of its records) apart."""
+    tagged with it, so it can tell its own instances (and orphans of its records) apart.
+    Made with link(2), which fails if the name exists: of two daemons starting at once on a
+    new state directory, both read the one identity that was written first."""
     path = state_dir / "daemon-id"
     try:
         return path.read_text().strip()
@@ -108,11 +154,16 @@ def daemon_id(state_dir: Path) -> str:
         pass
     state_dir.mkdir(parents=True, exist_ok=True)
     ident = f"clusterd-{secrets.token_hex(6)}"
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = state_dir / f"daemon-id.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(ident + "\n")
-    tmp.replace(path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return path.read_text().strip()
+    finally:
+        tmp.unlink()
     return ident
 
 
@@ -253,7 +304,8 @@ class Daemon:
         prepare_directory(settings.runtime_dir)
         prepare_directory(settings.runtime_dir / "agents")
         prepare_directory(settings.state_dir)
-        with single_instance(settings.socket_path.with_suffix(".lock")):
+        with state_owner(settings.state_dir, settings.socket_path), \
+                single_instance(settings.socket_path.with_suffix(".lock")):
             await self.db.open()
             try:
                 await self.store.load()

@@ -79,7 +79,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        socket_path = Path(paths.socket_path())
+        # Absolute now: the daemon's directory becomes / before the socket is made.
+        socket_path = Path(paths.socket_path()).absolute()
         values: dict[str, object] = {
             "socket_path": socket_path,
             "runtime_dir": socket_path.parent,

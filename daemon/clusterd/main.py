@@ -13,7 +13,7 @@ from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterctl._version import __version__
 from clusterctl.protocol import ProtocolError
 from clusterd import log
-from clusterd.app import AlreadyRunning, Daemon
+from clusterd.app import AlreadyRunning, Daemon, StateInUse
 from clusterd.config import Settings
 from clusterd.server.listener import SocketInUse, UnsafeListener
 
@@ -37,8 +37,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     overrides: dict[str, object] = {"log_level": args.log_level}
     if args.socket is not None:
-        overrides["socket_path"] = args.socket
-        overrides["runtime_dir"] = args.socket.parent
+        overrides["socket_path"] = args.socket.absolute()
+        overrides["runtime_dir"] = args.socket.absolute().parent
     settings = Settings.from_env(**overrides)
     if args.prepare_runtime:
         from clusterd.runtime.install import WheelhouseBuilder
@@ -63,6 +63,16 @@ def main(argv: list[str] | None = None) -> None:
         anyio.run(Daemon(settings).run)
     except UnsafeListener as exc:
         sys.exit(f"clusterd: {exc}")
+    except StateInUse as exc:
+        owner = exc.owner
+        if owner is not None and owner.socket != str(settings.socket_path):
+            # Two daemons on one state would both act on the same clusters: refused.
+            sys.exit(f"clusterd: refusing to start: {exc}\n"
+                     f"hint: talk to that one (clusterctl --socket {owner.socket}), or give "
+                     "this one a state of its own (XDG_STATE_HOME)")
+        # Not an error: a racing autostart found the daemon it wanted already there.
+        print(f"clusterd: {exc}", file=sys.stderr)
+        sys.exit(0)
     except AlreadyRunning as exc:
         # Not an error: a racing autostart found the daemon it wanted already there.
         print(f"clusterd: {exc}", file=sys.stderr)
