@@ -67,6 +67,9 @@ def logs_request(args: argparse.Namespace) -> protocol.JobsLogsArgs:
 
 
 def _launch(client: Client, args: argparse.Namespace) -> int:
+    if args.job_name and args.name and args.job_name != args.name:
+        fail(f"-n and --name both name the job ({args.job_name[:40]!r}, {args.name[:40]!r})",
+             "give one of them")
     args.name = args.job_name or args.name
     request = task_args(args, protocol.JobsLaunchArgs, infra=args.infra)
     return _follow(client, request, detach=args.detach)

@@ -234,6 +234,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
             parser.error(f"unrecognized arguments: {' '.join(unknown)} "
                          "(put a command's own options after --)")
         args.entrypoint = [*args.entrypoint, *extra, *command]
+        # After `--`, the words are a command whatever they look like (see task_args).
+        args.command_given = bool(command)
     elif extra or command:
         parser.error(f"unrecognized arguments: {' '.join([*extra, *command])}")
     return args

@@ -51,6 +51,21 @@ def add_task_options(parser: argparse.ArgumentParser) -> None:
                              "-- if it has options of its own)")
 
 
+def _refuse_what_is_no_task(entry: list[str]) -> None:
+    """A task file with words after it, or a directory, is neither a task nor a command
+    anyone meant: refused, rather than run on the nodes as a command that fails there."""
+    first = entry[0]
+    shown = first if len(first) <= 40 else first[:37] + "..."
+    if first.endswith(YAML_SUFFIXES) and len(entry) > 1:
+        rest = " ".join(entry[1:])
+        fail(f"{shown} is a task file, and a task file takes no arguments "
+             f"(given: {rest if len(rest) <= 40 else rest[:37] + '...'})",
+             "set the task's variables with --env K=V, or give a command after --")
+    if len(entry) == 1 and os.path.isdir(first):
+        fail(f"{shown} is a directory, not a task",
+             f"give a task YAML (e.g. {shown.rstrip('/')}/task.yaml), or a command after --")
+
+
 def print_json(value: Any) -> None:
     import json  # only for --json: most runs never need it
 
@@ -59,6 +74,8 @@ def print_json(value: Any) -> None:
 
 def task_args(args: argparse.Namespace, cls: type[Any], **extra: Any) -> Any:
     entry = list(args.entrypoint or [])
+    if entry and not getattr(args, "command_given", False):
+        _refuse_what_is_no_task(entry)
     source: dict[str, Any] = {}
     if len(entry) == 1 and entry[0].endswith(YAML_SUFFIXES):
         source["yaml_path"] = os.path.abspath(entry[0])

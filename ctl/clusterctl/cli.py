@@ -66,8 +66,9 @@ def _run_job_stream(client: Client, request: protocol.OpArgs, detach: bool,
         printer.note(f"Cluster {cluster} is ready; the task had nothing to run.")
         return _exit_codes.SUCCEEDED
     if detach:
-        printer.note(f"Job {job_id} submitted to {cluster}.\n"
-                     f"  logs:   clusterctl logs {cluster} {job_id}\n"
+        # "Job N submitted" was said when the job event came; said here only if it did not.
+        said = "" if state.get("job_id") == job_id else f"Job {job_id} submitted to {cluster}.\n"
+        printer.note(f"{said}  logs:   clusterctl logs {cluster} {job_id}\n"
                      f"  cancel: clusterctl cancel {cluster} {job_id}")
         return _exit_codes.SUCCEEDED
     printer.job_result(result)

@@ -76,18 +76,21 @@ def start(env: dict[str, str]) -> subprocess.Popen[str]:
                             start_new_session=True)
 
 
+def settled(processes: list[subprocess.Popen[str]], envs: list[dict[str, str]]) -> bool:
+    """One of the two serves its socket, and the other has exited."""
+    running = [p for p, env in zip(processes, envs, strict=True)
+               if p.poll() is None and answers(socket_of(env)) == p.pid]
+    exited = [p for p in processes if p.poll() is not None]
+    return len(running) == 1 and len(exited) == 1
+
+
 def test_two_daemons_started_at_once_on_one_state_exactly_one_runs(root: Path) -> None:
     for round_ in range(ROUNDS):
         envs = [session_env(root, f"{round_}a"), session_env(root, f"{round_}b")]
         processes = [start(env) for env in envs]
 
-        def settled() -> bool:
-            running = [p for p, env in zip(processes, envs, strict=True)
-                       if p.poll() is None and answers(socket_of(env)) == p.pid]
-            exited = [p for p in processes if p.poll() is not None]
-            return len(running) == 1 and len(exited) == 1
-
-        wait_for(settled, 60, "one daemon to serve and the other to be refused")
+        wait_for(lambda: settled(processes, envs), 60,  # noqa: B023 - awaited here
+                 "one daemon to serve and the other to be refused")
         winner, loser = sorted(zip(processes, envs, strict=True),
                                key=lambda pair: pair[0].poll() is not None)
         assert loser[0].returncode != 0
@@ -153,7 +156,7 @@ def test_daemon_id_is_one_whoever_makes_it_first(root: Path) -> None:
     for round_ in range(20):
         state = root / f"ids-{round_}"
         seen: list[str] = []
-        threads = [threading.Thread(target=lambda: seen.append(daemon_id(state)))
+        threads = [threading.Thread(target=lambda s=state, out=seen: out.append(daemon_id(s)))
                    for _ in range(4)]
         for thread in threads:
             thread.start()

@@ -120,7 +120,8 @@ _INSERT_EVENT = ("INSERT INTO managed_job_events (ts, job_id, from_status, to_st
 
 def cluster_name_for(job_id: int, name: str) -> str:
     """`mj-ID-NAME`, NAME cut to a valid cluster name (lower case, letters, digits, '-')."""
-    cleaned = "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    cleaned = "".join(c if c.isascii() and c.isalnum() else "-" for c in name.lower()
+                      ).strip("-")
     return f"mj-{job_id}-{cleaned[:24].rstrip('-') or 'job'}"
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterctl.protocol import ErrorCode, ProtocolError, shown
 from clusterd.providers.base import Provider, ProviderOf
 
 
@@ -51,6 +51,6 @@ class ProviderRegistry:
             )
         raise ProtocolError(
             ErrorCode.INVALID_ARGUMENT,
-            f"unknown infra {name!r}",
+            f"unknown infra {shown(name, 40)}",
             f"available: {', '.join(self.names())}",
         )

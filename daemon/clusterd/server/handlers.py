@@ -75,7 +75,7 @@ class Handlers:
         loop_stats: Callable[[], dict[str, Any]] = dict,
     ) -> None:
         self._loop_stats = loop_stats
-        self._managed = ManagedHandlers(managed, managed_store)
+        self._managed = ManagedHandlers(managed, managed_store, providers)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
         self._orphans = orphans
@@ -165,6 +165,10 @@ class Handlers:
         limit = max(1, min(args.limit, MAX_EVENTS_LIMIT))
         if not args.follow:
             events = await self._store.events(args.cluster, limit)
+            if args.cluster and not events and self._store.get(args.cluster) is None:
+                # Never made (a torn-down cluster keeps its history): not found, as for
+                # every other command. --follow may wait for a cluster about to be made.
+                require_cluster(self._store, args.cluster)
             return {"events": [e.to_wire() for e in events]}
         # Subscribe before reading the past, so nothing falls between the two.
         with self._store.subscribe() as live:
@@ -179,6 +183,12 @@ class Handlers:
                             "follow again")
 
     async def autostop(self, call: Call, args: protocol.AutostopArgs) -> dict[str, Any]:
+        if args.cancel and (args.idle_minutes is not None or args.down):
+            given = "idle minutes" if args.idle_minutes is not None else "down"
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"cancel removes autostop, and {given} sets it: give one",
+                                "e.g. clusterctl autostop dev --cancel, or "
+                                "clusterctl autostop dev -i 10")
         if args.cancel:
             setting = None
         else:
@@ -219,6 +229,8 @@ class Handlers:
 
     async def show_gpus(self, call: Call, args: protocol.ShowGpusArgs) -> dict[str, Any]:
         """The accelerators of every provider that has a catalog of them."""
+        if args.infra is not None:
+            self._providers.get(args.infra)  # an unknown provider is refused, by name
         catalogs = [(provider.name, catalog) for provider in self._providers.all()
                     if args.infra in (None, provider.name)
                     and (catalog := await provider.accelerators()) is not None]

@@ -12,6 +12,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.recovery import policy_from_yaml
 from clusterd.managed.store import ManagedJobStore, SubmittedTask
+from clusterd.providers.registry import ProviderRegistry
 from clusterd.tasks.loader import _read as read_task_file
 from clusterd.tasks.spec import Infra, TaskSpec
 
@@ -24,9 +25,11 @@ RECOVERY_FIELDS = ("resources.job_recovery", "resources.spot_recovery")
 
 
 class ManagedHandlers:
-    def __init__(self, controller: ManagedJobController, store: ManagedJobStore) -> None:
+    def __init__(self, controller: ManagedJobController, store: ManagedJobStore,
+                 providers: ProviderRegistry) -> None:
         self._controller = controller
         self._store = store
+        self._providers = providers
 
     def table(self) -> dict[str, Any]:
         return {
@@ -62,8 +65,18 @@ class ManagedHandlers:
         if not task.run:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
                                 "a managed job runs the task's run commands; give some")
-        if args.infra:
-            Infra.parse(args.infra)
+        # Refused now, not at the job's first launch: what no launch could ever do.
+        override = Infra.parse(args.infra) if args.infra else None
+        for where in [override] if override and override.provider else \
+                [r.infra for r in task.resource_options()]:
+            if where.provider:
+                self._providers.get(where.provider)  # an unknown provider, by name
+        if task.name is not None and not _makes_cluster_name(task.name):
+            raise ProtocolError(
+                ErrorCode.INVALID_NAME,
+                f"managed job name {protocol.shown(task.name, 40)}: its cluster is named after "
+                "it, and a cluster name is ASCII letters, digits, '-', '_' and '.'",
+                "give a name in those letters (-n NAME)")
         yaml_text = args.yaml_text
         if args.yaml_path is not None:
             # Kept as read now: the file may change or go before a recovery loads it again.
@@ -118,6 +131,12 @@ class ManagedHandlers:
         for job_id in args.job_ids:
             _check_id(job_id)
         return await self._controller.cancel(args.job_ids, args.all)
+
+
+def _makes_cluster_name(name: str) -> bool:
+    """Whether a job name can give its cluster a name: one with a letter or digit, ASCII
+    only (anything else would be dropped from the cluster's name, or refused there)."""
+    return name.isascii() and name.isprintable() and any(c.isalnum() for c in name)
 
 
 def _check_id(job_id: int) -> None:

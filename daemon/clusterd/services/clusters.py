@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Literal
 
 import anyio
@@ -119,24 +119,30 @@ class ClusterService:
                 # Buckets first: a missing one fails the launch before any node is made.
                 regions = await self.prepare_buckets(request, name, task, bucket_owner)
                 record = self._store.get(name)
-                warnings = list(task.warnings)
+                # Warnings are said as soon as they are known, before any node is made.
+                said: set[str] = set()
+
+                async def warn(warnings: Iterable[str]) -> None:
+                    new = [w for w in dict.fromkeys(warnings) if w not in said]
+                    said.update(new)
+                    await announce_warnings(request, self._store, name, new)
+
                 if record is None:
                     created = True
                     record, resources, landed = await self._provision_new(
                         request, name, task, override, autostop, args.retry_until_up,
-                        args.strict, steering)
-                    warnings += landed
+                        args.strict, steering, warn)
+                    await warn(landed)
                 else:
                     resources, fitting = fit_to_cluster(
                         record, task, self._providers.honoured_fields(record.provider),
                         override, args.strict)
-                    warnings += fitting
+                    await warn([*task.warnings, *fitting])
                     provider = self._providers.get(record.provider)
                     record = await self._bring_existing_up(request, record, provider,
                                                            args.retry_until_up)
                 if autostop is not None:
                     record = await self.apply_autostop(record, autostop, request.id)
-                await announce_warnings(request, self._store, name, warnings)
                 grant.downgrade()
                 job_task = dataclasses.replace(task, resources=resources, resource_choices=())
                 try:
@@ -161,7 +167,11 @@ class ClusterService:
         self, request: RunningRequest, name: str, task: TaskSpec, override: Infra | None,
         autostop: Autostop | None, retry_until_up: bool, strict: bool,
         steering: Steering | None = None,
+        warn: Callable[[Iterable[str]], Awaitable[None]] | None = None,
     ) -> tuple[ClusterRecord, Resources, tuple[str, ...]]:
+        """`warn` is told the task's warnings that hold wherever it lands (the task's own,
+        and those every first choice shares) before anything is made; the caller says the
+        rest once it has landed."""
         cloud_name = cloud_name_for(name)
         autostop_down = bool(autostop and autostop.down)
         found = await candidates(task.resource_options(), override, self._providers)
@@ -178,6 +188,10 @@ class ClusterService:
                                    f"{refusal.reason.splitlines()[0]} — not trying it", "failover")
         if not first[0] and not retry_until_up:
             raise no_placement(name, first[1])
+        if warn is not None:
+            shared = [w for w in first[0][0].warnings
+                      if all(w in option.warnings for option in first[0])] if first[0] else []
+            await warn([*task.warnings, *shared])
         now = time.time()
         record = ClusterRecord(
             name=name,

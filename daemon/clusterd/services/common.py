@@ -7,7 +7,7 @@ import re
 import secrets
 from collections.abc import Collection, Iterable
 
-from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError, shown
 from clusterd.providers.base import Provider, ProviderHandle, infra_label
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -21,10 +21,9 @@ MAX_NAME_LENGTH = 63
 
 def check_name(name: str) -> str:
     if not name or len(name) > MAX_NAME_LENGTH or not NAME_PATTERN.fullmatch(name):
-        shown = name if len(name) <= 80 else name[:77] + "..."
         raise ProtocolError(
             ErrorCode.INVALID_NAME,
-            f"invalid cluster name {shown!r}",
+            f"invalid cluster name {shown(name, 40)}",
             f"start with a letter, then letters, digits, '-', '_' or '.', ending in a letter "
             f"or digit; at most {MAX_NAME_LENGTH} characters",
         )
