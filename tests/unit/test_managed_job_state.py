@@ -189,7 +189,7 @@ async def test_status_marks_the_clusters_of_unfinished_managed_jobs(db: Database
 
     store = ManagedJobStore(db)
     record = await store.insert("x", task(), "t")
-    handlers = ManagedHandlers(None, store)  # type: ignore[arg-type]
+    handlers = ManagedHandlers(None, store, None)  # type: ignore[arg-type]
     views = [{"name": "dev"}, {"name": record.cluster}]
     marked = handlers.mark_owned(views)
     assert marked == [{"name": "dev"}, {"name": record.cluster, "managed_job": record.id}]
