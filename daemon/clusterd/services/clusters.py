@@ -109,6 +109,9 @@ class ClusterService:
         as the cluster does: they outlive the cluster until the owner releases them."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
+        # Before the lock and before any node is made: a copy that must not happen fails
+        # the launch at once.
+        copy_warnings = await self._jobs.check_copies(task, strict=args.strict)
         created = False
         unmountable: StorageError | None = None
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
@@ -119,7 +122,7 @@ class ClusterService:
                 # Buckets first: a missing one fails the launch before any node is made.
                 regions = await self.prepare_buckets(request, name, task, bucket_owner)
                 record = self._store.get(name)
-                warnings = list(task.warnings)
+                warnings = [*task.warnings, *copy_warnings]
                 if record is None:
                     created = True
                     record, resources, landed = await self._provision_new(
