@@ -26,7 +26,7 @@ from clusterd.concurrency import first_error
 PROGRESS_INTERVAL_S = 2.0
 # rsync --info=progress2: "  1,234,567  45%   12.34MB/s    0:00:12 (xfr#12, to-chk=3/20)".
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%\s+(\S+/s)\s+\S+(?:\s+\(xfr#(\d+),)?")
-_STDERR_LIMIT = 64 * 1024
+_OUTPUT_LIMIT = 64 * 1024  # of what rsync says that a result keeps
 
 # rsync's exit codes (its man page, EXIT VALUES), as a user would want them said.
 _MEANINGS: dict[int, tuple[str, str]] = {
@@ -96,10 +96,12 @@ def timed_out(action: str, timeout_s: float) -> ProtocolError:
 
 async def run_or_fail(argv: Sequence[str], action: str, *, timeout_s: float,
                       on_progress: ProgressHook | None = None,
+                      on_line: Callable[[str], None] | None = None,
                       env: dict[str, str] | None = None) -> CommandResult:
     """`run`, raising `failure` for a non-zero exit and for running past `timeout_s`."""
     try:
-        result = await run(argv, timeout_s=timeout_s, on_progress=on_progress, env=env)
+        result = await run(argv, timeout_s=timeout_s, on_progress=on_progress,
+                           on_line=on_line, env=env)
     except TimeoutError:
         raise timed_out(action, timeout_s) from None
     if result.exit_code != 0:
@@ -107,21 +109,22 @@ async def run_or_fail(argv: Sequence[str], action: str, *, timeout_s: float,
     return result
 
 
-def parse_progress(line: str) -> Progress | None:
-    found = _PROGRESS.match(line)
-    if found is None:
-        return None
-    return Progress(int(found[1].replace(",", "")), int(found[3] or 0), found[2])
-
-
 async def run(argv: Sequence[str], *, timeout_s: float, on_progress: ProgressHook | None = None,
+              on_line: Callable[[str], None] | None = None,
               env: dict[str, str] | None = None) -> CommandResult:
     """Run an rsync command line to its end. With `on_progress`, rsync reports progress
     (--info=progress2 is added) and the hook hears it at most once per PROGRESS_INTERVAL_S.
-    Cancelled or timed out, rsync is killed and waited for before this returns."""
+    Each other line of its output goes to `on_line` if given (else the result keeps the
+    last of them). Cancelled or timed out, rsync is killed and waited for before this
+    returns."""
     args = [*argv[:1], "--info=progress2", *argv[1:]] if on_progress else list(argv)
     stderr = bytearray()
     stdout = bytearray()
+
+    def keep(line: str) -> None:
+        stdout.extend(line.encode() + b"\n")
+        del stdout[:-_OUTPUT_LIMIT]
+
     with anyio.fail_after(timeout_s):
         process = await anyio.open_process(args, stdout=subprocess.PIPE,
                                            stderr=subprocess.PIPE, env=env)
@@ -130,7 +133,7 @@ async def run(argv: Sequence[str], *, timeout_s: float, on_progress: ProgressHoo
                 async with anyio.create_task_group() as group:
                     assert process.stderr is not None and process.stdout is not None
                     group.start_soon(_collect, process.stderr, stderr)
-                    await _follow(process.stdout, stdout, on_progress)
+                    await _follow(process.stdout, on_line or keep, on_progress)
                     code = await process.wait()
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
@@ -144,36 +147,41 @@ async def run(argv: Sequence[str], *, timeout_s: float, on_progress: ProgressHoo
     return CommandResult(code, bytes(stdout), bytes(stderr))
 
 
+def parse_progress(line: str) -> Progress | None:
+    found = _PROGRESS.match(line)
+    if found is None:
+        return None
+    return Progress(int(found[1].replace(",", "")), int(found[3] or 0), found[2])
+
+
 async def _collect(stream: anyio.abc.ByteReceiveStream, into: bytearray) -> None:
     async for chunk in stream:
         into.extend(chunk)
-        del into[:-_STDERR_LIMIT]
+        del into[:-_OUTPUT_LIMIT]
 
 
-async def _follow(stream: anyio.abc.ByteReceiveStream, rest: bytearray,
+async def _follow(stream: anyio.abc.ByteReceiveStream, on_line: Callable[[str], None],
                   on_progress: ProgressHook | None) -> None:
-    """Read rsync's stdout: progress lines (split by \\r) go to the hook, throttled; the
-    rest is kept (bounded) for the result."""
+    """Read rsync's stdout by lines (progress lines end in \\r): progress to its hook,
+    throttled; the rest to `on_line`."""
     pending = b""
     last = anyio.current_time()
     async for chunk in stream:
-        if on_progress is None:
-            rest.extend(chunk)
-            del rest[:-_STDERR_LIMIT]
-            continue
         *lines, pending = re.split(rb"[\r\n]", pending + chunk)
         latest = None
         for line in lines:
-            parsed = parse_progress(line.decode(errors="replace"))
-            if parsed is None:
-                rest.extend(line + b"\n")
-                del rest[:-_STDERR_LIMIT]
-            else:
+            text = line.decode(errors="replace")
+            parsed = parse_progress(text) if on_progress else None
+            if parsed is not None:
                 latest = parsed
+            elif text:
+                on_line(text)
         now = anyio.current_time()
-        if latest is not None and now - last >= PROGRESS_INTERVAL_S:
+        if on_progress and latest is not None and now - last >= PROGRESS_INTERVAL_S:
             last = now
             await on_progress(latest)
+    if pending:
+        on_line(pending.decode(errors="replace"))
 
 
 async def planned(args: Sequence[str], source: str, *, watch: Sequence[str] = (),
@@ -181,22 +189,25 @@ async def planned(args: Sequence[str], source: str, *, watch: Sequence[str] = ()
     """What `rsync ARGS SOURCE DEST` would send to an empty DEST, by rsync's own dry run
     with the same arguments (its filters, its merge files per directory). `watch`: paths
     relative to SOURCE; the answer says which of them would have a file of theirs sent."""
-    with tempfile.TemporaryDirectory(prefix="clusterd-plan-") as empty:
-        result = await run_or_fail(
-            [rsync_binary(), *args, "--dry-run", "--out-format=%l %n", source, empty + "/"],
-            f"counting what a copy of {source} sends", timeout_s=timeout_s)
     files = total = 0
     by_top: dict[str, int] = {}
     sent: set[str] = set()
     prefixes = [(w, w.rstrip("/") + "/") for w in watch]
-    for line in result.stdout.decode(errors="replace").splitlines():
+
+    def count(line: str) -> None:
+        nonlocal files, total
         size_text, _, name = line.partition(" ")
         if not size_text.isdigit() or not name or name.endswith("/"):
-            continue  # directories: their own size says nothing of what is sent
+            return  # directories: their own size says nothing of what is sent
         size = int(size_text)
         files += 1
         total += size
         top = name.split("/", 1)[0]
         by_top[top] = by_top.get(top, 0) + size
         sent.update(w for w, prefix in prefixes if name == w or name.startswith(prefix))
+
+    with tempfile.TemporaryDirectory(prefix="clusterd-plan-") as empty:
+        await run_or_fail(
+            [rsync_binary(), *args, "--dry-run", "--out-format=%l %n", source, empty + "/"],
+            f"counting what a copy of {source} sends", timeout_s=timeout_s, on_line=count)
     return Transfer(files, total, by_top, frozenset(sent))
