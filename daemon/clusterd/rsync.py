@@ -23,7 +23,7 @@ from clusterd.commands import CommandResult, rsync_binary
 from clusterd.concurrency import first_error
 
 # The most one progress line per copy per this many seconds; none for a copy done sooner.
-PROGRESS_INTERVAL_S = 2.0
+PROGRESS_INTERVAL_S = 1.0
 # rsync --info=progress2: "  1,234,567  45%   12.34MB/s    0:00:12 (xfr#12, to-chk=3/20)".
 _PROGRESS = re.compile(r"^\s*([\d,]+)\s+\d+%\s+(\S+/s)\s+\S+(?:\s+\(xfr#(\d+),)?")
 _OUTPUT_LIMIT = 64 * 1024  # of what rsync says that a result keeps
