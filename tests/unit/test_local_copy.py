@@ -4,6 +4,7 @@ failed or interrupted copy said in words with no partial copy left behind."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from pathlib import Path
@@ -89,7 +90,7 @@ async def test_a_long_sync_reports_bytes_files_and_rate(tmp_path: Path,
     assert heard, "no progress was reported"
     assert heard[-1].bytes_sent > 0 and heard[-1].files_sent > 0
     assert heard[-1].rate.endswith("/s")
-    assert all(a.bytes_sent <= b.bytes_sent for a, b in zip(heard, heard[1:], strict=False))
+    assert all(a.bytes_sent <= b.bytes_sent for a, b in itertools.pairwise(heard))
 
 
 async def test_a_short_sync_reports_no_progress(tmp_path: Path) -> None:
