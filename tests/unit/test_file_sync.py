@@ -46,11 +46,16 @@ async def test_a_workdir_holding_the_state_dir_is_refused_naming_both(tmp_path: 
     assert ".skyignore" in (caught.value.hint or "")
 
 
-async def test_a_workdir_that_is_the_state_dir_itself_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", [".", "local"])
+async def test_a_workdir_that_is_or_is_in_the_state_dir_is_refused(tmp_path: Path,
+                                                                    where: str) -> None:
     _, state = make_home(tmp_path)
+    (state / "local").mkdir()
+    workdir = os.path.normpath(state / where)
     with pytest.raises(ProtocolError) as caught:
-        await guard(state).check(TaskSpec(run="true", workdir=str(state)), strict=False)
+        await guard(state).check(TaskSpec(run="true", workdir=workdir), strict=False)
     assert caught.value.code == ErrorCode.INVALID_TASK
+    assert str(state) in caught.value.message
 
 
 @pytest.mark.parametrize("ignore_file", [".skyignore", ".gitignore"])

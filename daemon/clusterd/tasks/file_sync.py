@@ -54,6 +54,9 @@ class CopyGuard:
         under `strict`, one above the threshold); return the warnings for the others."""
         warnings = []
         for copy in copies_of(task):
+            for what, path in self.protected:
+                if inside(copy.source, path):  # a part of clusterd's own files, sent whole
+                    raise _holds(task, copy, what, path, within=True)
             held = [(what, path) for what, path in self.protected if inside(path, copy.source)]
             watched = [os.path.relpath(real(path), real(copy.source)) for _, path in held]
             transfer = await rsync.planned(copy.rsync_args, rsync_source(copy.source),
@@ -80,7 +83,14 @@ def copies_of(task: TaskSpec) -> list[Copy]:
     return found
 
 
-def _holds(task: TaskSpec, copy: Copy, what: str, path: str) -> ProtocolError:
+def _holds(task: TaskSpec, copy: Copy, what: str, path: str,
+           within: bool = False) -> ProtocolError:
+    if within:
+        return ProtocolError(
+            ErrorCode.INVALID_TASK,
+            f"{task.source}: {copy.field}: {copy.source} is inside {what}, {real(path)}: "
+            f"copying it would send clusterd's own files to the node",
+            f"use a directory outside {real(path)}")
     leave_out = (f"or leave it out in {os.path.join(copy.source, SKYIGNORE)}"
                  if copy.filtered else "(a file mount copies everything in it)")
     return ProtocolError(
