@@ -71,6 +71,7 @@ from clusterd.state.requests import RequestStore
 from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets
 from clusterd.storage.service import StorageService
+from clusterd.tasks.file_sync import CopyGuard
 from clusterd.user_config import ConfigFile
 
 logger = log.get("clusterd")
@@ -213,7 +214,9 @@ class Daemon:
         )
         self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for)
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
-                               self.runner_for, self.storage)
+                               self.runner_for,
+                               CopyGuard(settings.never_copied, settings.sync_warn_bytes),
+                               self.storage)
         self.provisioner = Provisioner(
             self.store, self.providers, wait_timeout_s=settings.provision_wait_s,
             retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s)

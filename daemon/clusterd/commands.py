@@ -49,3 +49,30 @@ def rsync_binary() -> str:
 def ignore_filters(source: str) -> list[str]:
     has_skyignore = os.path.exists(os.path.join(source, SKYIGNORE))
     return list(RSYNC_FILTERS) if has_skyignore else ["--filter=:- .gitignore"]
+
+
+def workdir_rsync_args(source: str) -> list[str]:
+    """A workdir copy's rsync options: the destination made to match, ignore rules applied.
+    The copy and the count of what it sends (rsync.planned) both use these."""
+    return ["-a", "--delete", *ignore_filters(source)]
+
+
+def mount_rsync_args() -> list[str]:
+    """A file mount's rsync options: everything, nothing at the destination removed."""
+    return ["-a"]
+
+
+def rsync_source(source: str) -> str:
+    """A directory's contents (trailing slash), or the file itself."""
+    return source.rstrip("/") + "/" if os.path.isdir(source) else source
+
+
+def real(path: str) -> str:
+    """The path as the file system resolves it: `~` expanded, symlinks followed."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def inside(path: str, directory: str) -> bool:
+    """Whether `path` is `directory` or under it, once both are resolved (real)."""
+    path, directory = real(path), real(directory)
+    return path == directory or path.startswith(directory.rstrip("/") + "/")

@@ -10,7 +10,7 @@ from pathlib import Path
 from clusterctl import paths
 
 
-def _float_env(name: str, default: float) -> float:
+def _float_env(name: str, default: float, maximum: float = 1e9) -> float:
     value = os.environ.get(name)
     if value is None or value == "":
         return default
@@ -18,8 +18,8 @@ def _float_env(name: str, default: float) -> float:
         number = float(value)
     except ValueError:
         raise SystemExit(f"clusterd: {name}={value!r} is not a number") from None
-    if not math.isfinite(number) or number < 0 or number > 1e9:
-        raise SystemExit(f"clusterd: {name}={value!r} must be a number from 0 to 1e9")
+    if not math.isfinite(number) or number < 0 or number > maximum:
+        raise SystemExit(f"clusterd: {name}={value!r} must be a number from 0 to {maximum:g}")
     return number
 
 
@@ -61,6 +61,9 @@ class Settings:
     request_retention: int = 5_000
     # Job records (with their logs) each cluster's agent keeps; older finished ones go.
     agent_job_retention: int = 1_000
+    # A task's copy (workdir, file mount) sending more than this is warned of (refused under
+    # --strict).
+    sync_warn_bytes: int = 1_000_000_000
 
     @property
     def db_path(self) -> Path:
@@ -72,6 +75,15 @@ class Settings:
         daemons, or made before the daemon runs somewhere without the package index)."""
         shared = os.environ.get("CLUSTERD_WHEELHOUSE_DIR")
         return Path(shared) if shared else self.state_dir / "wheelhouse"
+
+    @property
+    def never_copied(self) -> tuple[tuple[str, str], ...]:
+        """clusterd's own directories, which no task copy may send to a node."""
+        return (("clusterd's state directory", str(self.state_dir)),
+                ("clusterd's runtime directory", str(self.runtime_dir)),
+                ("clusterd's cache directory", paths.cache_dir()),
+                ("clusterd's wheelhouse", str(self.wheelhouse_dir)),
+                ("clusterd's configuration directory", str(self.config_dir)))
 
     @property
     def log_path(self) -> Path:
@@ -103,6 +115,8 @@ class Settings:
             "max_connections": int(_float_env("CLUSTERD_MAX_CONNECTIONS", 0)),
             "request_retention": int(_float_env("CLUSTERD_REQUEST_RETENTION", 5_000)),
             "agent_job_retention": int(_float_env("CLUSTERD_AGENT_JOB_RETENTION", 1_000)),
+            "sync_warn_bytes": int(_float_env("CLUSTERD_SYNC_WARN_BYTES", 1_000_000_000,
+                                                      maximum=1e15)),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -17,7 +17,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # Helpers and shared vocabulary (and the agent, shipped to nodes with only these).
     {"clusterd", "clusterd.redact", "clusterd.safe_yaml", "clusterd.sqlite", "clusterd.log",
      "clusterd.faults", "clusterd.concurrency", "clusterd.config", "clusterd.user_config",
-     "clusterd.locks", "clusterd.nodes", "clusterd.commands", "clusterd.agent"},
+     "clusterd.locks", "clusterd.nodes", "clusterd.commands", "clusterd.rsync",
+     "clusterd.agent"},
     # How nodes are reached; what tasks ask for.
     {"clusterd.ssh", "clusterd.tasks"},
     # Where nodes come from.

@@ -14,7 +14,17 @@ from typing import Protocol
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.commands import CommandResult, ignore_filters, rsync_binary
+from clusterd import rsync
+from clusterd.commands import (
+    CommandResult,
+    inside,
+    mount_rsync_args,
+    real,
+    rsync_binary,
+    rsync_source,
+    workdir_rsync_args,
+)
+from clusterd.runtime.staging import staged
 
 
 class CommandRunner(Protocol):
@@ -31,12 +41,15 @@ class CommandRunner(Protocol):
         `input` is its stdin: bytes, or a local file streamed to it as it is read."""
         ...
 
-    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         """Make `destination` on the node hold the files of local directory `source`,
-        honouring .skyignore/.gitignore. Raises ProtocolError on failure."""
+        honouring .skyignore/.gitignore. Raises ProtocolError on failure, saying why in
+        words. `on_progress` hears how far a long copy is (rsync.run throttles it)."""
         ...
 
-    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         """Copy a local file or directory to `destination` on the node."""
         ...
 
@@ -65,28 +78,39 @@ class LocalRunner:
             )
         return CommandResult(result.returncode, result.stdout, result.stderr)
 
-    async def _rsync(self, args: list[str], what: str, timeout_s: float) -> None:
-        result = await self.run([rsync_binary(), *args], timeout_s=timeout_s)
-        if result.exit_code != 0:
+    def _refuse_copy_into_itself(self, source: str, destination: str) -> None:
+        """A source holding its own destination would copy the copy into itself, again and
+        again, until the disk is full: refused, whatever the ignore rules say."""
+        if inside(destination, source):
             raise ProtocolError(
-                ErrorCode.PROVIDER_ERROR,
-                f"copying {what} to {self.node_name} failed (rsync exit {result.exit_code}): "
-                f"{result.error_tail(5)}",
-            )
+                ErrorCode.INVALID_TASK,
+                f"{source} holds its own destination on {self.node_name}, "
+                f"{real(destination)}: copying it would copy the copy into itself",
+                "use a directory that does not hold clusterd's state (its `local` nodes live "
+                "there)")
 
-    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         destination = os.path.expanduser(destination)
-        os.makedirs(destination, exist_ok=True)
-        await self._rsync(
-            ["-a", "--delete", *ignore_filters(source), source.rstrip("/") + "/", destination],
-            source, timeout_s,
-        )
+        self._refuse_copy_into_itself(source, destination)
+        # Built beside the workdir and swapped in whole: a failed or interrupted copy
+        # leaves the workdir as it was, with no partial copy beside it.
+        async with staged(destination) as staging:
+            await rsync.run_or_fail(
+                [rsync_binary(), *workdir_rsync_args(source), rsync_source(source),
+                 staging + "/"],
+                f"copying {source} to {self.node_name}", timeout_s=timeout_s,
+                on_progress=on_progress, env=self._env)
 
-    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         destination = os.path.expanduser(destination)
+        self._refuse_copy_into_itself(source, destination)
         os.makedirs(os.path.dirname(destination.rstrip("/")) or "/", exist_ok=True)
         if os.path.isdir(source):
             os.makedirs(destination, exist_ok=True)
-            await self._rsync(["-a", source.rstrip("/") + "/", destination], source, timeout_s)
-        else:
-            await self._rsync(["-a", source, destination], source, timeout_s)
+            destination = destination.rstrip("/") + "/"
+        await rsync.run_or_fail(
+            [rsync_binary(), *mount_rsync_args(), rsync_source(source), destination],
+            f"copying {source} to {self.node_name}", timeout_s=timeout_s,
+            on_progress=on_progress, env=self._env)

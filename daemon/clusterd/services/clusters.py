@@ -109,6 +109,9 @@ class ClusterService:
         as the cluster does: they outlive the cluster until the owner releases them."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
+        # Before the lock and before any node is made: a copy that must not happen fails
+        # the launch at once.
+        copy_warnings = await self._jobs.check_copies(task, strict=args.strict)
         created = False
         unmountable: StorageError | None = None
         async with self._locks.hold(name, LockMode.EXCLUSIVE, request.id, "launch",
@@ -127,6 +130,7 @@ class ClusterService:
                     said.update(new)
                     await announce_warnings(request, self._store, name, new)
 
+                await warn(copy_warnings)
                 if record is None:
                     created = True
                     record, resources, landed = await self._provision_new(

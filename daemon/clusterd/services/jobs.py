@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import getpass
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,6 +21,7 @@ from clusterd.locks import ClusterLocks, LockMode
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
+from clusterd.rsync import Progress, ProgressHook
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.manager import RunnerFactory
@@ -35,6 +37,7 @@ from clusterd.services.common import (
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.storage.s3 import StorageError
 from clusterd.storage.service import StorageService
+from clusterd.tasks.file_sync import CopyGuard, human_bytes
 from clusterd.tasks.spec import GitWorkdir, TaskSpec
 
 logger = log.get("clusterd.jobs")
@@ -94,6 +97,7 @@ class JobService:
         providers: ProviderRegistry,
         access: AgentAccess,
         runner_for: RunnerFactory,
+        copy_guard: CopyGuard,
         storage: StorageService | None = None,
     ) -> None:
         self._store = store
@@ -101,6 +105,7 @@ class JobService:
         self._providers = providers
         self._access = access
         self._runner_for = runner_for
+        self._copy_guard = copy_guard
         self._storage = storage
         self._finished = FinishedJobs()
 
@@ -110,6 +115,12 @@ class JobService:
 
     # -- submission -----------------------------------------------------------------------
 
+    async def check_copies(self, task: TaskSpec, *, strict: bool) -> list[str]:
+        """Before anything is made or copied: refuse a workdir or file mount that would send
+        clusterd's own directories (or, under `strict`, one above the size threshold);
+        return the warnings for large ones (see tasks/file_sync.py)."""
+        return await self._copy_guard.check(task, strict=strict)
+
     async def exec(self, request: RunningRequest, name: str, task: TaskSpec, *,
                    strict: bool = False, run_setup: bool = False, task_id: str = ""
                    ) -> dict[str, Any]:
@@ -117,12 +128,14 @@ class JobService:
         cluster makes (fit_to_cluster): refused if the cluster cannot give what it asks for,
         warned of (or, with `strict`, refused) for fields without effect there."""
         record = require_up(require_cluster(self._store, name))
+        copy_warnings = await self.check_copies(task, strict=strict)
         async with self._locks.hold(name, LockMode.SHARED, request.id, "exec",
                                     on_blocked=request.blocked):
             record = require_up(require_cluster(self._store, name))
             resources, warnings = fit_to_cluster(
                 record, task, self._providers.honoured_fields(record.provider), strict=strict)
-            await announce_warnings(request, self._store, name, [*task.warnings, *warnings])
+            await announce_warnings(request, self._store, name,
+                                    [*task.warnings, *warnings, *copy_warnings])
             task = dataclasses.replace(task, resources=resources, resource_choices=())
             return await self.submit(request, record, task, run_setup=run_setup,
                                      task_id=task_id)
@@ -208,6 +221,17 @@ class JobService:
             await request.progress(f"copying {len(task.file_mounts)} file mount(s)", "sync")
         # The loader keeps GIT_TOKEN among the secrets wherever the task wrote it.
         token = task.secrets.get("GIT_TOKEN")
+        many = len(info.nodes) > 1
+
+        def reporter(what: str, node: NodeInfo) -> ProgressHook:
+            where = f" to {node.node_id}" if many else ""
+
+            async def report(progress: Progress) -> None:
+                await request.progress(
+                    f"syncing {what}{where}: {human_bytes(progress.bytes_sent)} in "
+                    f"{progress.files_sent} files sent ({progress.rate})", "sync")
+            return report
+
         with first_error():
             async with anyio.create_task_group() as group:
                 for node in info.nodes:
@@ -218,10 +242,14 @@ class JobService:
                             "dest": node.workdir, "token": token,
                         })
                     elif task.workdir:
-                        group.start_soon(runner.sync_dir, task.workdir, node.workdir)
+                        group.start_soon(functools.partial(
+                            runner.sync_dir, task.workdir, node.workdir,
+                            on_progress=reporter("workdir", node)))
                     for remote, local in task.file_mounts.items():
                         target = remote if remote.startswith(("/", "~")) else f"~/{remote}"
-                        group.start_soon(runner.put_path, local, target)
+                        group.start_soon(functools.partial(
+                            runner.put_path, local, target,
+                            on_progress=reporter(f"file mount {remote}", node)))
 
     async def _mount_buckets(self, request: RunningRequest, record: ClusterRecord,
                              info: ClusterInfo, task: TaskSpec,

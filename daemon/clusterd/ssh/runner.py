@@ -23,8 +23,15 @@ import asyncssh
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd import log
-from clusterd.commands import CommandResult, ignore_filters, rsync_binary
+from clusterd import log, rsync
+from clusterd.commands import (
+    CommandResult,
+    mount_rsync_args,
+    rsync_binary,
+    rsync_source,
+    workdir_rsync_args,
+)
+from clusterd.concurrency import first_error
 from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import (
     NodeConnection,
@@ -118,12 +125,13 @@ class SSHRunner:
 
     # -- files ------------------------------------------------------------------------------
 
-    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def sync_dir(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         await self._mkdir(destination)
         await self._rsync(
-            ["-a", "--delete", *ignore_filters(source), source.rstrip("/") + "/",
+            [*workdir_rsync_args(source), rsync_source(source),
              f"node:{_remote_path(destination)}/"],
-            source, timeout_s,
+            source, timeout_s, on_progress,
         )
 
     async def _mkdir(self, path: str) -> None:
@@ -134,42 +142,45 @@ class SSHRunner:
             raise ProtocolError(ErrorCode.PROVIDER_ERROR,
                                 f"mkdir {path} on {self.node_name} failed: {done.error_tail(3)}")
 
-    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600) -> None:
+    async def put_path(self, source: str, destination: str, *, timeout_s: float = 600,
+                       on_progress: rsync.ProgressHook | None = None) -> None:
         parent = destination.rstrip("/").rsplit("/", 1)[0] if "/" in destination else "."
         await self._mkdir(parent or "/")
         remote = f"node:{_remote_path(destination)}"
         if Path(source).is_dir():
-            await self._rsync(["-a", source.rstrip("/") + "/", remote + "/"], source, timeout_s)
-        else:
-            await self._rsync(["-a", source, remote], source, timeout_s)
+            remote += "/"
+        await self._rsync([*mount_rsync_args(), rsync_source(source), remote], source,
+                          timeout_s, on_progress)
 
-    async def _rsync(self, args: list[str], what: str, timeout_s: float) -> None:
+    async def _rsync(self, args: list[str], what: str, timeout_s: float,
+                     on_progress: rsync.ProgressHook | None) -> None:
         self._relay_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         socket_path = self._relay_dir / f"rsync-{secrets.token_hex(6)}.sock"
         shell = f"{shlex.quote(sys.executable)} -m clusterd.ssh.rsync_shell {socket_path}"
         listener = await anyio.create_unix_listener(socket_path, mode=0o600)
         remote_errors: list[str] = []
         try:
-            async with anyio.create_task_group() as group:
-                group.start_soon(self._relay_one, listener, remote_errors)
-                with anyio.fail_after(timeout_s):
-                    # -s (--secluded-args): file names go to the node's rsync inside its
-                    # protocol, never through a shell there, whatever this rsync's version.
-                    result = await anyio.run_process(
-                        [rsync_binary(), "-s", "-e", shell, *args], check=False
-                    )
-                group.cancel_scope.cancel()
+            with first_error():
+                async with anyio.create_task_group() as group:
+                    group.start_soon(self._relay_one, listener, remote_errors)
+                    try:
+                        # -s (--secluded-args): file names go to the node's rsync inside
+                        # its protocol, never through a shell there, whatever this rsync's
+                        # version.
+                        result = await rsync.run([rsync_binary(), "-s", "-e", shell, *args],
+                                                 timeout_s=timeout_s, on_progress=on_progress)
+                    except TimeoutError:
+                        raise rsync.timed_out(f"copying {what} to {self.node_name}",
+                                              timeout_s) from None
+                    group.cancel_scope.cancel()
         finally:
             with contextlib.suppress(Exception):
                 await listener.aclose()
             socket_path.unlink(missing_ok=True)
-        if result.returncode != 0:
-            said = " ".join([*remote_errors, result.stderr.decode(errors="replace")]).strip()
-            raise ProtocolError(
-                ErrorCode.PROVIDER_ERROR,
-                f"copying {what} to {self.node_name} failed (rsync exit {result.returncode}): "
-                + said[-500:],
-            )
+        if result.exit_code != 0:
+            said = "\n".join([*remote_errors, result.stderr.decode(errors="replace")])
+            raise rsync.failure(f"copying {what} to {self.node_name}", result.exit_code,
+                                said[-500:])
 
     async def _relay_one(self, listener: anyio.abc.SocketListener,
                          remote_errors: list[str]) -> None:
