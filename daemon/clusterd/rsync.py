@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import re
+import signal
 import subprocess
 import tempfile
 from collections.abc import Awaitable, Callable, Sequence
@@ -126,8 +128,11 @@ async def run(argv: Sequence[str], *, timeout_s: float, on_progress: ProgressHoo
         del stdout[:-_OUTPUT_LIMIT]
 
     with anyio.fail_after(timeout_s):
+        # A group of its own: rsync forks its receiver (and, over SSH, its shell), and what
+        # a stopped copy leaves is cleaned up only once none of them writes any more.
         process = await anyio.open_process(args, stdout=subprocess.PIPE,
-                                           stderr=subprocess.PIPE, env=env)
+                                           stderr=subprocess.PIPE, env=env,
+                                           start_new_session=True)
         try:
             with first_error():
                 async with anyio.create_task_group() as group:
@@ -144,7 +149,17 @@ async def run(argv: Sequence[str], *, timeout_s: float, on_progress: ProgressHoo
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(10):
                 await process.aclose()
+                await _end_group(process.pid)
     return CommandResult(code, bytes(stdout), bytes(stderr))
+
+
+async def _end_group(pgid: int) -> None:
+    """Kill what is left of rsync's process group and wait until it is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+        while True:
+            await anyio.sleep(0.02)
+            os.killpg(pgid, 0)  # ProcessLookupError once no member is left
 
 
 def parse_progress(line: str) -> Progress | None:

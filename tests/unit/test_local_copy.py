@@ -186,3 +186,34 @@ async def test_an_interrupted_resync_says_so_and_keeps_the_old_workdir(tmp_path:
     assert "interrupted" in caught.message and "rsync exit" not in caught.message
     assert listing(destination) == {"old.txt": b"the last sync's file"}
     assert leftovers(destination.parent, "sky_workdir") == []
+
+
+@pytest.mark.usefixtures("quick_progress")
+async def test_a_cancelled_resync_leaves_nothing_of_itself(tmp_path: Path) -> None:
+    destination = tmp_path / "node" / "sky_workdir"
+    destination.mkdir(parents=True)
+    (destination / "old.txt").write_text("the last sync's file")
+    await interrupt_rsync_once_it_copies(tmp_path, destination, "cancel")
+    assert listing(destination) == {"old.txt": b"the last sync's file"}
+    assert not list(destination.rglob(".~tmp~"))
+    assert leftovers(destination.parent, "sky_workdir") == []
+
+
+async def test_a_resync_keeps_the_directory_jobs_run_in(tmp_path: Path) -> None:
+    """A job running in the workdir during a re-sync (an exec while it runs) keeps its
+    directory: what it writes there after the sync is in the workdir, not in a replaced
+    directory on its way out."""
+    source = make_tree(tmp_path / "src", files=3, size=10)
+    (source / ".skyignore").write_text("outputs/\n")
+    destination = tmp_path / "node" / "sky_workdir"
+    await LocalRunner().sync_dir(str(source), str(destination))
+    running_in = os.open(destination, os.O_RDONLY | os.O_DIRECTORY)  # a job's cwd
+    try:
+        (source / "f0002.bin").write_bytes(b"new")
+        await LocalRunner().sync_dir(str(source), str(destination))
+        fd = os.open("written-after", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=running_in)
+        os.close(fd)
+    finally:
+        os.close(running_in)
+    assert (destination / "written-after").exists()
+    assert (destination / "f0002.bin").read_bytes() == b"new"

@@ -93,12 +93,12 @@ class LocalRunner:
                        on_progress: rsync.ProgressHook | None = None) -> None:
         destination = os.path.expanduser(destination)
         self._refuse_copy_into_itself(source, destination)
-        # Built beside the workdir and swapped in whole: a failed or interrupted copy
-        # leaves the workdir as it was, with no partial copy beside it.
-        async with staged(destination) as staging:
+        # A failed or interrupted copy leaves the workdir as it was, with no partial copy
+        # beside it (see runtime/staging.py).
+        async with staged(destination) as target:
             await rsync.run_or_fail(
-                [rsync_binary(), *workdir_rsync_args(source), rsync_source(source),
-                 staging + "/"],
+                [rsync_binary(), *workdir_rsync_args(source), *target.rsync_args,
+                 rsync_source(source), target.path + "/"],
                 f"copying {source} to {self.node_name}", timeout_s=timeout_s,
                 on_progress=on_progress, env=self._env)
 
