@@ -225,3 +225,23 @@ def test_requested_resources(yaml_text: str, shown: str) -> None:
     assert text.startswith(shown), text
     if "instance_type" in yaml_text:
         assert text.endswith(", m6i.large]"), text
+
+
+async def test_the_stored_task_keeps_no_url_credentials_and_says_where_they_were(
+        db: Database) -> None:
+    text = "run: git clone https://u:TOKEN-yaml@host/r\n"
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(
+        command="git clone https://TOKEN-cmd@host/r", envs={"REPO": "https://u:TOKEN-env@h/x",
+                                                            "A": "1"}), "t")
+    from_yaml = await store.insert("job", task(yaml_text=text, command=None), "t")
+    plain = await store.insert("job", task(envs={"REPO": "https://h/x"}), "t")
+    rows = await db.fetchall("SELECT task FROM managed_jobs")
+    assert all("TOKEN" not in row["task"] for row in rows)
+    assert record.task.envs == {"REPO": "https://<redacted>@h/x", "A": "1"}
+    assert record.task.redacted == ("command", "env REPO")
+    assert from_yaml.task.redacted == ("the task YAML",)
+    assert plain.task.redacted == () and plain.task.envs == {"REPO": "https://h/x"}
+    again = ManagedJobStore(db)
+    await again.load()
+    assert again.get(record.id) == record

@@ -48,6 +48,7 @@ from clusterd.managed.store import (
 )
 from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.redact import redact_urls
 from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.services.clusters import ClusterService, brief
@@ -140,7 +141,7 @@ class ManagedJobController:
             self._group.start_soon(self._drive, job_id, name=f"managed-job-{job_id}")
 
     async def submit(self, task: TaskSpec, submitted: SubmittedTask) -> ManagedJobRecord:
-        name = task.name or (submitted.command or "job").split()[0]
+        name = redact_urls(task.name or (submitted.command or "job").split()[0])
         record = await self._store.insert(name, submitted, "sky-managed")
         self._secrets[record.id] = dict(task.secrets)
         self._tasks[record.id] = task
@@ -278,16 +279,21 @@ class ManagedJobController:
                 await self._submit(record)
 
     async def _task(self, record: ManagedJobRecord) -> TaskSpec | None:
-        """The job's task with its secrets; None (and the job ended) if a restart lost them."""
+        """The job's task with its secrets and URL credentials; None (and the job ended) if a
+        restart lost them."""
         task = self._tasks.get(record.id)
         if task is not None:
             return task
         sub = record.task
-        if sub.secret_names and record.id not in self._secrets:
+        # Never run with `<redacted>` where a secret or a URL's credentials were.
+        kept_in_memory = ([f"its secrets ({', '.join(sub.secret_names)})"] if sub.secret_names
+                          else []) + ([f"the credentials in its URLs ({', '.join(sub.redacted)})"]
+                                      if sub.redacted else [])
+        if kept_in_memory and record.id not in self._secrets:
             await self._end(record.id, S.FAILED_CONTROLLER,
-                            f"the job needs a new cluster, and its secrets "
-                            f"({', '.join(sub.secret_names)}) are kept only in memory: a "
-                            "daemon restart lost them; submit the job again")
+                            f"the job needs its task again, and {', '.join(kept_in_memory)} "
+                            "are kept only in memory: a daemon restart lost them; submit the "
+                            "job again")
             return None
 
         def load() -> TaskSpec:

@@ -14,14 +14,16 @@ from typing import Any
 
 from clusterctl.protocol import ManagedJobStatus
 from clusterd.managed import transitions
-from clusterd.redact import redact_task_yaml, redact_urls
+from clusterd.redact import redact_envs, redact_task_yaml, redact_urls
 from clusterd.state.db import Database, dumps, loads
 
 
 @dataclasses.dataclass(frozen=True)
 class SubmittedTask:
     """What `jobs launch` was given, as it may be stored: the YAML text with secret values
-    removed (the names stay), or the command; the overrides; never a secret value."""
+    removed (the names stay), or the command; the overrides; never a secret value, nor the
+    credentials in a URL (`redacted` names where some were removed: a relaunch needs the
+    values, which only the daemon's memory holds)."""
 
     yaml_text: str | None = None
     command: str | None = None
@@ -36,17 +38,29 @@ class SubmittedTask:
     # The resources asked for, as `jobs queue` shows them ("2x[CPU:4, spot]"): kept, not
     # worked out again from the YAML for every listing.
     resources: str | None = None
+    redacted: tuple[str, ...] = ()
 
     @classmethod
     def storable(cls, **values: Any) -> SubmittedTask:
+        redacted: list[str] = []
         text = values.get("yaml_text")
         if text is not None:
             values["yaml_text"] = redact_task_yaml(text)
-        return cls(**values)
+            if redact_urls(text) != text:
+                redacted.append("the task YAML")
+        for field in ("command", "source"):
+            if values.get(field) is not None and redact_urls(values[field]) != values[field]:
+                values[field] = redact_urls(values[field])
+                redacted.append(field)
+        envs = values.get("envs") or {}
+        values["envs"] = redact_envs(envs)
+        redacted += [f"env {k}" for k, v in envs.items() if values["envs"][k] != v]
+        return cls(**values, redacted=tuple(redacted))
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["secret_names"] = list(self.secret_names)
+        data["redacted"] = list(self.redacted)
         return data
 
     @classmethod
@@ -54,6 +68,7 @@ class SubmittedTask:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["secret_names"] = tuple(values.get("secret_names") or ())
+        values["redacted"] = tuple(values.get("redacted") or ())
         return cls(**values)
 
 
