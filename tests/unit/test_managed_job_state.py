@@ -17,8 +17,8 @@ from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, po
 from clusterd.managed.store import (
     ManagedJobStore,
     SubmittedTask,
-    bucket_owner,
     cluster_name_for,
+    owner_tag,
 )
 from clusterd.providers.base import BlockScope
 from clusterd.server.managed_handlers import requested_resources
@@ -53,12 +53,14 @@ async def test_an_unfinished_job_holds_its_buckets_and_a_finished_one_does_not(
     """What the hourly bucket sweep asks of a bucket user that is no cluster."""
     store = ManagedJobStore(db)
     record = await store.insert("job", task(), "t")
-    assert store.holds_buckets(bucket_owner(record.id))
+    assert store.holds_buckets(owner_tag(record.id))
+    # What a user may name a cluster is never taken for the job.
+    assert not store.holds_buckets(f"managed-job-{record.id}")
     await store.set_status(record.id, S.STARTING, "launching a cluster")
-    assert store.holds_buckets(bucket_owner(record.id))
+    assert store.holds_buckets(owner_tag(record.id))
     await store.set_status(record.id, S.FAILED_NO_RESOURCE, "no capacity")
-    assert not store.holds_buckets(bucket_owner(record.id))
-    for other in (bucket_owner(record.id + 1), record.cluster, "managed-job-", "managed-job-x"):
+    assert not store.holds_buckets(owner_tag(record.id))
+    for other in (owner_tag(record.id + 1), record.cluster, "managed-job-", "managed-job-x"):
         assert not store.holds_buckets(other), other
 
 

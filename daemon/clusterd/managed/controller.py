@@ -44,7 +44,7 @@ from clusterd.managed.store import (
     ManagedJobRecord,
     ManagedJobStore,
     SubmittedTask,
-    bucket_owner,
+    owner_tag,
 )
 from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
@@ -61,9 +61,11 @@ from clusterd.tasks.spec import TaskSpec
 
 logger = log.get("clusterd.managed")
 
-# Errors of a launch that no retry can mend: the task itself is wrong for every place.
+# Errors of a launch that no retry can mend: the task itself is wrong for every place, or
+# the job's cluster name is a cluster it did not make (see refuse_other_owner).
 PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
-                            ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME})
+                            ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME,
+                            ErrorCode.MANAGED_CLUSTER})
 USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
 # Consecutive failed agent health checks after which the cluster counts as lost.
 AGENT_STRIKES = 3
@@ -142,7 +144,10 @@ class ManagedJobController:
 
     async def submit(self, task: TaskSpec, submitted: SubmittedTask) -> ManagedJobRecord:
         name = redact_urls(task.name or (submitted.command or "job").split()[0])
-        record = await self._store.insert(name, submitted, "sky-managed")
+        # A cluster of the user's named as the job's would be is never shared: the job's
+        # name gets a suffix.
+        record = await self._store.insert(name, submitted, "sky-managed",
+                                          taken=lambda n: self._cluster_store.get(n) is not None)
         self._secrets[record.id] = dict(task.secrets)
         self._tasks[record.id] = task
         self._files.create(record.id)
@@ -262,6 +267,13 @@ class ManagedJobController:
             if record.status == S.CANCELLING:
                 return
             cluster = self._cluster_store.get(record.cluster)
+            if cluster is not None and cluster.owner != owner_tag(job_id):
+                # Made by the user under the job's name after the job was recorded (a race
+                # with `launch`): never reused, cancelled or torn down by the job.
+                await self._end(job_id, S.FAILED_PRECHECKS,
+                                f"cluster {record.cluster} was made by someone else, not this "
+                                "job: it is left alone; submit the job again for a new name")
+                return
             up = cluster is not None and cluster.status == ClusterStatus.UP
             if record.agent_job_id is not None:  # an attempt runs
                 if up or (cluster is not None and cluster.status == ClusterStatus.INIT):
@@ -349,7 +361,7 @@ class ManagedJobController:
                                     functools.partial(self._clusters.launch, name=name,
                                                       args=args, task=launch_task,
                                                       steering=steering,
-                                                      bucket_owner=bucket_owner(record.id)))
+                                                      owner=owner_tag(record.id)))
             except ProtocolError as exc:
                 reason = f"launch failed: {brief(exc.message)}"
                 if exc.code in PRECHECK_CODES:
@@ -590,10 +602,12 @@ class ManagedJobController:
     async def _down(self, record: ManagedJobRecord, why: str, discard: bool = False) -> None:
         """Tear the job's cluster down, trying until it is gone. After a few failures the
         teardown is forced (`--purge`: cleanup failures become warnings). A lost cluster is
-        discarded: cloud nodes are terminated without being reached first."""
+        discarded: cloud nodes are terminated without being reached first. Only a cluster
+        the job made is torn down: one of that name made by anyone else is left alone."""
         gap = self._timing.retry_gap_s
         failures = 0
-        while self._cluster_store.get(record.cluster) is not None:
+        while (cluster := self._cluster_store.get(record.cluster)) is not None \
+                and cluster.owner == owner_tag(record.id):
             purge = failures >= 3
             try:
                 await self._request(
@@ -631,9 +645,9 @@ class ManagedJobController:
             await self._down(record, why)
         # Buckets made for the job outlive its clusters (a recovered job finds its
         # checkpoints): only now do `persistent: false` ones go.
-        await self._request("release", record.cluster, {"owner": bucket_owner(job_id)},
+        await self._request("release", record.cluster, {"owner": owner_tag(job_id)},
                             functools.partial(self._clusters.release_buckets,
-                                              name=bucket_owner(job_id)))
+                                              name=owner_tag(job_id)))
         if self.require(job_id).status == S.CANCELLING:
             status = S.CANCELLED
         await self._store.set_status(job_id, status, reason)
