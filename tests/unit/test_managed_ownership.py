@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd.agent.in_memory import split
 from clusterd.managed.store import ManagedJobStore, SubmittedTask, owner_tag
 from clusterd.services.common import check_name, refuse_other_owner
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -95,3 +96,15 @@ async def test_migration_5_marks_only_what_the_records_vouch_for(tmp_path: Path)
                       "managed-job-2": None}
     # managed-job-2 is a cluster of the user's; job 9 does not exist; 1x is no job's.
     assert users == {"managed-job:1", "managed-job-2", "managed-job-9", "managed-job-1x", "dev"}
+
+
+def test_the_agent_stores_no_url_credentials_and_runs_with_them() -> None:
+    spec = {"name": "j", "setup": "git clone https://u:TOKEN@h/r", "run": "echo hi",
+            "envs": {"REPO": "https://TOKEN@h/r", "A": "1"}}
+    stored, kept = split(spec, {"K": "secret-value"})
+    assert "TOKEN" not in repr(stored) and "secret-value" not in repr(stored)
+    assert stored["envs"] == {"REPO": "https://<redacted>@h/r", "A": "1"}
+    assert kept.spec(stored) == {**spec, "envs": stored["envs"]}
+    assert kept.envs(stored["envs"]) == {**spec["envs"], "K": "secret-value"}
+    plain, nothing = split({"run": "echo hi", "envs": {"A": "1"}}, {})
+    assert not nothing and plain == {"run": "echo hi", "envs": {"A": "1"}}
