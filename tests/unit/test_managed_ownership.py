@@ -8,14 +8,19 @@ import sqlite3
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterctl.protocol import ManagedJobStatus as S
 from clusterd.agent.in_memory import split
+from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore, SubmittedTask, owner_tag
+from clusterd.requests import RequestManager
 from clusterd.services.common import check_name, refuse_other_owner
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.db import MIGRATIONS, Database
+from clusterd.state.requests import RequestStore
 
 pytestmark = pytest.mark.anyio
 
@@ -108,3 +113,51 @@ def test_the_agent_stores_no_url_credentials_and_runs_with_them() -> None:
     assert kept.envs(stored["envs"]) == {**spec["envs"], "K": "secret-value"}
     plain, nothing = split({"run": "echo hi", "envs": {"A": "1"}}, {})
     assert not nothing and plain == {"run": "echo hi", "envs": {"A": "1"}}
+
+
+class Untouchable:
+    """The cluster and job services, for a job whose cluster name someone else took: any
+    call that would act on a cluster fails the test; releasing the job's buckets is fine."""
+
+    def __init__(self) -> None:
+        self.released: list[str] = []
+
+    async def release_buckets(self, request: object, name: str) -> dict[str, object]:
+        self.released.append(name)
+        return {"released": name, "problems": []}
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the job acted on a cluster it did not make: {name}")
+
+
+@pytest.mark.parametrize(("status", "ended_as"), [(S.PENDING, S.FAILED_PRECHECKS),
+                                                   (S.RECOVERING, S.FAILED_CONTROLLER)])
+async def test_a_cluster_of_the_jobs_name_made_by_someone_else_is_never_touched(
+        db: Database, tmp_path: Path, status: S, ended_as: S) -> None:
+    """The user's launch of the name won a race with the job's (or a database from before
+    owners were recorded could not vouch for it): the job ends, the cluster is left alone."""
+    clusters, jobs = ClusterStore(db), ManagedJobStore(db)
+    record = await jobs.insert("race", SubmittedTask(command="echo hi"), "t")
+    if status == S.RECOVERING:
+        await jobs.set_status(record.id, S.STARTING, "launching")
+        await jobs.set_status(record.id, S.RUNNING, "running", agent_job_id=1)
+        await jobs.set_status(record.id, S.RECOVERING, "lost", agent_job_id=None)
+    users = cluster(record.cluster, None)
+    await clusters.insert(users, "the user's launch", None)
+    services = Untouchable()
+    requests = RequestManager(RequestStore(db))
+    async with anyio.create_task_group() as group:
+        requests.attach(group)
+        controller = ManagedJobController(
+            jobs, clusters, services, services, None, None, requests,  # type: ignore[arg-type]
+            tmp_path / "logs")
+        await group.start(controller.run)
+        with anyio.fail_after(10):
+            while not controller.require(record.id).status.is_final:
+                await anyio.sleep(0.01)
+        group.cancel_scope.cancel()
+    ended = controller.require(record.id)
+    assert ended.status == ended_as, ended
+    assert "left alone" in ended.status_reason
+    assert clusters.get(record.cluster) == users
+    assert services.released == [owner_tag(record.id)]

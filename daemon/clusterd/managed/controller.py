@@ -628,6 +628,8 @@ class ManagedJobController:
         record = self.require(job_id)
         if record.status.is_final:
             return
+        if status == S.FAILED_PRECHECKS and record.status not in (S.PENDING, S.STARTING):
+            status = S.FAILED_CONTROLLER  # a job that ran passed its prechecks
         if record.ending is None:
             fields: dict[str, Any] = {"ending": f"{status} {reason}"}
             if record.run_started_at is not None:
