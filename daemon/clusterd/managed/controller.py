@@ -38,7 +38,7 @@ from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
 from clusterd.managed.joblog import JobLogFiles
 from clusterd.managed.logstream import Emit, JobLogStreams
-from clusterd.managed.poll import HealthPoll
+from clusterd.managed.poll import HealthPoll, cluster_health
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import (
     ManagedJobRecord,
@@ -46,13 +46,11 @@ from clusterd.managed.store import (
     SubmittedTask,
     owner_tag,
 )
-from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.redact import redact_urls
 from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.services.clusters import ClusterService, brief
-from clusterd.services.common import provider_handle
 from clusterd.services.jobs import JobService
 from clusterd.state.clusters import ClusterStore
 from clusterd.tasks.loader import load_task
@@ -541,37 +539,8 @@ class ManagedJobController:
 
     async def _health(self, record: ManagedJobRecord) -> tuple[str | None, bool]:
         """(why the cluster counts as lost, or None; whether its agent answered)."""
-        cluster = self._cluster_store.get(record.cluster)
-        if cluster is None:
-            return "its cluster was found gone", False
-        if cluster.status not in (ClusterStatus.UP, ClusterStatus.INIT):
-            return f"its cluster went {cluster.status}: {cluster.status_reason}", False
-        provider = self._providers.get(cluster.provider)
-        try:
-            with anyio.fail_after(15):
-                nodes = await provider.query(cluster.cloud_name,
-                                             provider_handle(cluster, provider))
-        except (ProtocolError, TimeoutError):
-            nodes = None  # the provider's API had a moment; the agent check still counts
-        if nodes is not None:
-            if len(nodes) < cluster.num_nodes:
-                return f"{cluster.num_nodes - len(nodes)} of its nodes are gone", False
-            bad = [n for n in nodes if n.status in (NodeStatus.TERMINATED, NodeStatus.STOPPED,
-                                                    NodeStatus.STOPPING)]
-            if bad:
-                return (f"node {bad[0].node_id} is {bad[0].status}"
-                        + (" (preempted?)" if cluster.launched_resources
-                           and cluster.launched_resources.get("spot") else ""), False)
-        try:
-            with anyio.fail_after(10):
-                agent = await self._access.client(cluster)
-                health = await agent.check_version()
-        except (ProtocolError, TimeoutError):
-            return None, False
-        if health.ray_nodes_alive < cluster.num_nodes:
-            return (f"Ray sees {health.ray_nodes_alive} of its {cluster.num_nodes} nodes "
-                    "(one is partitioned or dead)"), True
-        return None, True
+        return await cluster_health(self._cluster_store.get(record.cluster), self._providers,
+                                    self._access)
 
     async def _lost(self, record: ManagedJobRecord, why: str) -> None:
         """The cluster is lost: torn down; the next step relaunches it.
