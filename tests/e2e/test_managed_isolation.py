@@ -138,10 +138,14 @@ def test_secrets_and_url_credentials_reach_the_job_and_no_file(tmp_path: Path) -
         assert ended(daemon, job_id)["status"] == "SUCCEEDED"
         for out in "abc":
             assert (tmp_path / out).read_text().split()[0] == seen, out
-        shown = daemon.ctl("requests", "--all", "--json")
-        assert shown.returncode == 0, shown.stderr
-        assert "REPO" in shown.stdout
+        requests = daemon.ctl("requests", "--all", "--json")
+        assert requests.returncode == 0 and "REPO" in requests.stdout, requests.stderr
+        outputs = [daemon.ctl(*words) for words in (
+            ("jobs", "queue", "--all", "--json"), ("events", "sec"),
+            ("jobs", "logs", "--controller", "--no-follow", str(job_id)))]
+        assert all(o.returncode == 0 for o in outputs), [o.stderr for o in outputs]
         leaks = {str(p): value for p in files_under(daemon)
                  for value in (SECRET, TOKEN) if value.encode() in p.read_bytes()}
-        shown_leaks = [v for v in (SECRET, TOKEN) if v in shown.stdout]
-        assert not leaks and not shown_leaks, (leaks, shown_leaks)
+        shown = [(o.args, v) for o in [requests, *outputs] for v in (SECRET, TOKEN)
+                 if v in o.stdout + o.stderr]
+        assert not leaks and not shown, (leaks, shown)
