@@ -8,7 +8,9 @@ fingerprint of the code that parsed it (each module's size and mtime, clusterctl
 Python's), and a later run with the same words and the same code takes the kept result.
 A command line that failed to parse or asked for help or the version (argparse exits) is never
 kept, nor one whose values msgpack would not give back as they were, nor `dashboard` (a
-server: its start is not worth a cached parse).
+server: its start is not worth a cached parse), nor one that may carry a secret (`--secret`,
+`GIT_TOKEN`, a URL with credentials in it): secrets are never at rest, and a parse is not
+worth the risk.
 
 The file is in clusterd's private cache directory (0700, checked as the socket's is), replaced
 whole by a rename; a file that is missing, unreadable or not what this module writes is a miss,
@@ -35,6 +37,8 @@ from clusterctl._version import __version__
 FILE_NAME = "argv.msgpack"
 MAX_LINES = 64  # the most recent command lines parsed, not every one ever typed
 NOT_KEPT_VERBS = ("dashboard",)
+# Words that make a command line one never kept (see _may_carry_a_secret).
+SECRET_WORDS = ("--secret", "GIT_TOKEN")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
@@ -99,11 +103,26 @@ def _plain(value: Any) -> bool:
     return isinstance(value, list) and all(_plain(item) for item in value)
 
 
+def _has_url_credentials(word: str) -> bool:
+    """`scheme://USERINFO@host...` anywhere in `word` (string methods, not `re`: its import
+    is a cost of every run). A false alarm costs a parse, never a leak."""
+    return any("@" in part.split("/", 1)[0] for part in word.split("://")[1:])
+
+
+def _may_carry_a_secret(words: Sequence[str], values: dict[str, Any]) -> bool:
+    # The parsed `secret` catches what the words may spell otherwise (`--sec`, `--secret=`).
+    if values.get("secret"):
+        return True
+    return any(marker in word for word in words for marker in SECRET_WORDS) \
+        or any(map(_has_url_credentials, words))
+
+
 def keep(words: Sequence[str], parsed: argparse.Namespace) -> None:
     """Remember what `words` parsed to, for the next run (best effort: a cache that cannot be
-    written costs only the parse)."""
+    written costs only the parse). A command line that may carry a secret is never kept."""
     values = vars(parsed)
-    if values.get("verb") in NOT_KEPT_VERBS or not all(map(_plain, values.values())):
+    if values.get("verb") in NOT_KEPT_VERBS or not all(map(_plain, values.values())) \
+            or _may_carry_a_secret(words, values):
         return
     fingerprint = _fingerprint()
     lines = _read(fingerprint)

@@ -19,7 +19,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from clusterd.redact import redact_urls
+from clusterd.redact import redact_urls, redact_values
 
 LEVELS = ("debug", "info", "warning", "error")
 
@@ -57,6 +57,8 @@ def _drop_secrets(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
             event[key] = "<redacted>"
         elif isinstance(value, str) and "@" in value:
             event[key] = redact_urls(value)
+        elif isinstance(value, (list, dict)):
+            event[key] = redact_values(value)
     return event
 
 

@@ -27,6 +27,24 @@ def redact_urls(text: str) -> str:
     return _URL_CREDENTIALS.sub(rf"\1{REDACTED}@", text) if "@" in text else text
 
 
+def redact_values(value: Any) -> Any:
+    """`value` with URL credentials removed from every string in it (in lists and dict
+    values too: env values, a command's words)."""
+    if isinstance(value, str):
+        return redact_urls(value)
+    if isinstance(value, list):
+        return [redact_values(item) for item in value]
+    if isinstance(value, dict):
+        return {key: redact_values(item) for key, item in value.items()}
+    return value
+
+
+def redact_envs(envs: dict[str, Any]) -> dict[str, Any]:
+    """Environment variables as they may be stored and shown: secret ones' values replaced,
+    URL credentials removed from the others'."""
+    return {k: REDACTED if k in SECRET_ENV_NAMES else redact_values(v) for k, v in envs.items()}
+
+
 def redact_task_yaml(text: str) -> str:
     """A task's YAML as it may be stored and shown: the values of `secrets` (and of any
     `envs` that are secrets) replaced, URL credentials removed. The text is re-written only
@@ -62,10 +80,10 @@ def public_args(args: dict[str, Any]) -> dict[str, Any]:
         if key in SECRET_FIELDS:
             value = sorted(value) if isinstance(value, dict) else REDACTED
         elif key == "envs" and isinstance(value, dict):
-            value = {k: REDACTED if k in SECRET_ENV_NAMES else v for k, v in value.items()}
+            value = redact_envs(value)
         elif key == "yaml_text" and isinstance(value, str):
             value = redact_task_yaml(value)
-        elif isinstance(value, str):
-            value = redact_urls(value)
+        else:
+            value = redact_values(value)
         shown[key] = value
     return shown

@@ -121,3 +121,21 @@ def test_a_recalled_command_line_runs_as_a_parsed_one_without_argparse(
         bad = ctl(tmp_path, "queue")
         assert bad.returncode == 2 and "the following arguments are required" in bad.stderr
     assert _argv_cache.recall(["queue"]) is None
+
+
+@pytest.mark.parametrize("words", [
+    ["launch", "--secret", "K=hunter2", "--", "true"],
+    ["launch", "--secret=K=hunter2", "--", "true"],
+    ["launch", "--sec", "K=hunter2", "--", "true"],  # argparse's abbreviation
+    ["jobs", "launch", "--secret", "K", "--", "true"],  # from the environment: still not kept
+    ["exec", "dev", "--env", "GIT_TOKEN=hunter2", "--", "true"],
+    ["exec", "dev", "--env", "REPO=https://u:hunter2@host/x", "--", "true"],
+    ["exec", "dev", "--", "git", "clone", "https://hunter2@host/x"],
+    ["jobs", "launch", "--", "git clone ssh://u:hunter2@host/x && ls"],
+])
+def test_a_command_line_that_may_carry_a_secret_is_never_kept(
+        cache_home: Path, words: list[str]) -> None:
+    assert kept(["status"]) is not None  # the file exists, so what follows could land in it
+    assert kept(words) is None
+    assert b"hunter2" not in (cache_home / _argv_cache.FILE_NAME).read_bytes()
+    assert kept(["exec", "dev", "--env", "REPO=https://host/x", "--", "true"]) is not None

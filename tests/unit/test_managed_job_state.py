@@ -17,8 +17,8 @@ from clusterd.managed.recovery import RecoveryPolicy, Strategy, parse_policy, po
 from clusterd.managed.store import (
     ManagedJobStore,
     SubmittedTask,
-    bucket_owner,
     cluster_name_for,
+    owner_tag,
 )
 from clusterd.providers.base import BlockScope
 from clusterd.server.managed_handlers import requested_resources
@@ -53,12 +53,14 @@ async def test_an_unfinished_job_holds_its_buckets_and_a_finished_one_does_not(
     """What the hourly bucket sweep asks of a bucket user that is no cluster."""
     store = ManagedJobStore(db)
     record = await store.insert("job", task(), "t")
-    assert store.holds_buckets(bucket_owner(record.id))
+    assert store.holds_buckets(owner_tag(record.id))
+    # What a user may name a cluster is never taken for the job.
+    assert not store.holds_buckets(f"managed-job-{record.id}")
     await store.set_status(record.id, S.STARTING, "launching a cluster")
-    assert store.holds_buckets(bucket_owner(record.id))
+    assert store.holds_buckets(owner_tag(record.id))
     await store.set_status(record.id, S.FAILED_NO_RESOURCE, "no capacity")
-    assert not store.holds_buckets(bucket_owner(record.id))
-    for other in (bucket_owner(record.id + 1), record.cluster, "managed-job-", "managed-job-x"):
+    assert not store.holds_buckets(owner_tag(record.id))
+    for other in (owner_tag(record.id + 1), record.cluster, "managed-job-", "managed-job-x"):
         assert not store.holds_buckets(other), other
 
 
@@ -225,3 +227,23 @@ def test_requested_resources(yaml_text: str, shown: str) -> None:
     assert text.startswith(shown), text
     if "instance_type" in yaml_text:
         assert text.endswith(", m6i.large]"), text
+
+
+async def test_the_stored_task_keeps_no_url_credentials_and_says_where_they_were(
+        db: Database) -> None:
+    text = "run: git clone https://u:TOKEN-yaml@host/r\n"
+    store = ManagedJobStore(db)
+    record = await store.insert("job", task(
+        command="git clone https://TOKEN-cmd@host/r", envs={"REPO": "https://u:TOKEN-env@h/x",
+                                                            "A": "1"}), "t")
+    from_yaml = await store.insert("job", task(yaml_text=text, command=None), "t")
+    plain = await store.insert("job", task(envs={"REPO": "https://h/x"}), "t")
+    rows = await db.fetchall("SELECT task FROM managed_jobs")
+    assert all("TOKEN" not in row["task"] for row in rows)
+    assert record.task.envs == {"REPO": "https://<redacted>@h/x", "A": "1"}
+    assert record.task.redacted == ("command", "env REPO")
+    assert from_yaml.task.redacted == ("the task YAML",)
+    assert plain.task.redacted == () and plain.task.envs == {"REPO": "https://h/x"}
+    again = ManagedJobStore(db)
+    await again.load()
+    assert again.get(record.id) == record

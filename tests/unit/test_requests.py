@@ -280,6 +280,15 @@ def test_task_yaml_text_is_stored_without_its_secrets() -> None:
     assert public_args({"yaml_text": plain})["yaml_text"] == plain  # kept as written
 
 
+def test_url_credentials_in_env_values_and_command_words_are_not_stored() -> None:
+    shown = public_args({"envs": {"REPO": "https://u:TOKEN-env@host/x", "A": "1"},
+                         "command": ["git", "clone", "https://TOKEN-word@host/x"],
+                         "nested": {"url": "ssh://u:TOKEN-nested@h/x"}})
+    assert "TOKEN" not in json.dumps(shown)
+    assert shown["envs"] == {"REPO": "https://<redacted>@host/x", "A": "1"}
+    assert shown["command"] == ["git", "clone", "https://<redacted>@host/x"]
+
+
 def test_url_credentials_are_redacted_wherever_they_are() -> None:
     assert redact_urls("cloning https://u:p@h.com/r and ssh://tok@h/x, not a@b.c") == (
         "cloning https://<redacted>@h.com/r and ssh://<redacted>@h/x, not a@b.c")

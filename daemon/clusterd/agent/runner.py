@@ -26,6 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from clusterctl.protocol import JobStatus
 from clusterd import log
 from clusterd.agent import node_tasks
+from clusterd.agent.in_memory import InMemory
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import JobLog, LogHub, NodePrefixer
 
@@ -123,7 +124,7 @@ class JobRun:
         hub: LogHub,
         slots: list[NodeSlot],
         placement_group: Any,
-        secrets: dict[str, str],
+        in_memory: InMemory,
         on_finished: Callable[[Job], None],
         release: Callable[[Job, Any, list[NodeSlot]], Awaitable[None]],
         alive_nodes: Callable[[], Awaitable[set[str]]],
@@ -138,7 +139,7 @@ class JobRun:
         self._hub = hub
         self._slots = slots
         self._pg = placement_group
-        self._secrets = secrets
+        self._in_memory = in_memory  # secrets and the like: never in the job's record
         self._on_finished = on_finished
         self._release = release  # the placement group, once the job is done with it
         self._cancel_requested = False
@@ -187,7 +188,7 @@ class JobRun:
         self._on_finished(job)
 
     async def _execute(self) -> tuple[JobStatus, str, list[int]]:
-        spec = self.job.spec
+        spec = self._in_memory.spec(self.job.spec)
         if spec.get("setup"):
             results = await self._run_phase("setup", spec["setup"], fail_fast=False,
                                             status=JobStatus.SETTING_UP)
@@ -251,7 +252,7 @@ class JobRun:
         self._aborting = False
         results = [RankResult(slot.rank) for slot in self._slots]
         gpus = float(self.job.spec.get("resources", {}).get("gpus", 0) or 0)
-        envs = {**self.job.spec.get("envs", {}), **self._secrets}
+        envs = self._in_memory.envs(self.job.spec.get("envs", {}))
         workdir = self.job.spec.get("workdir", "")
         image = self.job.spec.get("container_image", "")
         scopes = {slot.rank: anyio.CancelScope() for slot in self._slots}

@@ -23,6 +23,7 @@ from ray.util.placement_group import placement_group
 from clusterctl.protocol import JobStatus
 from clusterd import log
 from clusterd.agent import node_tasks
+from clusterd.agent.in_memory import InMemory
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.placement import PlacementPool, Shape, remove, shape_of
@@ -75,7 +76,7 @@ class Scheduler:
         self._store = store
         self._hub = hub
         self._cluster_name = cluster_name
-        self._secrets: dict[int, dict[str, str]] = {}
+        self._in_memory: dict[int, InMemory] = {}
         self._runs: dict[int, JobRun] = {}
         # The job waiting for a reservation of its own: its id, the scope of that wait, and
         # its shape (a job of that shape finishing meanwhile hands it its group instead).
@@ -144,7 +145,8 @@ class Scheduler:
 
     # -- queue operations --------------------------------------------------------------------
 
-    async def submit(self, spec: dict[str, Any], secrets: dict[str, str]) -> Job:
+    async def submit(self, spec: dict[str, Any], in_memory: InMemory) -> Job:
+        """`spec` as it may be stored; `in_memory` (secrets, ...) is never written."""
         resources = spec.get("resources", {})
         num_nodes = int(spec.get("num_nodes") or 1)
         await self.check_feasible(num_nodes, resources)
@@ -154,15 +156,15 @@ class Scheduler:
             name=spec.get("name") or "job",
             user=spec.get("user") or getpass.getuser(),
             spec=spec,
-            has_secrets=bool(secrets),
+            has_secrets=bool(in_memory),
             resources_display=spec.get("resources_display") or "",
             num_nodes=num_nodes,
         )
         stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(job.submitted_at))
         micros = int((job.submitted_at % 1) * 1e6)
         task_id = f"sky-{stamp}-{micros:06d}_{self._cluster_name}_{job.job_id}"
-        if secrets:
-            self._secrets[job.job_id] = dict(secrets)
+        if in_memory:
+            self._in_memory[job.job_id] = in_memory
         await self._store.update(
             job,
             status=JobStatus.PENDING,
@@ -205,14 +207,14 @@ class Scheduler:
                                        process.get("create_time"))
                 # Processes the dead agent never got to record are found by their tag.
                 await self.on_every_node(node_tasks.kill_tagged, job.task_id, timeout_s=30)
-            elif not (job.has_secrets and job.job_id not in self._secrets):
+            elif not (job.has_secrets and job.job_id not in self._in_memory):
                 continue  # still PENDING and runnable: it keeps its place in the queue
             await self._finish_unstarted(job, JobStatus.FAILED_DRIVER, reason)
             failed.append(job.job_id)
         return failed
 
     async def _finish_unstarted(self, job: Job, status: JobStatus, reason: str) -> None:
-        self._secrets.pop(job.job_id, None)
+        self._in_memory.pop(job.job_id, None)
         await self._store.update(job, status=status, failure_reason=reason, ended_at=time.time(),
                                  processes=[])
         self._hub.notify(job.job_id)
@@ -277,7 +279,7 @@ class Scheduler:
             hub=self._hub,
             slots=slots,
             placement_group=pg,
-            secrets=self._secrets.pop(job.job_id, {}),
+            in_memory=self._in_memory.pop(job.job_id, InMemory()),
             on_finished=self._finished,
             release=self._release,
             alive_nodes=self._alive_node_ids,

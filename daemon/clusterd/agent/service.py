@@ -20,6 +20,7 @@ from clusterctl._version import __version__
 from clusterd.agent import containers
 from clusterd.agent.auth import NONCE_BYTES, NonceBook, agent_proof, new_nonce
 from clusterd.agent.autostop import AutostopState, ContactClock
+from clusterd.agent.in_memory import split
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
@@ -53,7 +54,7 @@ def job_to_pb(job: Job) -> pb.Job:
 
 
 def spec_from_pb(spec: pb.JobSpec) -> dict[str, Any]:
-    """The job as stored: everything but the secrets (those stay in memory)."""
+    """The job as given, but the secrets (see in_memory.split for what is stored)."""
     return {
         "name": spec.name,
         "setup": spec.setup,
@@ -147,7 +148,7 @@ class JobsService(pb_grpc.JobsServiceServicer):
             except containers.BadImage as exc:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"container_image: {exc}")
         try:
-            job = await self._scheduler.submit(spec_from_pb(spec), dict(spec.secrets))
+            job = await self._scheduler.submit(*split(spec_from_pb(spec), dict(spec.secrets)))
         except Infeasible as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
         return pb.AddJobResponse(job_id=job.job_id, log_dir=job.log_dir, task_id=job.task_id)

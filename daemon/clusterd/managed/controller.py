@@ -38,20 +38,19 @@ from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
 from clusterd.managed.joblog import JobLogFiles
 from clusterd.managed.logstream import Emit, JobLogStreams
-from clusterd.managed.poll import HealthPoll
+from clusterd.managed.poll import HealthPoll, cluster_health
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
 from clusterd.managed.store import (
     ManagedJobRecord,
     ManagedJobStore,
     SubmittedTask,
-    bucket_owner,
+    owner_tag,
 )
-from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.redact import redact_urls
 from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.services.clusters import ClusterService, brief
-from clusterd.services.common import provider_handle
 from clusterd.services.jobs import JobService
 from clusterd.state.clusters import ClusterStore
 from clusterd.tasks.loader import load_task
@@ -60,9 +59,11 @@ from clusterd.tasks.spec import TaskSpec
 
 logger = log.get("clusterd.managed")
 
-# Errors of a launch that no retry can mend: the task itself is wrong for every place.
+# Errors of a launch that no retry can mend: the task itself is wrong for every place, or
+# the job's cluster name is a cluster it did not make (see refuse_other_owner).
 PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
-                            ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME})
+                            ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME,
+                            ErrorCode.MANAGED_CLUSTER})
 USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
 # Consecutive failed agent health checks after which the cluster counts as lost.
 AGENT_STRIKES = 3
@@ -140,8 +141,11 @@ class ManagedJobController:
             self._group.start_soon(self._drive, job_id, name=f"managed-job-{job_id}")
 
     async def submit(self, task: TaskSpec, submitted: SubmittedTask) -> ManagedJobRecord:
-        name = task.name or (submitted.command or "job").split()[0]
-        record = await self._store.insert(name, submitted, "sky-managed")
+        name = redact_urls(task.name or (submitted.command or "job").split()[0])
+        # A cluster of the user's named as the job's would be is never shared: the job's
+        # name gets a suffix.
+        record = await self._store.insert(name, submitted, "sky-managed",
+                                          taken=lambda n: self._cluster_store.get(n) is not None)
         self._secrets[record.id] = dict(task.secrets)
         self._tasks[record.id] = task
         self._files.create(record.id)
@@ -261,6 +265,13 @@ class ManagedJobController:
             if record.status == S.CANCELLING:
                 return
             cluster = self._cluster_store.get(record.cluster)
+            if cluster is not None and cluster.owner != owner_tag(job_id):
+                # Made by the user under the job's name after the job was recorded (a race
+                # with `launch`): never reused, cancelled or torn down by the job.
+                await self._end(job_id, S.FAILED_PRECHECKS,
+                                f"cluster {record.cluster} was made by someone else, not this "
+                                "job: it is left alone; submit the job again for a new name")
+                return
             up = cluster is not None and cluster.status == ClusterStatus.UP
             if record.agent_job_id is not None:  # an attempt runs
                 if up or (cluster is not None and cluster.status == ClusterStatus.INIT):
@@ -278,16 +289,21 @@ class ManagedJobController:
                 await self._submit(record)
 
     async def _task(self, record: ManagedJobRecord) -> TaskSpec | None:
-        """The job's task with its secrets; None (and the job ended) if a restart lost them."""
+        """The job's task with its secrets and URL credentials; None (and the job ended) if a
+        restart lost them."""
         task = self._tasks.get(record.id)
         if task is not None:
             return task
         sub = record.task
-        if sub.secret_names and record.id not in self._secrets:
+        # Never run with `<redacted>` where a secret or a URL's credentials were.
+        kept_in_memory = ([f"its secrets ({', '.join(sub.secret_names)})"] if sub.secret_names
+                          else []) + ([f"the credentials in its URLs ({', '.join(sub.redacted)})"]
+                                      if sub.redacted else [])
+        if kept_in_memory and record.id not in self._secrets:
             await self._end(record.id, S.FAILED_CONTROLLER,
-                            f"the job needs a new cluster, and its secrets "
-                            f"({', '.join(sub.secret_names)}) are kept only in memory: a "
-                            "daemon restart lost them; submit the job again")
+                            f"the job needs its task again, and {', '.join(kept_in_memory)} "
+                            "are kept only in memory: a daemon restart lost them; submit the "
+                            "job again")
             return None
 
         def load() -> TaskSpec:
@@ -343,7 +359,7 @@ class ManagedJobController:
                                     functools.partial(self._clusters.launch, name=name,
                                                       args=args, task=launch_task,
                                                       steering=steering,
-                                                      bucket_owner=bucket_owner(record.id)))
+                                                      owner=owner_tag(record.id)))
             except ProtocolError as exc:
                 reason = f"launch failed: {brief(exc.message)}"
                 if exc.code in PRECHECK_CODES:
@@ -523,37 +539,8 @@ class ManagedJobController:
 
     async def _health(self, record: ManagedJobRecord) -> tuple[str | None, bool]:
         """(why the cluster counts as lost, or None; whether its agent answered)."""
-        cluster = self._cluster_store.get(record.cluster)
-        if cluster is None:
-            return "its cluster was found gone", False
-        if cluster.status not in (ClusterStatus.UP, ClusterStatus.INIT):
-            return f"its cluster went {cluster.status}: {cluster.status_reason}", False
-        provider = self._providers.get(cluster.provider)
-        try:
-            with anyio.fail_after(15):
-                nodes = await provider.query(cluster.cloud_name,
-                                             provider_handle(cluster, provider))
-        except (ProtocolError, TimeoutError):
-            nodes = None  # the provider's API had a moment; the agent check still counts
-        if nodes is not None:
-            if len(nodes) < cluster.num_nodes:
-                return f"{cluster.num_nodes - len(nodes)} of its nodes are gone", False
-            bad = [n for n in nodes if n.status in (NodeStatus.TERMINATED, NodeStatus.STOPPED,
-                                                    NodeStatus.STOPPING)]
-            if bad:
-                return (f"node {bad[0].node_id} is {bad[0].status}"
-                        + (" (preempted?)" if cluster.launched_resources
-                           and cluster.launched_resources.get("spot") else ""), False)
-        try:
-            with anyio.fail_after(10):
-                agent = await self._access.client(cluster)
-                health = await agent.check_version()
-        except (ProtocolError, TimeoutError):
-            return None, False
-        if health.ray_nodes_alive < cluster.num_nodes:
-            return (f"Ray sees {health.ray_nodes_alive} of its {cluster.num_nodes} nodes "
-                    "(one is partitioned or dead)"), True
-        return None, True
+        return await cluster_health(self._cluster_store.get(record.cluster), self._providers,
+                                    self._access)
 
     async def _lost(self, record: ManagedJobRecord, why: str) -> None:
         """The cluster is lost: torn down; the next step relaunches it.
@@ -584,10 +571,12 @@ class ManagedJobController:
     async def _down(self, record: ManagedJobRecord, why: str, discard: bool = False) -> None:
         """Tear the job's cluster down, trying until it is gone. After a few failures the
         teardown is forced (`--purge`: cleanup failures become warnings). A lost cluster is
-        discarded: cloud nodes are terminated without being reached first."""
+        discarded: cloud nodes are terminated without being reached first. Only a cluster
+        the job made is torn down: one of that name made by anyone else is left alone."""
         gap = self._timing.retry_gap_s
         failures = 0
-        while self._cluster_store.get(record.cluster) is not None:
+        while (cluster := self._cluster_store.get(record.cluster)) is not None \
+                and cluster.owner == owner_tag(record.id):
             purge = failures >= 3
             try:
                 await self._request(
@@ -608,6 +597,8 @@ class ManagedJobController:
         record = self.require(job_id)
         if record.status.is_final:
             return
+        if status == S.FAILED_PRECHECKS and record.status not in (S.PENDING, S.STARTING):
+            status = S.FAILED_CONTROLLER  # a job that ran passed its prechecks
         if record.ending is None:
             fields: dict[str, Any] = {"ending": f"{status} {reason}"}
             if record.run_started_at is not None:
@@ -625,9 +616,9 @@ class ManagedJobController:
             await self._down(record, why)
         # Buckets made for the job outlive its clusters (a recovered job finds its
         # checkpoints): only now do `persistent: false` ones go.
-        await self._request("release", record.cluster, {"owner": bucket_owner(job_id)},
+        await self._request("release", record.cluster, {"owner": owner_tag(job_id)},
                             functools.partial(self._clusters.release_buckets,
-                                              name=bucket_owner(job_id)))
+                                              name=owner_tag(job_id)))
         if self.require(job_id).status == S.CANCELLING:
             status = S.CANCELLED
         await self._store.set_status(job_id, status, reason)

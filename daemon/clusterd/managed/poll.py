@@ -1,9 +1,17 @@
-"""The pace of a managed job's health checks: a poll every few seconds, cut short when
-something else (the job's log stream breaking) says the cluster may be gone."""
+"""A managed job's health checks: what each looks at (`cluster_health`), and their pace (a
+poll every few seconds, cut short when something else, the job's log stream breaking, says
+the cluster may be gone)."""
 
 from __future__ import annotations
 
 import anyio
+
+from clusterctl.protocol import ClusterStatus, ProtocolError
+from clusterd.nodes import NodeStatus
+from clusterd.providers.registry import ProviderRegistry
+from clusterd.runtime.agent_access import AgentAccess
+from clusterd.services.common import provider_handle
+from clusterd.state.clusters import ClusterRecord
 
 
 class HealthPoll:
@@ -24,3 +32,37 @@ class HealthPoll:
         early = self._nudged.is_set()
         self._nudged = anyio.Event()
         return early
+
+
+async def cluster_health(cluster: ClusterRecord | None, providers: ProviderRegistry,
+                         access: AgentAccess) -> tuple[str | None, bool]:
+    """(why the job's cluster counts as lost, or None; whether its agent answered)."""
+    if cluster is None:
+        return "its cluster was found gone", False
+    if cluster.status not in (ClusterStatus.UP, ClusterStatus.INIT):
+        return f"its cluster went {cluster.status}: {cluster.status_reason}", False
+    provider = providers.get(cluster.provider)
+    try:
+        with anyio.fail_after(15):
+            nodes = await provider.query(cluster.cloud_name, provider_handle(cluster, provider))
+    except (ProtocolError, TimeoutError):
+        nodes = None  # the provider's API had a moment; the agent check still counts
+    if nodes is not None:
+        if len(nodes) < cluster.num_nodes:
+            return f"{cluster.num_nodes - len(nodes)} of its nodes are gone", False
+        bad = [n for n in nodes if n.status in (NodeStatus.TERMINATED, NodeStatus.STOPPED,
+                                                NodeStatus.STOPPING)]
+        if bad:
+            return (f"node {bad[0].node_id} is {bad[0].status}"
+                    + (" (preempted?)" if cluster.launched_resources
+                       and cluster.launched_resources.get("spot") else ""), False)
+    try:
+        with anyio.fail_after(10):
+            agent = await access.client(cluster)
+            health = await agent.check_version()
+    except (ProtocolError, TimeoutError):
+        return None, False
+    if health.ray_nodes_alive < cluster.num_nodes:
+        return (f"Ray sees {health.ray_nodes_alive} of its {cluster.num_nodes} nodes "
+                "(one is partitioned or dead)"), True
+    return None, True

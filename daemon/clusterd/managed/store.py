@@ -10,18 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from typing import Any
 
 from clusterctl.protocol import ManagedJobStatus
 from clusterd.managed import transitions
-from clusterd.redact import redact_task_yaml, redact_urls
+from clusterd.redact import redact_envs, redact_task_yaml, redact_urls
 from clusterd.state.db import Database, dumps, loads
 
 
 @dataclasses.dataclass(frozen=True)
 class SubmittedTask:
     """What `jobs launch` was given, as it may be stored: the YAML text with secret values
-    removed (the names stay), or the command; the overrides; never a secret value."""
+    removed (the names stay), or the command; the overrides; never a secret value, nor the
+    credentials in a URL (`redacted` names where some were removed: a relaunch needs the
+    values, which only the daemon's memory holds)."""
 
     yaml_text: str | None = None
     command: str | None = None
@@ -36,17 +39,29 @@ class SubmittedTask:
     # The resources asked for, as `jobs queue` shows them ("2x[CPU:4, spot]"): kept, not
     # worked out again from the YAML for every listing.
     resources: str | None = None
+    redacted: tuple[str, ...] = ()
 
     @classmethod
     def storable(cls, **values: Any) -> SubmittedTask:
+        redacted: list[str] = []
         text = values.get("yaml_text")
         if text is not None:
             values["yaml_text"] = redact_task_yaml(text)
-        return cls(**values)
+            if redact_urls(text) != text:
+                redacted.append("the task YAML")
+        for field in ("command", "source"):
+            if values.get(field) is not None and redact_urls(values[field]) != values[field]:
+                values[field] = redact_urls(values[field])
+                redacted.append(field)
+        envs = values.get("envs") or {}
+        values["envs"] = redact_envs(envs)
+        redacted += [f"env {k}" for k, v in envs.items() if values["envs"][k] != v]
+        return cls(**values, redacted=tuple(redacted))
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["secret_names"] = list(self.secret_names)
+        data["redacted"] = list(self.redacted)
         return data
 
     @classmethod
@@ -54,6 +69,7 @@ class SubmittedTask:
         known = {f.name for f in dataclasses.fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["secret_names"] = tuple(values.get("secret_names") or ())
+        values["redacted"] = tuple(values.get("redacted") or ())
         return cls(**values)
 
 
@@ -125,13 +141,14 @@ def cluster_name_for(job_id: int, name: str) -> str:
     return f"mj-{job_id}-{cleaned[:24].rstrip('-') or 'job'}"
 
 
-BUCKET_OWNER_PREFIX = "managed-job-"
+OWNER_PREFIX = "managed-job:"
 
 
-def bucket_owner(job_id: int) -> str:
-    """Who holds the buckets made for a managed job's task, across its clusters (`clusterctl
-    storage ls` shows it among their users)."""
-    return f"{BUCKET_OWNER_PREFIX}{job_id}"
+def owner_tag(job_id: int) -> str:
+    """A managed job as the owner of what it made: the clusters it launched (their records'
+    `owner`) and the buckets made for its task, across its clusters (`clusterctl storage ls`
+    shows it among their users). The ':' is in no cluster name: no cluster can pass for it."""
+    return f"{OWNER_PREFIX}{job_id}"
 
 
 class ManagedJobStore:
@@ -155,7 +172,7 @@ class ManagedJobStore:
     def holds_buckets(self, owner: str) -> bool:
         """Whether `owner` (a bucket user's name) is an unfinished managed job: its buckets
         stay while it runs, whatever becomes of its clusters."""
-        number = owner.removeprefix(BUCKET_OWNER_PREFIX)
+        number = owner.removeprefix(OWNER_PREFIX)
         if number == owner or not number.isdigit():
             return False
         record = self.get(int(number))
@@ -165,10 +182,11 @@ class ManagedJobStore:
         """The unfinished managed job whose cluster this is, if any."""
         return next((r for r in self.active() if r.cluster == cluster), None)
 
-    async def insert(self, name: str, task: SubmittedTask, task_id_prefix: str
-                     ) -> ManagedJobRecord:
+    async def insert(self, name: str, task: SubmittedTask, task_id_prefix: str,
+                     taken: Callable[[str], bool] = lambda _: False) -> ManagedJobRecord:
         """A new PENDING job. Its cluster's name is fixed here, with its id, in one
-        transaction: the id comes from SQLite, then the row is completed."""
+        transaction: the id comes from SQLite, then the row is completed. A name `taken`
+        (a cluster of the user's that has it) gets a suffix: the job never shares it."""
         now = time.time()
         reason = "submitted"
         async with self._db._transaction() as conn:
@@ -177,7 +195,11 @@ class ManagedJobStore:
                 " submitted_at, status_updated_at) VALUES (?, ?, ?, ?, '', '', ?, ?)",
                 (name, dumps(task.to_json()), str(ManagedJobStatus.PENDING), reason, now, now))
             job_id = int(cursor.lastrowid or 0)
-            cluster = cluster_name_for(job_id, name)
+            cluster = base = cluster_name_for(job_id, name)
+            suffix = 1
+            while taken(cluster):
+                suffix += 1
+                cluster = f"{base}-{suffix}"
             stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime(now))
             task_id = f"{task_id_prefix}-{stamp}-{int((now % 1) * 1e6):06d}_{cluster}"
             await conn.execute("UPDATE managed_jobs SET cluster = ?, task_id = ? WHERE id = ?",

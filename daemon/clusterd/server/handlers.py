@@ -273,6 +273,7 @@ class Handlers:
 
     async def launch(self, call: Call, args: protocol.LaunchArgs) -> dict[str, Any]:
         name = check_name(args.cluster) if args.cluster else generated_name()
+        self._managed.refuse_launch(name)
         check_range("idle_minutes", args.idle_minutes, 0, MAX_IDLE_MINUTES)
         args.strict = args.strict or self._strict_by_default()
         if args.yaml_path is None and args.yaml_text is None and args.command is None:

@@ -42,13 +42,20 @@ class ManagedHandlers:
 
     def refuse_down(self, cluster: str) -> None:
         """`down` of a managed job's cluster: the job owns it; cancel the job instead."""
+        self._refuse(cluster, "cancel the job instead (its cluster goes with it)")
+
+    def refuse_launch(self, cluster: str) -> None:
+        """A user's `launch` onto the name of an unfinished managed job's cluster, made yet
+        or not: the job would find it taken, and the user's task would run on the job's."""
+        self._refuse(cluster, "pick another cluster name, or cancel the job")
+
+    def _refuse(self, cluster: str, hint: str) -> None:
         owner = self._store.owner_of(cluster)
         if owner is not None:
             raise ProtocolError(
                 ErrorCode.MANAGED_CLUSTER,
                 f"cluster {cluster} belongs to managed job {owner.id} ({owner.status})",
-                f"cancel the job instead (its cluster goes with it): "
-                f"clusterctl jobs cancel {owner.id}")
+                f"{hint}: clusterctl jobs cancel {owner.id}")
 
     def mark_owned(self, views: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """`status` views, those of managed jobs' clusters with `managed_job` (the id). The

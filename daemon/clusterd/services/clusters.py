@@ -46,6 +46,7 @@ from clusterd.services.common import (
     cloud_name_for,
     fit_to_cluster,
     provider_handle,
+    refuse_other_owner,
     require_cluster,
 )
 from clusterd.services.jobs import JobService
@@ -102,11 +103,13 @@ class ClusterService:
 
     async def launch(
         self, request: RunningRequest, name: str, args: LaunchArgs, task: TaskSpec,
-        steering: Steering | None = None, bucket_owner: str | None = None,
+        steering: Steering | None = None, owner: str | None = None,
     ) -> dict[str, Any]:
         """`steering` (a managed job's relaunch) orders a new cluster's first round.
-        `bucket_owner` (a managed job) holds the buckets clusterd makes for the task as well
-        as the cluster does: they outlive the cluster until the owner releases them."""
+        `owner` (a managed job's tag; None for the user) is recorded as the creator of a new
+        cluster, and only a launch of the same owner may use an existing one: neither takes
+        the other's. It also holds the buckets clusterd makes for the task as well as the
+        cluster does: they outlive the cluster until the owner releases them."""
         override = Infra.parse(args.infra) if args.infra else None
         autostop = _autostop_setting(args, task)
         # Before the lock and before any node is made: a copy that must not happen fails
@@ -119,8 +122,9 @@ class ClusterService:
             # `down` calls it off in whatever phase it is (see _provision_new for what a
             # new cluster's launch removes then; an existing cluster is down's to remove).
             with grant.interruptible(f"launch {name} again once that finishes"):
+                refuse_other_owner(self._store.get(name), owner)
                 # Buckets first: a missing one fails the launch before any node is made.
-                regions = await self.prepare_buckets(request, name, task, bucket_owner)
+                regions = await self.prepare_buckets(request, name, task, owner)
                 record = self._store.get(name)
                 # Warnings are said as soon as they are known, before any node is made.
                 said: set[str] = set()
@@ -135,7 +139,7 @@ class ClusterService:
                     created = True
                     record, resources, landed = await self._provision_new(
                         request, name, task, override, autostop, args.retry_until_up,
-                        args.strict, steering, warn)
+                        args.strict, steering, warn, owner)
                     await warn(landed)
                 else:
                     resources, fitting = fit_to_cluster(
@@ -172,6 +176,7 @@ class ClusterService:
         autostop: Autostop | None, retry_until_up: bool, strict: bool,
         steering: Steering | None = None,
         warn: Callable[[Iterable[str]], Awaitable[None]] | None = None,
+        owner: str | None = None,
     ) -> tuple[ClusterRecord, Resources, tuple[str, ...]]:
         """`warn` is told the task's warnings that hold wherever it lands (the task's own,
         and those every first choice shares) before anything is made; the caller says the
@@ -209,6 +214,7 @@ class ClusterService:
             status_updated_at=now,
             launch_request_id=request.id,
             autostop_down=autostop_down,
+            owner=owner,
         )
         # The record (with the name the provider will know it by) is on disk before the
         # provider is asked to create anything.

@@ -55,6 +55,22 @@ def require_cluster(store: ClusterStore, name: str) -> ClusterRecord:
     return record
 
 
+def refuse_other_owner(record: ClusterRecord | None, owner: str | None) -> None:
+    """A launch (`owner` None: the user's; else a managed job's tag) may use an existing
+    cluster only if the same owner made it: a name clash never lets one take the other's."""
+    if record is None or record.owner == owner:
+        return
+    if record.owner is None:
+        raise ProtocolError(
+            ErrorCode.MANAGED_CLUSTER,
+            f"cluster {record.name} exists and {owner} did not make it: it is left alone",
+            "a managed job uses only a cluster it made; submit the job again for a new name")
+    raise ProtocolError(
+        ErrorCode.MANAGED_CLUSTER,
+        f"cluster {record.name} was made by {record.owner} and only it may launch there",
+        "pick another cluster name, or cancel that managed job (its cluster goes with it)")
+
+
 def require_up(record: ClusterRecord) -> ClusterRecord:
     if record.status != ClusterStatus.UP:
         hint = (f"start it with `clusterctl start {record.name}`"

@@ -55,6 +55,9 @@ class ClusterRecord:
     refreshed_at: float | None = None
     ever_up: bool = False
     launch_request_id: int | None = None
+    # Who created it: None for its user; a managed job's `owner_tag` for a cluster that job
+    # launched (only that job may reuse it, cancel its jobs or tear it down on its own).
+    owner: str | None = None
 
     def refreshed(self, when: float) -> ClusterRecord:
         """This record stamped as refreshed at `when`: dataclasses.replace, without its

@@ -117,6 +117,26 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (bucket, cluster)
     );
     """,
+    # 5: who created a cluster (NULL: its user; `managed-job:N`: that managed job, the only
+    # one that may reuse, cancel jobs on or tear it down), and managed jobs' bucket holds
+    # named so no cluster name can spell them. Only what the records vouch for is marked a
+    # job's: a cluster launched by the controller's own request for an unfinished job of
+    # that cluster name, and a bucket user `managed-job-N` where job N exists and no cluster
+    # has that name.
+    """
+    ALTER TABLE clusters ADD COLUMN owner TEXT;
+    UPDATE clusters SET owner = (
+        SELECT 'managed-job:' || m.id FROM managed_jobs m
+        WHERE m.cluster = clusters.name AND m.status NOT IN (
+            'SUCCEEDED', 'CANCELLED', 'FAILED', 'FAILED_SETUP', 'FAILED_PRECHECKS',
+            'FAILED_NO_RESOURCE', 'FAILED_CONTROLLER'))
+    WHERE launch_request_id IN (
+        SELECT id FROM requests WHERE op = 'launch' AND args LIKE '%"by":"managed job"%');
+    UPDATE bucket_users SET cluster = 'managed-job:' || substr(cluster, 13)
+    WHERE cluster GLOB 'managed-job-[0-9]*'
+        AND substr(cluster, 13) IN (SELECT CAST(id AS TEXT) FROM managed_jobs)
+        AND cluster NOT IN (SELECT name FROM clusters);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
