@@ -13,6 +13,7 @@ import fcntl
 import os
 import secrets
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -117,7 +118,8 @@ def daemon_id(state_dir: Path) -> str:
 
 
 def storage_service(aws: object, db: Database,
-                    runner_for: Callable[[NodeInfo], CommandRunner]) -> StorageService:
+                    runner_for: Callable[[NodeInfo], CommandRunner],
+                    daemon: str) -> StorageService:
     """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
     assert isinstance(aws, AWSProvider)
     api = aws.api
@@ -126,7 +128,7 @@ def storage_service(aws: object, db: Database,
         return await api.client("s3", region)
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
-                          runner_for, api.frozen_credentials, api.default_region)
+                          runner_for, api.frozen_credentials, api.default_region, daemon)
 
 
 class Daemon:
@@ -160,7 +162,9 @@ class Daemon:
             settings.agent_autostop_grace_s,
             max(1, settings.agent_job_retention),
         )
-        self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for)
+        self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for,
+                                       daemon_id(settings.state_dir))
+        self.started_at = time.time()  # buckets whose create began before are a past run's
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for, self.storage)
         self.provisioner = Provisioner(
@@ -331,6 +335,11 @@ class Daemon:
                     self.locks.holders(name) or self.locks.waiting(name))
                     or self.managed_store.holds_buckets(name))
 
+        async def settle_buckets() -> None:
+            with anyio.fail_after(300):
+                await self.storage.settle_unfinished(self.started_at)
+
+        await survive("unfinished bucket creates", settle_buckets)
         while True:
             await survive("bucket sweep", sweep_buckets)
             await anyio.sleep(3600)

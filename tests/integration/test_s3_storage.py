@@ -12,19 +12,22 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from clusterd.agent import bucket_copy
 from clusterd.providers.aws.ec2 import EC2Api
 from clusterd.state.db import Database
 from clusterd.storage import s3
 from clusterd.storage.registry import BucketRegistry
-from clusterd.storage.s3 import S3Buckets, StorageError
+from clusterd.storage.s3 import S3Buckets, StorageError, storage_error
 from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import BucketMount
 from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
@@ -236,8 +239,7 @@ async def test_only_buckets_clusterd_made_are_listed_and_released(buckets: S3Buc
         async def progress(text: str) -> None:
             said.append(text)
 
-        service = StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
-                                 credentials=None, default_region=buckets_region)  # type: ignore[arg-type]
+        service = storage_on(buckets, db)
         assert await buckets.create("was-there") is True  # the user's, not clusterd's
         temporary = BucketMount("/a", "tmp-made", mode="COPY", create=True, persistent=False)
         kept = BucketMount("/b", "kept-made", mode="COPY", create=True)
@@ -268,6 +270,99 @@ async def test_only_buckets_clusterd_made_are_listed_and_released(buckets: S3Buc
 
 async def buckets_region() -> str:
     return "us-east-1"
+
+
+def storage_on(buckets: S3Buckets, db: Database, daemon: str = "clusterd-test") -> StorageService:
+    """The daemon's side only: no node is reached."""
+    return StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
+                          credentials=None, default_region=buckets_region,  # type: ignore[arg-type]
+                          daemon=daemon)
+
+
+@pytest.fixture
+async def db(env: Path) -> AsyncIterator[Database]:
+    database = Database(env / "state.db")
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+async def quiet(text: str) -> None:
+    pass
+
+
+async def refused_create(bucket: str, region: str | None = None,
+                         mark: str | None = None) -> bool:
+    raise storage_error(ClientError({"Error": {"Code": "AccessDenied"}}, "CreateBucket"),
+                        bucket, "create")
+
+
+@pytest.mark.parametrize("failure", ["refused", "cancelled"])
+async def test_a_bucket_whose_create_failed_is_never_clusterds(
+        buckets: S3Buckets, db: Database, moto: str, monkeypatch: pytest.MonkeyPatch,
+        failure: str) -> None:
+    service = storage_on(buckets, db)
+    name = f"not-made-{failure}"
+    to_make = BucketMount("/a", name, mode="COPY", create=True, persistent=False)
+    if failure == "refused":
+        monkeypatch.setattr(buckets, "create", refused_create)
+        with pytest.raises(StorageError, match=f"no permission to create bucket {name}"):
+            await service.prepare("c1", (to_make,), quiet)
+    else:
+        creating = anyio.Event()
+
+        async def hangs(bucket: str, region: str | None = None,
+                        mark: str | None = None) -> bool:
+            creating.set()
+            await anyio.sleep_forever()
+            return True
+
+        monkeypatch.setattr(buckets, "create", hangs)
+        async with anyio.create_task_group() as group:
+            group.start_soon(service.prepare, "c1", (to_make,), quiet)
+            with anyio.fail_after(10):
+                await creating.wait()
+            group.cancel_scope.cancel()
+    monkeypatch.undo()
+    s3_client(moto).create_bucket(Bucket=name)  # someone else takes the name
+    assert await service.listing() == []
+    with pytest.raises(StorageError, match="not made by clusterd"):
+        await service.delete(name)
+    await service.prepare("c2", (BucketMount("/b", name, mode="COPY"),), quiet)
+    assert await service.release("c2") == []
+    assert await service.release("c1") == []
+    assert await service.sweep(lambda cluster: False) == []
+    assert await buckets.region_of(name) == "us-east-1"  # still there, untouched
+
+
+async def test_creates_cut_off_by_a_restart_are_settled_without_deleting(
+        buckets: S3Buckets, db: Database, moto: str) -> None:
+    registry = BucketRegistry(db)
+    before = storage_on(buckets, db)
+    # A daemon killed after its create, before recording it made: the bucket has its mark.
+    made_at = await registry.making("cut-ours", "us-east-1", False, "c1")
+    assert await buckets.create("cut-ours", "us-east-1", before._mark(made_at)) is True
+    # Killed before its create; someone else made the name since, or another daemon did.
+    await registry.making("cut-theirs", "us-east-1", False, "c1")
+    s3_client(moto).create_bucket(Bucket="cut-theirs")
+    other_at = await registry.making("cut-other", "us-east-1", False, "c1")
+    other = storage_on(buckets, db, daemon="clusterd-other")
+    assert await buckets.create("cut-other", "us-east-1", other._mark(other_at)) is True
+    await registry.making("cut-absent", "us-east-1", False, "c1")
+    assert await before.listing() == []  # being made: not (yet) clusterd's
+    restarted = storage_on(buckets, db)
+    await restarted.settle_unfinished(started_at=time.time())
+    assert [(r.name, r.clusters) for r, _, _ in await restarted.listing()] == [
+        ("cut-ours", ("c1",))]
+    assert await registry.unfinished() == []
+    for name in ("cut-ours", "cut-theirs", "cut-other"):
+        assert await buckets.region_of(name) == "us-east-1"
+    # A create this daemon began after it started is left alone.
+    await registry.making("cut-now", "us-east-1", False, "c1")
+    await restarted.settle_unfinished(started_at=time.time() - 60)
+    assert [r.name for r in await registry.unfinished()] == ["cut-now"]
 
 
 def test_a_flush_whose_uploads_keep_failing_says_so(moto: str, env: Path, mounts: Path) -> None:

@@ -31,6 +31,8 @@ DELETE_BATCH = 1000  # DeleteObjects takes at most 1,000 keys
 # The file's mtime, kept on each object it uploads: a multipart ETag is no MD5 of the file,
 # so size and mtime then say whether it changed.
 MTIME_KEY = "clusterd-mtime"
+# The tag a bucket clusterd made carries: which daemon's create made it (registry.py).
+MARK_TAG = "clusterd-made-by"
 
 ClientFor = Callable[[str], Awaitable[Any]]  # region -> an aiobotocore S3 client
 
@@ -107,10 +109,12 @@ class S3Buckets:
         self._regions[bucket] = region
         return region
 
-    async def create(self, bucket: str, region: str | None = None) -> bool:
+    async def create(self, bucket: str, region: str | None = None,
+                     mark: str | None = None) -> bool:
         """Make the bucket; True if this call made it, False if this account had it already
         (then it is not ours to delete). Asked first: in us-east-1, S3 answers a create of a
-        bucket one owns with 200, as if it had made it."""
+        bucket one owns with 200, as if it had made it. `mark` is put on the bucket it made
+        as the tag MARK_TAG, which says later which create made it (`mark_of`)."""
         if await self.region_of(bucket) is not None:
             return False
         region = region or await self._default_region()
@@ -126,7 +130,29 @@ class S3Buckets:
             raise storage_error(exc, bucket, "create") from None
         self._regions[bucket] = region
         logger.info("bucket created", bucket=bucket, region=region)
+        if mark is not None:
+            try:
+                await client.put_bucket_tagging(
+                    Bucket=bucket, Tagging={"TagSet": [{"Key": MARK_TAG, "Value": mark}]})
+            except Exception as exc:  # the create stands; only a restart's check needs it
+                logger.warning("bucket not tagged", bucket=bucket,
+                               error=storage_error(exc, bucket, "tag").message)
         return True
+
+    async def mark_of(self, bucket: str) -> str | None:
+        """The bucket's MARK_TAG, or None (no such bucket, no such tag, or not readable)."""
+        region = await self.region_of(bucket)
+        if region is None:
+            return None
+        client = await self._client(region)
+        try:
+            answer = await client.get_bucket_tagging(Bucket=bucket)
+        except Exception as exc:
+            if error_code(exc) not in ("NoSuchTagSet", "NoSuchTagSetError", "404"):
+                raise storage_error(exc, bucket, "read the tags of") from None
+            return None
+        return next((t["Value"] for t in answer.get("TagSet", []) if t["Key"] == MARK_TAG),
+                    None)
 
     async def objects(self, bucket: str, prefix: str = "") -> list[RemoteObject]:
         """Every object under `prefix` (a directory: 'a/b' lists 'a/b/...')."""

@@ -9,6 +9,8 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import on_each
@@ -69,7 +71,8 @@ class StorageService:
     def __init__(self, buckets: S3Buckets, registry: BucketRegistry,
                  runner_for: Callable[[NodeInfo], CommandRunner],
                  credentials: Callable[[], Awaitable[Credentials | None]],
-                 default_region: Callable[[], Awaitable[str]]) -> None:
+                 default_region: Callable[[], Awaitable[str]], daemon: str) -> None:
+        self._daemon = daemon  # this daemon's id: part of the mark on the buckets it makes
         self._buckets = buckets
         self._registry = registry
         self._runner_for = runner_for
@@ -121,14 +124,47 @@ class StorageService:
                                    "clusterd makes it")
             region = await self._default_region()
             await progress(f"creating bucket {mount.bucket} in {region}")
-            await self._registry.making(mount.bucket, region, mount.persistent, cluster)
-            if await self._buckets.create(mount.bucket, region):
-                await self._registry.made(mount.bucket, cluster)
-            else:  # made by someone else of this account between our look and our create
-                await self._registry.forget(mount.bucket)
+            created_at = await self._registry.making(mount.bucket, region, mount.persistent,
+                                                     cluster)
+            made = False
+            try:
+                made = await self._buckets.create(mount.bucket, region,
+                                                  self._mark(created_at))
+            finally:
+                # Made by someone else of this account between our look and our create, or
+                # not made at all (refused, failed, cancelled): never ours.
+                with anyio.CancelScope(shield=True), anyio.fail_after(30):
+                    if made:
+                        await self._registry.made(mount.bucket, cluster)
+                    else:
+                        await self._registry.forget(mount.bucket)
             return region
         except StorageError as exc:
             raise StorageError(exc.code, f"{where}: {exc.message}", exc.hint) from None
+
+    def _mark(self, created_at: float) -> str:
+        return f"{self._daemon}/{created_at!r}"
+
+    async def settle_unfinished(self, started_at: float) -> None:
+        """At start-up: each `making` record older than this daemon (a create cut off by a
+        kill) becomes `made` if the bucket carries that create's mark, or is forgotten.
+        Nothing is deleted either way."""
+        for record in await self._registry.unfinished():
+            if record.created_at >= started_at:
+                continue  # a create of this daemon's, under way
+            try:
+                mark = await self._buckets.mark_of(record.name)
+            except StorageError as exc:
+                mark = None
+                logger.warning("bucket mark not readable", bucket=record.name,
+                               error=exc.message)
+            if mark == self._mark(record.created_at):
+                await self._registry.made(record.name, record.created_for)
+                logger.info("bucket made before a restart confirmed", bucket=record.name)
+            else:
+                await self._registry.forget(record.name)
+                logger.warning("bucket whose create was cut off is not clusterd's; "
+                               "forgotten, not deleted", bucket=record.name)
 
     async def apply(self, info: ClusterInfo, grant: Grant, mounts: tuple[BucketMount, ...],
                     regions: dict[str, str], progress: Progress) -> None:
