@@ -66,6 +66,7 @@ from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
+from clusterd.storage.cluster_mounts import ClusterMounts
 from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets
@@ -130,7 +131,7 @@ def storage_service(aws: object, db: Database,
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
                           runner_for, api.frozen_credentials, api.default_region, daemon,
-                          NodeRclone(wheelhouse_dir))
+                          NodeRclone(wheelhouse_dir), ClusterMounts(db))
 
 
 class Daemon:

@@ -29,6 +29,7 @@ from clusterd.config import Settings
 from clusterd.providers.aws.ec2 import EC2Api
 from clusterd.state.db import Database
 from clusterd.storage import s3
+from clusterd.storage.cluster_mounts import ClusterMounts
 from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError, storage_error
@@ -380,7 +381,8 @@ def storage_on(buckets: S3Buckets, db: Database, daemon: str = "clusterd-test") 
     """The daemon's side only: no node is reached."""
     return StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
                           credentials=None, default_region=buckets_region,  # type: ignore[arg-type]
-                          daemon=daemon, node_rclone=NodeRclone(Path("/nonexistent")))
+                          daemon=daemon, node_rclone=NodeRclone(Path("/nonexistent")),
+                          cluster_mounts=ClusterMounts(db))
 
 
 @pytest.fixture

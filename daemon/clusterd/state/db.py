@@ -117,6 +117,14 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (bucket, cluster)
     );
     """,
+    # 5: the bucket mounts each cluster's nodes have (see clusterd/storage/cluster_mounts.py),
+    # so a node made again gets them too.
+    """
+    CREATE TABLE cluster_bucket_mounts (
+        cluster TEXT PRIMARY KEY,
+        mounts TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -18,6 +18,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.runner import CommandRunner
 from clusterd.storage import node_rclone
+from clusterd.storage.cluster_mounts import ClusterMounts
 from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRecord, BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError
@@ -79,9 +80,10 @@ class StorageService:
                  runner_for: Callable[[NodeInfo], CommandRunner],
                  credentials: Callable[[], Awaitable[Credentials | None]],
                  default_region: Callable[[], Awaitable[str]], daemon: str,
-                 node_rclone: NodeRclone) -> None:
+                 node_rclone: NodeRclone, cluster_mounts: ClusterMounts) -> None:
         self._daemon = daemon  # this daemon's id: part of the mark on the buckets it makes
         self._node_rclone = node_rclone
+        self._cluster_mounts = cluster_mounts
         self._buckets = buckets
         self._registry = registry
         self._runner_for = runner_for
@@ -199,6 +201,30 @@ class StorageService:
             await self._send_credentials(info, params)
         await self._copy_and_mount(info, mounts, regions, params, progress)
 
+    async def remember(self, cluster: str, mounts: tuple[BucketMount, ...]) -> None:
+        """The cluster's nodes have these mounts now (what `restore` gives a new node)."""
+        if mounts:
+            await self._cluster_mounts.add(cluster, mounts)
+
+    async def restore(self, cluster: str, info: ClusterInfo, grant: Grant,
+                      progress: Progress) -> None:
+        """Every node has the bucket mounts the cluster's tasks gave it (a node made again
+        gets them; a node that has them keeps them: COPY fetches only what it lacks, and a
+        live mount is left as it is). Buckets are only looked up, never made or uploaded to."""
+        mounts = await self._cluster_mounts.of(cluster)
+        if not mounts:
+            return
+        regions: dict[str, str] = {}
+        for bucket in dict.fromkeys(m.bucket for m in mounts):
+            region = await self._buckets.region_of(bucket)
+            if region is None:
+                raise StorageError(ErrorCode.PROVIDER_ERROR,
+                                   f"bucket {bucket}, which {cluster}'s nodes mount, is gone",
+                                   f"launch a task without it on {cluster}, or make the "
+                                   "bucket again")
+            regions[bucket] = region
+        await self.apply(info, grant, mounts, regions, progress)
+
     async def _send_credentials(self, info: ClusterInfo,
                                 params: dict[str, dict[str, Any]]) -> None:
         found = await self._credentials()
@@ -281,6 +307,7 @@ class StorageService:
         """The cluster is gone: delete the `persistent: false` buckets clusterd made that no
         cluster uses now. Returns what could not be deleted, each with why (the record stays,
         so `clusterctl storage delete` can finish it)."""
+        await self._cluster_mounts.forget(cluster)
         problems: list[str] = []
         for record in await self._registry.release(cluster):
             try:
@@ -296,6 +323,7 @@ class StorageService:
         `in_use(name)`: whether that cluster exists, or a request on it is under way."""
         gone = {c for record in await self._registry.all() for c in record.clusters
                 if not in_use(c)}
+        gone |= {c for c in await self._cluster_mounts.clusters() if not in_use(c)}
         problems: list[str] = []
         for cluster in sorted(gone):
             problems += await self.release(cluster)
