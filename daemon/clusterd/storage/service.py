@@ -217,13 +217,12 @@ class StorageService:
         regions: dict[str, str] = {}
         for bucket in dict.fromkeys(m.bucket for m in mounts):
             region = await self._buckets.region_of(bucket)
-            if region is None:
-                raise StorageError(ErrorCode.PROVIDER_ERROR,
-                                   f"bucket {bucket}, which {cluster}'s nodes mount, is gone",
-                                   f"launch a task without it on {cluster}, or make the "
-                                   "bucket again")
-            regions[bucket] = region
-        await self.apply(info, grant, mounts, regions, progress)
+            if region is None:  # deleted since: nothing to mount, and not ours to make
+                await progress(f"bucket {bucket} is gone; its mounts on {cluster} are left out")
+            else:
+                regions[bucket] = region
+        await self.apply(info, grant, tuple(m for m in mounts if m.bucket in regions), regions,
+                         progress)
 
     async def _send_credentials(self, info: ClusterInfo,
                                 params: dict[str, dict[str, Any]]) -> None:
