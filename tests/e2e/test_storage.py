@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -194,6 +195,34 @@ def test_a_checkpoint_in_a_mounted_bucket_outlives_its_cluster(ec2: EC2Bed,
     finally:
         assert daemon.ctl("down", "-y", "resumer").returncode == 0
     assert daemon.ctl("storage", "delete", bucket).returncode == 0
+
+
+def test_a_node_made_again_gets_the_clusters_bucket_mounts_on_start(ec2: EC2Bed,
+                                                                     daemon: Daemon) -> None:
+    bucket = unique("again")
+    s3(ec2, f"s3.create_bucket(Bucket={bucket!r}); "
+            f"s3.put_object(Bucket={bucket!r}, Key='data/seed.txt', Body=b'seeded')")
+    mnt = daemon.root / "again"
+    task = daemon.root / "again.yaml"
+    task.write_text(f"file_mounts:\n  {mnt}:\n    source: s3://{bucket}/data\n"
+                    "    mode: MOUNT\nrun: echo mounted\n")
+    launched = daemon.ctl("launch", "-c", "remade", "--infra", "local", str(task), timeout=600)
+    try:
+        assert launched.returncode == 0, launched.stderr + daemon.log()[-3000:]
+        (state,) = daemon.root.rglob("mounts/mounts.json")
+        assert daemon.ctl("stop", "remade").returncode == 0
+        assert not mounted(daemon, mnt)
+        # The node comes back as one made again would: nothing of its mounts on its disk.
+        shutil.rmtree(state.parent)
+        started = daemon.ctl("start", "remade", timeout=600)
+        assert started.returncode == 0, started.stderr + daemon.log()[-3000:]
+        assert "mounting 1 bucket(s) on 1 node(s)" in started.stderr
+        assert mounted(daemon, mnt)
+        seen = daemon.ctl("exec", "remade", "--", f"cat {mnt}/seed.txt")
+        assert seen.returncode == 0 and "seeded" in seen.stdout, seen.stderr
+    finally:
+        assert daemon.ctl("down", "-y", "remade").returncode == 0
+    assert not mounted(daemon, mnt)
 
 
 def test_writes_to_a_cached_mount_are_in_the_bucket_when_the_job_ends(

@@ -7,27 +7,37 @@ outside one, it skips."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import stat
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import boto3
 import pytest
+from botocore.exceptions import ClientError
 
 from clusterd.agent import bucket_copy
+from clusterd.config import Settings
 from clusterd.providers.aws.ec2 import EC2Api
 from clusterd.state.db import Database
 from clusterd.storage import s3
+from clusterd.storage.cluster_mounts import ClusterMounts
+from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRegistry
-from clusterd.storage.s3 import S3Buckets, StorageError
+from clusterd.storage.s3 import S3Buckets, StorageError, storage_error
 from clusterd.storage.service import StorageService
 from clusterd.tasks.spec import BucketMount
 from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
+
+MountParams = Callable[[str, str, Path], dict[str, Any]]
 
 pytestmark = [
     pytest.mark.anyio,
@@ -98,6 +108,24 @@ async def test_upload_sends_only_what_changed(buckets: S3Buckets, env: Path,
     os.utime(local / "big.bin", (1, 1))  # same bytes, another mtime: sent again
     third = await buckets.upload_dir(str(local), "up-1", "data")
     assert (third.uploaded, third.skipped) == (2, 1)
+
+
+async def test_upload_follows_no_link_out_of_the_tree_and_keeps_skyignore(
+        buckets: S3Buckets, env: Path) -> None:
+    private = env / "private"
+    private.mkdir()
+    (private / "credentials").write_text("mine only\n")
+    local = env / "ds"
+    local.mkdir()
+    (local / "a.txt").write_text("alpha\n")
+    (local / "secret.env").write_text("TOKEN=x\n")
+    (local / ".skyignore").write_text("*.env\n")
+    os.symlink(private / "credentials", local / "creds")
+    os.symlink(private, local / "home")
+    await buckets.create("up-links")
+    report = await buckets.upload_dir(str(local), "up-links")
+    assert sorted(report.links_left_out) == ["creds", "home"]
+    assert {o.key for o in await buckets.objects("up-links")} == {"a.txt", ".skyignore"}
 
 
 async def test_delete_removes_the_bucket_and_its_objects(buckets: S3Buckets,
@@ -183,10 +211,22 @@ def node_helper(command: str, **params: Any) -> dict[str, Any]:
     return reply
 
 
-def mount_params(moto: str, env: Path, bucket: str, mode: str, dest: Path) -> dict[str, Any]:
-    return {"bucket": bucket, "prefix": "ckpt", "dest": str(dest), "mode": mode,
-            "region": "us-east-1", "endpoint_url": moto, "state": str(env / "mounts"),
-            "credentials_file": str(env / "credentials")}
+@pytest.fixture(scope="module")
+def rclone() -> str:
+    """The rclone clusterd sends to nodes (this machine's may be too old to mount): from the
+    wheelhouse root `clusterd --prepare-runtime` readies, as a daemon without the package
+    index finds it."""
+    return str(NodeRclone(Settings.from_env().wheelhouse_dir).build(os.uname().machine))
+
+
+@pytest.fixture
+def mount_params(moto: str, env: Path, rclone: str) -> MountParams:
+    def params(bucket: str, mode: str, dest: Path) -> dict[str, Any]:
+        return {"bucket": bucket, "prefix": "ckpt", "dest": str(dest), "mode": mode,
+                "region": "us-east-1", "endpoint_url": moto, "state": str(env / "mounts"),
+                "credentials_file": str(env / "credentials"), "rclone": rclone}
+
+    return params
 
 
 @pytest.fixture
@@ -197,13 +237,14 @@ def mounts(env: Path) -> Iterator[Path]:
 
 @pytest.mark.parametrize("mode", ["MOUNT", "MOUNT_CACHED"])
 def test_a_mount_reads_the_bucket_and_writes_reach_it(moto: str, env: Path, mounts: Path,
-                                                      mode: str) -> None:
+                                                      mode: str, mount_params: MountParams
+                                                      ) -> None:
     bucket = f"mnt-{mode.lower().replace('_', '-')}"
     client = s3_client(moto)
     client.create_bucket(Bucket=bucket)
     client.put_object(Bucket=bucket, Key="ckpt/step-1.txt", Body=b"one\n")
     dest = env / "ckpt"
-    params = mount_params(moto, env, bucket, mode, dest)
+    params = mount_params(bucket, mode, dest)
     assert node_helper("s3-mount", **params) == {"dest": str(dest), "already": False}
     assert node_helper("s3-mount", **params)["already"] is True
     assert (dest / "step-1.txt").read_text() == "one\n"
@@ -216,13 +257,80 @@ def test_a_mount_reads_the_bucket_and_writes_reach_it(moto: str, env: Path, moun
     assert not os.path.ismount(dest) and list(dest.iterdir()) == []
 
 
-def test_a_mount_on_a_non_empty_directory_is_refused(moto: str, env: Path,
-                                                     mounts: Path) -> None:
+def listening_tcp_inodes() -> set[str]:
+    """The socket inodes of every TCP socket listening in this network namespace."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                found.add(fields[9])
+    return found
+
+
+def socket_inodes(pid: int) -> set[str]:
+    found = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                found.add(target[len("socket:["):-1])
+    return found
+
+
+def test_a_mounts_remote_control_is_private(moto: str, env: Path, mounts: Path,
+                                            mount_params: MountParams) -> None:
+    client = s3_client(moto)
+    client.create_bucket(Bucket="mnt-private")
+    dest = env / "private"
+    assert "error" not in node_helper("s3-mount", **mount_params("mnt-private", "MOUNT", dest))
+    (record,) = json.loads((mounts / "mounts.json").read_text())
+    pid = int(record["pid"])
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    for word in (b"pass", b"user", b"secret", b"htpasswd"):
+        assert not [a for a in argv if word in a.lower()], argv
+    assert not [e for e in environ if e.lower().startswith(b"rclone_rc")], environ
+    assert not set(record) & {"rc_user", "rc_pass", "rc_addr"}, record
+    # The remote control: a Unix socket in a directory of this user's that nobody else
+    # can enter; no TCP port at all.
+    rc_socket = Path(record["rc_socket"])
+    assert stat.S_ISSOCK(rc_socket.stat().st_mode)
+    rc_dir = rc_socket.parent.stat()
+    assert (rc_dir.st_uid, stat.S_IMODE(rc_dir.st_mode)) == (os.getuid(), 0o700)
+    assert argv[argv.index(b"--rc-addr") + 1] == f"unix://{rc_socket}".encode()
+    assert not socket_inodes(pid) & listening_tcp_inodes()
+    # And a flush still asks it (writes reach the bucket before the job is done).
+    (dest / "out.txt").write_text("written\n")
+    assert node_helper("s3-flush", state=str(mounts), timeout=60).get("error") is None
+    got = client.get_object(Bucket="mnt-private", Key="ckpt/out.txt")["Body"].read()
+    assert got == b"written\n"
+    assert node_helper("s3-unmount", state=str(mounts))["unmounted"] == [str(dest)]
+    assert not rc_socket.parent.exists()
+
+
+def test_an_rclone_too_old_for_a_private_mount_is_refused_naming_it(
+        moto: str, env: Path, mounts: Path, mount_params: MountParams) -> None:
+    old = env / "bin" / "rclone"
+    old.parent.mkdir()
+    old.write_text("#!/bin/sh\necho 'rclone v1.60.1-DEV'\n")
+    old.chmod(0o755)
+    params = {**mount_params("mnt-old", "MOUNT", env / "old"), "rclone": str(old)}
+    reply = subprocess.run(
+        [sys.executable, "-m", "clusterd.agent.node", "s3-mount", "-"],
+        input=json.dumps(params), capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": f"{old.parent}:/usr/bin:/bin"})
+    error = json.loads(reply.stdout.strip().splitlines()[-1])["error"]
+    assert "this node has rclone 1.60" in error and "rclone 1.63 or later" in error, error
+
+
+def test_a_mount_on_a_non_empty_directory_is_refused(moto: str, env: Path, mounts: Path,
+                                                     mount_params: MountParams) -> None:
     s3_client(moto).create_bucket(Bucket="mnt-full")
     dest = env / "full"
     dest.mkdir()
     (dest / "x").write_text("x")
-    reply = node_helper("s3-mount", **mount_params(moto, env, "mnt-full", "MOUNT", dest))
+    reply = node_helper("s3-mount", **mount_params("mnt-full", "MOUNT", dest))
     assert "is not empty" in reply["error"]
 
 
@@ -236,8 +344,7 @@ async def test_only_buckets_clusterd_made_are_listed_and_released(buckets: S3Buc
         async def progress(text: str) -> None:
             said.append(text)
 
-        service = StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
-                                 credentials=None, default_region=buckets_region)  # type: ignore[arg-type]
+        service = storage_on(buckets, db)
         assert await buckets.create("was-there") is True  # the user's, not clusterd's
         temporary = BucketMount("/a", "tmp-made", mode="COPY", create=True, persistent=False)
         kept = BucketMount("/b", "kept-made", mode="COPY", create=True)
@@ -270,12 +377,107 @@ async def buckets_region() -> str:
     return "us-east-1"
 
 
-def test_a_flush_whose_uploads_keep_failing_says_so(moto: str, env: Path, mounts: Path) -> None:
+def storage_on(buckets: S3Buckets, db: Database, daemon: str = "clusterd-test") -> StorageService:
+    """The daemon's side only: no node is reached."""
+    return StorageService(buckets, BucketRegistry(db), runner_for=None,  # type: ignore[arg-type]
+                          credentials=None, default_region=buckets_region,  # type: ignore[arg-type]
+                          daemon=daemon, node_rclone=NodeRclone(Path("/nonexistent")),
+                          cluster_mounts=ClusterMounts(db))
+
+
+@pytest.fixture
+async def db(env: Path) -> AsyncIterator[Database]:
+    database = Database(env / "state.db")
+    await database.open()
+    try:
+        yield database
+    finally:
+        await database.close()
+
+
+async def quiet(text: str) -> None:
+    pass
+
+
+async def refused_create(bucket: str, region: str | None = None,
+                         mark: str | None = None) -> bool:
+    raise storage_error(ClientError({"Error": {"Code": "AccessDenied"}}, "CreateBucket"),
+                        bucket, "create")
+
+
+@pytest.mark.parametrize("failure", ["refused", "cancelled"])
+async def test_a_bucket_whose_create_failed_is_never_clusterds(
+        buckets: S3Buckets, db: Database, moto: str, monkeypatch: pytest.MonkeyPatch,
+        failure: str) -> None:
+    service = storage_on(buckets, db)
+    name = f"not-made-{failure}"
+    to_make = BucketMount("/a", name, mode="COPY", create=True, persistent=False)
+    if failure == "refused":
+        monkeypatch.setattr(buckets, "create", refused_create)
+        with pytest.raises(StorageError, match=f"no permission to create bucket {name}"):
+            await service.prepare("c1", (to_make,), quiet)
+    else:
+        creating = anyio.Event()
+
+        async def hangs(bucket: str, region: str | None = None,
+                        mark: str | None = None) -> bool:
+            creating.set()
+            await anyio.sleep_forever()
+            return True
+
+        monkeypatch.setattr(buckets, "create", hangs)
+        async with anyio.create_task_group() as group:
+            group.start_soon(service.prepare, "c1", (to_make,), quiet)
+            with anyio.fail_after(10):
+                await creating.wait()
+            group.cancel_scope.cancel()
+    monkeypatch.undo()
+    s3_client(moto).create_bucket(Bucket=name)  # someone else takes the name
+    assert await service.listing() == []
+    with pytest.raises(StorageError, match="not made by clusterd"):
+        await service.delete(name)
+    await service.prepare("c2", (BucketMount("/b", name, mode="COPY"),), quiet)
+    assert await service.release("c2") == []
+    assert await service.release("c1") == []
+    assert await service.sweep(lambda cluster: False) == []
+    assert await buckets.region_of(name) == "us-east-1"  # still there, untouched
+
+
+async def test_creates_cut_off_by_a_restart_are_settled_without_deleting(
+        buckets: S3Buckets, db: Database, moto: str) -> None:
+    registry = BucketRegistry(db)
+    before = storage_on(buckets, db)
+    # A daemon killed after its create, before recording it made: the bucket has its mark.
+    made_at = await registry.making("cut-ours", "us-east-1", False, "c1")
+    assert await buckets.create("cut-ours", "us-east-1", before._mark(made_at)) is True
+    # Killed before its create; someone else made the name since, or another daemon did.
+    await registry.making("cut-theirs", "us-east-1", False, "c1")
+    s3_client(moto).create_bucket(Bucket="cut-theirs")
+    other_at = await registry.making("cut-other", "us-east-1", False, "c1")
+    other = storage_on(buckets, db, daemon="clusterd-other")
+    assert await buckets.create("cut-other", "us-east-1", other._mark(other_at)) is True
+    await registry.making("cut-absent", "us-east-1", False, "c1")
+    assert await before.listing() == []  # being made: not (yet) clusterd's
+    restarted = storage_on(buckets, db)
+    await restarted.settle_unfinished(started_at=time.time())
+    assert [(r.name, r.clusters) for r, _, _ in await restarted.listing()] == [
+        ("cut-ours", ("c1",))]
+    assert await registry.unfinished() == []
+    for name in ("cut-ours", "cut-theirs", "cut-other"):
+        assert await buckets.region_of(name) == "us-east-1"
+    # A create this daemon began after it started is left alone.
+    await registry.making("cut-now", "us-east-1", False, "c1")
+    await restarted.settle_unfinished(started_at=time.time() - 60)
+    assert [r.name for r in await registry.unfinished()] == ["cut-now"]
+
+
+def test_a_flush_whose_uploads_keep_failing_says_so(moto: str, env: Path, mounts: Path,
+                                                    mount_params: MountParams) -> None:
     client = s3_client(moto)
     client.create_bucket(Bucket="mnt-lost")
     dest = env / "lost"
-    assert "error" not in node_helper("s3-mount", **mount_params(moto, env, "mnt-lost",
-                                                                 "MOUNT_CACHED", dest))
+    assert "error" not in node_helper("s3-mount", **mount_params("mnt-lost", "MOUNT_CACHED",
+                                                                 dest))
     client.delete_bucket(Bucket="mnt-lost")  # gone under the mount: uploads fail
     (dest / "late.txt").write_text("never uploaded\n")
     reply = node_helper("s3-flush", state=str(mounts), timeout=120, stalled_grace=5)

@@ -11,24 +11,32 @@ uses `full` (reads are cached too) with a one-second write-back. Either way a fl
 the uploads still queued, so a job is not reported finished before its writes are in the
 bucket.
 
+rclone's remote control is served on a Unix socket in a 0700 directory of this user's, with
+no password at all: nothing secret is on its command line, in its environment or in a file,
+and no other user of the node can connect (over TCP any local user could, and a leaked rc
+password reads the user's AWS credentials and writes any file as them). Without a password
+rclone refuses its dangerous methods anyway; `vfs/stats` is all a flush asks. Unix sockets
+for the rc came with rclone 1.63 (RC_UNIX_SOCKET_SINCE): an older rclone on the node is not
+used; the daemon then sends one (param `rclone`), or the mount fails saying which it found.
+
 Each mount is recorded in `<state>/mounts.json` (its rclone's pid and start time, its
-remote-control address and password): unmount and flush find them there, and a mount asked for
-again is left as it is while its rclone lives.
+remote-control socket): unmount and flush find them there, and a mount asked for again is left
+as it is while its rclone lives.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import hashlib
+import http.client
 import json
 import os
-import secrets
+import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ FLUSH_POLL_S = 0.5
 STALLED_GRACE_S = 60.0
 # mode -> (--vfs-cache-mode, --vfs-write-back)
 CACHING = {"MOUNT": ("writes", "0s"), "MOUNT_CACHED": ("full", "1s")}
+RC_UNIX_SOCKET_SINCE = (1, 63)
+RC_TIMEOUT_S = 10.0
 
 
 class MountError(Exception):
@@ -89,14 +99,45 @@ def check_fuse() -> None:
                          "mode: COPY, or give the node FUSE (a container needs "
                          "--device /dev/fuse)")
     _fusermount()
-    if shutil.which("rclone") is None:
-        raise MountError("rclone is not installed on this node (apt-get install rclone)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def rclone_version(path: str) -> tuple[int, int] | None:
+    """(major, minor) of the rclone at `path`, None if it does not run or say."""
+    try:
+        done = subprocess.run([path, "version"], capture_output=True, text=True, timeout=30)
+    except OSError:
+        return None
+    found = re.search(r"rclone v(\d+)\.(\d+)", done.stdout)
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def usable_rclone(params: dict[str, Any]) -> dict[str, Any]:
+    """Node helper `s3-rclone`: which rclone a mount would use here, if any: the one the
+    daemon sent (`rclone`), else the node's own if it is recent enough."""
+    sent = params.get("rclone")
+    candidates = [str(Path(str(sent)).expanduser())] if sent else []
+    candidates += [found for found in (shutil.which("rclone"),) if found]
+    seen: str | None = None
+    for candidate in candidates:
+        version = rclone_version(candidate)
+        if version is not None and version >= RC_UNIX_SOCKET_SINCE:
+            return {"path": candidate, "found": f"{version[0]}.{version[1]}",
+                    "machine": os.uname().machine}
+        if version is not None and seen is None:
+            seen = f"{version[0]}.{version[1]}"
+    return {"path": None, "found": seen, "machine": os.uname().machine}
+
+
+def _rclone(params: dict[str, Any]) -> str:
+    found = usable_rclone(params)
+    if found["path"] is None:
+        since = ".".join(map(str, RC_UNIX_SOCKET_SINCE))
+        what = f"rclone {found['found']}" if found["found"] else "no rclone"
+        raise MountError(f"this node has {what}; a bucket mount needs rclone {since} or "
+                         "later (its remote control on a private Unix socket) and clusterd "
+                         "could not send one; install rclone " + since + "+ from rclone.org "
+                         "on the node, or use mode: COPY")
+    return str(found["path"])
 
 
 def mount(params: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +158,7 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
         _release(record)  # its rclone died (the node rebooted, or it was killed): anew
     _save(state, records)
     check_fuse()
+    rclone = _rclone(params)
     if os.path.ismount(dest):
         raise MountError(f"{dest} is already a mount point")
     dest.mkdir(parents=True, exist_ok=True)
@@ -143,14 +185,16 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
             wait_for_credentials(params)
         except CopyError as exc:
             raise MountError(str(exc)) from None
-    rc_user, rc_pass = "clusterd", secrets.token_hex(16)
-    rc_addr = f"127.0.0.1:{_free_port()}"
+    # A fresh 0700 directory (mkdtemp: its name cannot be foreseen, so nobody plants it),
+    # short enough for a socket path wherever the state lives.
+    rc_dir = tempfile.mkdtemp(prefix="clusterd-rc-")
+    rc_socket = f"{rc_dir}/rc.sock"
     log_path = state / f"rclone-{key}.log"
-    argv = ["rclone", "mount", remote, str(dest),
+    argv = [rclone, "mount", remote, str(dest),
             "--vfs-cache-mode", CACHING[mode][0], "--vfs-write-back", CACHING[mode][1],
             "--cache-dir", str(state / "cache" / key),
             "--dir-cache-time", "5s", "--log-file", str(log_path), "--log-level", "INFO",
-            "--rc", "--rc-addr", rc_addr, "--rc-user", rc_user, "--rc-pass", rc_pass]
+            "--rc", "--rc-addr", f"unix://{rc_socket}"]
     # rclone's AWS SDK cannot take AWS_CA_BUNDLE ("unsupported transport"): its own flag can.
     ca_bundle = env.pop("AWS_CA_BUNDLE", None)
     if ca_bundle:
@@ -163,15 +207,15 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
     found = find(process.pid, None)
     record = {"dest": str(dest), "remote": remote, "mode": mode, "params": params,
               "pid": process.pid,
-              "create_time": found.create_time() if found else 0.0, "rc_addr": rc_addr,
-              "log": str(log_path),
-              "rc_user": rc_user, "rc_pass": rc_pass}
+              "create_time": found.create_time() if found else 0.0,
+              "rc_socket": rc_socket, "log": str(log_path)}
     _save(state, [*records, record])
     deadline = time.monotonic() + MOUNT_WAIT_S
     while not os.path.ismount(dest):
         if process.poll() is not None or time.monotonic() > deadline:
             with contextlib.suppress(ProcessLookupError):
                 process.kill()
+            shutil.rmtree(rc_dir, ignore_errors=True)
             _save(state, records)
             raise MountError(f"rclone could not mount {remote} on {dest}:\n{_tail(log_path)}")
         time.sleep(0.1)
@@ -190,13 +234,34 @@ def _tail(path: Path, lines: int = 15) -> str:
         return "(no log)"
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=RC_TIMEOUT_S)
+        self._path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(RC_TIMEOUT_S)
+        self.sock.connect(self._path)
+
+
 def _rc(record: dict[str, Any], command: str) -> dict[str, Any]:
-    token = base64.b64encode(f"{record['rc_user']}:{record['rc_pass']}".encode()).decode()
-    request = urllib.request.Request(f"http://{record['rc_addr']}/{command}", data=b"{}",
-                                     headers={"Authorization": f"Basic {token}",
-                                              "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        reply: dict[str, Any] = json.loads(answer.read())
+    if "rc_socket" not in record:  # a mount of an older clusterd's, on TCP: not asked
+        raise OSError("its rclone has no private remote control (mounted by an older "
+                      "clusterd; unmount and mount again)")
+    connection = _UnixHTTPConnection(record["rc_socket"])
+    try:
+        connection.request("POST", f"/{command}", body=b"{}",
+                           headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        body = answer.read()
+    except (http.client.HTTPException, ValueError) as exc:
+        raise OSError(str(exc)) from None
+    finally:
+        connection.close()
+    if answer.status != 200:
+        raise OSError(f"rclone's rc answered {answer.status}: {body[:200]!r}")
+    reply: dict[str, Any] = json.loads(body)
     return reply
 
 
@@ -293,3 +358,5 @@ def _release(record: dict[str, Any]) -> None:
             subprocess.run([fusermount, "-u", "-z", dest], capture_output=True, timeout=30)
     if _alive(record):
         terminate_tree(int(record["pid"]), float(record["create_time"]), grace_s=10)
+    if record.get("rc_socket"):
+        shutil.rmtree(os.path.dirname(record["rc_socket"]), ignore_errors=True)

@@ -559,6 +559,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "container-runtime": container_runtime,
     "s3-copy": s3_copy,
     "s3-mount": _bucket_mount("mount"),
+    "s3-rclone": _bucket_mount("usable_rclone"),
     "s3-flush": _bucket_mount("flush"),
     "s3-unmount": _bucket_mount("unmount_all"),
 }

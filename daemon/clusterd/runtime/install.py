@@ -253,11 +253,11 @@ class WheelhouseBuilder:
             staging = Path(scratch)
             source = _source_root()
             if source is not None:
-                _pip("wheel", "--no-deps", "--wheel-dir", str(staging), str(source))
+                pip_run("wheel", "--no-deps", "--wheel-dir", str(staging), str(source))
             else:
                 _wheel_from_installed(staging)
             requirements = agent_requirements()
-            _pip("download", "--only-binary=:all:", "--dest", str(staging), *requirements,
+            pip_run("download", "--only-binary=:all:", "--dest", str(staging), *requirements,
                  installer_requirement())
             (staging / "requirements.txt").write_text("\n".join(requirements) + "\n")
             runtime_wheels = [p for p in staging.glob("*.whl")
@@ -295,13 +295,13 @@ class WheelhouseBuilder:
         return Wheelhouse.of(final, digests)
 
 
-def _pip(*args: str) -> None:
+def pip_run(*args: str, building: str = "the runtime's wheelhouse") -> None:
     result = subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check",
                              *args], capture_output=True, text=True)
     if result.returncode != 0:
         raise ProtocolError(
             ErrorCode.PROVIDER_ERROR,
-            f"building the runtime's wheelhouse failed (pip {args[0]}): "
+            f"building {building} failed (pip {args[0]}): "
             f"{result.stderr.strip()[-800:]}",
             "the daemon needs the package index once per version to fetch the agent's wheels; "
             "with none in reach, run `clusterd --prepare-runtime` where there is one (with "

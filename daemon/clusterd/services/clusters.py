@@ -288,6 +288,9 @@ class ClusterService:
             record = await self.apply_autostop(
                 record, Autostop(record.autostop_minutes, record.autostop_down,
                                  record.autostop_wait_for), request.id, announce=False)
+        if verb in ("started", "repaired"):
+            # A node made again has none of the bucket mounts its peers have.
+            await self._jobs.restore_buckets(request, record, info)
         await request.progress(f"cluster {record.name} is UP", "up")
         return record
 

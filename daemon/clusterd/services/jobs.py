@@ -262,6 +262,25 @@ class JobService:
         async def progress(message: str) -> None:
             await request.progress(message, "storage")
 
+        if regions is None:
+            regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
+        await self._storage.apply(info, self._grant(record), task.bucket_mounts, regions,
+                                  progress)
+        await self._storage.remember(record.name, task.bucket_mounts)
+
+    async def restore_buckets(self, request: RunningRequest, record: ClusterRecord,
+                              info: ClusterInfo) -> None:
+        """The cluster's nodes (some perhaps made again) have its tasks' bucket mounts."""
+        if self._storage is None:
+            return
+
+        async def progress(message: str) -> None:
+            await request.progress(message, "storage")
+
+        await self._storage.restore(record.name, info, self._grant(record), progress)
+
+    def _grant(self, record: ClusterRecord) -> Callable[[tuple[str, ...]], Awaitable[bool]]:
+        """Access to buckets for the cluster's nodes by the provider's own means."""
         provider = self._providers.get(record.provider)
         handle = provider_handle(record, provider)
 
@@ -271,9 +290,7 @@ class JobService:
             except ProtocolError as exc:
                 raise StorageError(exc.code, exc.message, exc.hint) from None
 
-        if regions is None:
-            regions = await self._storage.prepare(record.name, task.bucket_mounts, progress)
-        await self._storage.apply(info, grant, task.bucket_mounts, regions, progress)
+        return grant
 
     # -- queue, logs, cancel --------------------------------------------------------------
 

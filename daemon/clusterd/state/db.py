@@ -137,6 +137,14 @@ MIGRATIONS: tuple[str, ...] = (
         AND substr(cluster, 13) IN (SELECT CAST(id AS TEXT) FROM managed_jobs)
         AND cluster NOT IN (SELECT name FROM clusters);
     """,
+    # 6: the bucket mounts each cluster's nodes have (see clusterd/storage/cluster_mounts.py),
+    # so a node made again gets them too.
+    """
+    CREATE TABLE cluster_bucket_mounts (
+        cluster TEXT PRIMARY KEY,
+        mounts TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -1,5 +1,6 @@
 """S3 from the daemon, through aiobotocore: whether a bucket exists and may be used, making
-and deleting buckets, and uploading a local directory to one (only what changed).
+and deleting buckets, and uploading a local directory to one (only what changed, and only
+what the workdir sync would send: see local_tree.py).
 
 Clients come from the same session as EC2's (providers/aws/ec2.py: credentials, region and
 endpoint found the standard way, AWS_ENDPOINT_URL_S3 included). Every failure is a
@@ -10,8 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.providers.aws.errors import error_code
+from clusterd.storage.local_tree import files_to_upload
 
 logger = log.get("clusterd.storage")
 
@@ -31,6 +32,8 @@ DELETE_BATCH = 1000  # DeleteObjects takes at most 1,000 keys
 # The file's mtime, kept on each object it uploads: a multipart ETag is no MD5 of the file,
 # so size and mtime then say whether it changed.
 MTIME_KEY = "clusterd-mtime"
+# The tag a bucket clusterd made carries: which daemon's create made it (registry.py).
+MARK_TAG = "clusterd-made-by"
 
 ClientFor = Callable[[str], Awaitable[Any]]  # region -> an aiobotocore S3 client
 
@@ -52,6 +55,8 @@ class UploadReport:
     uploaded: int
     skipped: int
     bytes_uploaded: int
+    # Links not followed (out of the tree, to a directory, dangling): S3 holds no links.
+    links_left_out: tuple[str, ...] = ()
 
 
 def storage_error(exc: BaseException, bucket: str, doing: str) -> StorageError:
@@ -107,10 +112,12 @@ class S3Buckets:
         self._regions[bucket] = region
         return region
 
-    async def create(self, bucket: str, region: str | None = None) -> bool:
+    async def create(self, bucket: str, region: str | None = None,
+                     mark: str | None = None) -> bool:
         """Make the bucket; True if this call made it, False if this account had it already
         (then it is not ours to delete). Asked first: in us-east-1, S3 answers a create of a
-        bucket one owns with 200, as if it had made it."""
+        bucket one owns with 200, as if it had made it. `mark` is put on the bucket it made
+        as the tag MARK_TAG, which says later which create made it (`mark_of`)."""
         if await self.region_of(bucket) is not None:
             return False
         region = region or await self._default_region()
@@ -126,7 +133,29 @@ class S3Buckets:
             raise storage_error(exc, bucket, "create") from None
         self._regions[bucket] = region
         logger.info("bucket created", bucket=bucket, region=region)
+        if mark is not None:
+            try:
+                await client.put_bucket_tagging(
+                    Bucket=bucket, Tagging={"TagSet": [{"Key": MARK_TAG, "Value": mark}]})
+            except Exception as exc:  # the create stands; only a restart's check needs it
+                logger.warning("bucket not tagged", bucket=bucket,
+                               error=storage_error(exc, bucket, "tag").message)
         return True
+
+    async def mark_of(self, bucket: str) -> str | None:
+        """The bucket's MARK_TAG, or None (no such bucket, no such tag, or not readable)."""
+        region = await self.region_of(bucket)
+        if region is None:
+            return None
+        client = await self._client(region)
+        try:
+            answer = await client.get_bucket_tagging(Bucket=bucket)
+        except Exception as exc:
+            if error_code(exc) not in ("NoSuchTagSet", "NoSuchTagSetError", "404"):
+                raise storage_error(exc, bucket, "read the tags of") from None
+            return None
+        return next((t["Value"] for t in answer.get("TagSet", []) if t["Key"] == MARK_TAG),
+                    None)
 
     async def objects(self, bucket: str, prefix: str = "") -> list[RemoteObject]:
         """Every object under `prefix` (a directory: 'a/b' lists 'a/b/...')."""
@@ -175,9 +204,13 @@ class S3Buckets:
         client = await self._client(await self.region_of(bucket))
         base = prefix.rstrip("/") + "/" if prefix else ""
         present = {o.key: o for o in await self.objects(bucket, prefix)}
+        try:
+            tree = await files_to_upload(local)
+        except ProtocolError as exc:
+            raise StorageError(exc.code, exc.message, exc.hint) from None
         todo: list[tuple[Path, str]] = []
         skipped = 0
-        for path, relative in _files_under(Path(local)):
+        for path, relative in tree.files:
             key = base + relative
             remote = present.get(key)
             if remote is not None and await self._unchanged(client, bucket, path, remote):
@@ -200,8 +233,8 @@ class S3Buckets:
         except Exception as exc:
             raise storage_error(exc, bucket, "upload to") from None
         logger.info("directory uploaded", bucket=bucket, prefix=prefix, uploaded=len(todo),
-                    skipped=skipped, bytes=sent)
-        return UploadReport(len(todo), skipped, sent)
+                    skipped=skipped, bytes=sent, links_left_out=len(tree.skipped_links))
+        return UploadReport(len(todo), skipped, sent, tree.skipped_links)
 
     async def _unchanged(self, client: Any, bucket: str, path: Path,
                          remote: RemoteObject) -> bool:
@@ -241,14 +274,6 @@ class S3Buckets:
                                                     UploadId=upload_id)
             raise
         return stat.st_size
-
-
-def _files_under(root: Path) -> Iterator[tuple[Path, str]]:
-    for directory, _dirs, names in os.walk(root):
-        for name in sorted(names):
-            path = Path(directory, name)
-            if path.is_file():
-                yield path, path.relative_to(root).as_posix()
 
 
 def _md5(path: Path) -> str:

