@@ -216,11 +216,14 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         pair = await anyio.to_thread.run_sync(self._key.ensure)
         spec = PodSpec(request.cloud_name, request.name, self.managed_by, self._image(request),
                        config.image_pull_policy, pair.public_openssh.strip(), cpus, memory,
-                       gpus, accelerator, request.resources.labels)
+                       gpus, accelerator, request.resources.labels, request.create_token)
         nodeport = config.networking_mode == "nodeport"
+        previous = request.previous
+        known = frozenset(p.uid for p in previous.pods if p.uid) if isinstance(
+            previous, KubernetesHandle) and previous.context == context else frozenset()
         try:
             await pods.create(self.api, context, namespace, spec, request.num_nodes, nodeport,
-                              port_ranges(request.resources.ports))
+                              port_ranges(request.resources.ports), known)
         except BaseException:
             # Nothing of a failed attempt stays behind (the next one goes elsewhere).
             with anyio.CancelScope(shield=True), anyio.move_on_after(120):
