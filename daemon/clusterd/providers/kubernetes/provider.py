@@ -12,6 +12,7 @@ stopped: `stop` is refused, and autostop means down.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -53,6 +54,9 @@ DEFAULT_CPUS = 2.0  # SkyPilot's default pod on Kubernetes: 2 CPUs, 8 GB
 DEFAULT_MEMORY_GB = 8.0
 SSH_ATTEMPT_S = 20.0
 CHECK_TIMEOUT_S = 15.0
+# The pods' image where the config names none: a setting of the daemon's environment, so a
+# machine (a test bed, a CI runner) can give every daemon started there its image.
+IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
 
 
 class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
@@ -200,10 +204,11 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         if image_id:
             raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
                                  "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
-        image = self._k8s().image
+        image = self._k8s().image or os.environ.get(IMAGE_ENV, "").strip()
         if not image:
             raise ProvisionError("kubernetes: no image for the pods", BlockScope.FATAL,
-                                 "set kubernetes.image in clusterd's config, or image_id: "
+                                 f"set kubernetes.image in clusterd's config ({IMAGE_ENV} in "
+                                 "the daemon's environment is its default), or image_id: "
                                  "docker:IMAGE in the task (an image with sshd, python3 and "
                                  "rsync; see the README)")
         return image
