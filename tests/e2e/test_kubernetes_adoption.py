@@ -102,6 +102,5 @@ def test_a_pod_planted_under_our_pods_name_is_refused_and_gets_nothing(
     known_hosts = daemon.state_dir / "known_hosts"
     assert uid not in (known_hosts.read_text() if known_hosts.exists() else "")
     assert f"k8s-pod-{uid}" not in daemon.log()
-    assert daemon.cluster("planted") is None  # the failed launch left no record
     # The daemon keeps serving.
     assert daemon.ctl("status").returncode == 0
