@@ -107,7 +107,7 @@ async def _create(api: KubeApi, context: str, kind: str, namespace: str,
                 "launch the cluster under another name")
         why = _not_made_by(found, kind, manifest, known_uids)
         if why is not None:
-            # Refused untouched: it gets no exec, no runtime, no token, no secrets.
+            # Refused before anything reaches it: no SSH, no runtime, no token, no secrets.
             raise ProvisionError(
                 f"kubernetes/{context}: refusing the {kind} {name} in namespace {namespace}: "
                 f"{why}, though its labels say it is this clusterd's", BlockScope.FATAL,
