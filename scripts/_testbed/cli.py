@@ -150,6 +150,10 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                          "~sky/.clusterd (clusterd then skips installing it), imported into "
                          "every node; built once per wheelhouse (the package index is needed "
                          "once); its name is $CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE in `exec`")
+    up.add_argument("--no-wheelhouse", action="store_true",
+                    help="do not prepare the runtime's wheelhouse (which needs the package "
+                         "index once per version of clusterd; a daemon in the bed cannot "
+                         "install the runtime without it)")
     build = ksub.add_parser("build", allow_abbrev=False,
                             help="build (or find in the cache) what `up` boots from, and "
                                  "start nothing (the first time on a machine: minutes)")
@@ -211,6 +215,8 @@ def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
             ap.error(bad)
         if args.netns is not None and not NETNS_RE.match(args.netns):
             ap.error("--netns must match [A-Za-z0-9][A-Za-z0-9_.-]* (at most 40 characters)")
+        if args.no_wheelhouse and args.runtime_image:
+            ap.error("--runtime-image is made of the wheelhouse: drop --no-wheelhouse")
     if cmd == "exec" and not [c for c in args.cmd if c != "--"]:
         ap.error("k8s exec needs a command: testbed k8s exec -- CMD ...")
     if cmd == "fault" and args.fault_command == "add":

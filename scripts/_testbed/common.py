@@ -360,3 +360,33 @@ def ssh_banner(ip: str, port: int, timeout: float = 1.0) -> bool:
             return s.recv(256).startswith(b"SSH-")
     except OSError:
         return False
+
+
+WHEELHOUSE_TIMEOUT_S = 900.0
+WHEELHOUSE_SUMS = "SHA256SUMS"  # clusterd/runtime/wheelhouse.py: every file's digest
+
+
+def prepare_wheelhouse(python: str, wheelhouse_dir: str, skip: str) -> str:
+    """clusterd's runtime wheelhouse in wheelhouse_dir, as a daemon given it as
+    CLUSTERD_WHEELHOUSE_DIR finds it (`clusterd --prepare-runtime` with python; it needs the
+    package index once per version of clusterd, and is instant after). A bed makes it before
+    anything enters its namespace, which has no way out. skip: how to do without. Returns its
+    KEY directory."""
+    if not os.access(python, os.X_OK):
+        raise Failure(f"{python} not found (the runtime wheelhouse needs the project's venv)",
+                      hint="scripts/quickstart or scripts/test makes it")
+    log(f"preparing the runtime wheelhouse in {wheelhouse_dir} ...")
+    try:
+        p = subprocess.run([python, "-m", "clusterd", "--prepare-runtime"],
+                           env={**os.environ, "CLUSTERD_WHEELHOUSE_DIR": wheelhouse_dir},
+                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                           timeout=WHEELHOUSE_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        raise Failure("clusterd --prepare-runtime timed out", hint=skip) from e
+    lines = p.stdout.strip().splitlines()
+    house = lines[-1].strip() if lines else ""
+    if p.returncode != 0 or not os.path.isfile(os.path.join(house, WHEELHOUSE_SUMS)):
+        raise Failure(f"clusterd --prepare-runtime failed (exit {p.returncode}): "
+                      f"{(p.stderr or p.stdout).strip()[-2000:]}",
+                      hint=f"it needs the package index once per version of clusterd; {skip}")
+    return house

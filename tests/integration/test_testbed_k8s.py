@@ -449,6 +449,45 @@ def test_bad_usage(bed: Bed) -> None:
     assert p.returncode == 2
 
 
+def daemons_of(runtime_dir: Path) -> list[int]:
+    """The pids of clusterd daemons whose XDG_RUNTIME_DIR is runtime_dir (another engineer's
+    daemons on this machine run the same command line)."""
+    found = []
+    for pid in host_pids_with("-m clusterd"):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"XDG_RUNTIME_DIR={runtime_dir}".encode() in environ:
+            found.append(pid)
+    return found
+
+
+def test_a_daemon_started_through_exec_launches_with_nothing_set_up(bed: Bed) -> None:
+    """`up` prepared the runtime's wheelhouse (the namespace has no way to the package index)
+    and `exec` names the bed's image: clusterctl run through `exec` starts a daemon that
+    launches a cluster of pods with no config and no wheelhouse made by hand."""
+    env = json.loads(bed.ok("env", "--json"))
+    # The node image (the runtime image comes with a later test): the runtime is installed.
+    assert env["CLUSTERD_KUBERNETES_IMAGE"] == env["CLUSTERD_TESTBED_K8S_NODE_IMAGE"]
+    assert not (Path(env["XDG_CONFIG_HOME"]) / "clusterd" / "config.yaml").exists()
+    task = bed.dir.parent / "plain.yaml"
+    task.write_text("resources:\n  cpus: 0.5\n  memory: 1\nrun: echo plain on $(hostname)\n")
+    try:
+        launched = bed.run("clusterctl", "launch", "-c", "plain", "--infra", "kubernetes",
+                           str(task), timeout=900)
+        assert launched.returncode == 0, launched.stderr
+        assert "plain on plain-" in launched.stdout
+        assert "needs the package index" not in launched.stderr
+        down = bed.run("clusterctl", "down", "-y", "plain", timeout=300)
+        assert down.returncode == 0, down.stderr
+    finally:
+        for pid in daemons_of(Path(env["XDG_RUNTIME_DIR"])):
+            os.kill(pid, 15)
+        wait_for(lambda: not daemons_of(Path(env["XDG_RUNTIME_DIR"])), 30,
+                 "the bed's daemon to stop")
+
+
 def test_runtime_image_holds_clusterds_runtime(bed: Bed) -> None:
     """`up --runtime-image` on a running bed: the image is imported into its nodes, and a pod
     of it has the runtime of the wheelhouse daemons in the bed use, as clusterd installs it."""

@@ -1,16 +1,23 @@
-"""What the kubernetes provider reads of a pod (lost, pending, ready) and of its config
-section. The pods here are the client's own models, as the API server's answers decode to."""
+"""What the kubernetes provider reads of a pod (lost, pending, ready), of its config
+section, and where it takes the pods' image from. The pods here are the client's own models,
+as the API server's answers decode to."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 from kubernetes_asyncio import client
 
 from clusterctl.protocol import ProtocolError
 from clusterd.nodes import NodeStatus
+from clusterd.providers.base import ClusterRequest, ProvisionError
 from clusterd.providers.kubernetes.pods import lost, node_status
+from clusterd.providers.kubernetes.provider import IMAGE_ENV, KubernetesProvider
+from clusterd.ssh.connections import SSHConnections
+from clusterd.ssh.keys import DaemonKey
+from clusterd.tasks.spec import Resources
 from clusterd.user_config import KubernetesConfig, parse
 
 
@@ -90,3 +97,27 @@ def test_bad_config_values_name_their_key(tmp_path: Path, text: str, key: str) -
     with pytest.raises(ProtocolError) as refused:
         parse(tmp_path / "config.yaml", text)
     assert f": {key}: " in refused.value.message
+
+
+def image_of(tmp_path: Path, config_text: str, image_id: str | None = None) -> str:
+    """The image the provider gives a cluster's pods under this config."""
+    config = parse(tmp_path / "config.yaml", config_text)
+    provider = KubernetesProvider(lambda: config, cast(SSHConnections, None),
+                                  DaemonKey(tmp_path / "ssh"), "clusterd-0123", tmp_path)
+    request = ClusterRequest("c", "c-1", 1, Resources(image_id=image_id))
+    return provider._image(request)
+
+
+def test_the_image_comes_from_the_config_the_environment_or_the_task(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    with pytest.raises(ProvisionError) as missing:
+        image_of(tmp_path, "")
+    assert missing.value.message == "kubernetes: no image for the pods"
+    assert "kubernetes.image" in (missing.value.hint or "")
+    assert IMAGE_ENV in (missing.value.hint or "")
+    # A machine's default (a test bed's `exec` sets it), below what the config says.
+    monkeypatch.setenv(IMAGE_ENV, "bed/node:1")
+    assert image_of(tmp_path, "") == "bed/node:1"
+    assert image_of(tmp_path, "kubernetes:\n  image: mine/node:2\n") == "mine/node:2"
+    assert image_of(tmp_path, "", "docker:task/node:3") == "task/node:3"

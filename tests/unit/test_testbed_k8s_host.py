@@ -210,6 +210,25 @@ def test_exec_environment_drops_other_clusters_settings() -> None:
     assert removed_env("KUBECTL_EXTERNAL_DIFF") and not removed_env("HOME")
 
 
+def test_exec_environment_gives_a_daemon_the_beds_image_and_wheelhouse(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A daemon started through `exec` launches pods with no config of its own: its default
+    image is the bed's (the runtime image if there is one), its wheelhouse the one `up`
+    prepared (the cache's, or the caller's CLUSTERD_WHEELHOUSE_DIR, as `up` used)."""
+    monkeypatch.setenv("CLUSTERD_TESTBED_K8S_CACHE", "/c")
+    paths = BedPaths("/tmp/bed")
+    state: dict[str, object] = {"cache": "/c/v1",
+                                "node_image": "docker.io/clusterd-testbed/node:abc"}
+    env = bed_env(paths, {"PATH": "/usr/bin", "CLUSTERD_KUBERNETES_IMAGE": "elsewhere/x:1"},
+                  state)
+    assert env["CLUSTERD_KUBERNETES_IMAGE"] == "clusterd-testbed/node:abc"
+    assert env["CLUSTERD_WHEELHOUSE_DIR"] == "/c/wheelhouse"
+    state["runtime_image"] = {"name": "docker.io/clusterd-testbed/node-runtime:abc-k1"}
+    env = bed_env(paths, {"PATH": "/usr/bin", "CLUSTERD_WHEELHOUSE_DIR": "/w"}, state)
+    assert env["CLUSTERD_KUBERNETES_IMAGE"] == "clusterd-testbed/node-runtime:abc-k1"
+    assert env["CLUSTERD_WHEELHOUSE_DIR"] == "/w"
+
+
 def test_apt_sources_add_deb_src_and_guard_drops_other_links() -> None:
     text = sources_text([{"Types": "deb", "URIs": "http://deb.debian.org/debian",
                           "Suites": "bookworm", "Components": "main",

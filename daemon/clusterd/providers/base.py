@@ -87,6 +87,12 @@ class ClusterRequest:
     resources: Resources
     # When nodes stop themselves (autostop with no daemon about): tear down, not stop.
     autostop_down: bool = False
+    # A secret of this create attempt, on disk before the create call (kept by a resumed
+    # one): what the create marks its resources with, so that finding one of their names
+    # taken it adopts only what it made itself, never what someone planted under that name.
+    create_token: str = ""
+    # What the cluster had before this attempt (a repair): its surviving nodes are ours.
+    previous: ProviderHandle | None = None
 
 
 @dataclasses.dataclass(frozen=True)

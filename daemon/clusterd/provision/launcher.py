@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import secrets
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -84,12 +85,16 @@ class Provisioner:
         gap = self._retry_gap_s
         options, refusals = first if first is not None else await plan()
         failover = Failover(options, refusals, steering)
+        resumed = _resumed_token(record)
         while True:
             for option in failover:
                 decided = time.monotonic()
                 provider = self._providers.get(option.placement.provider)
+                # Fresh for every attempt but the one resuming at the intent: a token that
+                # was on a resource once is readable by anyone who can list them.
+                token = resumed.pop(_where(option.placement), None) or secrets.token_urlsafe(24)
                 outcome = await self._attempt(request, record, provider, option, failover,
-                                              decided)
+                                              decided, token)
                 if isinstance(outcome, Provisioned):
                     return outcome
                 record = outcome
@@ -121,24 +126,26 @@ class Provisioner:
 
     async def _attempt(
         self, request: RunningRequest, record: ClusterRecord, provider: Provider,
-        option: Option, failover: Failover, decided: float,
+        option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
         await request.progress(f"creating nodes on {placement.describe()}", "provision")
-        record = await self._store.update(record.name, provider=provider.name,
-                                          launched_resources=placement.resources_view(),
-                                          handle=ClusterHandle(intent=placement))
+        record = await self._store.update(
+            record.name, provider=provider.name, launched_resources=placement.resources_view(),
+            handle=ClusterHandle(intent=placement, create_token=token))
         self.attempts += 1
         started = time.monotonic()
         deciding = started - decided
         handle: ProviderHandle | None = None
         await fault_point("launch.before_create")
         try:
-            created = await provider.create(option.request, placement)
+            created = await provider.create(
+                dataclasses.replace(option.request, create_token=token), placement)
             handle = created
             await fault_point("launch.after_create")
             record = await self._store.update(
-                record.name, handle=ClusterHandle(intent=placement, provider=created))
+                record.name, handle=ClusterHandle(intent=placement, provider=created,
+                                                   create_token=token))
             await fault_point("launch.waiting")
             with anyio.fail_after(self._wait_timeout_s):
                 handle = await provider.wait(record.cloud_name, created, self._wait_timeout_s)
@@ -146,7 +153,8 @@ class Provisioner:
                 # What only running nodes tell (addresses) is on disk before the runtime
                 # starts: a teardown of a launch that fails from here on finds them.
                 record = await self._store.update(
-                    record.name, handle=ClusterHandle(intent=placement, provider=handle))
+                    record.name, handle=ClusterHandle(intent=placement, provider=handle,
+                                                      create_token=token))
             if option.request.resources.ports:
                 await provider.open_ports(record.cloud_name, handle,
                                           option.request.resources.ports)
@@ -221,15 +229,28 @@ def placement_of(record: ClusterRecord) -> Placement:
     return Placement.from_view(record.launched_resources or {})
 
 
+def _where(placement: Placement) -> tuple[str, str | None, str | None, str | None]:
+    return placement.provider, placement.region, placement.zone, placement.instance_type
+
+
+def _resumed_token(record: ClusterRecord) -> dict[tuple[str, str | None, str | None,
+                                                        str | None], str]:
+    """The create token of an attempt the daemon left before its create answered, by where
+    it was creating (resumed there, the create knows what it made then)."""
+    handle = record.handle
+    if handle.provider is not None or handle.intent is None or not handle.create_token:
+        return {}
+    return {_where(handle.intent): handle.create_token}
+
+
 def intent_first(options: list[Option], intent: Placement | None,
                  record: ClusterRecord) -> list[Option]:
     """A launch resuming goes first where the interrupted one was creating nodes (they are
     reused there, not leaked)."""
     if intent is None:
         return options
-    where = (intent.provider, intent.region, intent.zone, intent.instance_type)
-    first = [o for o in options if (o.placement.provider, o.placement.region,
-                                    o.placement.zone, o.placement.instance_type) == where]
+    where = _where(intent)
+    first = [o for o in options if _where(o.placement) == where]
     if not first and options:
         first = [Option(intent, options[0].request)]
     return first + [o for o in options if o not in first]

@@ -399,7 +399,8 @@ class ClusterService:
                 Resources.from_view(record.requested_resources),
                 infra=Infra(placement.provider, placement.region, placement.zone))
             request_ = ClusterRequest(record.name, record.cloud_name, record.num_nodes,
-                                      resources, autostop_down=record.autostop_down)
+                                      resources, autostop_down=record.autostop_down,
+                                      previous=record.handle.provider)
             return [Option(placement, request_)], []
 
         try:

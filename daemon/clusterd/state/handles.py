@@ -70,6 +70,9 @@ class ClusterHandle:
     # Where a launch attempt is creating the nodes, written before the provider's create
     # call: until the runtime first starts, it is where anything of the cluster can exist.
     intent: Placement | None = None
+    # The intent's create token (ClusterRequest.create_token), written with it: a launch
+    # resumed at the intent hands it to the create again, which then knows its own nodes.
+    create_token: str | None = None
     # The provider's handle, from its create call (None: it has not answered one yet), of
     # the type that provider registered for its handles.
     provider: ProviderHandle | None = None
@@ -81,6 +84,8 @@ class ClusterHandle:
         data: dict[str, Any] = {}
         if self.intent is not None:
             data["intent"] = self.intent.resources_view()
+        if self.create_token is not None:
+            data["create_token"] = self.create_token
         if self.provider is not None:
             data["provider"] = self.provider.to_json()
         if self.runtime is not None:
@@ -97,6 +102,7 @@ class ClusterHandle:
         recorded = data.get("provider")
         return cls(
             intent=Placement.from_view(intent) if intent else None,
+            create_token=data.get("create_token"),
             provider=ProviderHandle.decode(provider, recorded) if recorded else None,
             runtime=RuntimeHandle.from_json(runtime) if runtime else None,
             tunnel=TunnelState.from_json(tunnel) if tunnel else None,

@@ -25,6 +25,7 @@ from _testbed.common import (
     lock_parent,
     log,
     pid_alive,
+    prepare_wheelhouse,
     proc_cmdline,
     read_pid,
     read_text,
@@ -55,7 +56,6 @@ from _testbed.ec2.layout import (
 
 READY_TIMEOUT_S = 90.0
 CONTROLLER_STOP_S = 10.0
-WHEELHOUSE_TIMEOUT_S = 900.0
 
 
 def controller_pid(paths: BedPaths, state: dict[str, Any] | None) -> int | None:
@@ -105,7 +105,9 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
     if not os.access(VENV_PYTHON, os.X_OK):
         raise Failure(f"{VENV_PYTHON} not found (the controller needs the project's venv)",
                       hint="scripts/test or scripts/quickstart makes it")
-    wheelhouse = None if args.no_wheelhouse else prepare_wheelhouse(paths)
+    wheelhouse = None if args.no_wheelhouse else prepare_wheelhouse(
+        VENV_PYTHON, bed_env(paths, os.environ)["CLUSTERD_WHEELHOUSE_DIR"],
+        "--no-wheelhouse skips it")
 
     os.makedirs(os.path.dirname(paths.dir), exist_ok=True)
     reg_lock = lock_dir(host_setup.registry_dir())  # users, sudoers, registry
@@ -144,30 +146,6 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
         os.close(lock)
         if reg_lock >= 0:
             os.close(reg_lock)
-
-
-def prepare_wheelhouse(paths: BedPaths) -> str:
-    """The runtime wheelhouse nodes install from needs the package index: build it before
-    anything enters the namespace (instant when it is there already). Returns its path (its
-    name is its KEY)."""
-    env = dict(os.environ)
-    env.setdefault("CLUSTERD_WHEELHOUSE_DIR", paths.wheelhouse)
-    log(f"preparing the runtime wheelhouse in {env['CLUSTERD_WHEELHOUSE_DIR']} ...")
-    try:
-        p = subprocess.run([VENV_PYTHON, "-m", "clusterd", "--prepare-runtime"], env=env,
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=WHEELHOUSE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        raise Failure("clusterd --prepare-runtime timed out", hint="--no-wheelhouse") from e
-    if p.returncode != 0:
-        raise Failure(f"clusterd --prepare-runtime failed (exit {p.returncode}): "
-                      f"{(p.stderr or p.stdout).strip()[-2000:]}",
-                      hint="it needs the package index once; --no-wheelhouse skips it")
-    lines = p.stdout.strip().splitlines()
-    path = lines[-1].strip() if lines else ""
-    if not os.path.isdir(path):
-        raise Failure(f"clusterd --prepare-runtime printed no wheelhouse: {p.stdout.strip()}")
-    return path
 
 
 def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,

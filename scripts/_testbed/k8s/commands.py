@@ -13,7 +13,15 @@ import time
 from typing import Any
 
 from _testbed import requirements
-from _testbed.common import Failure, kill_pids, lock_dir, log, wait_reaped, warn
+from _testbed.common import (
+    Failure,
+    kill_pids,
+    lock_dir,
+    log,
+    prepare_wheelhouse,
+    wait_reaped,
+    warn,
+)
 from _testbed.ec2 import host_setup as ec2_host
 from _testbed.ec2.control import request
 from _testbed.k8s import build, components, host, images, nodes, pki, render, runtime_image
@@ -25,22 +33,19 @@ from _testbed.k8s.layout import (
     ETCD_PORT,
     LOOPBACK,
     MAX_NODES,
+    VENV_BIN,
     BedPaths,
     cache_root,
     default_netns,
     load_state,
     node_specs,
     save_state,
+    wheelhouse_dir,
 )
 
 NETNS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 HIDDEN_IN_NODES = ("/var/lib", "/var/log", "/run", "/var/run")  # each node has its own
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
-
-
-def wheelhouse_dir() -> str:
-    """Where the runtime image's wheelhouse is made, and daemons in the bed find it."""
-    return os.path.join(cache_root(), "wheelhouse")
 
 
 def check_dir(d: str) -> None:
@@ -71,18 +76,27 @@ def admin_api(paths: BedPaths) -> components.Api:
 # ---------------------------------------------------------------------------- up
 
 
-def ensure_cached(with_runtime_image: bool) -> tuple[str, str, str, dict[str, str] | None]:
+def ensure_cached(with_runtime_image: bool, with_wheelhouse: bool
+                  ) -> tuple[str, str, str, dict[str, str] | None]:
     """What the bed boots from, built on this machine's first call (minutes) and cached by
-    version: Kubernetes, the node image and, if asked, the runtime image. Returns the build's
-    directory, the node image and its archive, and the runtime image (name, archive, key)."""
+    version: Kubernetes, the node image, the runtime's wheelhouse (which a daemon in the bed
+    could not make: the namespace has no way to the package index) and, if asked, the runtime
+    image. Returns the build's directory, the node image and its archive, and the runtime
+    image (name, archive, key)."""
     requirements.ensure_debian_packages(requirements.K8S_PACKAGES)
     host.check_cgroups()
     version_dir = build.ensure_built(cache_root())
     images_dir = os.path.join(cache_root(), "images")
     node_image, node_archive = images.ensure_node_image(images_dir)
     runtime: dict[str, str] | None = None
+    house = None
+    if with_wheelhouse or with_runtime_image:
+        directory = wheelhouse_dir(os.environ)
+        os.makedirs(directory, mode=0o755, exist_ok=True)
+        house = prepare_wheelhouse(os.path.join(VENV_BIN, "python"), directory,
+                                   "`up --no-wheelhouse` skips it")
     if with_runtime_image:
-        house = runtime_image.prepare_wheelhouse(wheelhouse_dir())
+        assert house is not None
         name, archive = runtime_image.ensure_runtime_image(images_dir, node_image,
                                                            node_archive, house)
         runtime = {"name": name, "archive": archive, "key": os.path.basename(house)}
@@ -93,7 +107,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     """Build (or find in the cache) what `up` boots from, and start nothing: the test suite
     runs it before its first test, so a machine's first build is no test's time."""
     t0 = time.monotonic()
-    version_dir, node_image, _, runtime = ensure_cached(args.runtime_image)
+    version_dir, node_image, _, runtime = ensure_cached(args.runtime_image, args.runtime_image)
     print(f"Kubernetes {version_dir}, node image {node_image}"
           + (f", runtime image {runtime['name']}" if runtime else "")
           + f" ({time.monotonic() - t0:.1f} s)")
@@ -104,7 +118,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     paths = BedPaths(os.path.abspath(args.dir))
     check_dir(paths.dir)
-    version_dir, node_image, node_archive, runtime = ensure_cached(args.runtime_image)
+    version_dir, node_image, node_archive, runtime = ensure_cached(args.runtime_image,
+                                                                   not args.no_wheelhouse)
     lock = bed_lock(paths, create=True)  # the bed's first, then the registry's, always
     reg_lock = lock_dir(host.registry_dir())
     try:

@@ -28,6 +28,8 @@ DIR_ENV, NETNS_ENV, CACHE_ENV = ("CLUSTERD_TESTBED_K8S_DIR", "CLUSTERD_TESTBED_K
 ADMIN_KUBECONFIG_ENV = "CLUSTERD_TESTBED_K8S_ADMIN_KUBECONFIG"
 NODE_IMAGE_ENV = "CLUSTERD_TESTBED_K8S_NODE_IMAGE"
 RUNTIME_IMAGE_ENV = "CLUSTERD_TESTBED_K8S_RUNTIME_IMAGE"
+# clusterd's own setting: the pods' image where its config names none (the bed's).
+CLUSTERD_IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
 
 # The network, all of it inside the bed's namespace: one bridge, a /16 for the bed's own
 # address, the nodes' addresses and their pods; services on another /16 that only kube-proxy's
@@ -91,6 +93,12 @@ def default_netns() -> str:
 
 def cache_root() -> str:
     return os.path.abspath(os.environ.get(CACHE_ENV) or DEFAULT_CACHE)
+
+
+def wheelhouse_dir(base: Mapping[str, str]) -> str:
+    """Where `up` prepares the runtime's wheelhouse and daemons in the bed find it: base's
+    CLUSTERD_WHEELHOUSE_DIR, else the cache's."""
+    return base.get("CLUSTERD_WHEELHOUSE_DIR") or os.path.join(cache_root(), "wheelhouse")
 
 
 def pause_image() -> str:
@@ -299,7 +307,8 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
             state: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The environment of a command run in the bed: base without any Kubernetes settings,
     then KUBECONFIG (clusterd's two contexts), the admin kubeconfig, the node image's name
-    (and the runtime image's), the shared wheelhouse directory (unless set), the bed's
+    (and the runtime image's), clusterd's default image (CLUSTERD_KUBERNETES_IMAGE: the
+    runtime image, else the node image), the wheelhouse directory `up` fills, the bed's
     kubectl and the project's venv first on PATH, and (unless
     CLUSTERD_TESTBED_KEEP_XDG=1) XDG directories of the bed's own, so a daemon started there
     is the bed's."""
@@ -312,8 +321,16 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
     env.pop(RUNTIME_IMAGE_ENV, None)
     if state and state.get("runtime_image"):
         env[RUNTIME_IMAGE_ENV] = short_image(str(state["runtime_image"]["name"]))
-    # the wheelhouse the runtime image holds: a daemon here then has the image's KEY
-    env.setdefault("CLUSTERD_WHEELHOUSE_DIR", os.path.join(cache_root(), "wheelhouse"))
+    # The images of the bed are the only ones its nodes have (they pull nothing): a daemon
+    # started here uses the runtime image if there is one (no install), else the node image.
+    env.pop(CLUSTERD_IMAGE_ENV, None)
+    for image in (env.get(RUNTIME_IMAGE_ENV), env.get(NODE_IMAGE_ENV)):
+        if image:
+            env[CLUSTERD_IMAGE_ENV] = image
+            break
+    # the wheelhouse `up` prepared (and the runtime image holds: a daemon here then has the
+    # image's KEY)
+    env["CLUSTERD_WHEELHOUSE_DIR"] = wheelhouse_dir(base)
     front = [VENV_BIN]
     if state and state.get("cache"):
         front.insert(0, os.path.join(str(state["cache"]), "bin"))

@@ -4,8 +4,8 @@ wheelhouse KEY in /home/sky/.clusterd exactly as clusterd's install_runtime leav
 node (.clusterd/venvs/KEY with its ready marker, and the .clusterd/current link), so clusterd
 finds it there and skips the install.
 
-The wheelhouse is clusterd's own (`clusterd --prepare-runtime`, into CACHE/wheelhouse, which
-`exec` gives daemons as CLUSTERD_WHEELHOUSE_DIR, so their key is the image's). The image is
+The wheelhouse is the one `up` prepares (common.prepare_wheelhouse, into the directory `exec`
+gives daemons as CLUSTERD_WHEELHOUSE_DIR, so their key is the image's). The image is
 built once per (node image, wheelhouse) into CACHE/images: the node image's files unpacked,
 the install run in them with their own python (in a chroot, in throwaway mount, PID and
 network namespaces: offline), every wheel checked against the digests clusterd recorded.
@@ -20,15 +20,13 @@ import shutil
 import subprocess
 import time
 
-from _testbed.common import Failure, log, run
+from _testbed.common import WHEELHOUSE_SUMS, Failure, log, run
 from _testbed.k8s.images import oci_archive, read_archive
-from _testbed.k8s.layout import IMAGE_REPO, NODE_USER, VENV_BIN
+from _testbed.k8s.layout import IMAGE_REPO, NODE_USER
 
-PREPARE_TIMEOUT_S = 900.0
 INSTALL_TIMEOUT_S = 900.0
 KEEP = 2  # runtime images kept in the cache (the newest)
 READY_MARKER = ".clusterd-ready"  # what clusterd's install_runtime looks for in a venv
-SUMS = "SHA256SUMS"  # clusterd/runtime/wheelhouse.py: every file's digest
 HASHED_REQUIREMENTS = "requirements-hashed.txt"  # every wheel pinned to its digest
 NODE_HOME = f"/home/{NODE_USER}"
 
@@ -36,7 +34,7 @@ NODE_HOME = f"/home/{NODE_USER}"
 # steps are install_runtime's; $1 is KEY.
 INSTALL = f"""set -eu
 key=$1
-cd /mnt && sha256sum --check --strict --quiet {SUMS}
+cd /mnt && sha256sum --check --strict --quiet {WHEELHOUSE_SUMS}
 cd {NODE_HOME}
 venv=.clusterd/venvs/$key
 export PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 HOME={NODE_HOME}
@@ -47,31 +45,6 @@ touch "$venv/{READY_MARKER}"
 ln -sfn "venvs/$key" .clusterd/current
 chown -R {NODE_USER}:{NODE_USER} .clusterd
 """
-
-
-def prepare_wheelhouse(wheelhouse_dir: str) -> str:
-    """clusterd's wheelhouse in wheelhouse_dir (it needs the package index the first time).
-    Returns its KEY directory."""
-    python = os.path.join(VENV_BIN, "python")
-    if not os.access(python, os.X_OK):
-        raise Failure(f"{python} not found: --runtime-image needs the project's venv",
-                      hint="scripts/quickstart or scripts/test makes it")
-    os.makedirs(wheelhouse_dir, mode=0o755, exist_ok=True)
-    log(f"preparing the runtime wheelhouse in {wheelhouse_dir} ...")
-    try:
-        p = subprocess.run([python, "-m", "clusterd", "--prepare-runtime"],
-                           env={**os.environ, "CLUSTERD_WHEELHOUSE_DIR": wheelhouse_dir},
-                           stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                           timeout=PREPARE_TIMEOUT_S)
-    except subprocess.TimeoutExpired as e:
-        raise Failure("clusterd --prepare-runtime timed out") from e
-    lines = p.stdout.strip().splitlines()
-    house = lines[-1].strip() if lines else ""
-    if p.returncode != 0 or not os.path.isfile(os.path.join(house, SUMS)):
-        raise Failure(f"clusterd --prepare-runtime failed (exit {p.returncode}): "
-                      f"{(p.stderr or p.stdout).strip()[-2000:]}",
-                      hint="it needs the package index once per version of clusterd")
-    return house
 
 
 def image_name(node_image: str, key: str) -> str:

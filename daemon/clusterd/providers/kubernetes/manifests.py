@@ -17,6 +17,9 @@ LABEL_CLUSTER = "clusterd-cluster"
 LABEL_ROLE = "clusterd-node-role"
 LABEL_MANAGED_BY = "clusterd-managed-by"
 LABEL_POD = "clusterd-pod"  # a pod's own name: what its SSH Service selects
+# The create token of the launch attempt that made the object (ClusterRequest.create_token).
+# Anyone who can list pods reads it, so it proves only "made by the create that knew it first".
+ANNOTATION_CREATE_TOKEN = "clusterd-create-token"
 PUBLIC_KEY_ENV = "CLUSTERD_SSH_PUBLIC_KEY"
 SSH_PORT = 22
 # Ray keeps its objects in /dev/shm, which a container gets 64 MB of: a memory-backed
@@ -51,9 +54,14 @@ class PodSpec:
     gpus: float = 0
     accelerator: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
+    create_token: str = ""
 
     def selector(self) -> dict[str, str]:
         return {LABEL_CLOUD_NAME: self.cloud_name, LABEL_MANAGED_BY: self.managed_by}
+
+    def metadata(self, name: str, labels: dict[str, str]) -> dict[str, Any]:
+        return {"name": name, "labels": labels,
+                "annotations": {ANNOTATION_CREATE_TOKEN: self.create_token}}
 
 
 def _quantity(value: float) -> str:
@@ -71,7 +79,7 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
     pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "labels": labels},
+        "metadata": spec.metadata(name, labels),
         "spec": {
             # A pod that ended is a node lost: the daemon notices and says so; it must not
             # come back by itself with its disk wiped.
@@ -112,8 +120,8 @@ def ssh_service_manifest(spec: PodSpec, pod: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": ssh_service_name(pod),
-                     "labels": {**spec.selector(), LABEL_CLUSTER: spec.cluster}},
+        "metadata": spec.metadata(ssh_service_name(pod),
+                                  {**spec.selector(), LABEL_CLUSTER: spec.cluster}),
         "spec": {"type": "NodePort", "selector": {LABEL_POD: pod},
                  "ports": [{"name": "ssh", "port": SSH_PORT, "targetPort": SSH_PORT}]},
     }
@@ -125,8 +133,8 @@ def ports_service_manifest(spec: PodSpec, ports: list[tuple[int, int]]) -> dict[
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": ports_service_name(spec.cloud_name),
-                     "labels": {**spec.selector(), LABEL_CLUSTER: spec.cluster}},
+        "metadata": spec.metadata(ports_service_name(spec.cloud_name),
+                                  {**spec.selector(), LABEL_CLUSTER: spec.cluster}),
         "spec": {"type": "NodePort",
                  "selector": {**spec.selector(), LABEL_ROLE: "head"},
                  "ports": [{"name": f"p{p}", "port": p, "targetPort": p} for p in numbers]},

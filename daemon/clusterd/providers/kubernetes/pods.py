@@ -1,7 +1,8 @@
 """A cluster's objects on the API server: made (adopting what a retried or resumed create finds
-there already), waited for (scheduled, running, ready; a pod the scheduler cannot place past
-the provision timeout is capacity, with the scheduler's reason), listed (one call per context
-for every cluster of this daemon), and removed (nothing labelled with the cluster stays).
+there already, if it made it: see _not_made_by), waited for (scheduled, running, ready; a pod
+the scheduler cannot place past the provision timeout is capacity, with the scheduler's
+reason), listed (one call per context for every cluster of this daemon), and removed (nothing
+labelled with the cluster stays).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from clusterd.providers.base import BlockScope, ProvisionError
 from clusterd.providers.kubernetes.api import KubeApi
 from clusterd.providers.kubernetes.handle import KubernetesPod
 from clusterd.providers.kubernetes.manifests import (
+    ANNOTATION_CREATE_TOKEN,
     LABEL_CLOUD_NAME,
     LABEL_MANAGED_BY,
     PodSpec,
@@ -45,8 +47,30 @@ def selector(cloud_name: str | None, managed_by: str) -> str:
     return ",".join(parts)
 
 
+def _not_made_by(found: Any, kind: str, manifest: dict[str, Any],
+                 known_uids: frozenset[str]) -> str | None:
+    """Why an object found under the name of one we create is not ours, or None if it is:
+    a pod is ours if it carries this create's token (a create retried, or resumed after the
+    daemon died) or is one the cluster already had (a repair keeps the nodes that survive;
+    the API server gives uids, nobody can choose one). Labels prove nothing: anyone who can
+    list pods can copy them, and a pod adopted gets the runtime, its secrets and a host key
+    pinned as new. A Service is ours if it carries the token, or selects exactly what ours
+    would (then it reaches nothing ours would not)."""
+    token = manifest["metadata"]["annotations"][ANNOTATION_CREATE_TOKEN]
+    if token and (found.metadata.annotations or {}).get(ANNOTATION_CREATE_TOKEN) == token:
+        return None
+    if kind == "pod":
+        if found.metadata.uid in known_uids:
+            return None
+        return "it was not made by this launch (it lacks this create's token)"
+    if (found.spec.selector or {}) == manifest["spec"]["selector"]:
+        return None
+    return f"it selects {found.spec.selector}, not {manifest['spec']['selector']}"
+
+
 async def _create(api: KubeApi, context: str, kind: str, namespace: str,
-                  manifest: dict[str, Any], managed_by: str) -> None:
+                  manifest: dict[str, Any], managed_by: str,
+                  known_uids: frozenset[str] = frozenset()) -> None:
     """Create one object; one of that name already there is adopted if it is ours."""
     name = manifest["metadata"]["name"]
 
@@ -81,6 +105,15 @@ async def _create(api: KubeApi, context: str, kind: str, namespace: str,
                 f"kubernetes/{context}: a {kind} named {name} exists in namespace {namespace} "
                 f"and is not this clusterd's ({LABEL_MANAGED_BY}: {owner})", BlockScope.FATAL,
                 "launch the cluster under another name")
+        why = _not_made_by(found, kind, manifest, known_uids)
+        if why is not None:
+            # Refused before anything reaches it: no SSH, no runtime, no token, no secrets.
+            raise ProvisionError(
+                f"kubernetes/{context}: refusing the {kind} {name} in namespace {namespace}: "
+                f"{why}, though its labels say it is this clusterd's", BlockScope.FATAL,
+                f"someone else made a {kind} under this cluster's name: find out who "
+                f"(kubectl -n {namespace} get {kind} {name} -o yaml), or launch the cluster "
+                "under another name")
         gone = lost(found) if kind == "pod" else None
         if gone is None:
             logger.info("adopted", kind=kind, name=name, context=context)
@@ -112,13 +145,15 @@ async def _gone(api: KubeApi, context: str, namespace: str, name: str) -> None:
 
 
 async def create(api: KubeApi, context: str, namespace: str, spec: PodSpec, num_nodes: int,
-                 nodeport: bool, ports: list[tuple[int, int]]) -> None:
-    """Every object of the cluster: pods, their SSH Services (nodeport), the ports Service."""
+                 nodeport: bool, ports: list[tuple[int, int]],
+                 known_uids: frozenset[str] = frozenset()) -> None:
+    """Every object of the cluster: pods, their SSH Services (nodeport), the ports Service.
+    known_uids: the pods the cluster has already (a repair), adopted as ours."""
     with first_error():
         async with anyio.create_task_group() as group:
             for index in range(num_nodes):
                 group.start_soon(_create, api, context, "pod", namespace,
-                                 pod_manifest(spec, index), spec.managed_by)
+                                 pod_manifest(spec, index), spec.managed_by, known_uids)
                 if nodeport:
                     group.start_soon(_create, api, context, "service", namespace,
                                      ssh_service_manifest(spec, pod_name(spec.cloud_name, index)),

@@ -12,6 +12,7 @@ stopped: `stop` is refused, and autostop means down.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -53,6 +54,9 @@ DEFAULT_CPUS = 2.0  # SkyPilot's default pod on Kubernetes: 2 CPUs, 8 GB
 DEFAULT_MEMORY_GB = 8.0
 SSH_ATTEMPT_S = 20.0
 CHECK_TIMEOUT_S = 15.0
+# The pods' image where the config names none: a setting of the daemon's environment, so a
+# machine (a test bed, a CI runner) can give every daemon started there its image.
+IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
 
 
 class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
@@ -200,10 +204,11 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         if image_id:
             raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
                                  "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
-        image = self._k8s().image
+        image = self._k8s().image or os.environ.get(IMAGE_ENV, "").strip()
         if not image:
             raise ProvisionError("kubernetes: no image for the pods", BlockScope.FATAL,
-                                 "set kubernetes.image in clusterd's config, or image_id: "
+                                 f"set kubernetes.image in clusterd's config ({IMAGE_ENV} in "
+                                 "the daemon's environment is its default), or image_id: "
                                  "docker:IMAGE in the task (an image with sshd, python3 and "
                                  "rsync; see the README)")
         return image
@@ -216,11 +221,14 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         pair = await anyio.to_thread.run_sync(self._key.ensure)
         spec = PodSpec(request.cloud_name, request.name, self.managed_by, self._image(request),
                        config.image_pull_policy, pair.public_openssh.strip(), cpus, memory,
-                       gpus, accelerator, request.resources.labels)
+                       gpus, accelerator, request.resources.labels, request.create_token)
         nodeport = config.networking_mode == "nodeport"
+        previous = request.previous
+        known = frozenset(p.uid for p in previous.pods if p.uid) if isinstance(
+            previous, KubernetesHandle) and previous.context == context else frozenset()
         try:
             await pods.create(self.api, context, namespace, spec, request.num_nodes, nodeport,
-                              port_ranges(request.resources.ports))
+                              port_ranges(request.resources.ports), known)
         except BaseException:
             # Nothing of a failed attempt stays behind (the next one goes elsewhere).
             with anyio.CancelScope(shield=True), anyio.move_on_after(120):
