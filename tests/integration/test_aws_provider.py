@@ -41,7 +41,13 @@ from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
-from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
+from tests.integration.moto_server import (
+    IN_NETNS,
+    aws_environment,
+    make_loopback_vpc,
+    moto_server,
+    ubuntu_image,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -58,16 +64,7 @@ OTHER_DAEMON = "clusterd-someone-else"
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     scratch = tmp_path_factory.mktemp("moto")
-    # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
-    (scratch / "amis.json").write_text(json.dumps([{
-        "ami_id": IMAGE, "state": "available", "public": True,
-        "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
-        "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
-        "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
-        "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
-        "hypervisor": "xen", "creation_date": "2024-09-27T00:00:00.000Z",
-    }]))
-    with moto_server(scratch, {"MOTO_AMIS_PATH": str(scratch / "amis.json")}) as endpoint:
+    with moto_server(scratch, ubuntu_image(scratch, IMAGE)) as endpoint:
         for region, number in REGIONS.items():
             make_loopback_vpc(endpoint, region, number)
         yield endpoint
@@ -76,22 +73,6 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def ec2(endpoint: str, region: str) -> Any:
     return boto3.client("ec2", region_name=region, endpoint_url=endpoint,
                         aws_access_key_id="testing", aws_secret_access_key="testing")
-
-
-def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
-    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone."""
-    client = ec2(endpoint, region)
-    for vpc in client.describe_vpcs()["Vpcs"]:
-        for subnet in client.describe_subnets(
-                Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])["Subnets"]:
-            client.delete_subnet(SubnetId=subnet["SubnetId"])
-        client.delete_vpc(VpcId=vpc["VpcId"])
-    vpc = client.create_vpc(CidrBlock=f"127.{number}.0.0/16", TagSpecifications=[
-        {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "loopback"}]}])["Vpc"]
-    zones = client.describe_availability_zones()["AvailabilityZones"]
-    for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1):
-        client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
-                             AvailabilityZone=zone)
 
 
 @pytest.fixture
