@@ -25,8 +25,10 @@ iam = boto3.client("iam", region_name="us-east-1")
 """
 # Run on a node: list a bucket with the node's own credentials (the instance profile's, from
 # the metadata service), as a MOUNT's rclone does.
-LIST = ("said=$(rclone lsf --s3-provider AWS --s3-env-auth --s3-region us-east-1 "
-        "--s3-endpoint {endpoint} :s3:{bucket} 2>&1); echo \"{tag} exit $? $said\"")
+# (Provider Other: path-style requests, as the bed's one endpoint needs; as bucket_mount.py.)
+LIST = ("said=$(rclone lsf --s3-provider Other --s3-env-auth --s3-region us-east-1 "
+        "--retries 1 --low-level-retries 1 --s3-endpoint {endpoint} :s3:{bucket} 2>&1); "
+        "echo \"{tag} exit $? $said\"")
 
 
 @pytest.fixture(scope="module")
