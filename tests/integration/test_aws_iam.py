@@ -248,3 +248,32 @@ async def test_another_accounts_bucket_is_refused_and_said_so(buckets: S3Buckets
     message = caught.value.message
     assert THEIR_BUCKET in message and "another AWS account" in message, message
     assert "docs/aws-iam-policy.json" in caught.value.hint
+
+
+async def test_a_teardown_does_not_need_iam_rights_when_no_bucket_was_granted(
+        bed: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials without IAM rights (a user who mounts no bucket needs none) launch and tear
+    down: removing the cluster's grant is refused, said in the log, and the rest goes on."""
+    policy = json.loads(README_POLICY.read_text())
+    policy["Statement"] = [s for s in policy["Statement"] if s["Sid"] != "ClusterdNodeRole"]
+    keys = user_with_policy_enforced(bed, "no-iam", json.dumps(policy))
+    env = aws_environment(tmp_path, bed["endpoint"], ("ec2", "sts", "iam", "s3"), monkeypatch,
+                          keys=keys)
+    config = parse(env / "config.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n")
+    aws = AWSProvider(lambda: config, SSHConnections(HostKeyStore(env / "known_hosts")),
+                      DaemonKey(env / "ssh"), "clusterd-no-iam")
+    want = request("no-iam")
+    try:
+        handle = await aws.create(want, (await aws.placements(want))[0])
+        await aws.terminate(want.cloud_name, handle)
+        await aws.cleanup_ports(want.cloud_name, handle)
+        assert not client("ec2", bed["endpoint"], bed["admin"]).describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": [f"clusterd-{want.cloud_name}"]}])[
+            "SecurityGroups"]
+    finally:
+        await aws.aclose()
+
+
+def user_with_policy_enforced(bed: dict[str, Any], name: str, document: str) -> Keys:
+    with enforcement_off(bed["endpoint"]):
+        return user_with_policy(bed["endpoint"], name, document)

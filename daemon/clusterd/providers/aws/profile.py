@@ -102,10 +102,11 @@ class InstanceProfiles:
         except ProvisionError as exc:
             if exc.message.startswith("NoSuchEntity"):
                 return None
-            raise ProvisionError(f"cannot set up the nodes' access to S3: {exc.message}",
+            raise ProvisionError(f"the nodes' access to S3: IAM {operation} on {self.role} "
+                                 f"failed: {exc.message}",
                                  BlockScope.FATAL,
-                                 f"clusterd needs the IAM rights README's AWS policy lists on "
-                                 f"role and instance profile {self.role} (iam:{operation} "
+                                 "give clusterd's credentials the rights in "
+                                 f"docs/aws-iam-policy.json (iam:{operation} on {self.role} "
                                  "among them)") from None
 
     async def ensure(self, cloud_name: str, buckets: tuple[str, ...]) -> str:
