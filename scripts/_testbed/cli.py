@@ -55,6 +55,12 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     up.add_argument("--regions", default=",".join(DEFAULT_REGIONS))
     up.add_argument("--netns", default=None,
                     help="default: $CLUSTERD_TESTBED_EC2_NETNS or clusterd-ec2")
+    up.add_argument("--iam", action="store_true",
+                    help="enforce IAM as AWS does: every request is checked against its "
+                         "caller's policies; `exec` gets the keys of a user holding exactly "
+                         "README's policy (docs/aws-iam-policy.json; DIR/aws/admin-credentials "
+                         "are allowed everything), and account 222222222222 owns bucket "
+                         "testbed-other-account")
     up.add_argument("--no-wheelhouse", action="store_true",
                     help="do not build the runtime wheelhouse (which needs the package index)")
     up.add_argument("--runtime-image", action="store_true",

@@ -54,9 +54,13 @@ class EC2Bed:
         return subprocess.run([sys.executable, TESTBED, "ec2", *args, "--dir", str(self.dir)],
                               capture_output=True, text=True, timeout=timeout)
 
-    def python(self, code: str) -> str:
+    def python(self, code: str, admin: bool = False) -> str:
+        """Run code in the bed with its AWS settings; `admin`: with keys allowed everything
+        (a bed up with --iam gives `exec` the keys of README's policy)."""
+        env = {**self.env, "AWS_SHARED_CREDENTIALS_FILE": str(self.dir / "aws/admin-credentials")
+               } if admin else self.env
         done = subprocess.run(["ip", "netns", "exec", self.netns, sys.executable, "-c", code],
-                              env=self.env, capture_output=True, text=True, timeout=120)
+                              env=env, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -146,11 +150,14 @@ class EC2Bed:
 
 
 @contextlib.contextmanager
-def ec2_bed() -> Iterator[EC2Bed]:
+def ec2_bed(iam: bool = False) -> Iterator[EC2Bed]:
+    """A bed of its own; `iam`: enforcing IAM (`up --iam`), without a runtime image."""
     bed_dir = short_tempdir("cdec2-")
-    netns = f"cde2e-{os.getpid()}"  # not the bed integration tests' name (same process)
+    # Not the bed integration tests' name (same process), nor the other e2e bed's.
+    netns = f"cde2e-{os.getpid()}{'-iam' if iam else ''}"
     up = subprocess.run([sys.executable, TESTBED, "ec2", "up", "--dir", str(bed_dir),
-                         "--netns", netns, "--regions", REGIONS, "--runtime-image"],
+                         "--netns", netns, "--regions", REGIONS,
+                         *(["--iam"] if iam else ["--runtime-image"])],
                         capture_output=True, text=True, timeout=900)
     try:
         assert up.returncode == 0, up.stdout + up.stderr

@@ -117,7 +117,8 @@ s3.upload_file({str(big)!r}, {data!r}, "ds/big.bin")
                if "WHOAMI " in line]
         nodes = {i["id"] for i in live(instances_of(ec2, "profiled"))}
         assert {w["instance"] for w in who} == nodes and len(nodes) == 2, (who, nodes)
-        assert all(w["v1"] == 401 and w["role"] == "clusterd-node" and
+        role = (daemon.state_dir / "daemon-id").read_text().strip() + "-node"
+        assert all(w["v1"] == 401 and w["role"] == role and
                    w["code"] == "Success" and w["temporary"] for w in who), who
         assert bucket_keys(ec2, ckpt) == ["rank-0.txt", "rank-1.txt"]
     finally:

@@ -4,18 +4,22 @@ for the integration modules that run in a network namespace with only `lo`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import boto3
 import pytest
 
 from tests.support import wait_for
 
 IN_NETNS = "CLUSTERD_TEST_IN_NETNS"
+IAM_AUTH = Path(__file__).resolve().parents[2] / "scripts/_testbed/ec2/iam_auth.py"
 
 
 def free_port() -> int:
@@ -25,16 +29,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def moto_server(scratch: Path, env: dict[str, str] | None = None) -> Iterator[str]:
-    """Start moto_server, wait until it answers, yield its URL; stop it by its PID."""
+def moto_server(scratch: Path, env: dict[str, str] | None = None,
+                iam_faithful: bool = False) -> Iterator[str]:
+    """Start moto_server, wait until it answers, yield its URL; stop it by its PID.
+    `iam_faithful`: with IAM's resource ARNs for role and profile calls (the bed's
+    iam_auth.py), for tests that turn moto's IAM enforcement on."""
     interfaces = sorted(name for _, name in socket.if_nameindex())
     assert interfaces == ["lo"], f"not in a namespace with only lo: {interfaces}"
     port = free_port()
     with open(scratch / "moto.log", "wb") as out:
+        program = ([sys.executable, str(IAM_AUTH)] if iam_faithful
+                   else [str(Path(sys.executable).with_name("moto_server"))])
         server = subprocess.Popen(
-            [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p",
-             str(port)], stdout=out, stderr=out, start_new_session=True,
-            env={**os.environ, **(env or {})})
+            [*program, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=out,
+            start_new_session=True, env={**os.environ, **(env or {})})
 
     def answers() -> bool:
         try:
@@ -52,12 +60,14 @@ def moto_server(scratch: Path, env: dict[str, str] | None = None) -> Iterator[st
 
 
 def aws_environment(directory: Path, endpoint: str, services: tuple[str, ...],
-                    monkeypatch: pytest.MonkeyPatch) -> Path:
-    """This process's AWS settings, and nothing else's: a throw-away credentials file and
-    config in `directory`, `services` pointed at `endpoint`, instance metadata never asked."""
+                    monkeypatch: pytest.MonkeyPatch,
+                    keys: tuple[str, str] = ("testing", "testing")) -> Path:
+    """This process's AWS settings, and nothing else's: a throw-away credentials file (of
+    `keys`) and config in `directory`, `services` pointed at `endpoint`, instance metadata
+    never asked."""
     credentials = directory / "credentials"
-    credentials.write_text("[default]\naws_access_key_id = testing\n"
-                           "aws_secret_access_key = testing\n")
+    credentials.write_text(f"[default]\naws_access_key_id = {keys[0]}\n"
+                           f"aws_secret_access_key = {keys[1]}\n")
     config = directory / "config"
     config.write_text("[default]\nregion = us-east-1\n")
     for name in list(os.environ):
@@ -69,3 +79,34 @@ def aws_environment(directory: Path, endpoint: str, services: tuple[str, ...],
         monkeypatch.setenv(f"AWS_ENDPOINT_URL_{service.upper()}", endpoint)
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     return directory
+
+
+def ubuntu_image(scratch: Path, image: str) -> dict[str, str]:
+    """moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id, as
+    `image`. Returns the environment moto_server needs for it."""
+    (scratch / "amis.json").write_text(json.dumps([{
+        "ami_id": image, "state": "available", "public": True,
+        "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
+        "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
+        "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
+        "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
+        "hypervisor": "xen", "creation_date": "2024-09-27T00:00:00.000Z",
+    }]))
+    return {"MOTO_AMIS_PATH": str(scratch / "amis.json")}
+
+
+def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
+    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone."""
+    client: Any = boto3.client("ec2", region_name=region, endpoint_url=endpoint,
+                               aws_access_key_id="testing", aws_secret_access_key="testing")
+    for vpc in client.describe_vpcs()["Vpcs"]:
+        for subnet in client.describe_subnets(
+                Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])["Subnets"]:
+            client.delete_subnet(SubnetId=subnet["SubnetId"])
+        client.delete_vpc(VpcId=vpc["VpcId"])
+    vpc = client.create_vpc(CidrBlock=f"127.{number}.0.0/16", TagSpecifications=[
+        {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "loopback"}]}])["Vpc"]
+    zones = client.describe_availability_zones()["AvailabilityZones"]
+    for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1):
+        client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
+                             AvailabilityZone=zone)

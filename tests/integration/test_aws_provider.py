@@ -41,7 +41,13 @@ from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
-from tests.integration.moto_server import IN_NETNS, aws_environment, moto_server
+from tests.integration.moto_server import (
+    IN_NETNS,
+    aws_environment,
+    make_loopback_vpc,
+    moto_server,
+    ubuntu_image,
+)
 
 pytestmark = [
     pytest.mark.anyio,
@@ -58,16 +64,7 @@ OTHER_DAEMON = "clusterd-someone-else"
 @pytest.fixture(scope="module")
 def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     scratch = tmp_path_factory.mktemp("moto")
-    # moto's documented way to preload images: Ubuntu 22.04 under Canonical's owner id.
-    (scratch / "amis.json").write_text(json.dumps([{
-        "ami_id": IMAGE, "state": "available", "public": True,
-        "owner_id": "099720109477", "root_device_type": "ebs", "root_device_name": "/dev/sda1",
-        "description": "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image",
-        "image_type": "machine", "architecture": "x86_64", "virtualization_type": "hvm",
-        "name": "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
-        "hypervisor": "xen", "creation_date": "2024-09-27T00:00:00.000Z",
-    }]))
-    with moto_server(scratch, {"MOTO_AMIS_PATH": str(scratch / "amis.json")}) as endpoint:
+    with moto_server(scratch, ubuntu_image(scratch, IMAGE)) as endpoint:
         for region, number in REGIONS.items():
             make_loopback_vpc(endpoint, region, number)
         yield endpoint
@@ -76,22 +73,6 @@ def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def ec2(endpoint: str, region: str) -> Any:
     return boto3.client("ec2", region_name=region, endpoint_url=endpoint,
                         aws_access_key_id="testing", aws_secret_access_key="testing")
-
-
-def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
-    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone."""
-    client = ec2(endpoint, region)
-    for vpc in client.describe_vpcs()["Vpcs"]:
-        for subnet in client.describe_subnets(
-                Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])["Subnets"]:
-            client.delete_subnet(SubnetId=subnet["SubnetId"])
-        client.delete_vpc(VpcId=vpc["VpcId"])
-    vpc = client.create_vpc(CidrBlock=f"127.{number}.0.0/16", TagSpecifications=[
-        {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "loopback"}]}])["Vpc"]
-    zones = client.describe_availability_zones()["AvailabilityZones"]
-    for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1):
-        client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
-                             AvailabilityZone=zone)
 
 
 @pytest.fixture
@@ -535,33 +516,111 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         await daemon.db.close()
 
 
-async def test_buckets_are_granted_through_one_instance_profile(
+def iam_client(endpoint: str) -> Any:
+    return boto3.client("iam", region_name="us-east-1", endpoint_url=endpoint,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+def role_grants(endpoint: str, role: str) -> set[str]:
+    """The buckets the role's inline policies grant, together."""
+    iam = iam_client(endpoint)
+    return set().union(*(profile.granted_buckets(
+        iam.get_role_policy(RoleName=role, PolicyName=name)["PolicyDocument"])
+        for name in iam.list_role_policies(RoleName=role)["PolicyNames"]))
+
+
+def node_role(endpoint: str, instance: str) -> str:
+    """The role of the instance profile an instance holds."""
+    associations = ec2(endpoint, "us-east-1").describe_iam_instance_profile_associations(
+        Filters=[{"Name": "instance-id", "Values": [instance]}])[
+        "IamInstanceProfileAssociations"]
+    name = associations[0]["IamInstanceProfile"]["Arn"].split("/")[-1]
+    roles = iam_client(endpoint).get_instance_profile(InstanceProfileName=name)[
+        "InstanceProfile"]["Roles"]
+    assert len(roles) == 1, roles
+    return str(roles[0]["RoleName"])
+
+
+async def test_buckets_are_granted_through_the_daemons_instance_profile(
         provider: AWSProvider, moto: str) -> None:
-    """The role is made once; each grant adds the buckets it names to its policy (none is
-    dropped); every instance holds the profile."""
-    iam = boto3.client("iam", region_name="us-east-1", endpoint_url=moto,
-                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    """The daemon's role is made once; each grant adds the buckets it names to the cluster's
+    policy (none is dropped while the cluster lives); every instance holds the profile."""
+    iam = iam_client(moto)
+    role = profile.role_name(provider.managed_by)
     want = request("granted", nodes=2, cpus=2, infra="aws/us-east-1")
     handle = await provider.create(want, (await provider.placements(want))[0])
     try:
         assert await provider.grant_buckets(want.cloud_name, handle, ("ckpt", "data")) is True
         assert await provider.grant_buckets(want.cloud_name, handle, ("more",)) is True
-        policy = iam.get_role_policy(RoleName=profile.ROLE, PolicyName=profile.POLICY)
+        policy = iam.get_role_policy(RoleName=role,
+                                     PolicyName=profile.cluster_policy_name(want.cloud_name))
         assert profile.granted_buckets(policy["PolicyDocument"]) == {"ckpt", "data", "more"}
         statements = {s["Sid"]: s for s in policy["PolicyDocument"]["Statement"]}
         assert statements["Objects"]["Resource"] == [
             "arn:aws:s3:::ckpt/*", "arn:aws:s3:::data/*", "arn:aws:s3:::more/*"]
         assert "s3:PutObject" in statements["Objects"]["Action"]
         assert "s3:DeleteBucket" not in statements["Buckets"]["Action"]
-        trust = iam.get_role(RoleName=profile.ROLE)["Role"]["AssumeRolePolicyDocument"]
+        trust = iam.get_role(RoleName=role)["Role"]["AssumeRolePolicyDocument"]
         assert "ec2.amazonaws.com" in json.dumps(trust)
-        assert len(iam.list_roles()["Roles"]) == 1
         associations = ec2(moto, "us-east-1").describe_iam_instance_profile_associations()[
             "IamInstanceProfileAssociations"]
         held = {a["InstanceId"]: a["IamInstanceProfile"]["Arn"] for a in associations}
-        arn = iam.get_instance_profile(InstanceProfileName=profile.ROLE)[
-            "InstanceProfile"]["Arn"]
-        assert held == {n.id: arn for n in handle.nodes}, held
+        arn = iam.get_instance_profile(InstanceProfileName=role)["InstanceProfile"]["Arn"]
+        assert {i: held[i] for i in handle.instance_ids} == {n.id: arn for n in handle.nodes}
     finally:
         await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
 
+
+async def test_two_daemons_in_one_account_grant_each_its_own_buckets(
+        provider: AWSProvider, moto: str, env: Path) -> None:
+    """Another daemon's grants never reach this daemon's nodes, nor overwrite its own: each
+    daemon's nodes hold a role of its own, granting only its clusters' buckets."""
+    other = AWSProvider(provider._config, SSHConnections(HostKeyStore(env / "known_hosts")),
+                        DaemonKey(env / "ssh-other"), OTHER_DAEMON)
+    mine, theirs = request("mine-b", cpus=2, infra="aws/us-east-1"), request(
+        "theirs-b", cpus=2, infra="aws/us-east-1")
+    my_handle = await provider.create(mine, (await provider.placements(mine))[0])
+    their_handle = await other.create(theirs, (await other.placements(theirs))[0])
+    try:
+        await provider.grant_buckets(mine.cloud_name, my_handle, ("my-data",))
+        await other.grant_buckets(theirs.cloud_name, their_handle, ("their-data",))
+        await provider.grant_buckets(mine.cloud_name, my_handle, ("my-ckpt",))
+        my_role = node_role(moto, my_handle.nodes[0].id)
+        their_role = node_role(moto, their_handle.nodes[0].id)
+        assert role_grants(moto, my_role) == {"my-data", "my-ckpt"}
+        assert role_grants(moto, their_role) == {"their-data"}
+        assert my_role == profile.role_name(provider.managed_by)
+    finally:
+        for aws, want, handle in ((provider, mine, my_handle), (other, theirs, their_handle)):
+            await aws.terminate(want.cloud_name, handle)
+            await aws.cleanup_ports(want.cloud_name, handle)
+        await other.aclose()
+
+
+async def test_a_buckets_grant_goes_with_the_last_cluster_using_it(
+        provider: AWSProvider, moto: str) -> None:
+    """When a cluster goes, the role stops granting its buckets, except those another of this
+    daemon's clusters still uses."""
+    first, second = request("first-b", cpus=2, infra="aws/us-east-1"), request(
+        "second-b", cpus=2, infra="aws/us-east-1")
+    handles = {want.cloud_name: await provider.create(want, (await provider.placements(
+        want))[0]) for want in (first, second)}
+    try:
+        await provider.grant_buckets(first.cloud_name, handles[first.cloud_name],
+                                     ("shared", "only-first"))
+        await provider.grant_buckets(second.cloud_name, handles[second.cloud_name],
+                                     ("shared",))
+        role = node_role(moto, handles[second.cloud_name].nodes[0].id)
+        assert role_grants(moto, role) == {"shared", "only-first"}
+        await provider.terminate(first.cloud_name, handles[first.cloud_name])
+        await provider.cleanup_ports(first.cloud_name, handles[first.cloud_name])
+        assert role_grants(moto, role) == {"shared"}
+        await provider.terminate(second.cloud_name, handles[second.cloud_name])
+        await provider.cleanup_ports(second.cloud_name, handles[second.cloud_name])
+        assert role_grants(moto, role) == set()
+        # Gone is success: a teardown tried again removes nothing more, and fails nothing.
+        await provider.cleanup_ports(first.cloud_name, handles[first.cloud_name])
+    finally:
+        for want in (first, second):
+            await provider.terminate(want.cloud_name, handles[want.cloud_name])

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ["tests/integration/test_aws_provider.py", "tests/integration/test_s3_storage.py"]
+MODULES = ["tests/integration/test_aws_provider.py", "tests/integration/test_s3_storage.py",
+           "tests/integration/test_aws_iam.py"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),

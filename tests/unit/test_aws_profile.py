@@ -23,3 +23,11 @@ def test_objects_are_granted_inside_the_named_buckets_only() -> None:
     assert statements["Objects"]["Resource"] == ["arn:aws:s3:::ckpt/*"]
     assert not any("*" in a.split(":", 1)[1] for s in statements.values()
                    for a in s["Action"])
+
+
+def test_each_daemon_has_a_role_of_its_own_that_iam_accepts() -> None:
+    assert profile.role_name("clusterd-3fa9c1d2e4b5") == "clusterd-3fa9c1d2e4b5-node"
+    assert profile.role_name("clusterd-a") != profile.role_name("clusterd-b")
+    long = profile.role_name("clusterd-" + "x" * 100 + " /odd")
+    assert len(long) <= 64 and long.endswith("-node")
+    assert profile.cluster_policy_name("train/1 x") == "buckets-train-1-x"

@@ -59,6 +59,14 @@ class UploadReport:
     links_left_out: tuple[str, ...] = ()
 
 
+# S3 answers a HEAD with a bare 403 both for another account's bucket and for a bucket of
+# this account that the credentials have no rights on: the message names both.
+REFUSED = ("no permission to {d} bucket {b}: it belongs to another AWS account, or the "
+           "credentials clusterd uses lack s3 rights on it",
+           "check the bucket's name; the rights clusterd needs are in README's AWS policy "
+           "(docs/aws-iam-policy.json); `clusterctl check` shows whose credentials it uses")
+
+
 def storage_error(exc: BaseException, bucket: str, doing: str) -> StorageError:
     """What S3 said, as a StorageError about `bucket` with a hint for the common causes."""
     if isinstance(exc, StorageError):
@@ -69,10 +77,8 @@ def storage_error(exc: BaseException, bucket: str, doing: str) -> StorageError:
                          "without a source so clusterd makes it"),
         "404": ("bucket {b} does not exist", "check its name, or give `name:` without a "
                 "source so clusterd makes it"),
-        "AccessDenied": ("no permission to {d} bucket {b}", "the credentials clusterd uses "
-                         "(see `clusterctl check`) need s3 rights on it"),
-        "403": ("no permission to {d} bucket {b}", "the credentials clusterd uses (see "
-                "`clusterctl check`) need s3 rights on it"),
+        "AccessDenied": REFUSED,
+        "403": REFUSED,
         "AllAccessDisabled": ("no permission to {d} bucket {b}", ""),
         "BucketAlreadyExists": ("bucket name {b} is taken by another AWS account",
                                 "bucket names are global: choose another name"),

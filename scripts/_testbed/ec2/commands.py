@@ -123,6 +123,10 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
             raise Failure(f"the bed in {paths.dir} runs in namespace {state.get('netns')}, "
                           f"not {args.netns}", hint="ec2 down first, or another --dir")
         if state is not None and controller_pid(paths, state) is not None:
+            if bool(state.get("iam")) != args.iam:
+                raise Failure(f"the bed in {paths.dir} is up "
+                              f"{'enforcing' if state.get('iam') else 'not enforcing'} IAM",
+                              hint="ec2 down first to change --iam")
             extend_bed(paths, state, regions)
         else:
             netns = args.netns or (state or {}).get("netns") or default_netns()
@@ -131,7 +135,7 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
                      f"making it again")
                 kept_image = state.get("runtime_image")
                 teardown(paths, state, keep=("wheelhouse", "images"))
-            state = create_bed(paths, netns, regions)
+            state = create_bed(paths, netns, regions, args.iam)
             if kept_image:
                 state["runtime_image"] = kept_image
         # The bed is registered now, so the node user stays; the image is built without holding
@@ -174,7 +178,7 @@ def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,
     save_state(paths, state)
 
 
-def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> dict[str, Any]:
+def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool) -> dict[str, Any]:
     if not host_setup.NETNS_RE.match(netns):
         raise Failure(f"--netns {netns!r} is not a usable namespace name")
     others = host_setup.live_beds()
@@ -187,7 +191,7 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> dict[str, Any
     # Record what we are about to make before making it, so `down` can always clean up.
     os.makedirs(paths.dir, mode=0o755, exist_ok=True)
     state: dict[str, Any] = {"version": 1, "dir": paths.dir, "netns": netns, "regions": regions,
-                             "controller_pid": None}
+                             "controller_pid": None, "iam": iam}
     save_state(paths, state)
     host_setup.register(paths, netns)
 
@@ -207,7 +211,7 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str]) -> dict[str, Any
         env["PYTHONPATH"] = SCRIPTS
         proc = subprocess.Popen(
             ["ip", "netns", "exec", netns, VENV_PYTHON, "-m", CONTROLLER_MODULE,
-             "--dir", paths.dir, "--regions", ",".join(regions)],
+             "--dir", paths.dir, "--regions", ",".join(regions), *(["--iam"] if iam else [])],
             stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, cwd="/", env=env,
             start_new_session=True, close_fds=True)
     state["controller_pid"] = proc.pid  # `ip netns exec` execs the controller: same pid

@@ -9,13 +9,15 @@ instance metadata service on 169.254.169.254 (imds.py), the regions and their im
 (network.py), the watcher that boots a node per running instance (watcher.py), the firewall
 that enforces security groups (firewall.py), and answers the command line on DIR/control.sock
 (control.py). It is ready once that socket answers `ping`. SIGTERM stops it, and every node
-with it.
+with it. With --iam, moto checks every request against its caller's IAM policies, as AWS does
+(accounts.py, iam_auth.py); the controller's own calls use an admin's keys.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import logging
 import os
 import signal
@@ -25,7 +27,7 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
-from _testbed.ec2 import addresses, network, renumber
+from _testbed.ec2 import accounts, addresses, iam_auth, network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
@@ -56,8 +58,10 @@ SPOT_REASON = ("Server.SpotInstanceTermination",
 class Bed:
     """What the control socket's requests act on. Methods raise RequestError to refuse."""
 
-    def __init__(self, paths: BedPaths, regions: list[str]) -> None:
+    def __init__(self, paths: BedPaths, regions: list[str], iam: bool = False) -> None:
         self.paths = paths
+        self.iam = iam
+        self._keys = (ACCESS_KEY_ID, SECRET_ACCESS_KEY)  # of the controller's own calls
         self.regions: list[str] = []
         self._clients: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -81,6 +85,9 @@ class Bed:
         self.moto = moto.server.ThreadedMotoServer(ip_address=assert_loopback(MOTO_IP),
                                                    port=MOTO_PORT, verbose=False)
         self.moto.start()
+        if self.iam:
+            iam_auth.install()
+            self._keys = accounts.bootstrap(self.paths)
         self.add_regions(self._wanted)
         self.api_server = ApiServer((assert_loopback(API_IP), API_PORT), (MOTO_IP, MOTO_PORT),
                                     self.endpoint)
@@ -89,13 +96,16 @@ class Bed:
         self.node_api_server = ApiServer((assert_loopback(SERVICE_IP), API_PORT),
                                          (MOTO_IP, MOTO_PORT), self.endpoint)
         self.imds = ImdsServer(Metadata(self.instance_at, lambda: self.client("iam"),
-                                        lambda: self.client("sts")))
+                                        self.assume_role))
         for name, server in (("api", self.api_server), ("node-api", self.node_api_server),
                              ("imds", self.imds)):
             threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
         self.firewall.start()
         self.watcher.start()
-        log.info("moto on %s, the API on http://%s:%d", MOTO_URL, API_IP, API_PORT)
+        if self.iam:
+            accounts.enforce()
+        log.info("moto on %s, the API on http://%s:%d%s", MOTO_URL, API_IP, API_PORT,
+                 " (enforcing IAM)" if self.iam else "")
 
     def stop(self) -> None:
         self.endpoint.stopping.set()
@@ -122,7 +132,7 @@ class Bed:
                 import boto3
 
                 client = boto3.session.Session(
-                    aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
+                    aws_access_key_id=self._keys[0], aws_secret_access_key=self._keys[1],
                     region_name=region).client("ec2", endpoint_url=MOTO_URL)
                 # The controller's own changes (a preemption, a node's shutdown) bypass the
                 # endpoint: the firewall hears of them here.
@@ -140,9 +150,22 @@ class Bed:
                 import boto3
 
                 self._clients[service] = boto3.session.Session(
-                    aws_access_key_id=ACCESS_KEY_ID, aws_secret_access_key=SECRET_ACCESS_KEY,
+                    aws_access_key_id=self._keys[0], aws_secret_access_key=self._keys[1],
                     region_name="us-east-1").client(service, endpoint_url=MOTO_URL)
             return self._clients[service]
+
+    def assume_role(self, role_arn: str, session: str, seconds: int) -> dict[str, Any]:
+        """An instance profile's role's credentials, as EC2 gets them: from STS, as the EC2
+        service (which the role trusts), not as a caller whose own policies IAM checks."""
+        from moto.sts.models import sts_backends
+
+        made = sts_backends[ACCOUNT_ID]["aws"].assume_role(
+            region_name="us-east-1", role_session_name=session, role_arn=role_arn,
+            policy=None, duration=seconds, external_id=None)
+        expiration = made.expiration if made.expiration.tzinfo else made.expiration.replace(
+            tzinfo=datetime.UTC)
+        return {"AccessKeyId": made.access_key_id, "SecretAccessKey": made.secret_access_key,
+                "SessionToken": made.session_token, "Expiration": expiration}
 
     def instance_at(self, ip: str) -> Instance | None:
         """The running instance whose private address is ip (what the metadata service
@@ -300,6 +323,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="controller")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--regions", required=True)
+    ap.add_argument("--iam", action="store_true")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -310,7 +334,7 @@ def main(argv: list[str]) -> int:
         return 1
     network.setup_bed_namespace()
     paths = BedPaths(os.path.abspath(args.dir))
-    bed = Bed(paths, args.regions.split(","))
+    bed = Bed(paths, args.regions.split(","), iam=args.iam)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())

@@ -44,11 +44,12 @@ class Instance:
 
 class Metadata:
     """What the handler answers from. `find(ip)` gives the running instance with that private
-    address, or None; `iam()` and `sts()` boto3 clients to moto."""
+    address, or None; `iam()` a boto3 client to moto; `assume(role ARN, session name,
+    seconds)` a role's temporary credentials as STS's AssumeRole gives them."""
 
     def __init__(self, find: Callable[[str], Instance | None], iam: Callable[[], Any],
-                 sts: Callable[[], Any]) -> None:
-        self.find, self.iam, self.sts = find, iam, sts
+                 assume: Callable[[str, str, int], dict[str, Any]]) -> None:
+        self.find, self.iam, self.assume = find, iam, assume
         self._lock = threading.Lock()
         self._tokens: dict[str, tuple[str, float]] = {}  # token -> (address, expiry)
         self._credentials: dict[tuple[str, str], dict[str, str]] = {}  # (id, role) -> creds
@@ -86,8 +87,7 @@ class Metadata:
         if found is not None and _parse(found["Expiration"]) - now > datetime.timedelta(
                 seconds=RENEW_BEFORE_S):
             return found
-        made = self.sts().assume_role(RoleArn=role_arn, RoleSessionName=instance.id,
-                                      DurationSeconds=CREDENTIALS_S)["Credentials"]
+        made = self.assume(role_arn, instance.id, CREDENTIALS_S)
         found = {
             "Code": "Success", "LastUpdated": _format(now), "Type": "AWS-HMAC",
             "AccessKeyId": made["AccessKeyId"], "SecretAccessKey": made["SecretAccessKey"],

@@ -149,6 +149,11 @@ class BedPaths:
         return self._p("aws", "credentials")
 
     @property
+    def admin_credentials(self) -> str:
+        """With --iam: keys allowed everything, for looks behind clusterd's back."""
+        return self._p("aws", "admin-credentials")
+
+    @property
     def clusterd_yaml(self) -> str:
         return self._p("clusterd.yaml")
 

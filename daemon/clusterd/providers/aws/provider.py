@@ -96,7 +96,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         self.on_foreign = on_foreign
         self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
         self._network = ClusterNetwork(self.api, managed_by)
-        self._profiles = InstanceProfiles(self.api)
+        self._profiles = InstanceProfiles(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
 
     @classmethod
@@ -525,8 +525,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
                                            port_ranges(ports))
 
     async def cleanup_ports(self, cloud_name: str, handle: AWSHandle) -> None:
-        """Remove the cluster's security group, once no instance of it holds it (another
-        clusterd's of the same name is left alone, and reported)."""
+        """Remove what the cluster had around its nodes: its grant of buckets, and its security
+        group once no instance of it holds it (another clusterd's of the same name is left
+        alone, and reported)."""
+        await self._profiles.release(cloud_name)
         if handle.region:
             foreign = await self._network.remove_security_groups(handle.region, cloud_name)
             if foreign:
@@ -547,7 +549,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     async def grant_buckets(self, cloud_name: str, handle: AWSHandle,
                             buckets: tuple[str, ...]) -> bool:
-        arn = await self._profiles.ensure(buckets)
+        arn = await self._profiles.ensure(cloud_name, buckets)
         await self._profiles.associate(handle.region, [n.id for n in handle.nodes], arn)
         return True
 
