@@ -74,8 +74,9 @@ class Columns:
     """Views sent as {columns, rows, optional} (status with `columns`): the field names once,
     then a row of values per view. The columns are the first Packed view's fields (every
     Packed view of one reply is made by the same code, with the same fields in the same
-    order), then any other field some plain view has: those are `optional`, null in the rows
-    of views without them (clusterctl.protocol.views_of reads it back)."""
+    order; with no Packed view, the fields every view has), then any other field some plain
+    view has. Fields some view lacks are `optional`: null in its row, read back as absent by
+    clusterctl.protocol.views_of."""
 
     __slots__ = ("views",)
 
@@ -83,25 +84,31 @@ class Columns:
         self.views = views
 
     def encode(self, packer: msgpack.Packer) -> bytes:
+        plain = [v for v in self.views if type(v) is not Packed]
         first = next((v for v in self.views if type(v) is Packed), None)
-        columns = list(first if first is not None else self.views[0] if self.views else ())
+        if first is not None:
+            columns = list(first)
+        else:  # only plain views: the fields every one of them has
+            columns = [k for k in (plain[0] if plain else ()) if all(k in v for v in plain)]
         known = set(columns)
-        optional = []
-        for view in self.views:
-            if type(view) is not Packed:
-                for key in view:
-                    if key not in known:
-                        known.add(key)
-                        optional.append(key)
-        columns += optional
+        extra = []
+        for view in plain:
+            for key in view:
+                if key not in known:
+                    known.add(key)
+                    extra.append(key)
+        # A Packed field some plain view lacks reads back absent there too.
+        lacking = [k for k in columns if any(k not in v for v in plain)]
+        optional = lacking + extra
+        columns += extra
         width = len(columns)
         row_header = packer.pack_array_header(width)
-        nulls = packer.pack(None) * len(optional)
+        nulls = packer.pack(None) * len(extra)
         parts = [packer.pack_map_header(3), packer.pack("columns"), packer.pack(columns),
                  packer.pack("optional"), packer.pack(optional),
                  packer.pack("rows"), packer.pack_array_header(len(self.views))]
         for view in self.views:
-            if type(view) is Packed and len(view) + len(optional) == width:
+            if type(view) is Packed and len(view) + len(extra) == width:
                 parts.append(row_header + view.row_values + nulls)
             else:
                 parts.append(packer.pack([view.get(c) for c in columns]))

@@ -130,7 +130,7 @@ def test_task_warnings_come_before_any_node_is_made(shared_daemon: Daemon,
                                                     tmp_path: Path) -> None:
     task = tmp_path / "spot.yaml"
     task.write_text("resources:\n  use_spot: true\n  disk_tier: high\nrun: echo hi\n")
-    done = shared_daemon.ctl("launch", "-c", "warned", str(task))
+    done = shared_daemon.ctl("launch", "-c", "warned-first", str(task))
     try:
         assert done.returncode == 0, done.stderr
         lines = done.stderr.splitlines()
@@ -140,4 +140,4 @@ def test_task_warnings_come_before_any_node_is_made(shared_daemon: Daemon,
         assert spot < making and tier < making, done.stderr
         assert done.stderr.count("resources.use_spot") == 1
     finally:
-        shared_daemon.ctl("down", "-y", "warned")
+        shared_daemon.ctl("down", "-y", "warned-first")

@@ -150,7 +150,18 @@ def ray_processes(run_dir: Path) -> list[str]:
     """The command lines of a node's `ray start` and everything it started."""
     record = json.loads((run_dir / "ray.pid").read_text())
     started = psutil.Process(int(record["pid"]))
-    return [" ".join(p.cmdline()) for p in [started, *started.children(recursive=True)]]
+    commands = []
+    for process in [started, *started.children(recursive=True)]:
+        command = command_of(process)
+        # A child forked but not yet exec'd (a raylet starting a worker) still shows its
+        # parent's command line: it is not a process of its own kind.
+        try:
+            parent = process.parent()
+        except psutil.NoSuchProcess:
+            parent = None
+        if command and (parent is None or command != command_of(parent)):
+            commands.append(command)
+    return commands
 
 
 def test_each_node_runs_only_the_ray_processes_we_use(agent_cluster: AgentCluster) -> None:
