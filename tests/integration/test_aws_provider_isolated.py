@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from clusterd.config import Settings
+from clusterd.storage.node_rclone import NodeRclone
+
 ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["tests/integration/test_aws_provider.py", "tests/integration/test_s3_storage.py",
            "tests/integration/test_aws_iam.py"]
@@ -21,6 +24,9 @@ MODULES = ["tests/integration/test_aws_provider.py", "tests/integration/test_s3_
                     reason="needs root and unshare (util-linux) for a network namespace")
 @pytest.mark.parametrize("module", MODULES)
 def test_against_moto_in_a_namespace_with_only_lo(module: str) -> None:
+    # What `clusterd --prepare-runtime` readies while the package index is reachable: the
+    # nodes' rclone, which the S3 module's mounts use and cannot fetch from inside.
+    NodeRclone(Settings.from_env().wheelhouse_dir).build(os.uname().machine)
     script = ('ip link set lo up && exec "$0" -m pytest -p no:cacheprovider -q -rs '
               f'"{module}"')
     result = subprocess.run(
