@@ -3,22 +3,33 @@ daemon; every call's errors translated (errors.classify) before anyone else sees
 
 Credentials, regions and endpoints are found the standard way botocore reads them (the AWS_*
 environment, ~/.aws/credentials and config, AWS_PROFILE, AWS_ENDPOINT_URL_EC2 ...): nothing
-here knows which EC2 it talks to. Throttling and 5xx answers are retried by botocore's
-"standard" retry mode with backoff; a call that hangs ends at the configured timeout.
+here knows which EC2 it talks to. 5xx answers are retried by botocore's "standard" retry
+mode with backoff; throttling is ridden out for minutes (throttle.py), not botocore's few
+seconds; a call that hangs ends at the configured timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 from clusterd import log
-from clusterd.providers.aws.errors import classify
+from clusterd.providers.aws.errors import classify, error_code
+from clusterd.providers.aws.throttle import (
+    DEFAULT_BACKOFF,
+    THROTTLING_CODES,
+    Backoff,
+    Throttled,
+    retry_throttled,
+)
+from clusterd.providers.base import BlockScope, ProvisionError
+from clusterd.requests import current_request
 
 logger = log.get("clusterd.aws")
 
@@ -32,8 +43,13 @@ Instance = dict[str, Any]
 
 
 class EC2Api:
-    def __init__(self, timeout_s: Callable[[], float]) -> None:
+    def __init__(self, timeout_s: Callable[[], float], backoff: Backoff = DEFAULT_BACKOFF, *,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+                 rng: random.Random | None = None) -> None:
         self._timeout_s = timeout_s
+        self._backoff = backoff
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._stack = contextlib.AsyncExitStack()
@@ -102,12 +118,27 @@ class EC2Api:
     async def call(self, region: str, operation: str, service: str = "ec2",
                    **params: Any) -> dict[str, Any]:
         """One API call; raises ProvisionError (classified) on any failure."""
-        self.calls[(operation, region)] = self.calls.get((operation, region), 0) + 1
         started = time.monotonic()
-        try:
+
+        async def once() -> dict[str, Any]:
+            self.calls[(operation, region)] = self.calls.get((operation, region), 0) + 1
             client = await self.client(service, region)
-            method = getattr(client, _snake(operation))
-            result: dict[str, Any] = await method(**params)
+            answer: dict[str, Any] = await getattr(client, _snake(operation))(**params)
+            return answer
+
+        try:
+            result = await retry_throttled(
+                once, lambda exc: error_code(exc) in THROTTLING_CODES,
+                f"{operation} in {region}", self._backoff, rng=self._rng, sleep=self._sleep,
+                tell=_tell_request)
+        except Throttled as exc:
+            first = classify(exc.error, f"aws/{region}")
+            error = ProvisionError(f"{first.message} (still throttled after {exc.tries} "
+                                   f"tries over {exc.waited_s:.0f} s)", first.scope, first.hint)
+            logger.info("aws call failed", operation=operation, region=region,
+                        error=error.message[:200],
+                        seconds=round(time.monotonic() - started, 2))
+            raise error from None
         except Exception as exc:
             error = classify(exc, f"aws/{region}")
             logger.info("aws call failed", operation=operation, region=region,
@@ -163,8 +194,6 @@ class EC2Api:
                          {"Name": "state", "Values": ["available"]}],
             )).get("Images", [])
             if not images:
-                from clusterd.providers.base import BlockScope, ProvisionError
-
                 raise ProvisionError(f"aws/{region}: no Ubuntu 22.04 image from Canonical "
                                      "found", BlockScope.REGION,
                                      "name an image with resources.image_id")
@@ -182,8 +211,8 @@ NOT_TRANSIENT = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapa
 
 def _no_retries_for_capacity(client: Any) -> None:
     """Wrap the client's retry handler (botocore's standard mode, as configured) so that it
-    leaves capacity errors alone; everything else (throttling, other 5xx, timeouts) it
-    retries with backoff as before."""
+    leaves capacity errors alone, and throttling to EC2Api.call's longer patience (throttle.py);
+    everything else (other 5xx, timeouts) it retries with backoff as before."""
     from aiobotocore.retries import standard
 
     name = client.meta.service_model.service_id.hyphenize()
@@ -195,11 +224,19 @@ def _no_retries_for_capacity(client: Any) -> None:
     async def needs_retry(**kwargs: Any) -> Any:
         response = kwargs.get("response")
         parsed = response[1] if response is not None and len(response) > 1 else None
-        if isinstance(parsed, dict) and parsed.get("Error", {}).get("Code") in NOT_TRANSIENT:
+        if isinstance(parsed, dict) and parsed.get("Error", {}).get("Code") in (
+                NOT_TRANSIENT | THROTTLING_CODES):
             return None
         return await handler.needs_retry(**kwargs)
 
     client.meta.events.register(event, needs_retry, unique_id=unique)
+
+
+async def _tell_request(text: str) -> None:
+    """Say it in the progress of the request being served, if there is one."""
+    request = current_request.get()
+    if request is not None:
+        await request.progress(text, "throttled")
 
 
 def _new_session() -> Any:

@@ -19,6 +19,7 @@ import dataclasses
 import getpass
 import hashlib
 import re
+import secrets
 import socket
 import time
 from collections.abc import Callable, Collection
@@ -240,12 +241,9 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     async def _run(self, region: str, zone: str, request: ClusterRequest,
                    launch: dict[str, Any], role: str, count: int) -> list[Instance]:
         tags = self._tags(request, role)
-        # Derived from the cluster and this attempt: a call retried (by botocore, or by a
-        # launch resuming after a crash) never doubles the instances on EC2.
-        token = hashlib.sha256(f"{request.cloud_name}/{zone}/{role}/{count}".encode()
-                               ).hexdigest()[:48]
         answer = await self.api.call(
-            region, "RunInstances", MinCount=count, MaxCount=count, ClientToken=token,
+            region, "RunInstances", MinCount=count, MaxCount=count,
+            ClientToken=client_token(request.create_token, zone, role, count),
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
                                {"ResourceType": "volume", "Tags": tags}],
             **launch,
@@ -654,6 +652,22 @@ def ebs_volume(tier: str | None) -> dict[str, Any]:
         return {"VolumeType": "io2", "Iops": 20_000}
     iops = 7_000 if tier == "high" else 3_500
     return {"VolumeType": "gp3", "Iops": iops, "Throughput": iops // 16}
+
+
+def client_token(create_token: str, zone: str, role: str, count: int) -> str:
+    """RunInstances' ClientToken for one call of one launch attempt.
+
+    EC2 binds a token to the reservation it made for 24 hours after its instances terminate:
+    the same token again answers that (maybe dead) reservation and makes nothing, or
+    IdempotentParameterMismatch. So it is derived from the attempt's create token, which the
+    launcher records with the intent before the call: a call retried (by botocore, or by a
+    launch resuming the same attempt after a crash) gets the same token and never doubles
+    the instances, while a new attempt (a lost node made again, a relaunch) gets a new one.
+    Hashed, since a ClientToken is readable by anyone who can describe the instances and
+    the create token is the attempt's secret; 48 hex characters (EC2 takes up to 64).
+    A caller without a create token (no recorded intent) gets a token of its own."""
+    seed = create_token or secrets.token_hex(16)
+    return hashlib.sha256(f"{seed}/{zone}/{role}/{count}".encode()).hexdigest()[:48]
 
 
 def _gpus(accelerator: str | None, count: float) -> float:
