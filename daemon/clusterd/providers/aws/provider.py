@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import hashlib
-import re
 import secrets
 import socket
 import time
@@ -33,6 +32,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
+from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
 from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
 from clusterd.providers.aws.profile import InstanceProfiles
 from clusterd.providers.base import (
@@ -126,6 +126,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         if resources.image_id and resources.image_id.startswith("docker:"):
             raise ProvisionError("resources.image_id: docker images are not supported on aws "
                                  "yet", BlockScope.PROVIDER, "name an AMI (ami-...)")
+        refused = check_volume(resources.disk_tier, resources.disk_size_gb or DEFAULT_DISK_GB)
+        if refused:
+            raise ProvisionError(f"aws: {refused}", BlockScope.PROVIDER,
+                                 "ask for a larger disk_size, or a lower disk_tier")
         regions = frozenset(r for r, _ in resources.region_images) or None
         try:
             choice = self.catalog().choose(resources, regions)
@@ -287,7 +291,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             TAG_CLUSTER: request.name,
             TAG_MANAGED_BY: self.managed_by,
             TAG_OWNER: owner,
-            "Name": f"{request.cloud_name}-{role}" if role else request.cloud_name,
+            "Name": node_name(request.cloud_name, role) if role else request.cloud_name,
         }
         if role:
             tags[TAG_ROLE] = role
@@ -295,7 +299,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     async def _image(self, region: str, resources: Any, placement: Placement
                      ) -> tuple[str, str]:
-        arch = "arm64" if re.match(r"^[a-z]\d+g", placement.instance_type or "") else "amd64"
+        arch = instance_arch(placement.instance_type or "")
         image = dict(resources.region_images).get(region) or resources.image_id
         if not image or not image.startswith("ami-"):
             image = await self.api.default_image(region, arch)
@@ -640,18 +644,6 @@ def _nodes_of(instances: list[Instance]) -> tuple[AWSNode, ...]:
 
 # mypy checks here that the class is a provider of its own handles, whole.
 _PROVIDER: type[ProviderOf[AWSHandle]] = AWSProvider
-
-
-def ebs_volume(tier: str | None) -> dict[str, Any]:
-    """SkyPilot's disk tiers on AWS (medium when none is asked): the EBS volume type, and
-    its IOPS and throughput (MiB/s) where the type takes them."""
-    tier = {"best": "ultra", None: "medium"}.get(tier, tier)
-    if tier == "low":
-        return {"VolumeType": "standard"}
-    if tier == "ultra":
-        return {"VolumeType": "io2", "Iops": 20_000}
-    iops = 7_000 if tier == "high" else 3_500
-    return {"VolumeType": "gp3", "Iops": iops, "Throughput": iops // 16}
 
 
 def client_token(create_token: str, zone: str, role: str, count: int) -> str:
