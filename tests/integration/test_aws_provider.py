@@ -228,6 +228,41 @@ async def test_a_failed_create_leaves_nothing(provider: AWSProvider, moto: str) 
             if i["State"]["Name"] != "terminated"] == []
 
 
+async def test_public_addresses_only_in_subnets_routing_to_an_internet_gateway(
+        provider: AWSProvider, env: Path, moto: str) -> None:
+    config = parse(env / "c.yaml", "aws:\n  vpc_name: loopback\n")  # public addresses
+    provider._config = lambda: config  # type: ignore[method-assign]
+    want = request("pub", cpus=2, infra="aws/us-east-1")
+    by_zone = {p.zone: p for p in await provider.placements(want)}
+    client = ec2(moto, "us-east-1")
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in client.describe_subnets()[
+        "Subnets"]}
+    # us-east-1b's only subnet is private (the VPC's main table has no internet route).
+    with pytest.raises(ProvisionError) as failed:
+        await provider.create(want, by_zone["us-east-1b"])
+    assert failed.value.scope == BlockScope.ZONE
+    assert "no subnet of the VPC" in failed.value.message
+    assert subnets["us-east-1b"] in failed.value.message
+    assert "use_internal_ips" in failed.value.hint
+    assert tagged(moto, "us-east-1", want.cloud_name) == []
+    # us-east-1a's routes to an internet gateway (a table of its own).
+    handle = await provider.create(want, by_zone["us-east-1a"])
+    try:
+        assert handle.subnet == subnets["us-east-1a"]
+    finally:
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+    # With use_internal_ips, any subnet will do.
+    internal = parse(env / "i.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n")
+    provider._config = lambda: internal  # type: ignore[method-assign]
+    handle = await provider.create(want, by_zone["us-east-1b"])
+    try:
+        assert handle.subnet == subnets["us-east-1b"]
+    finally:
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+
+
 async def test_no_vpc_rules_out_the_region(provider: AWSProvider, env: Path) -> None:
     config = parse(env / "c.yaml", "aws:\n  vpc_name: nowhere\n")
     provider._config = lambda: config  # type: ignore[method-assign]

@@ -191,7 +191,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         key_name = f"clusterd-{pair.digest}"
         await self._network.ensure_key_pair(region, key_name, pair.public_openssh)
         vpc = await self._network.vpc(region, config.vpc_name)
-        subnet = await self._network.subnet(region, vpc, zone)
+        subnet = await self._network.subnet(region, vpc, zone,
+                                             public=not config.use_internal_ips)
         group = await self._network.ensure_security_group(
             region, vpc, request.cloud_name, self._tags(request, None), resources.ports)
         image, root_device = await self._image(region, resources, placement)
