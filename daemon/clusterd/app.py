@@ -182,7 +182,8 @@ def storage_service(aws: object, db: Database,
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
                           runner_for, api.frozen_credentials, api.default_region, daemon,
-                          NodeRclone(wheelhouse_dir), ClusterMounts(db))
+                          NodeRclone(wheelhouse_dir), ClusterMounts(db),
+                          lifetime=api.credentials_lifetime)
 
 
 class Daemon:

@@ -12,6 +12,7 @@ send a packet to a real address: test_aws_provider_isolated.py runs this module 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import getpass
 import json
 import os
@@ -39,6 +40,7 @@ from clusterd.providers.base import BlockScope, ClusterRequest, Placement, Provi
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
+from clusterd.storage.service import temporary_credentials_warning
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
 from tests.integration.moto_server import (
@@ -659,3 +661,34 @@ async def test_a_buckets_grant_goes_with_the_last_cluster_using_it(
     finally:
         for want in (first, second):
             await provider.terminate(want.cloud_name, handles[want.cloud_name])
+
+
+async def test_temporary_credentials_say_when_they_expire(env: Path, moto: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """An assumed role (STS AssumeRole with a short DurationSeconds, as an SSO or role
+    profile gives): clusterd sees that its credentials are temporary and when they expire."""
+    from clusterd.providers.aws.ec2 import EC2Api
+
+    plain = EC2Api(lambda: 30.0)
+    try:
+        assert await plain.credentials_lifetime() is None  # long-lived keys
+    finally:
+        await plain.aclose()
+    (env / "config").write_text(
+        "[default]\nregion = us-east-1\n"
+        "[profile short]\nregion = us-east-1\nsource_profile = default\n"
+        "role_arn = arn:aws:iam::123456789012:role/clusterd-short\nduration_seconds = 900\n")
+    monkeypatch.setenv("AWS_PROFILE", "short")
+    before = datetime.datetime.now(datetime.UTC)
+    api = EC2Api(lambda: 30.0)
+    try:
+        lifetime = await api.credentials_lifetime()
+    finally:
+        await api.aclose()
+    assert lifetime is not None and lifetime.method == "assume-role"
+    assert lifetime.expires_at is not None
+    left = (lifetime.expires_at - before).total_seconds()
+    assert 800 < left <= 960
+    text = temporary_credentials_warning(lifetime, 2, before)
+    assert "are temporary (assume-role) and expire at " in text and "(in 15 min)" in text

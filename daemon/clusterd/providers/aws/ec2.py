@@ -11,6 +11,8 @@ seconds; a call that hangs ends at the configured timeout.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import os
 import random
 import time
@@ -40,6 +42,14 @@ CANONICAL_OWNER = "099720109477"
 UBUNTU_IMAGE_PATTERN = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-{arch}-server-*"
 
 Instance = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class CredentialsLifetime:
+    """Temporary credentials: where botocore found them, and when they expire (if known)."""
+
+    method: str  # botocore's name for the provider: "assume-role", "sso", "env", ...
+    expires_at: datetime.datetime | None
 
 
 class EC2Api:
@@ -84,6 +94,25 @@ class EC2Api:
                 return None
             frozen = await found.get_frozen_credentials()
             return str(frozen.access_key), str(frozen.secret_key), frozen.token or None
+        return None
+
+    async def credentials_lifetime(self) -> CredentialsLifetime | None:
+        """How long the credentials botocore resolves now stay valid: None for long-lived
+        keys; for temporary ones (a session token: an assumed role, SSO, exported with
+        AWS_CREDENTIAL_EXPIRATION) where they come from and, if botocore knows it, when they
+        expire (botocore refreshes them in the daemon; a copy sent elsewhere does not)."""
+        session = await self._get_session()
+        with anyio.move_on_after(10):
+            found = await session.get_credentials()
+            if found is None:
+                return None
+            frozen = await found.get_frozen_credentials()  # a deferred one resolves now
+            if not frozen.token:
+                return None
+            expiry = getattr(found, "_expiry_time", None)  # RefreshableCredentials only
+            return CredentialsLifetime(str(getattr(found, "method", "") or "unknown"),
+                                       expiry if isinstance(expiry, datetime.datetime)
+                                       else None)
         return None
 
     async def default_region(self) -> str:
