@@ -178,9 +178,12 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         try:
             return await self._create(request, placement, region, zone)
         except BaseException:
-            # Nothing of a failed attempt stays behind (the next one goes elsewhere).
+            # Nothing of a failed attempt stays behind (the next one goes elsewhere); but the
+            # nodes a repair set out to complete are the cluster's, with the user's data.
+            survivors = request.previous.instance_ids if isinstance(
+                request.previous, AWSHandle) and request.previous.region == region else []
             with anyio.CancelScope(shield=True), anyio.move_on_after(120):
-                await self._terminate_tagged(region, request.cloud_name)
+                await self._terminate_tagged(region, request.cloud_name, keep=survivors)
             raise
 
     async def _create(self, request: ClusterRequest, placement: Placement, region: str,
@@ -505,9 +508,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         await self._terminate_tagged(handle.region, cloud_name, handle.instance_ids)
 
     async def _terminate_tagged(self, region: str, cloud_name: str,
-                                extra: list[str] | None = None) -> None:
+                                extra: list[str] | None = None,
+                                keep: Collection[str] = ()) -> None:
         """Terminate the cluster's instances that are this daemon's, and those recorded
-        (`extra`) even if their tags were lost."""
+        (`extra`) even if their tags were lost; never those in `keep`."""
         ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name,
                                                                       extra or ())}
         if extra:
@@ -516,6 +520,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
                 {"Name": "instance-state-name",
                  "Values": ["pending", "running", "stopping", "stopped"]}])
             ids |= {i["InstanceId"] for i in listed}
+        ids -= set(keep)
         if ids:
             logger.info("terminating instances", cluster=cloud_name, region=region,
                         instances=sorted(ids))
