@@ -86,19 +86,14 @@ async def test_throttled_past_the_budget_rules_out_the_region_saying_how_long() 
 
 
 async def test_each_wait_is_told_to_the_request_being_served() -> None:
-    from clusterd.requests import current_request
-
     told: list[tuple[str, str]] = []
 
-    class Request:
-        async def progress(self, message: str, phase: str = "") -> None:
-            told.append((phase, message))
+    async def tell(message: str, phase: str) -> None:
+        told.append((phase, message))
 
-    token = current_request.set(Request())  # type: ignore[arg-type]
-    try:
-        await api_with(FakeClient(fails=2), Clock()).call("us-east-1", "DescribeInstances")
-    finally:
-        current_request.reset(token)
+    api = EC2Api(lambda: 30.0, Backoff(), sleep=Clock().sleep, tell=tell)
+    api._clients[("ec2", "us-east-1")] = FakeClient(fails=2)
+    await api.call("us-east-1", "DescribeInstances")
     assert [phase for phase, _ in told] == ["throttled", "throttled"]
     assert told[0][1].startswith("throttled by EC2 (DescribeInstances in us-east-1), "
                                  "retrying in ")

@@ -31,7 +31,6 @@ from clusterd.providers.aws.throttle import (
     retry_throttled,
 )
 from clusterd.providers.base import BlockScope, ProvisionError
-from clusterd.requests import current_request
 
 logger = log.get("clusterd.aws")
 
@@ -55,8 +54,10 @@ class CredentialsLifetime:
 class EC2Api:
     def __init__(self, timeout_s: Callable[[], float], backoff: Backoff = DEFAULT_BACKOFF, *,
                  sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
-                 rng: random.Random | None = None) -> None:
+                 rng: random.Random | None = None,
+                 tell: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self._timeout_s = timeout_s
+        self._tell = tell  # (line, phase) for the user of the request being served
         self._backoff = backoff
         self._sleep = sleep
         self._rng = rng or random.Random()
@@ -159,7 +160,7 @@ class EC2Api:
             result = await retry_throttled(
                 once, lambda exc: error_code(exc) in THROTTLING_CODES,
                 f"{operation} in {region}", self._backoff, rng=self._rng, sleep=self._sleep,
-                tell=_tell_request)
+                tell=self._tell_throttled)
         except Throttled as exc:
             first = classify(exc.error, f"aws/{region}")
             error = ProvisionError(f"{first.message} (still throttled after {exc.tries} "
@@ -175,6 +176,10 @@ class EC2Api:
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         return result
+
+    async def _tell_throttled(self, text: str) -> None:
+        if self._tell is not None:
+            await self._tell(text, "throttled")
 
     async def pages(self, region: str, operation: str, key: str,
                     **params: Any) -> list[dict[str, Any]]:
@@ -259,13 +264,6 @@ def _no_retries_for_capacity(client: Any) -> None:
         return await handler.needs_retry(**kwargs)
 
     client.meta.events.register(event, needs_retry, unique_id=unique)
-
-
-async def _tell_request(text: str) -> None:
-    """Say it in the progress of the request being served, if there is one."""
-    request = current_request.get()
-    if request is not None:
-        await request.progress(text, "throttled")
 
 
 def _new_session() -> Any:

@@ -21,7 +21,7 @@ import hashlib
 import secrets
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
@@ -89,13 +89,14 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, api: EC2Api | None = None,
-                 on_foreign: ForeignReport | None = None) -> None:
+                 on_foreign: ForeignReport | None = None,
+                 on_progress: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self._config = config
         self._connections = connections
         self._key = key
         self.managed_by = managed_by
         self.on_foreign = on_foreign
-        self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
+        self.api = api or EC2Api(lambda: self._aws().request_timeout_s, tell=on_progress)
         self._network = ClusterNetwork(self.api, managed_by)
         self._profiles = InstanceProfiles(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
@@ -103,7 +104,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     @classmethod
     def build(cls, context: ProviderContext) -> AWSProvider:
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
-                   context.daemon_id, on_foreign=context.on_foreign)
+                   context.daemon_id, on_foreign=context.on_foreign,
+                   on_progress=context.on_progress)
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
