@@ -182,7 +182,8 @@ def storage_service(aws: object, db: Database,
 
     return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
                           runner_for, api.frozen_credentials, api.default_region, daemon,
-                          NodeRclone(wheelhouse_dir), ClusterMounts(db))
+                          NodeRclone(wheelhouse_dir), ClusterMounts(db),
+                          lifetime=api.credentials_lifetime)
 
 
 class Daemon:
@@ -203,7 +204,8 @@ class Daemon:
         self.providers = build_providers(
             ProviderContext(settings.state_dir, settings.runtime_dir, settings.config_dir,
                             self.ssh, self.config.get, daemon_id(settings.state_dir),
-                            self._recorded, on_foreign=self._announce_foreign),
+                            self._recorded, on_foreign=self._announce_foreign,
+                            on_progress=self._tell_request),
             # Benchmarks only (see providers/loadtest.py).
             test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
         self.runtime = RuntimeManager(
@@ -287,6 +289,12 @@ class Daemon:
         if request.cluster is not None and self.store.get(request.cluster) is not None:
             await self.store.add_event(request.cluster, "host_key", text, request.id)
         return True
+
+    async def _tell_request(self, text: str, phase: str) -> None:
+        """A provider's line for the user: in the progress of the request being served."""
+        request = current_request.get()
+        if request is not None:
+            await request.progress(text, phase)
 
     async def _announce_foreign(self, cloud_name: str, text: str) -> None:
         """Another clusterd's instances or security group, found under a cluster's name and

@@ -118,6 +118,8 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     add.add_argument("--instance-type")
     add.add_argument("--market", choices=("spot", "on-demand"), help="RunInstances' market")
     add.add_argument("--count", type=int, help="fire only for the first N matching calls")
+    add.add_argument("--share", type=float, metavar="F",
+                     help="fire on this fraction (0-1] of the matching calls, at random")
     how = add.add_mutually_exclusive_group()
     how.add_argument("--delay", type=float, metavar="S",
                      help="answer S seconds late (the error, or moto's answer without --code)")
@@ -306,6 +308,8 @@ def check_ec2_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> lis
             ap.error("--count must be at least 1")
         if args.delay is not None and not 0 <= args.delay <= 900:
             ap.error("--delay must be between 0 and 900 seconds")
+        if args.share is not None and not 0 < args.share <= 1:
+            ap.error("--share must be above 0 and at most 1")
     return regions
 
 

@@ -428,6 +428,18 @@ def test_a_node_lost_behind_our_back_makes_the_cluster_init_with_why(
     assert "1 of 2 nodes running, 1 gone" in cluster["status_reason"]
     assert "User initiated" in cluster["status_reason"]
 
+    # A repair that finds no capacity fails, and leaves the surviving head alone (it holds
+    # the user's data): only what the repair made would be removed.
+    head = next(i for i in bed.instances(name) if i["tags"]["clusterd-node-role"] == "head")
+    bed.ec2.fault("--code", "InsufficientInstanceCapacity", "--action", "RunInstances",
+                  "--count", "1")
+    try:
+        failed = bed.daemon.ctl("launch", "-c", duo, timeout=900)
+    finally:
+        bed.ec2.clear_faults()
+    assert failed.returncode != 0 and "InsufficientInstanceCapacity" in failed.stderr
+    assert next(i["state"] for i in bed.instances(name) if i["id"] == head["id"]) == "running"
+
     # `launch -c NAME` (the hint's command) makes the lost node again where the cluster
     # lives; the head keeps its Ray and agent, so the job queue is still there.
     relaunch = bed.daemon.ctl("launch", "-c", duo, timeout=900)

@@ -96,7 +96,8 @@ def ubuntu_image(scratch: Path, image: str) -> dict[str, str]:
 
 
 def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
-    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone."""
+    """As the EC2 test bed does: no default VPC, one 127.R.0.0/16 VPC, a subnet per zone (the
+    first zone's routing to an internet gateway)."""
     client: Any = boto3.client("ec2", region_name=region, endpoint_url=endpoint,
                                aws_access_key_id="testing", aws_secret_access_key="testing")
     for vpc in client.describe_vpcs()["Vpcs"]:
@@ -107,6 +108,13 @@ def make_loopback_vpc(endpoint: str, region: str, number: int) -> None:
     vpc = client.create_vpc(CidrBlock=f"127.{number}.0.0/16", TagSpecifications=[
         {"ResourceType": "vpc", "Tags": [{"Key": "Name", "Value": "loopback"}]}])["Vpc"]
     zones = client.describe_availability_zones()["AvailabilityZones"]
-    for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1):
-        client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
-                             AvailabilityZone=zone)
+    subnets = [client.create_subnet(VpcId=vpc["VpcId"], CidrBlock=f"127.{number}.{index}.0/24",
+                                    AvailabilityZone=zone)["Subnet"]["SubnetId"]
+               for index, zone in enumerate(sorted(z["ZoneName"] for z in zones), start=1)]
+    # As a user's own VPC often is: the first zone's subnet public (a route table of its own
+    # sending 0.0.0.0/0 to an internet gateway), the others private (the main table's routes).
+    igw = client.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    client.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc["VpcId"])
+    table = client.create_route_table(VpcId=vpc["VpcId"])["RouteTable"]["RouteTableId"]
+    client.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+    client.associate_route_table(RouteTableId=table, SubnetId=subnets[0])

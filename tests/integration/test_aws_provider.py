@@ -12,6 +12,7 @@ send a packet to a real address: test_aws_provider_isolated.py runs this module 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import getpass
 import json
 import os
@@ -39,6 +40,7 @@ from clusterd.providers.base import BlockScope, ClusterRequest, Placement, Provi
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
+from clusterd.storage.service import temporary_credentials_warning
 from clusterd.tasks.loader import parse_resources
 from clusterd.user_config import UserConfig, parse
 from tests.integration.moto_server import (
@@ -226,6 +228,41 @@ async def test_a_failed_create_leaves_nothing(provider: AWSProvider, moto: str) 
     assert failed.value.scope == BlockScope.REGION
     assert [i for i in tagged(moto, "us-east-1", want.cloud_name)
             if i["State"]["Name"] != "terminated"] == []
+
+
+async def test_public_addresses_only_in_subnets_routing_to_an_internet_gateway(
+        provider: AWSProvider, env: Path, moto: str) -> None:
+    config = parse(env / "c.yaml", "aws:\n  vpc_name: loopback\n")  # public addresses
+    provider._config = lambda: config  # type: ignore[method-assign]
+    want = request("pub", cpus=2, infra="aws/us-east-1")
+    by_zone = {p.zone: p for p in await provider.placements(want)}
+    client = ec2(moto, "us-east-1")
+    subnets = {s["AvailabilityZone"]: s["SubnetId"] for s in client.describe_subnets()[
+        "Subnets"]}
+    # us-east-1b's only subnet is private (the VPC's main table has no internet route).
+    with pytest.raises(ProvisionError) as failed:
+        await provider.create(want, by_zone["us-east-1b"])
+    assert failed.value.scope == BlockScope.ZONE
+    assert "no subnet of the VPC" in failed.value.message
+    assert subnets["us-east-1b"] in failed.value.message
+    assert "use_internal_ips" in failed.value.hint
+    assert tagged(moto, "us-east-1", want.cloud_name) == []
+    # us-east-1a's routes to an internet gateway (a table of its own).
+    handle = await provider.create(want, by_zone["us-east-1a"])
+    try:
+        assert handle.subnet == subnets["us-east-1a"]
+    finally:
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
+    # With use_internal_ips, any subnet will do.
+    internal = parse(env / "i.yaml", "aws:\n  vpc_name: loopback\n  use_internal_ips: true\n")
+    provider._config = lambda: internal  # type: ignore[method-assign]
+    handle = await provider.create(want, by_zone["us-east-1b"])
+    try:
+        assert handle.subnet == subnets["us-east-1b"]
+    finally:
+        await provider.terminate(want.cloud_name, handle)
+        await provider.cleanup_ports(want.cloud_name, handle)
 
 
 async def test_no_vpc_rules_out_the_region(provider: AWSProvider, env: Path) -> None:
@@ -624,3 +661,34 @@ async def test_a_buckets_grant_goes_with_the_last_cluster_using_it(
     finally:
         for want in (first, second):
             await provider.terminate(want.cloud_name, handles[want.cloud_name])
+
+
+async def test_temporary_credentials_say_when_they_expire(env: Path, moto: str,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """An assumed role (STS AssumeRole with a short DurationSeconds, as an SSO or role
+    profile gives): clusterd sees that its credentials are temporary and when they expire."""
+    from clusterd.providers.aws.ec2 import EC2Api
+
+    plain = EC2Api(lambda: 30.0)
+    try:
+        assert await plain.credentials_lifetime() is None  # long-lived keys
+    finally:
+        await plain.aclose()
+    (env / "config").write_text(
+        "[default]\nregion = us-east-1\n"
+        "[profile short]\nregion = us-east-1\nsource_profile = default\n"
+        "role_arn = arn:aws:iam::123456789012:role/clusterd-short\nduration_seconds = 900\n")
+    monkeypatch.setenv("AWS_PROFILE", "short")
+    before = datetime.datetime.now(datetime.UTC)
+    api = EC2Api(lambda: 30.0)
+    try:
+        lifetime = await api.credentials_lifetime()
+    finally:
+        await api.aclose()
+    assert lifetime is not None and lifetime.method == "assume-role"
+    assert lifetime.expires_at is not None
+    left = (lifetime.expires_at - before).total_seconds()
+    assert 800 < left <= 960
+    text = temporary_credentials_warning(lifetime, 2, before)
+    assert "are temporary (assume-role) and expire at " in text and "(in 15 min)" in text

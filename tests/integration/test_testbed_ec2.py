@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from clusterd.providers.aws.network import routes_to_internet
 from tests.support import short_tempdir, wait_for
 
 pytestmark = pytest.mark.ec2
@@ -205,7 +206,8 @@ for region in ("us-east-1", "us-west-2"):
     c = ec2(region)
     r[region] = {"vpcs": c.describe_vpcs()["Vpcs"], "subnets": c.describe_subnets()["Subnets"],
                  "zones": [z["ZoneName"] for z in c.describe_availability_zones()
-                           ["AvailabilityZones"]]}
+                           ["AvailabilityZones"]],
+                 "tables": c.describe_route_tables()["RouteTables"]}
 out(r)""")
     for region, number in (("us-east-1", 1), ("us-west-2", 4)):
         vpcs = got[region]["vpcs"]
@@ -219,6 +221,10 @@ out(r)""")
             assert s["CidrBlock"] == f"127.{number}.{z}.0/24"
             assert s["MapPublicIpOnLaunch"] is False
             assert s["VpcId"] == vpcs[0]["VpcId"]
+        # A mix, as users' VPCs have: only the first zone's subnet routes to the internet.
+        public = sorted(zone for zone, s in subnets.items()
+                        if routes_to_internet(got[region]["tables"], s["SubnetId"]))
+        assert public == [f"{region}a"]
 
 
 def test_ubuntu_images_by_owner_and_name(bed: Bed) -> None:

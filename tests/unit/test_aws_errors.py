@@ -41,7 +41,9 @@ def ec2_error(code: str, status: int, message: str = "something") -> ClientError
     ("ExpiredToken", 400, BlockScope.PROVIDER),
     ("InvalidParameterValue", 400, BlockScope.FATAL),
     ("InvalidParameterCombination", 400, BlockScope.FATAL),
-    ("RequestLimitExceeded", 503, BlockScope.FATAL),  # botocore retried it; no failover
+    # Only after minutes of retries (throttle.py); EC2 limits per account and region.
+    ("RequestLimitExceeded", 503, BlockScope.REGION),
+    ("IdempotentParameterMismatch", 400, BlockScope.FATAL),
     ("SomethingNew", 500, BlockScope.ZONE),
     ("SomethingNew", 400, BlockScope.FATAL),
 ])

@@ -135,6 +135,15 @@ def test_first_matching_rule_wins_and_count_spends_it() -> None:
     assert pick_rule(rules, call("DescribeInstances")) is None
 
 
+def test_a_rule_with_a_share_fires_on_that_share_of_calls() -> None:
+    some = make_rule("f1", {"code": "RequestLimitExceeded", "share": 0.3})
+    assert some.effect() == "RequestLimitExceeded on 30% of calls"
+    draws = iter([0.1, 0.5, 0.29, 0.3])
+    fired = [pick_rule([some], call("DescribeInstances"), lambda: next(draws)) is some
+             for _ in range(4)]
+    assert fired == [True, False, True, False]
+
+
 @pytest.mark.parametrize(("spec", "error"), [
     ({}, "needs --code"),
     ({"code": "X", "delay": 1, "hang": True}, "exclusive"),
@@ -142,6 +151,8 @@ def test_first_matching_rule_wins_and_count_spends_it() -> None:
     ({"code": "X", "count": 0}, "at least 1"),
     ({"code": "X", "market": "reserved"}, "--market"),
     ({"code": "X", "delay": -1}, "--delay"),
+    ({"code": "X", "share": 0}, "--share"),
+    ({"code": "X", "share": 1.5}, "--share"),
     ({"code": "X", "colour": "red"}, "unknown rule field"),
 ])
 def test_bad_rules_are_refused(spec: dict[str, Any], error: str) -> None:

@@ -201,6 +201,9 @@ class ProviderContext:
     # has a handle, oldest first.
     recorded: Callable[[str], list[tuple[str, ProviderHandle]]]
     on_foreign: ForeignReport | None = None
+    # A line for the user of the request being served, if any (a call waiting out the cloud's
+    # throttling, say): (message, phase).
+    on_progress: Callable[[str, str], Awaitable[None]] | None = None
 
 
 class ProvisionError(ProtocolError):

@@ -187,7 +187,13 @@ class Provisioner:
     async def _clean_up(self, record: ClusterRecord, provider: Provider, option: Option,
                         failover: Failover, handle: ProviderHandle) -> None:
         """Remove what the failed attempt made; leaving its region, the per-region resources
-        too (the next attempt in the same region reuses them)."""
+        too (the next attempt in the same region reuses them). Not for a repair (the request
+        names the cluster's nodes before it): a terminate takes the whole cluster, and the
+        nodes that survived hold the user's data; the provider's create removes what its
+        own failed call made, and what a later step left is the cluster's, tagged and
+        recorded, for the next launch to complete or `down` to remove."""
+        if option.request.previous is not None:
+            return
         with anyio.CancelScope(shield=True):
             try:
                 await provider.terminate(record.cloud_name, handle)

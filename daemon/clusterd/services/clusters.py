@@ -407,6 +407,12 @@ class ClusterService:
             done = await self._provisioner.provision(request, record, planner,
                                                      retry_until_up=retry_until_up)
         except ProtocolError as exc:
+            now = self._store.get(record.name)
+            if now is not None and now.handle.provider is None:
+                # The create failed (no capacity, say) and removed what it made: the cluster
+                # is what it was (its surviving nodes, their runtime), so that the next launch
+                # repairs it again, rather than resume a launch that made nothing.
+                await self._store.update(record.name, handle=record.handle)
             raise _not_where_it_lives(record, exc) from None
         # The nodes that survived still run Ray and the agent (with the job queue): keep them,
         # on the ports recorded before provisioning rewrote the handle; only new nodes start.

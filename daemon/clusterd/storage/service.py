@@ -5,6 +5,7 @@ is deleted with the last cluster using it; no other bucket is ever deleted)."""
 
 from __future__ import annotations
 
+import datetime
 import os
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import on_each
 from clusterd.nodes import ClusterInfo, NodeInfo
+from clusterd.providers.aws.ec2 import CredentialsLifetime
 from clusterd.runtime import node_helper
 from clusterd.runtime.runner import CommandRunner
 from clusterd.storage import node_rclone
@@ -49,6 +51,25 @@ def credentials_file_text(credentials: Credentials) -> str:
     return "\n".join(lines) + "\n"
 
 
+def temporary_credentials_warning(lifetime: CredentialsLifetime, nodes: int,
+                                  now: datetime.datetime) -> str:
+    """What to tell a user whose temporary credentials were just copied to nodes: the copy is
+    not refreshed as botocore refreshes the daemon's own, so the nodes' bucket access ends
+    when it expires."""
+    where = f"{nodes} node{'s' if nodes != 1 else ''}"
+    if lifetime.expires_at is None:
+        when = "at an expiry clusterd cannot see (a session token without one)"
+    else:
+        left = (lifetime.expires_at - now).total_seconds()
+        at = lifetime.expires_at.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        when = (f"at {at} (in {max(0, round(left / 60))} min)" if left > 0
+                else f"already ({at})")
+    return (f"the AWS credentials sent to {where} for buckets are temporary "
+            f"({lifetime.method}) and expire {when}: the nodes' bucket mounts and copies "
+            "stop working then; for long jobs give clusterd long-lived keys (an IAM user's "
+            "access key), or launch the cluster again before then to send fresh ones")
+
+
 def node_mounts_dir(node: NodeInfo) -> str:
     """The node's bucket mounts' state, beside its run dir (the agent looks there too)."""
     return f"{node.runtime_dir}/mounts"
@@ -80,7 +101,10 @@ class StorageService:
                  runner_for: Callable[[NodeInfo], CommandRunner],
                  credentials: Callable[[], Awaitable[Credentials | None]],
                  default_region: Callable[[], Awaitable[str]], daemon: str,
-                 node_rclone: NodeRclone, cluster_mounts: ClusterMounts) -> None:
+                 node_rclone: NodeRclone, cluster_mounts: ClusterMounts,
+                 lifetime: Callable[[], Awaitable[CredentialsLifetime | None]] | None = None
+                 ) -> None:
+        self._lifetime = lifetime
         self._daemon = daemon  # this daemon's id: part of the mark on the buckets it makes
         self._node_rclone = node_rclone
         self._cluster_mounts = cluster_mounts
@@ -199,6 +223,13 @@ class StorageService:
                 params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": None}
         else:
             await self._send_credentials(info, params)
+            lifetime = await self._lifetime() if self._lifetime is not None else None
+            if lifetime is not None:
+                text = temporary_credentials_warning(lifetime, len(info.nodes),
+                                                     datetime.datetime.now(datetime.UTC))
+                logger.warning("temporary credentials sent to nodes", method=lifetime.method,
+                               expires_at=str(lifetime.expires_at))
+                await progress(f"warning: {text}")
         await self._copy_and_mount(info, mounts, regions, params, progress)
 
     async def remember(self, cluster: str, mounts: tuple[BucketMount, ...]) -> None:

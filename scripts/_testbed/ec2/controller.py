@@ -2,7 +2,8 @@
 (started by `scripts/testbed ec2 up` as `ip netns exec NAME python -m _testbed.ec2.controller`).
 
 It runs moto in-process on 127.0.0.1:5000 (with EC2's fresh address on a start: renumber.py;
-no address handed out while a node still answers on it: addresses.py),
+no address handed out while a node still answers on it: addresses.py; RunInstances client
+tokens bound to their reservations: client_tokens.py),
 the API endpoint clients call on 127.0.0.1:4566, and nodes on SERVICE_IP:4566 (proxy.py), the
 instance metadata service on 169.254.169.254 (imds.py), the regions and their images
 (regions.py; the runtime images' templates come from the command line), a bridge per VPC
@@ -27,7 +28,7 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
-from _testbed.ec2 import accounts, addresses, iam_auth, network, renumber
+from _testbed.ec2 import accounts, addresses, client_tokens, iam_auth, network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
@@ -81,6 +82,7 @@ class Bed:
 
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
         renumber.install()
+        client_tokens.install()
         addresses.install(self.watcher.held_addresses)
         self.moto = moto.server.ThreadedMotoServer(ip_address=assert_loopback(MOTO_IP),
                                                    port=MOTO_PORT, verbose=False)

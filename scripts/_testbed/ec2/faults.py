@@ -10,6 +10,7 @@ order; the first one that matches and has firings left wins. Standard library on
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 import urllib.parse
 import uuid
@@ -81,7 +82,8 @@ class Rule:
 
     code without delay/hang: answer the error at once, without forwarding. code with delay: wait,
     then answer the error. delay alone: forward, answer moto's reply late. hang: forward, never
-    answer. count: only the first `count` matching calls (None: all)."""
+    answer. count: only the first `count` matching calls (None: all). share: fire on that
+    fraction of the matching calls, at random (throttling hits some calls, not all; None: all)."""
 
     id: str
     code: str | None = None
@@ -93,6 +95,7 @@ class Rule:
     count: int | None = None
     delay: float | None = None
     hang: bool = False
+    share: float | None = None
     fired: int = 0
 
     @property
@@ -114,7 +117,8 @@ class Rule:
         if self.code and self.delay:
             return f"{self.code} after {self.delay:g}s"
         if self.code:
-            return self.code
+            return self.code + (f" on {self.share:.0%} of calls" if self.share is not None
+                                else "")
         return f"forward, answer {self.delay:g}s late"
 
 
@@ -123,7 +127,7 @@ MATCH_FIELDS = ("action", "region", "zone", "instance_type", "market")
 
 def make_rule(rule_id: str, spec: dict[str, Any]) -> Rule:
     """A rule from a request's fields; ValueError says what is wrong with them."""
-    unknown = set(spec) - {*MATCH_FIELDS, "code", "count", "delay", "hang"}
+    unknown = set(spec) - {*MATCH_FIELDS, "code", "count", "delay", "hang", "share"}
     if unknown:
         raise ValueError(f"unknown rule field(s): {', '.join(sorted(unknown))}")
     code, delay, hang, count = spec.get("code"), spec.get("delay"), bool(spec.get("hang")), \
@@ -142,6 +146,11 @@ def make_rule(rule_id: str, spec: dict[str, Any]) -> Rule:
         count = int(count)
         if count < 1:
             raise ValueError("--count must be at least 1")
+    share = spec.get("share")
+    if share is not None:
+        share = float(share)
+        if not 0 < share <= 1:
+            raise ValueError("--share must be above 0 and at most 1")
     market = spec.get("market")
     if market is not None and market not in MARKETS:
         raise ValueError(f"--market must be one of {', '.join(MARKETS)}")
@@ -151,7 +160,7 @@ def make_rule(rule_id: str, spec: dict[str, Any]) -> Rule:
 
     return Rule(id=rule_id, code=code, action=field("action"), region=field("region"),
                 zone=field("zone"), instance_type=field("instance_type"), market=field("market"),
-                count=count, delay=delay, hang=hang)
+                count=count, delay=delay, hang=hang, share=share)
 
 
 def rule_matches(rule: Rule, call: Call) -> bool:
@@ -163,10 +172,13 @@ def rule_matches(rule: Rule, call: Call) -> bool:
     return True
 
 
-def pick_rule(rules: Iterable[Rule], call: Call) -> Rule | None:
-    """The first rule, in creation order, that matches the call and has firings left."""
+def pick_rule(rules: Iterable[Rule], call: Call,
+              draw: Callable[[], float] = random.random) -> Rule | None:
+    """The first rule, in creation order, that matches the call, has firings left and (with a
+    share) fires this time (`draw()` below the share)."""
     for rule in rules:
-        if not rule.spent and rule_matches(rule, call):
+        if not rule.spent and rule_matches(rule, call) and (
+                rule.share is None or draw() < rule.share):
             return rule
     return None
 

@@ -1,4 +1,5 @@
-"""The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone, no default VPC,
+"""The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone (the first one
+routing to an internet gateway, the others private), no default VPC,
 Canonical's Ubuntu 22.04 images, and the bed's runtime images. The table and address helpers are
 standard library only; `setup_region` is handed a boto3 EC2 client (to moto itself) and moto's
 backend by the controller, `register_runtime_image` moto's backend."""
@@ -104,7 +105,23 @@ def _ensure_vpc(ec2: Any, region: str) -> dict[str, str]:
         # moto maps public IPs by default; the bed's machines only have private (loopback) ones
         ec2.modify_subnet_attribute(SubnetId=subnets[zone],
                                     MapPublicIpOnLaunch={"Value": False})
+    _route_first_zone_to_internet(ec2, vpc_id, subnets[min(subnets)])
     return subnets
+
+
+def _route_first_zone_to_internet(ec2: Any, vpc_id: str, subnet_id: str) -> None:
+    """A mix, as users' own VPCs have: the first zone's subnet public (a route table of its
+    own sending 0.0.0.0/0 to an internet gateway), the others private (the main table, with
+    only the VPC's local route). Only the API says so: the bed's network routes nothing out
+    (clusterd reaches its nodes at their private addresses, use_internal_ips)."""
+    by_vpc = [{"Name": "attachment.vpc-id", "Values": [vpc_id]}]
+    if ec2.describe_internet_gateways(Filters=by_vpc)["InternetGateways"]:
+        return
+    igw = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
+    ec2.attach_internet_gateway(InternetGatewayId=igw, VpcId=vpc_id)
+    table = ec2.create_route_table(VpcId=vpc_id)["RouteTable"]["RouteTableId"]
+    ec2.create_route(RouteTableId=table, DestinationCidrBlock="0.0.0.0/0", GatewayId=igw)
+    ec2.associate_route_table(RouteTableId=table, SubnetId=subnet_id)
 
 
 def _ensure_image(backend: Any, region: str, name: str, owner: str, architecture: str,

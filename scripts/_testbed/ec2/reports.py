@@ -116,7 +116,8 @@ def cmd_fault(args: argparse.Namespace) -> int:
     if args.fault_command == "add":
         spec = {"code": args.code, "action": args.action, "region": args.region,
                 "zone": args.zone, "instance_type": args.instance_type, "market": args.market,
-                "count": args.count, "delay": args.delay, "hang": args.hang}
+                "count": args.count, "delay": args.delay, "hang": args.hang,
+                "share": args.share}
         rule = request(sock, "fault_add", rule={k: v for k, v in spec.items()
                                                  if v not in (None, False)})["rule"]
         log(rule["id"])

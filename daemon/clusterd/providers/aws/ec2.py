@@ -3,22 +3,34 @@ daemon; every call's errors translated (errors.classify) before anyone else sees
 
 Credentials, regions and endpoints are found the standard way botocore reads them (the AWS_*
 environment, ~/.aws/credentials and config, AWS_PROFILE, AWS_ENDPOINT_URL_EC2 ...): nothing
-here knows which EC2 it talks to. Throttling and 5xx answers are retried by botocore's
-"standard" retry mode with backoff; a call that hangs ends at the configured timeout.
+here knows which EC2 it talks to. 5xx answers are retried by botocore's "standard" retry
+mode with backoff; throttling is ridden out for minutes (throttle.py), not botocore's few
+seconds; a call that hangs ends at the configured timeout.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import datetime
 import os
+import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
 from clusterd import log
-from clusterd.providers.aws.errors import classify
+from clusterd.providers.aws.errors import classify, error_code
+from clusterd.providers.aws.throttle import (
+    DEFAULT_BACKOFF,
+    THROTTLING_CODES,
+    Backoff,
+    Throttled,
+    retry_throttled,
+)
+from clusterd.providers.base import BlockScope, ProvisionError
 
 logger = log.get("clusterd.aws")
 
@@ -31,9 +43,24 @@ UBUNTU_IMAGE_PATTERN = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-{arch}-server-*
 Instance = dict[str, Any]
 
 
+@dataclasses.dataclass(frozen=True)
+class CredentialsLifetime:
+    """Temporary credentials: where botocore found them, and when they expire (if known)."""
+
+    method: str  # botocore's name for the provider: "assume-role", "sso", "env", ...
+    expires_at: datetime.datetime | None
+
+
 class EC2Api:
-    def __init__(self, timeout_s: Callable[[], float]) -> None:
+    def __init__(self, timeout_s: Callable[[], float], backoff: Backoff = DEFAULT_BACKOFF, *,
+                 sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
+                 rng: random.Random | None = None,
+                 tell: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self._timeout_s = timeout_s
+        self._tell = tell  # (line, phase) for the user of the request being served
+        self._backoff = backoff
+        self._sleep = sleep
+        self._rng = rng or random.Random()
         self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
         self._stack = contextlib.AsyncExitStack()
@@ -70,6 +97,25 @@ class EC2Api:
             return str(frozen.access_key), str(frozen.secret_key), frozen.token or None
         return None
 
+    async def credentials_lifetime(self) -> CredentialsLifetime | None:
+        """How long the credentials botocore resolves now stay valid: None for long-lived
+        keys; for temporary ones (a session token: an assumed role, SSO, exported with
+        AWS_CREDENTIAL_EXPIRATION) where they come from and, if botocore knows it, when they
+        expire (botocore refreshes them in the daemon; a copy sent elsewhere does not)."""
+        session = await self._get_session()
+        with anyio.move_on_after(10):
+            found = await session.get_credentials()
+            if found is None:
+                return None
+            frozen = await found.get_frozen_credentials()  # a deferred one resolves now
+            if not frozen.token:
+                return None
+            expiry = getattr(found, "_expiry_time", None)  # RefreshableCredentials only
+            return CredentialsLifetime(str(getattr(found, "method", "") or "unknown"),
+                                       expiry if isinstance(expiry, datetime.datetime)
+                                       else None)
+        return None
+
     async def default_region(self) -> str:
         """The region the user's AWS configuration names (AWS_REGION, the profile's region),
         else us-east-1."""
@@ -102,12 +148,27 @@ class EC2Api:
     async def call(self, region: str, operation: str, service: str = "ec2",
                    **params: Any) -> dict[str, Any]:
         """One API call; raises ProvisionError (classified) on any failure."""
-        self.calls[(operation, region)] = self.calls.get((operation, region), 0) + 1
         started = time.monotonic()
-        try:
+
+        async def once() -> dict[str, Any]:
+            self.calls[(operation, region)] = self.calls.get((operation, region), 0) + 1
             client = await self.client(service, region)
-            method = getattr(client, _snake(operation))
-            result: dict[str, Any] = await method(**params)
+            answer: dict[str, Any] = await getattr(client, _snake(operation))(**params)
+            return answer
+
+        try:
+            result = await retry_throttled(
+                once, lambda exc: error_code(exc) in THROTTLING_CODES,
+                f"{operation} in {region}", self._backoff, rng=self._rng, sleep=self._sleep,
+                tell=self._tell_throttled)
+        except Throttled as exc:
+            first = classify(exc.error, f"aws/{region}")
+            error = ProvisionError(f"{first.message} (still throttled after {exc.tries} "
+                                   f"tries over {exc.waited_s:.0f} s)", first.scope, first.hint)
+            logger.info("aws call failed", operation=operation, region=region,
+                        error=error.message[:200],
+                        seconds=round(time.monotonic() - started, 2))
+            raise error from None
         except Exception as exc:
             error = classify(exc, f"aws/{region}")
             logger.info("aws call failed", operation=operation, region=region,
@@ -115,6 +176,10 @@ class EC2Api:
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         return result
+
+    async def _tell_throttled(self, text: str) -> None:
+        if self._tell is not None:
+            await self._tell(text, "throttled")
 
     async def pages(self, region: str, operation: str, key: str,
                     **params: Any) -> list[dict[str, Any]]:
@@ -163,8 +228,6 @@ class EC2Api:
                          {"Name": "state", "Values": ["available"]}],
             )).get("Images", [])
             if not images:
-                from clusterd.providers.base import BlockScope, ProvisionError
-
                 raise ProvisionError(f"aws/{region}: no Ubuntu 22.04 image from Canonical "
                                      "found", BlockScope.REGION,
                                      "name an image with resources.image_id")
@@ -182,8 +245,8 @@ NOT_TRANSIENT = frozenset({"InsufficientInstanceCapacity", "InsufficientHostCapa
 
 def _no_retries_for_capacity(client: Any) -> None:
     """Wrap the client's retry handler (botocore's standard mode, as configured) so that it
-    leaves capacity errors alone; everything else (throttling, other 5xx, timeouts) it
-    retries with backoff as before."""
+    leaves capacity errors alone, and throttling to EC2Api.call's longer patience (throttle.py);
+    everything else (other 5xx, timeouts) it retries with backoff as before."""
     from aiobotocore.retries import standard
 
     name = client.meta.service_model.service_id.hyphenize()
@@ -195,7 +258,8 @@ def _no_retries_for_capacity(client: Any) -> None:
     async def needs_retry(**kwargs: Any) -> Any:
         response = kwargs.get("response")
         parsed = response[1] if response is not None and len(response) > 1 else None
-        if isinstance(parsed, dict) and parsed.get("Error", {}).get("Code") in NOT_TRANSIENT:
+        if isinstance(parsed, dict) and parsed.get("Error", {}).get("Code") in (
+                NOT_TRANSIENT | THROTTLING_CODES):
             return None
         return await handler.needs_retry(**kwargs)
 

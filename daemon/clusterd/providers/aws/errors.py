@@ -1,9 +1,9 @@
 """EC2 errors → what they rule out. The one place botocore's exceptions are understood.
 
 Capacity is scarce per zone, quotas end at region borders, and credentials are the whole
-provider's; a malformed request is fatal, since no other placement fixes it. Throttling never
-gets here as a failover: botocore's retry mode retries it (and 5xx answers) with backoff, and
-what still fails after that is reported as it is.
+provider's; a malformed request is fatal, since no other placement fixes it. Throttling gets
+here only once EC2Api.call has ridden it out for minutes (throttle.py): EC2 limits request
+rates per account and region, so it rules out the region (another may still answer).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from clusterd.providers.aws.throttle import THROTTLING_CODES
 from clusterd.providers.base import BlockScope, ProvisionError
 
 ZONE_CODES = frozenset({
@@ -38,10 +39,6 @@ PROVIDER_CODES = frozenset({
     "ExpiredTokenException", "RequestExpired", "InvalidClientTokenId", "SignatureDoesNotMatch",
     "UnrecognizedClientException", "InvalidAccessKeyId", "AccessDenied",
     "AccessDeniedException", "Blocked", "PendingVerification",
-})
-THROTTLING_CODES = frozenset({
-    "RequestLimitExceeded", "Throttling", "ThrottlingException", "TooManyRequestsException",
-    "RequestThrottled", "SlowDown",
 })
 # The first few words are enough in a progress line; the whole message goes to events.
 MESSAGE_LIMIT = 400
@@ -72,8 +69,13 @@ def classify(error: BaseException, where: str = "aws") -> ProvisionError:
                                   "check your AWS credentials and permissions "
                                   "(`clusterctl check` shows what clusterd sees)")
         if code in THROTTLING_CODES:
-            return ProvisionError(text + " (still throttled after retries)", BlockScope.FATAL,
-                                  "AWS is limiting this account's request rate; retry later")
+            return ProvisionError(text, BlockScope.REGION,
+                                  "AWS is limiting this account's request rate in this region; "
+                                  "retry later, or ask AWS for a higher limit")
+        if code == "IdempotentParameterMismatch":
+            return ProvisionError(text, BlockScope.FATAL,
+                                  "a resumed launch asked EC2 for other instances than the "
+                                  "attempt it resumes; `clusterctl down` it and launch again")
         if status >= 500:
             return ProvisionError(text, BlockScope.ZONE)
         return ProvisionError(text, BlockScope.FATAL)

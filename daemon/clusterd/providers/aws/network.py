@@ -76,6 +76,22 @@ def _lets_members_in(permissions: list[dict[str, Any]], group: str) -> bool:
                for p in permissions)
 
 
+def routes_to_internet(tables: list[dict[str, Any]], subnet: str) -> bool:
+    """Whether `subnet`'s route table (its own association, else the VPC's main table) sends
+    0.0.0.0/0 to an internet gateway (a blackholed route, one whose gateway is gone, does
+    not count)."""
+    own = [t for t in tables if any(a.get("SubnetId") == subnet
+                                    for a in t.get("Associations", []))]
+    table = own[0] if own else next(
+        (t for t in tables if any(a.get("Main") for a in t.get("Associations", []))), None)
+    if table is None:
+        return False
+    return any(r.get("DestinationCidrBlock") == "0.0.0.0/0"
+               and str(r.get("GatewayId") or "").startswith("igw-")
+               and r.get("State", "active") == "active"
+               for r in table.get("Routes", []))
+
+
 class ClusterNetwork:
     def __init__(self, api: EC2Api, managed_by: str) -> None:
         self._api = api
@@ -129,7 +145,10 @@ class ClusterNetwork:
                                  "you launch in")
         return str(vpcs[0]["VpcId"])
 
-    async def subnet(self, region: str, vpc: str, zone: str) -> str:
+    async def subnet(self, region: str, vpc: str, zone: str, public: bool) -> str:
+        """The subnet of `vpc` in `zone` with the most free addresses; with `public` (nodes
+        reached at public addresses), only among those routing to an internet gateway: in
+        another, an instance's public address answers nothing (SkyPilot checks the same)."""
         subnets = (await self._api.call(region, "DescribeSubnets", Filters=[
             {"Name": "vpc-id", "Values": [vpc]},
             {"Name": "availability-zone", "Values": [zone]},
@@ -137,6 +156,21 @@ class ClusterNetwork:
         if not subnets:
             raise ProvisionError(f"aws/{region}/{zone}: the VPC {vpc} has no subnet in this "
                                  "zone", BlockScope.ZONE)
+        if public:
+            tables = (await self._api.call(region, "DescribeRouteTables", Filters=[
+                {"Name": "vpc-id", "Values": [vpc]}])).get("RouteTables", [])
+            routed = [s for s in subnets if routes_to_internet(tables, s["SubnetId"])]
+            if not routed:
+                names = ", ".join(sorted(s["SubnetId"] for s in subnets))
+                raise ProvisionError(
+                    f"aws/{region}/{zone}: no subnet of the VPC {vpc} in this zone routes to "
+                    f"an internet gateway ({names}), so its nodes' public addresses would "
+                    "answer nothing", BlockScope.ZONE,
+                    "give a subnet's route table a route 0.0.0.0/0 to an internet gateway, "
+                    "or set aws.use_internal_ips: true in the config (clusterd then reaches "
+                    "nodes at their private addresses: from inside the VPC, or through "
+                    "aws.ssh_proxy_command)")
+            subnets = routed
         best = max(subnets, key=lambda s: int(s.get("AvailableIpAddressCount") or 0))
         return str(best["SubnetId"])
 

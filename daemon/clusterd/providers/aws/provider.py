@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import getpass
 import hashlib
-import re
+import secrets
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, ClassVar
 
 import anyio
@@ -32,6 +32,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
+from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
 from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
 from clusterd.providers.aws.profile import InstanceProfiles
 from clusterd.providers.base import (
@@ -88,13 +89,14 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, api: EC2Api | None = None,
-                 on_foreign: ForeignReport | None = None) -> None:
+                 on_foreign: ForeignReport | None = None,
+                 on_progress: Callable[[str, str], Awaitable[None]] | None = None) -> None:
         self._config = config
         self._connections = connections
         self._key = key
         self.managed_by = managed_by
         self.on_foreign = on_foreign
-        self.api = api or EC2Api(lambda: self._aws().request_timeout_s)
+        self.api = api or EC2Api(lambda: self._aws().request_timeout_s, tell=on_progress)
         self._network = ClusterNetwork(self.api, managed_by)
         self._profiles = InstanceProfiles(self.api, managed_by)
         self._enabled: tuple[bool, float] | None = None
@@ -102,7 +104,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     @classmethod
     def build(cls, context: ProviderContext) -> AWSProvider:
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
-                   context.daemon_id, on_foreign=context.on_foreign)
+                   context.daemon_id, on_foreign=context.on_foreign,
+                   on_progress=context.on_progress)
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
@@ -125,6 +128,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         if resources.image_id and resources.image_id.startswith("docker:"):
             raise ProvisionError("resources.image_id: docker images are not supported on aws "
                                  "yet", BlockScope.PROVIDER, "name an AMI (ami-...)")
+        refused = check_volume(resources.disk_tier, resources.disk_size_gb or DEFAULT_DISK_GB)
+        if refused:
+            raise ProvisionError(f"aws: {refused}", BlockScope.PROVIDER,
+                                 "ask for a larger disk_size, or a lower disk_tier")
         regions = frozenset(r for r, _ in resources.region_images) or None
         try:
             choice = self.catalog().choose(resources, regions)
@@ -173,9 +180,12 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         try:
             return await self._create(request, placement, region, zone)
         except BaseException:
-            # Nothing of a failed attempt stays behind (the next one goes elsewhere).
+            # Nothing of a failed attempt stays behind (the next one goes elsewhere); but the
+            # nodes a repair set out to complete are the cluster's, with the user's data.
+            survivors = request.previous.instance_ids if isinstance(
+                request.previous, AWSHandle) and request.previous.region == region else []
             with anyio.CancelScope(shield=True), anyio.move_on_after(120):
-                await self._terminate_tagged(region, request.cloud_name)
+                await self._terminate_tagged(region, request.cloud_name, keep=survivors)
             raise
 
     async def _create(self, request: ClusterRequest, placement: Placement, region: str,
@@ -186,7 +196,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         key_name = f"clusterd-{pair.digest}"
         await self._network.ensure_key_pair(region, key_name, pair.public_openssh)
         vpc = await self._network.vpc(region, config.vpc_name)
-        subnet = await self._network.subnet(region, vpc, zone)
+        subnet = await self._network.subnet(region, vpc, zone,
+                                             public=not config.use_internal_ips)
         group = await self._network.ensure_security_group(
             region, vpc, request.cloud_name, self._tags(request, None), resources.ports)
         image, root_device = await self._image(region, resources, placement)
@@ -240,12 +251,9 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     async def _run(self, region: str, zone: str, request: ClusterRequest,
                    launch: dict[str, Any], role: str, count: int) -> list[Instance]:
         tags = self._tags(request, role)
-        # Derived from the cluster and this attempt: a call retried (by botocore, or by a
-        # launch resuming after a crash) never doubles the instances on EC2.
-        token = hashlib.sha256(f"{request.cloud_name}/{zone}/{role}/{count}".encode()
-                               ).hexdigest()[:48]
         answer = await self.api.call(
-            region, "RunInstances", MinCount=count, MaxCount=count, ClientToken=token,
+            region, "RunInstances", MinCount=count, MaxCount=count,
+            ClientToken=client_token(request.create_token, zone, role, count),
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
                                {"ResourceType": "volume", "Tags": tags}],
             **launch,
@@ -289,7 +297,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             TAG_CLUSTER: request.name,
             TAG_MANAGED_BY: self.managed_by,
             TAG_OWNER: owner,
-            "Name": f"{request.cloud_name}-{role}" if role else request.cloud_name,
+            "Name": node_name(request.cloud_name, role) if role else request.cloud_name,
         }
         if role:
             tags[TAG_ROLE] = role
@@ -297,7 +305,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     async def _image(self, region: str, resources: Any, placement: Placement
                      ) -> tuple[str, str]:
-        arch = "arm64" if re.match(r"^[a-z]\d+g", placement.instance_type or "") else "amd64"
+        arch = instance_arch(placement.instance_type or "")
         image = dict(resources.region_images).get(region) or resources.image_id
         if not image or not image.startswith("ami-"):
             image = await self.api.default_image(region, arch)
@@ -502,9 +510,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         await self._terminate_tagged(handle.region, cloud_name, handle.instance_ids)
 
     async def _terminate_tagged(self, region: str, cloud_name: str,
-                                extra: list[str] | None = None) -> None:
+                                extra: list[str] | None = None,
+                                keep: Collection[str] = ()) -> None:
         """Terminate the cluster's instances that are this daemon's, and those recorded
-        (`extra`) even if their tags were lost."""
+        (`extra`) even if their tags were lost; never those in `keep`."""
         ids = {i["InstanceId"] for i in await self._cluster_instances(region, cloud_name,
                                                                       extra or ())}
         if extra:
@@ -513,6 +522,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
                 {"Name": "instance-state-name",
                  "Values": ["pending", "running", "stopping", "stopped"]}])
             ids |= {i["InstanceId"] for i in listed}
+        ids -= set(keep)
         if ids:
             logger.info("terminating instances", cluster=cloud_name, region=region,
                         instances=sorted(ids))
@@ -644,16 +654,20 @@ def _nodes_of(instances: list[Instance]) -> tuple[AWSNode, ...]:
 _PROVIDER: type[ProviderOf[AWSHandle]] = AWSProvider
 
 
-def ebs_volume(tier: str | None) -> dict[str, Any]:
-    """SkyPilot's disk tiers on AWS (medium when none is asked): the EBS volume type, and
-    its IOPS and throughput (MiB/s) where the type takes them."""
-    tier = {"best": "ultra", None: "medium"}.get(tier, tier)
-    if tier == "low":
-        return {"VolumeType": "standard"}
-    if tier == "ultra":
-        return {"VolumeType": "io2", "Iops": 20_000}
-    iops = 7_000 if tier == "high" else 3_500
-    return {"VolumeType": "gp3", "Iops": iops, "Throughput": iops // 16}
+def client_token(create_token: str, zone: str, role: str, count: int) -> str:
+    """RunInstances' ClientToken for one call of one launch attempt.
+
+    EC2 binds a token to the reservation it made for 24 hours after its instances terminate:
+    the same token again answers that (maybe dead) reservation and makes nothing, or
+    IdempotentParameterMismatch. So it is derived from the attempt's create token, which the
+    launcher records with the intent before the call: a call retried (by botocore, or by a
+    launch resuming the same attempt after a crash) gets the same token and never doubles
+    the instances, while a new attempt (a lost node made again, a relaunch) gets a new one.
+    Hashed, since a ClientToken is readable by anyone who can describe the instances and
+    the create token is the attempt's secret; 48 hex characters (EC2 takes up to 64).
+    A caller without a create token (no recorded intent) gets a token of its own."""
+    seed = create_token or secrets.token_hex(16)
+    return hashlib.sha256(f"{seed}/{zone}/{role}/{count}".encode()).hexdigest()[:48]
 
 
 def _gpus(accelerator: str | None, count: float) -> float:
