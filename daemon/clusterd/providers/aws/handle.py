@@ -23,7 +23,10 @@ class AWSNode:
     image: str = ""  # the AMI it was launched from ("": a record from before it was kept)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not out["image"]:  # a record from before it was kept reads back as it was
+            del out["image"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AWSNode:
