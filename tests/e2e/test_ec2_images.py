@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.ec2, pytest.mark.ec2_images, pytest.mark.ray,
 # (owner, name pattern) of each image, as their publishers name them (the bed's regions.py)
 JAMMY = ("099720109477", "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-*")
 NOBLE = ("099720109477", "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-*")
-HOST = ("self", "clusterd-testbed/host-root-amd64-*")
+HOST = ("099720109477", "clusterd-testbed/host-root-amd64-*")
 DLAMI = ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *")
 NEURON = ("amazon", "Deep Learning AMI Neuron (Ubuntu 22.04) *")
 HOST_CODENAME = subprocess.run(["sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME"],

@@ -64,7 +64,7 @@ IMAGES = (
     PublicImage("Deep Learning AMI Neuron (Ubuntu 22.04) 20241115", AMAZON_OWNER, "x86_64",
                 "Supported EC2 instances: Inf1, Inf2, Trn1, Trn1n, Trn2. Neuron SDK (the bed: "
                 "a stand-in driver)", DLAMI_DATE, driver="neuron", alias="amazon"),
-    PublicImage("clusterd-testbed/host-root-amd64-20240927", ACCOUNT_ID, "x86_64",
+    PublicImage("clusterd-testbed/host-root-amd64-20240927", CANONICAL_OWNER, "x86_64",
                 "clusterd test bed: the machine's own root, as every node ran before the bed "
                 "had images", IMAGE_DATE),
 )
