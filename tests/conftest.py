@@ -59,23 +59,31 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s in all")
 
 
+# What a marker's tests need built before the first test: (the command, what it builds).
+PREPARED = (
+    ("k8s", ["k8s", "build", "--runtime-image"], "the Kubernetes test bed"),
+    ("ec2_images", ["ec2", "build-images"], "the EC2 test bed's image roots"),
+)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """The Kubernetes bed's first build on a machine takes minutes (then it is cached, by
-    version, outside the repo): done here, before the first test, so that no test's timeout
-    has to cover it. A failure is left for the bed's fixture to report."""
+    """The Kubernetes bed's first build on a machine takes minutes, the EC2 bed's image roots
+    a few (then they are cached outside the repo): done here, before the first test, so that
+    no test's timeout has to cover them. A failure is left for the bed's fixture to report."""
     if session.config.option.collectonly or os.getuid() != 0 or not shutil.which("ip"):
         return
-    if not any(item.get_closest_marker("k8s") for item in session.items):
-        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line("building the Kubernetes test bed, or finding it in the cache "
-                            "(the first time on a machine: minutes)")
-    try:
-        built = subprocess.run([sys.executable, TESTBED, "k8s", "build", "--runtime-image"],
-                               capture_output=True, text=True, timeout=3600)
-    except subprocess.TimeoutExpired:
-        return
-    said = (built.stdout + built.stderr).strip().splitlines()
-    if reporter is not None and said:
-        reporter.write_line(said[-1])
+    for marker, command, what in PREPARED:
+        if not any(item.get_closest_marker(marker) for item in session.items):
+            continue
+        if reporter is not None:
+            reporter.write_line(f"building {what}, or finding it in the cache (the first time "
+                                "on a machine: minutes)")
+        try:
+            built = subprocess.run([sys.executable, TESTBED, *command], capture_output=True,
+                                   text=True, timeout=3600)
+        except subprocess.TimeoutExpired:
+            continue
+        said = (built.stdout + built.stderr).strip().splitlines()
+        if reporter is not None and said:
+            reporter.write_line(said[-1])

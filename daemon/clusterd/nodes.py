@@ -69,6 +69,10 @@ class NodeInfo:
     cpus: float = 0
     gpus: float = 0
     reason: str = ""  # the provider's word on its state (a cloud's state reason), if any
+    image: str = ""  # the machine image it runs, where the provider knows it (for messages)
+    # A VM booted from an image that may lack the GPU driver (not a pod, whose GPUs come with
+    # the device plugin's driver): the runtime checks the driver before Ray counts the GPUs.
+    check_gpu_driver: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

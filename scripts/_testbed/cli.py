@@ -14,7 +14,7 @@ from _testbed import hosts
 from _testbed.common import Failure
 
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
-EC2_COMMANDS = "{up,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
+EC2_COMMANDS = "{up,build-images,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
 K8S_COMMANDS = "{build,up,down,exec,env,status,kill-node,restart-apiserver,fault,quota}"
 
 
@@ -73,6 +73,15 @@ def add_ec2_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                          "$CLUSTERD_TESTBED_RUNTIME_IMAGES, {region: AMI id} in JSON. With "
                          "--no-wheelhouse, the wheelhouse directory must hold exactly one "
                          "wheelhouse")
+    up.add_argument("--image-roots", action="store_true",
+                    help="boot the public images in real roots: Ubuntu 22.04's name in a "
+                         "Debian bullseye root (python3 3.9, no venv module), 24.04's in "
+                         "trixie (3.13); built once per machine by debootstrap into "
+                         "/var/cache/clusterd-testbed/ec2-images (`ec2 build-images`). "
+                         "Without it every image boots in the machine's own root")
+    esub.add_parser("build-images", allow_abbrev=False,
+                    help="build the image roots `up --image-roots` boots in, or find them in "
+                         "the cache (once per machine: minutes); prints where they are")
     esub.add_parser("down", parents=[bed], allow_abbrev=False,
                     help="stop everything the bed started and remove it")
     ex = esub.add_parser("exec", parents=[bed], allow_abbrev=False,
@@ -321,6 +330,8 @@ def run_ec2(args: argparse.Namespace, regions: list[str]) -> int:
         return commands.cmd_up(args, regions)
     if cmd == "down":
         return commands.cmd_down(args)
+    if cmd == "build-images":
+        return commands.cmd_build_images(args)
     if cmd == "exec":
         return commands.cmd_exec(args)
     if cmd == "env":

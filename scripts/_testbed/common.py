@@ -390,3 +390,70 @@ def prepare_wheelhouse(python: str, wheelhouse_dir: str, skip: str) -> str:
                       f"{(p.stderr or p.stdout).strip()[-2000:]}",
                       hint=f"it needs the package index once per version of clusterd; {skip}")
     return house
+
+
+# ---------------------------------------------------------------------------- Debian roots
+
+CACHE_ROOT = "/var/cache/clusterd-testbed"  # what the beds build once per machine
+DEBOOTSTRAP_TIMEOUT_S = 1200.0
+
+
+def debian_mirror() -> str:
+    """The machine's Debian mirror (not its security one): debootstrap takes any suite of
+    Debian's archive from it."""
+    from _testbed.k8s.apt import machine_sources
+
+    for stanza in machine_sources():
+        uris = stanza.get("URIs", "")
+        if "security" not in uris:
+            return uris.split()[0]
+    raise Failure("the machine's apt sources have no Debian mirror for debootstrap")
+
+
+def debootstrap(suite: str, rootfs: str, packages: tuple[str, ...], mirror: str) -> None:
+    """A minimal Debian `suite` at rootfs with packages (from mirror, as root). Run in
+    throwaway mount and PID namespaces: debootstrap's mounts of proc and sys in the target,
+    and anything a package's scripts start, go when it ends."""
+    p = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--",
+                        "debootstrap", "--variant=minbase", f"--include={','.join(packages)}",
+                        suite, rootfs, mirror], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=DEBOOTSTRAP_TIMEOUT_S,
+                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
+    if p.returncode != 0:
+        out = (p.stderr or p.stdout).strip()[-2000:]
+        log_file = os.path.join(rootfs, "debootstrap", "debootstrap.log")
+        if os.path.exists(log_file):
+            with open(log_file, errors="replace") as f:
+                out += "\n" + f.read()[-2000:]
+        raise Failure(f"debootstrap {suite} failed (exit {p.returncode}): {out}",
+                      hint="the bed needs Debian's archive (deb.debian.org or the machine's "
+                           "mirror) and the debootstrap package")
+
+
+def add_sudo_user(rootfs: str, user: str, uid: int, sudoers_name: str) -> None:
+    """user (uid, its own group, bash, a home) in rootfs, with passwordless sudo, as cloud
+    images have their login user. Its password field is "*": not locked, since sshd without
+    PAM refuses accounts whose field is "!"."""
+    for cmd in (["useradd", "-m", "-s", "/bin/bash", "-u", str(uid), "-U", user],
+                ["usermod", "-p", "*", user]):
+        run(["chroot", rootfs, *cmd], timeout=120)
+    path = os.path.join(rootfs, "etc", "sudoers.d", sudoers_name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"{user} ALL=(ALL:ALL) NOPASSWD: ALL\n")
+    os.chmod(path, 0o440)
+
+
+def strip_rootfs(rootfs: str) -> None:
+    """No host keys (each machine makes its own) and no apt lists or downloaded packages (as
+    an image is published)."""
+    ssh = os.path.join(rootfs, "etc", "ssh")
+    for name in os.listdir(ssh) if os.path.isdir(ssh) else []:
+        if name.startswith("ssh_host_"):
+            os.unlink(os.path.join(ssh, name))
+    for rel in ("var/lib/apt/lists", "var/cache/apt/archives"):
+        d = os.path.join(rootfs, rel)
+        for name in os.listdir(d) if os.path.isdir(d) else []:
+            p = os.path.join(d, name)
+            if os.path.isfile(p) and name != "lock":
+                os.unlink(p)

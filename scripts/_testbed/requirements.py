@@ -26,6 +26,9 @@ INSTALL_TIMEOUT_S = 900.0
 # makes each instance's disk an ext4 image (e2fsprogs' mkfs.ext4; util-linux's losetup).
 HOSTS_PACKAGES = ("openssh-server", "openssh-client", "rsync", "python3-venv", "procps")
 EC2_PACKAGES = (*HOSTS_PACKAGES, "sudo", "iproute2", "nftables", "util-linux", "e2fsprogs")
+# The EC2 bed's image roots (`ec2 up --image-roots`, `ec2 build-images`) are Debian suites
+# debootstrap makes from Debian's archive (its keyring checks them).
+DEBOOTSTRAP_PACKAGES = ("debootstrap", "debian-archive-keyring")
 # The Kubernetes bed runs containers with Debian's runc and CNI plugins (containerd, Go and
 # etcd it extracts into its cache without installing them), builds with gcc (the static pause
 # needs libc6-dev), patch and openssl, makes its node image with debootstrap, and kube-proxy

@@ -150,14 +150,17 @@ class EC2Bed:
 
 
 @contextlib.contextmanager
-def ec2_bed(iam: bool = False) -> Iterator[EC2Bed]:
-    """A bed of its own; `iam`: enforcing IAM (`up --iam`), without a runtime image."""
+def ec2_bed(iam: bool = False, image_roots: bool = False) -> Iterator[EC2Bed]:
+    """A bed of its own; `iam`: enforcing IAM (`up --iam`), `image_roots`: instances boot in
+    their images' roots (`up --image-roots`), either without a runtime image."""
     bed_dir = short_tempdir("cdec2-")
-    # Not the bed integration tests' name (same process), nor the other e2e bed's.
-    netns = f"cde2e-{os.getpid()}{'-iam' if iam else ''}"
+    # Not the bed integration tests' name (same process), nor the other e2e beds'.
+    suffix = ("-iam" if iam else "") + ("-img" if image_roots else "")
+    netns = f"cde2e-{os.getpid()}{suffix}"
+    options = [*(["--iam"] if iam else []), *(["--image-roots"] if image_roots else [])]
     up = subprocess.run([sys.executable, TESTBED, "ec2", "up", "--dir", str(bed_dir),
                          "--netns", netns, "--regions", REGIONS,
-                         *(["--iam"] if iam else ["--runtime-image"])],
+                         *(options or ["--runtime-image"])],
                         capture_output=True, text=True, timeout=900)
     try:
         assert up.returncode == 0, up.stdout + up.stderr

@@ -30,7 +30,7 @@ from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.nodes import ClusterInfo, NodeInfo
-from clusterd.runtime import node_helper
+from clusterd.runtime import gpu_driver, node_helper
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentClient
 from clusterd.runtime.install import WheelhouseBuilder
@@ -382,6 +382,8 @@ class RuntimeManager:
         head counts it: a node's Ray the head has given up on is stopped and started anew)."""
         runner = self._runner_for(node)
         layout = NodeLayout(node.runtime_dir)
+        if node.gpus > 0 and node.check_gpu_driver:
+            await gpu_driver.check(runner, node)
         if members is not None and node.internal_ip not in members:
             status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
             if status["ray"]["alive"]:

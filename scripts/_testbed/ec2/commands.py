@@ -33,7 +33,7 @@ from _testbed.common import (
     warn,
     write_file,
 )
-from _testbed.ec2 import disk, host_setup, runtime_image
+from _testbed.ec2 import disk, host_setup, images, runtime_image
 from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
     API_URL,
@@ -105,6 +105,9 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
     if not os.access(VENV_PYTHON, os.X_OK):
         raise Failure(f"{VENV_PYTHON} not found (the controller needs the project's venv)",
                       hint="scripts/test or scripts/quickstart makes it")
+    if args.image_roots:  # before any lock of the bed's: the first build takes minutes
+        requirements.ensure_debian_packages(requirements.DEBOOTSTRAP_PACKAGES)
+        images.ensure_all()
     wheelhouse = None if args.no_wheelhouse else prepare_wheelhouse(
         VENV_PYTHON, bed_env(paths, os.environ)["CLUSTERD_WHEELHOUSE_DIR"],
         "--no-wheelhouse skips it")
@@ -127,6 +130,10 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
                 raise Failure(f"the bed in {paths.dir} is up "
                               f"{'enforcing' if state.get('iam') else 'not enforcing'} IAM",
                               hint="ec2 down first to change --iam")
+            if bool(state.get("image_roots")) != args.image_roots:
+                raise Failure(f"the bed in {paths.dir} is up "
+                              f"{'with' if state.get('image_roots') else 'without'} image roots",
+                              hint="ec2 down first to change --image-roots")
             extend_bed(paths, state, regions)
         else:
             netns = args.netns or (state or {}).get("netns") or default_netns()
@@ -135,7 +142,7 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
                      f"making it again")
                 kept_image = state.get("runtime_image")
                 teardown(paths, state, keep=("wheelhouse", "images"))
-            state = create_bed(paths, netns, regions, args.iam)
+            state = create_bed(paths, netns, regions, args.iam, args.image_roots)
             if kept_image:
                 state["runtime_image"] = kept_image
         # The bed is registered now, so the node user stays; the image is built without holding
@@ -150,6 +157,17 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
         os.close(lock)
         if reg_lock >= 0:
             os.close(reg_lock)
+
+
+def cmd_build_images(args: argparse.Namespace) -> int:
+    """The image roots, built or found (images.py), and how long that took."""
+    start = time.monotonic()
+    requirements.ensure_debian_packages(requirements.DEBOOTSTRAP_PACKAGES)
+    roots = images.ensure_all()
+    for suite, path in roots.items():
+        log(f"  {suite}: {path}")
+    log(f"EC2 bed image roots ready in {time.monotonic() - start:.1f}s")
+    return 0
 
 
 def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,
@@ -178,7 +196,8 @@ def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,
     save_state(paths, state)
 
 
-def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool) -> dict[str, Any]:
+def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool,
+               image_roots: bool = False) -> dict[str, Any]:
     if not host_setup.NETNS_RE.match(netns):
         raise Failure(f"--netns {netns!r} is not a usable namespace name")
     others = host_setup.live_beds()
@@ -191,7 +210,7 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool) -> di
     # Record what we are about to make before making it, so `down` can always clean up.
     os.makedirs(paths.dir, mode=0o755, exist_ok=True)
     state: dict[str, Any] = {"version": 1, "dir": paths.dir, "netns": netns, "regions": regions,
-                             "controller_pid": None, "iam": iam}
+                             "controller_pid": None, "iam": iam, "image_roots": image_roots}
     save_state(paths, state)
     host_setup.register(paths, netns)
 
@@ -211,7 +230,8 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool) -> di
         env["PYTHONPATH"] = SCRIPTS
         proc = subprocess.Popen(
             ["ip", "netns", "exec", netns, VENV_PYTHON, "-m", CONTROLLER_MODULE,
-             "--dir", paths.dir, "--regions", ",".join(regions), *(["--iam"] if iam else [])],
+             "--dir", paths.dir, "--regions", ",".join(regions), *(["--iam"] if iam else []),
+             *(["--image-roots"] if image_roots else [])],
             stdin=subprocess.DEVNULL, stdout=lf, stderr=lf, cwd="/", env=env,
             start_new_session=True, close_fds=True)
     state["controller_pid"] = proc.pid  # `ip netns exec` execs the controller: same pid

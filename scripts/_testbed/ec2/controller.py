@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
-from _testbed.ec2 import accounts, addresses, client_tokens, iam_auth, network, renumber
+from _testbed.ec2 import accounts, addresses, client_tokens, iam_auth, images, network, renumber
 from _testbed.ec2 import regions as bed_regions
 from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
@@ -59,7 +59,8 @@ SPOT_REASON = ("Server.SpotInstanceTermination",
 class Bed:
     """What the control socket's requests act on. Methods raise RequestError to refuse."""
 
-    def __init__(self, paths: BedPaths, regions: list[str], iam: bool = False) -> None:
+    def __init__(self, paths: BedPaths, regions: list[str], iam: bool = False,
+                 roots: dict[str, str] | None = None) -> None:
         self.paths = paths
         self.iam = iam
         self._keys = (ACCESS_KEY_ID, SECRET_ACCESS_KEY)  # of the controller's own calls
@@ -68,7 +69,7 @@ class Bed:
         self._lock = threading.Lock()
         self.firewall = Firewall(lambda: list(self.regions), self.api)
         self.endpoint = Endpoint(self.subnet_zone, on_call=self.firewall.saw_call)
-        self.watcher = Watcher(paths, self.backends, self.api)
+        self.watcher = Watcher(paths, self.backends, self.api, roots)
         self._wanted = regions
         # the runtime images: key -> its template (the last one is the current one), and
         # key -> {region: AMI id}
@@ -326,6 +327,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dir", required=True)
     ap.add_argument("--regions", required=True)
     ap.add_argument("--iam", action="store_true")
+    ap.add_argument("--image-roots", action="store_true",
+                    help="boot the public images in their Debian roots (images.py; `up` built "
+                         "them)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -336,7 +340,8 @@ def main(argv: list[str]) -> int:
         return 1
     network.setup_bed_namespace()
     paths = BedPaths(os.path.abspath(args.dir))
-    bed = Bed(paths, args.regions.split(","), iam=args.iam)
+    roots = images.ensure_all() if args.image_roots else None
+    bed = Bed(paths, args.regions.split(","), iam=args.iam, roots=roots)
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())

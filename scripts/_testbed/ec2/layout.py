@@ -100,6 +100,12 @@ class InstancePaths:
         return os.path.join(self.control, "sshd_config")
 
     @property
+    def driver_bin(self) -> str:
+        """The stand-in driver programs of an instance of a GPU or Neuron image (drivers.py),
+        shown in its /usr/local/bin."""
+        return os.path.join(self.root, "driver-bin")
+
+    @property
     def host_key(self) -> str:
         return os.path.join(self.control, "ssh_host_ed25519_key")
 

@@ -1,11 +1,12 @@
 """The bed's regions: a fixed loopback /16 per region, a /24 subnet per zone (the first one
-routing to an internet gateway, the others private), no default VPC,
-Canonical's Ubuntu 22.04 images, and the bed's runtime images. The table and address helpers are
+routing to an internet gateway, the others private), no default VPC, the public images clusterd
+looks up by name (IMAGES), and the bed's runtime images. The table and address helpers are
 standard library only; `setup_region` is handed a boto3 EC2 client (to moto itself) and moto's
 backend by the controller, `register_runtime_image` moto's backend."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import logging
@@ -24,11 +25,55 @@ REGION_NUMBERS = {
     "ap-southeast-1": 15, "ap-southeast-2": 16, "sa-east-1": 17,
 }
 CANONICAL_OWNER = "099720109477"
+AMAZON_OWNER = "898082745236"  # the account that publishes the Deep Learning AMIs (alias amazon)
 IMAGE_DATE = datetime.datetime(2024, 9, 27, 12, 0, tzinfo=datetime.UTC)
-UBUNTU_IMAGES = (  # (name, architecture), as Canonical names its images
-    ("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927", "x86_64"),
-    ("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-arm64-server-20240927", "arm64"),
+DLAMI_DATE = datetime.datetime(2024, 11, 15, 12, 0, tzinfo=datetime.UTC)
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicImage:
+    """An image the bed registers in every region under its real publisher's name, and the
+    root its instances boot in (`root`: a Debian root of images.py standing in for it, or
+    "host" for the machine's own; `driver`: the stand-in driver programs it has, drivers.py)."""
+
+    name: str
+    owner: str
+    architecture: str
+    description: str
+    created: datetime.datetime
+    root: str = "host"
+    driver: str | None = None
+    alias: str | None = None
+
+
+# As their publishers name them. Ubuntu 22.04 is Python 3.10 without the venv module: the
+# bullseye root (3.9, no venv) stands in; 24.04 (3.12) the trixie root (3.13).
+IMAGES = (
+    PublicImage("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-amd64-server-20240927",
+                CANONICAL_OWNER, "x86_64", "Canonical, Ubuntu, 22.04 LTS, amd64 jammy image "
+                "build on 2024-09-27", IMAGE_DATE, root="bullseye"),
+    PublicImage("ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-arm64-server-20240927",
+                CANONICAL_OWNER, "arm64", "Canonical, Ubuntu, 22.04 LTS, arm64 jammy image "
+                "build on 2024-09-27", IMAGE_DATE, root="bullseye"),
+    PublicImage("ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20240927",
+                CANONICAL_OWNER, "x86_64", "Canonical, Ubuntu, 24.04 LTS, amd64 noble image "
+                "build on 2024-09-27", IMAGE_DATE, root="trixie"),
+    PublicImage("Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 20241115",
+                AMAZON_OWNER, "x86_64", "Supported EC2 instances: G4dn, G5, G6, Gr6, G6e, "
+                "P4d, P4de, P5, P5e. NVIDIA driver and CUDA (the bed: a stand-in driver)",
+                DLAMI_DATE, driver="nvidia", alias="amazon"),
+    PublicImage("Deep Learning AMI Neuron (Ubuntu 22.04) 20241115", AMAZON_OWNER, "x86_64",
+                "Supported EC2 instances: Inf1, Inf2, Trn1, Trn1n, Trn2. Neuron SDK (the bed: "
+                "a stand-in driver)", DLAMI_DATE, driver="neuron", alias="amazon"),
+    PublicImage("clusterd-testbed/host-root-amd64-20240927", CANONICAL_OWNER, "x86_64",
+                "clusterd test bed: the machine's own root, as every node ran before the bed "
+                "had images", IMAGE_DATE),
 )
+HOST_IMAGE = IMAGES[-1].name
+
+
+def image_by_name(name: str | None) -> PublicImage | None:
+    return next((i for i in IMAGES if i.name == name), None)
 
 
 def check_regions(regions: list[str]) -> list[str]:
@@ -125,7 +170,8 @@ def _route_first_zone_to_internet(ec2: Any, vpc_id: str, subnet_id: str) -> None
 
 
 def _ensure_image(backend: Any, region: str, name: str, owner: str, architecture: str,
-                  description: str, public: bool, created: datetime.datetime) -> str:
+                  description: str, public: bool, created: datetime.datetime,
+                  alias: str | None = None) -> str:
     """The id of the image of that name and owner in region, registered straight into moto's
     backend if it is not there (the API cannot make images owned by another account, nor
     images without an instance)."""
@@ -140,16 +186,16 @@ def _ensure_image(backend: Any, region: str, name: str, owner: str, architecture
               root_device_type="ebs", root_device_name="/dev/sda1",
               image_location=f"{owner}/{name}", hypervisor="xen", creation_date=created,
               region_name=f"{region}a")
+    if alias is not None:  # what `Owners=["amazon"]` matches
+        ami.owner_alias = alias
     backend.amis[ami.id] = ami
     return str(ami.id)
 
 
 def _register_images(backend: Any, region: str) -> list[str]:
-    """Canonical's Ubuntu 22.04 images. Returns their ids."""
-    return [_ensure_image(backend, region, name, CANONICAL_OWNER, arch,
-                          f"Canonical, Ubuntu, 22.04 LTS, {arch.replace('x86_64', 'amd64')} "
-                          "jammy image build on 2024-09-27", public=True, created=IMAGE_DATE)
-            for name, arch in UBUNTU_IMAGES]
+    """The public images (IMAGES). Returns their ids."""
+    return [_ensure_image(backend, region, i.name, i.owner, i.architecture, i.description,
+                          public=True, created=i.created, alias=i.alias) for i in IMAGES]
 
 
 def register_runtime_image(backend: Any, region: str, key: str) -> str:

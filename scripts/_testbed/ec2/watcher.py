@@ -34,7 +34,7 @@ from _testbed.common import (
     sshd_config,
     write_file,
 )
-from _testbed.ec2 import disk, network
+from _testbed.ec2 import disk, drivers, images, network
 from _testbed.ec2.layout import (
     NODE_DISK,
     NODE_HOME,
@@ -45,7 +45,7 @@ from _testbed.ec2.layout import (
     BedPaths,
     InstancePaths,
 )
-from _testbed.ec2.regions import vpc_cidr
+from _testbed.ec2.regions import image_by_name, vpc_cidr
 
 log = logging.getLogger("testbed.ec2.watcher")
 
@@ -86,8 +86,11 @@ class Watcher:
     backends() gives {region: moto EC2 backend}; api(region) a boto3 EC2 client to moto."""
 
     def __init__(self, paths: BedPaths, backends: Callable[[], dict[str, Any]],
-                 api: Callable[[str], Any]) -> None:
+                 api: Callable[[str], Any], roots: dict[str, str] | None = None) -> None:
         self.paths = paths
+        # suite -> its root (images.py): the public images that name one boot in it; without,
+        # every image boots in the host's root (as before the bed had images)
+        self.roots = dict(roots or {})
         self.backends = backends
         self.api = api
         self._nodes: dict[str, Node] = {}
@@ -237,15 +240,31 @@ class Watcher:
 
     # ------------------------------------------------------------------------ nodes
 
+    def image_of(self, backend: Any, inst: Any) -> tuple[str | None, str | None]:
+        """(the root an instance boots in, None for the host's; its stand-in driver)."""
+        ami = backend.amis.get(inst.image_id) if backend is not None else None
+        public = image_by_name(getattr(ami, "name", None))
+        if public is None:
+            return None, None
+        return self.roots.get(public.root), public.driver
+
     def _boot(self, backend: Any, inst: Any, ip: str, region: str) -> subprocess.Popen[bytes]:
         ipaths = self.paths.instance(inst.id)
-        pw = getpw(NODE_USER)
-        if pw is None:
-            raise RuntimeError(f"there is no user {NODE_USER} (`ec2 up` makes it)")
+        root, driver = self.image_of(backend, inst)
+        ids = images.login_ids(root)
+        if ids is None:
+            pw = getpw(NODE_USER)
+            if pw is None:
+                raise RuntimeError(f"there is no user {NODE_USER} (`ec2 up` makes it)")
+            ids = pw.pw_uid, pw.pw_gid
         os.makedirs(ipaths.root, mode=0o755, exist_ok=True)
         os.makedirs(ipaths.control, mode=0o755, exist_ok=True)
         if not os.path.exists(ipaths.disk):
-            self._first_boot(backend, inst, ipaths, pw.pw_uid, pw.pw_gid)
+            self._first_boot(backend, inst, ipaths, *ids)
+        image_args = ["--root", root] if root is not None else []
+        if driver is not None:
+            drivers.write_stand_ins(ipaths.driver_bin, driver, inst.instance_type, inst.id)
+            image_args += ["--extra-bin", ipaths.driver_bin]
         ensure_keygen(ipaths.host_key, f"{inst.id}-host")
         host_key_on_node = os.path.join(NODE_MOUNT, os.path.basename(ipaths.host_key))
         want = sshd_config(f"EC2 node {inst.id} of the clusterd test bed in {self.paths.dir} "
@@ -263,7 +282,7 @@ class Watcher:
                "--sbin", self.paths.node_sbin, "--node-mount", NODE_MOUNT,
                "--home-mount", NODE_HOME,
                "--sshd-config", os.path.join(NODE_MOUNT, os.path.basename(ipaths.sshd_config)),
-               "--ip", ip, "--prefix", vpc_cidr(region).split("/")[1]]
+               "--ip", ip, "--prefix", vpc_cidr(region).split("/")[1], *image_args]
         with open(ipaths.node_log, "ab") as lf:
             lf.write(f"--- testbed: booting {inst.id} ({ip}) at "
                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
@@ -281,7 +300,8 @@ class Watcher:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
             raise
-        log.info("booting node %s at %s (pid %d, link %s)", inst.id, ip, proc.pid, link)
+        log.info("booting node %s at %s (pid %d, link %s, root %s%s)", inst.id, ip, proc.pid,
+                 link, root or "the host's", f", {driver} driver stand-in" if driver else "")
         return proc
 
     def _first_boot(self, backend: Any, inst: Any, ipaths: InstancePaths, uid: int,

@@ -15,18 +15,16 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import time
 from typing import Any
 
-from _testbed.common import Failure, log, run
+from _testbed.common import debian_mirror, debootstrap, log, run
 from _testbed.k8s.layout import NODE_USER, node_image
 
 SUITE = "bookworm"
 NODE_PACKAGES = ("python3", "python3-venv", "openssh-server", "rsync", "sudo", "socat",
                  "procps", "iproute2", "ca-certificates", "less")
-DEBOOTSTRAP_TIMEOUT_S = 1200.0
 
 # The node image's entrypoint (/usr/local/bin/clusterd-node-entrypoint, the image's only
 # command). Kept short on purpose: the provider's contract with the image is this text.
@@ -156,15 +154,6 @@ def read_archive(path: str, into: str) -> tuple[list[str], dict[str, Any]]:
     return layers, config
 
 
-def debian_mirror() -> str:
-    from _testbed.k8s.apt import machine_sources
-
-    for stanza in machine_sources():
-        if "security" not in stanza.get("URIs", "") and SUITE in stanza.get("Suites", ""):
-            return stanza["URIs"].split()[0]
-    raise Failure(f"the machine's apt sources have no Debian {SUITE} mirror for debootstrap")
-
-
 def ensure_node_image(images_dir: str) -> tuple[str, str]:
     """The node image archive: found, or built now (about a minute). (name, archive path)."""
     mirror = debian_mirror()
@@ -180,20 +169,7 @@ def ensure_node_image(images_dir: str) -> tuple[str, str]:
     os.makedirs(work)
     start = time.monotonic()
     log(f"building the node image {name} (debootstrap {SUITE} from {mirror}; once) ...")
-    # In throwaway mount and PID namespaces: debootstrap's mounts of proc and sys in the
-    # target, and anything a package's scripts start, go when it ends.
-    p = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--",
-                        "debootstrap", "--variant=minbase", f"--include={','.join(NODE_PACKAGES)}",
-                        SUITE, rootfs, mirror], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=DEBOOTSTRAP_TIMEOUT_S,
-                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
-    if p.returncode != 0:
-        tail = (p.stderr or p.stdout).strip()[-2000:]
-        log_file = os.path.join(rootfs, "debootstrap", "debootstrap.log")
-        if os.path.exists(log_file):
-            with open(log_file, errors="replace") as f:
-                tail += "\n" + f.read()[-2000:]
-        raise Failure(f"debootstrap failed (exit {p.returncode}): {tail}")
+    debootstrap(SUITE, rootfs, NODE_PACKAGES, mirror)
     customise(rootfs)
     layer = os.path.join(work, "layer.tar")
     run(["tar", "--numeric-owner", "--xattrs", "-C", rootfs, "--exclude=./dev/*",

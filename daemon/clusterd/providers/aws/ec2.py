@@ -23,6 +23,7 @@ import anyio
 
 from clusterd import log
 from clusterd.providers.aws.errors import classify, error_code
+from clusterd.providers.aws.images import IMAGE_NAMES, ImageKind
 from clusterd.providers.aws.throttle import (
     DEFAULT_BACKOFF,
     THROTTLING_CODES,
@@ -30,15 +31,12 @@ from clusterd.providers.aws.throttle import (
     Throttled,
     retry_throttled,
 )
-from clusterd.providers.base import BlockScope, ProvisionError
+from clusterd.providers.base import ProvisionError
 
 logger = log.get("clusterd.aws")
 
 RETRY_ATTEMPTS = 4
 CONNECT_TIMEOUT_S = 10.0
-# Ubuntu 22.04 as Canonical publishes it, as SkyPilot's default image is.
-CANONICAL_OWNER = "099720109477"
-UBUNTU_IMAGE_PATTERN = "ubuntu/images/hvm-ssd/ubuntu-jammy-22.04-{arch}-server-*"
 
 Instance = dict[str, Any]
 
@@ -66,7 +64,7 @@ class EC2Api:
         self._stack = contextlib.AsyncExitStack()
         self._making = anyio.Lock()
         self._zone_names: dict[str, dict[str, str]] = {}
-        self._images: dict[tuple[str, str], str] = {}
+        self._images: dict[tuple[str, ImageKind, str], str] = {}
         # Calls made, by (operation, region): benchmarks and tests count them.
         self.calls: dict[tuple[str, str], int] = {}
 
@@ -218,22 +216,30 @@ class EC2Api:
             self._zone_names[region] = cached
         return cached
 
-    async def default_image(self, region: str, arch: str = "amd64") -> str:
-        """The newest Ubuntu 22.04 image Canonical publishes in the region."""
-        cached = self._images.get((region, arch))
+    async def default_image(self, region: str, kind: ImageKind = ImageKind.UBUNTU,
+                            arch: str = "amd64") -> str:
+        """The newest image of `kind` (images.py) its publisher has in the region."""
+        cached = self._images.get((region, kind, arch))
         if cached is None:
+            from clusterd.providers.base import BlockScope, ProvisionError
+
+            name = IMAGE_NAMES[kind]
+            pattern = name.pattern(arch)
+            if pattern is None:
+                raise ProvisionError(f"aws/{region}: {name.what} is not published for {arch}",
+                                     BlockScope.FATAL, "name an image with resources.image_id")
             images = (await self.call(
-                region, "DescribeImages", Owners=[CANONICAL_OWNER],
-                Filters=[{"Name": "name", "Values": [UBUNTU_IMAGE_PATTERN.format(arch=arch)]},
+                region, "DescribeImages", Owners=[name.owner],
+                Filters=[{"Name": "name", "Values": [pattern]},
                          {"Name": "state", "Values": ["available"]}],
             )).get("Images", [])
             if not images:
-                raise ProvisionError(f"aws/{region}: no Ubuntu 22.04 image from Canonical "
-                                     "found", BlockScope.REGION,
+                raise ProvisionError(f"aws/{region}: no image of {name.what} found (owner "
+                                     f"{name.owner}, name {pattern!r})", BlockScope.REGION,
                                      "name an image with resources.image_id")
             newest = max(images, key=lambda i: (i.get("CreationDate") or "", i["Name"]))
             cached = newest["ImageId"]
-            self._images[(region, arch)] = cached
+            self._images[(region, kind, arch)] = cached
         return cached
 
 

@@ -20,15 +20,19 @@ class AWSNode:
     state: str = "running"  # EC2's name for it
     reason: str = ""  # EC2's state reason, when it is not running
     launched: str = ""  # its launch time, as EC2 gave it
+    image: str = ""  # the AMI it was launched from ("": a record from before it was kept)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if not out["image"]:  # a record from before it was kept reads back as it was
+            del out["image"]
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AWSNode:
         return cls(str(data["id"]), data.get("role", "worker"), data.get("ip", ""),
                    data.get("public_ip"), data.get("state", "running"),
-                   data.get("reason", ""), data.get("launched", ""))
+                   data.get("reason", ""), data.get("launched", ""), data.get("image", ""))
 
 
 @dataclasses.dataclass(frozen=True)

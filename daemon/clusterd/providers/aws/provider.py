@@ -32,6 +32,7 @@ from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
+from clusterd.providers.aws.images import default_image_kind
 from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
 from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
 from clusterd.providers.aws.profile import InstanceProfiles
@@ -308,7 +309,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         arch = instance_arch(placement.instance_type or "")
         image = dict(resources.region_images).get(region) or resources.image_id
         if not image or not image.startswith("ami-"):
-            image = await self.api.default_image(region, arch)
+            image = await self.api.default_image(
+                region, default_image_kind(placement.accelerator), arch)
         return image, await self._network.root_device(region, image)
 
     async def wait(self, cloud_name: str, handle: AWSHandle, timeout_s: float) -> AWSHandle:
@@ -459,6 +461,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             cpus=float(handle.cpus or 1),
             gpus=float(handle.gpus or 0),
             reason=node.reason,
+            image=node.image,
+            check_gpu_driver=True,
         )
 
     async def cluster_info(self, cloud_name: str, handle: AWSHandle) -> ClusterInfo:
@@ -645,6 +649,7 @@ def _nodes_of(instances: list[Instance]) -> tuple[AWSNode, ...]:
         reason=(i.get("StateReason") or {}).get("Message", "")
         if i["State"]["Name"] != "running" else "",
         launched=str(i.get("LaunchTime") or ""),
+        image=str(i.get("ImageId") or ""),
     ) for i in instances]
     nodes.sort(key=lambda n: (n.role != "head", n.launched, n.id))
     return tuple(nodes)
