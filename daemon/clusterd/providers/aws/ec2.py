@@ -31,7 +31,7 @@ from clusterd.providers.aws.throttle import (
     Throttled,
     retry_throttled,
 )
-from clusterd.providers.base import ProvisionError
+from clusterd.providers.base import BlockScope, ProvisionError
 
 logger = log.get("clusterd.aws")
 
@@ -221,8 +221,6 @@ class EC2Api:
         """The newest image of `kind` (images.py) its publisher has in the region."""
         cached = self._images.get((region, kind, arch))
         if cached is None:
-            from clusterd.providers.base import BlockScope, ProvisionError
-
             name = IMAGE_NAMES[kind]
             pattern = name.pattern(arch)
             if pattern is None:
