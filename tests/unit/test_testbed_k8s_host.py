@@ -166,7 +166,7 @@ def test_exec_contexts_and_the_rbac_context_get_what_readme_says() -> None:
     users = {u["name"]: u["user"] for u in config["users"]}
     assert users["bed-x-user"]["exec"]["args"] == ["/p/exec_credential.py", "--dir", "/bed",
                                                    "--silent"]
-    assert users["bed-x-user"]["exec"]["interactiveMode"] == "Never"
+    assert users["bed-x-user"]["exec"]["apiVersion"] == "client.authentication.k8s.io/v1beta1"
     with open(RBAC_FILE) as f:
         documented = [d for d in yaml.safe_load_all(f) if d]
     items = render.bootstrap_objects({"pods": "3"}, documented)["items"]

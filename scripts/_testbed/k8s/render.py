@@ -60,10 +60,9 @@ def kubeconfig(server: str, ca_pem: bytes, users: Mapping[str, str | dict[str, A
 
 def exec_plugin(python: str, plugin: str, bed_dir: str, silent: bool) -> dict[str, Any]:
     """The `exec` section of the exec contexts' users (the bed's plugin, exec_credential.py),
-    in client.authentication.k8s.io/v1 as kubectl 1.24+ and EKS write it."""
-    return {"apiVersion": "client.authentication.k8s.io/v1", "command": python,
+    in client.authentication.k8s.io/v1beta1: the bed's kubectl (1.20) knows no v1."""
+    return {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": python,
             "args": [plugin, "--dir", bed_dir] + (["--silent"] if silent else []),
-            "interactiveMode": "Never", "provideClusterInfo": False,
             "installHint": "the bed's plugin: scripts/_testbed/k8s/exec_credential.py"}
 
 
