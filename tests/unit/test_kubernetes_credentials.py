@@ -169,8 +169,9 @@ def test_quota_refusals_are_named_as_quota_not_rbac() -> None:
     limits = classify(forbidden(
         'pods "c-1-head" is forbidden: failed quota: team-quota: must specify '
         "limits.cpu,limits.memory"), "bed-b")
-    assert "ResourceQuota team-quota wants every pod to state limits.cpu,limits.memory" \
-        in limits.message
+    assert limits.message.startswith("kubernetes/bed-b: ResourceQuota team-quota wants every "
+                                     "pod to state limits.cpu,limits.memory (a quota rule")
+    assert len(limits.message) <= 160  # the failover table shows 140 characters
     assert limits.hint is not None and "not a permission" in limits.hint
     assert "RBAC" not in limits.message + limits.hint
     used = classify(forbidden('pods "x" is forbidden: exceeded quota: q, requested: pods=1, '

@@ -78,9 +78,10 @@ def classify(error: BaseException, context: str) -> ProvisionError:
         wants = quota_wants(error)
         if wants is not None:
             quota, what = wants
+            # Short: the failover table shows the first 140 characters, not the hint.
             return ProvisionError(
-                f"{where}: the namespace's ResourceQuota {quota} wants every pod to state "
-                f"{what}, which clusterd's pods do not ({status_message(error)})",
+                f"{where}: ResourceQuota {quota} wants every pod to state {what} (a quota "
+                "rule, not a permission; a LimitRange default fills it in)",
                 BlockScope.REGION,
                 "this is a quota rule, not a permission: give the namespace a LimitRange "
                 "whose default (limits) or defaultRequest (requests) fills it in, drop it "
