@@ -128,10 +128,11 @@ class KubeApi:
     async def core(self, context: str) -> CoreApi:
         return client.CoreV1Api(await self.client(context))
 
-    async def generation(self, context: str) -> int:
-        """Which credentials a call about to start uses (to pass to `unauthorized`)."""
-        async with self._lock:
-            return (await self._context_auth(context)).generation
+    def generation(self, context: str) -> int:
+        """Which credentials a call about to start uses (to pass to `unauthorized`); its
+        client (`core`, `ws_client`) has loaded them."""
+        auth = self._auth.get(context)
+        return auth.generation if auth is not None else 0
 
     async def unauthorized(self, context: str, seen: int) -> bool:
         """A call made with credentials of generation `seen` got 401: refresh them (once for
@@ -154,8 +155,8 @@ class KubeApi:
         attempt = 0
         while True:
             try:
-                seen = await self.generation(context)
                 core = await self.core(context)
+                seen = self.generation(context)
                 with anyio.fail_after(timeout_s):
                     return await what(core)
             except ApiException as exc:
@@ -187,8 +188,8 @@ class KubeApi:
         """A websocket to the pod's port (the `portforward` subresource), opened again once
         with refreshed credentials if the API server refuses the old ones."""
         for retry in (False, True):
-            seen = await self.generation(context)
             ws_api = client.CoreV1Api(await self.ws_client(context))
+            seen = self.generation(context)
             # A websocket's context manager, though typed as the str a request returns.
             opening: Any = await ws_api.connect_get_namespaced_pod_portforward(
                 pod, namespace, ports=port, _preload_content=False)
