@@ -4,6 +4,7 @@ runs one) feeds a context's configuration; its token is replaced before it expir
 
 from __future__ import annotations
 
+import base64
 import json
 import stat
 import sys
@@ -188,3 +189,26 @@ def test_credentials_refused_block_only_their_context() -> None:
     refused = classify(error, "bed-x")
     assert refused.scope == BlockScope.REGION and "bed-x" in refused.message
 
+
+
+async def test_an_oidc_id_token_is_used_until_near_its_exp(tmp_path: Path) -> None:
+    exp = int(time.time()) + 3600
+
+    def b64(data: dict[str, object]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(data).encode()).decode().rstrip("=")
+
+    id_token = f"{b64({'alg': 'none'})}.{b64({'exp': exp, 'sub': 'u'})}.sig"
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"auth-provider": {"name": "oidc", "config": {
+            "client-id": "clusterd", "id-token": id_token, "refresh-token": "r",
+            "idp-issuer-url": "https://127.0.0.1:1"}}}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    auth = ContextAuth([str(path)], "c", str(tmp_path / "tmp"))
+    configuration = await auth.load()
+    assert auth.kind == "oidc" and auth.expires_at() == exp
+    assert await configuration.get_api_key_with_prefix("BearerToken") == f"Bearer {id_token}"
