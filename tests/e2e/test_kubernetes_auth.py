@@ -76,6 +76,38 @@ def ssh(daemon: Daemon, alias: str, command: str) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=120)
 
 
+TOKEN_THEN_CALLS = """
+import json, os, ssl, subprocess, sys, time, urllib.error, urllib.request
+plugin, bed_dir = sys.argv[1], sys.argv[2]
+out = subprocess.run([sys.executable, plugin, "--dir", bed_dir], capture_output=True, check=True,
+                     env={**os.environ, "CLUSTERD_TESTBED_K8S_TOKEN_TTL": "2"}).stdout
+token = json.loads(out)["status"]["token"]
+context = ssl.create_default_context(cafile=os.path.join(bed_dir, "pki", "ca.crt"))
+codes, deadline = [], time.monotonic() + 40
+while time.monotonic() < deadline and 401 not in codes:
+    request = urllib.request.Request("https://127.0.0.1:6443/api/v1/namespaces/bed-a/pods",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        codes.append(urllib.request.urlopen(request, context=context, timeout=10).status)
+    except urllib.error.HTTPError as e:
+        codes.append(e.code)
+    time.sleep(0.5)
+print(json.dumps(codes))
+"""
+
+
+def test_the_beds_plugin_tokens_really_stop_working(k8s: K8sBed) -> None:
+    """The bed's side of it: a token of the plugin works, then the API server refuses it
+    (within its authentication cache's 10 s of the Secret's deletion)."""
+    plugin = Path(TESTBED).parent / "_testbed" / "k8s" / "exec_credential.py"
+    done = subprocess.run(["ip", "netns", "exec", k8s.netns, sys.executable, "-c",
+                           TOKEN_THEN_CALLS, str(plugin), str(k8s.dir)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    codes = json.loads(done.stdout)
+    assert codes[0] == 200 and codes[-1] == 401, codes
+
+
 @pytest.mark.parametrize("context", ["bed-x", "bed-x-silent"])
 def test_exec_plugin_tokens_are_refreshed_past_their_expiry(
         k8s: K8sBed, daemon: Daemon, context: str) -> None:
