@@ -220,6 +220,9 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
                             help="show or set context bed-b's ResourceQuota (0 runs it out)")
     quota.add_argument("--pods", type=int)
     quota.add_argument("--gpus", type=int, help="requests.nvidia.com/gpu")
+    quota.add_argument("--limits-cpu", metavar="CPUS",
+                       help="limits.cpu: then every pod must state its CPU limit ('none' "
+                            "drops it)")
 
 
 def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -32,7 +32,7 @@ from _testbed.k8s.faults import (
 )
 from _testbed.k8s.host import guard_ruleset
 from _testbed.k8s.images import oci_archive, read_archive
-from _testbed.k8s.layout import BedPaths, NodeSpec, bed_env, node_specs, removed_env
+from _testbed.k8s.layout import RBAC_FILE, BedPaths, NodeSpec, bed_env, node_specs, removed_env
 from _testbed.k8s.proxy import Faults, Stream, parse_head, relay_body
 
 # ---------------------------------------------------------------------------- request info
@@ -156,6 +156,29 @@ def test_kubeconfigs_have_two_contexts_and_the_ca() -> None:
     assert base64.b64decode(cluster["cluster"]["certificate-authority-data"]) == b"PEM"
     admin = yaml.safe_load(render.admin_kubeconfig("https://127.0.0.1:6444", b"PEM", "t0"))
     assert admin["current-context"] == "bed-admin"
+
+
+def test_exec_contexts_and_the_rbac_context_get_what_readme_says() -> None:
+    plugin = render.exec_plugin("/py", "/p/exec_credential.py", "/bed", silent=True)
+    config = yaml.safe_load(render.clusterd_kubeconfig(
+        "https://127.0.0.1:6443", b"PEM", {"clusterd-a": "ta", "clusterd-b": "tb"},
+        {"bed-x": plugin}))
+    users = {u["name"]: u["user"] for u in config["users"]}
+    assert users["bed-x-user"]["exec"]["args"] == ["/p/exec_credential.py", "--dir", "/bed",
+                                                   "--silent"]
+    assert users["bed-x-user"]["exec"]["apiVersion"] == "client.authentication.k8s.io/v1beta1"
+    with open(RBAC_FILE) as f:
+        documented = [d for d in yaml.safe_load_all(f) if d]
+    items = render.bootstrap_objects({"pods": "3"}, documented)["items"]
+    by_kind = {(i["kind"], i["metadata"]["name"]): i for i in items}
+    role = by_kind[("Role", "clusterd")]
+    assert role["metadata"]["namespace"] == "bed-b" and role["rules"] == documented[0]["rules"]
+    assert by_kind[("RoleBinding", "clusterd-b-clusterd")]["roleRef"]["name"] == "clusterd"
+    assert ("RoleBinding", "clusterd-b-admin") not in by_kind  # exactly the file, no more
+    readers = by_kind[("ClusterRoleBinding", "clusterd-testbed:node-reader")]["subjects"]
+    assert [s["name"] for s in readers] == ["clusterd-a"]
+    assert any(r["resources"] == ["pods/portforward"] for r in role["rules"])
+    assert by_kind[("ServiceAccount", "clusterd-x")]["metadata"]["namespace"] == "bed-a"
 
 
 def test_token_file_lines() -> None:

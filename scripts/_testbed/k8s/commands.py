@@ -33,6 +33,7 @@ from _testbed.k8s.layout import (
     ETCD_PORT,
     LOOPBACK,
     MAX_NODES,
+    RBAC_FILE,
     VENV_BIN,
     BedPaths,
     cache_root,
@@ -264,14 +265,23 @@ def wait_component(name: str, pid: int, paths: BedPaths, api: components.Api) ->
 def bootstrap(api: components.Api) -> None:
     """The bed's namespaces, RBAC and quota (created if missing; a quota changed since is
     kept as it is)."""
-    for item in render.bootstrap_objects(DEFAULT_QUOTA)["items"]:
+    for item in render.bootstrap_objects(DEFAULT_QUOTA, clusterd_rbac())["items"]:
         meta = item["metadata"]
         group = "api/v1" if item["apiVersion"] == "v1" else f"apis/{item['apiVersion']}"
         plural = {"Namespace": "namespaces", "RoleBinding": "rolebindings",
                   "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings",
-                  "ResourceQuota": "resourcequotas"}[item["kind"]]
+                  "ResourceQuota": "resourcequotas", "Role": "roles",
+                  "ServiceAccount": "serviceaccounts"}[item["kind"]]
         where = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
         api.ok("POST", f"/{group}{where}/{plural}", item, allow=(409,))
+
+
+def clusterd_rbac() -> list[dict[str, Any]]:
+    """The Role and ClusterRole README gives (docs/kubernetes-rbac.yaml), as written there."""
+    import yaml  # PyYAML: the project's venv has it, as Debian's python3 (python3-yaml)
+
+    with open(RBAC_FILE) as f:
+        return [d for d in yaml.safe_load_all(f) if d]
 
 
 def wait_service_accounts(api: components.Api) -> None:

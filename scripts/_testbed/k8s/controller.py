@@ -24,8 +24,10 @@ import urllib.request
 from typing import Any
 
 from _testbed.ec2.control import ControlServer, RequestError
-from _testbed.k8s.layout import API_PORT, APISERVER_PORT, LOOPBACK, BedPaths
+from _testbed.k8s.layout import ADMIN_USER, API_PORT, APISERVER_PORT, LOOPBACK, BedPaths
+from _testbed.k8s.pki import tokens_of
 from _testbed.k8s.proxy import ApiProxy, Faults
+from _testbed.k8s.tokens import TokenIssuer
 
 log = logging.getLogger("testbed.k8s.controller")
 HTTP_TIMEOUT_S = 30.0
@@ -40,6 +42,10 @@ class Controller:
         self.proxy = ApiProxy((LOOPBACK, API_PORT), (LOOPBACK, APISERVER_PORT),
                               os.path.join(pki, "proxy.crt"), os.path.join(pki, "proxy.key"),
                               os.path.join(pki, "ca.crt"), self.faults)
+        self.tokens = TokenIssuer(self._as_admin)
+
+    def _as_admin(self, method: str, url: str, body: Any) -> dict[str, Any]:
+        return self.http(method, url, tokens_of(self.paths)[ADMIN_USER], body)
 
     def handle(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "ping":
@@ -47,6 +53,13 @@ class Controller:
         if op == "http":
             return self.http(str(args.get("method") or "GET"), str(args.get("url")),
                              args.get("token"), args.get("body"), args.get("content_type"))
+        if op == "token":  # the exec plugin's (exec_credential.py)
+            try:
+                return self.tokens.issue(float(args.get("ttl") or 20))
+            except (RuntimeError, ValueError, KeyError) as e:
+                raise RequestError(f"no token: {e}") from e
+        if op == "token_stats":
+            return {"issued": self.tokens.issued, "revoked": self.tokens.revoked}
         if op == "cluster":
             return self.cluster(str(args.get("url")), str(args.get("token")))
         if op == "fault_add":
@@ -137,6 +150,7 @@ def main(argv: list[str]) -> int:
     log.info("stopping")
     server.shutdown()
     controller.proxy.shutdown()
+    controller.tokens.stop()
     with contextlib.suppress(FileNotFoundError):
         os.unlink(paths.control_sock)
     return 0

@@ -342,3 +342,17 @@ def bed_env(paths: BedPaths, base: Mapping[str, str],
         env["XDG_STATE_HOME"] = os.path.join(paths.client, "state")
         env["XDG_CONFIG_HOME"] = os.path.join(paths.client, "config")
     return env
+
+# Contexts whose user has short-lived credentials from an exec plugin (exec_credential.py): a
+# service account's token bound to a Secret that the controller deletes when the token is
+# said to expire, so it really stops working then (401), as an EKS token does after 15 min.
+# bed-x's plugin says when its tokens expire; bed-x-silent's says nothing (only a 401 tells).
+EXEC_CONTEXT = "bed-x"
+EXEC_SILENT_CONTEXT = "bed-x-silent"
+EXEC_NAMESPACE = "bed-a"
+EXEC_SERVICE_ACCOUNT = "clusterd-x"
+TOKEN_TTL_ENV = "CLUSTERD_TESTBED_K8S_TOKEN_TTL"  # seconds; read by the plugin when it runs
+DEFAULT_TOKEN_TTL_S = 20
+# What clusterd needs, as README gives it: the bed grants bed-b's user exactly this file.
+RBAC_FILE = os.path.join(REPO, "docs", "kubernetes-rbac.yaml")
+RBAC_CONTEXT = "bed-b"

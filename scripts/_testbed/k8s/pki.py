@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 
 from _testbed.common import run, write_file
 from _testbed.k8s import render
@@ -16,6 +17,8 @@ from _testbed.k8s.layout import (
     APISERVER_URL,
     BED_IP,
     CONTEXTS,
+    EXEC_CONTEXT,
+    EXEC_SILENT_CONTEXT,
     KUBERNETES_SERVICE_IP,
     LOOPBACK,
     MAX_NODES,
@@ -118,7 +121,11 @@ def write_kubeconfigs(paths: BedPaths, nodes: list[NodeSpec]) -> None:
     with open(os.path.join(paths.pki, "ca.crt"), "rb") as f:
         ca = f.read()
     os.makedirs(paths.kube, mode=0o755, exist_ok=True)
-    write_file(paths.kubeconfig, render.clusterd_kubeconfig(API_URL, ca, tokens), 0o600)
+    plugin = os.path.join(os.path.dirname(os.path.abspath(__file__)), "exec_credential.py")
+    exec_users = {context: render.exec_plugin(sys.executable, plugin, paths.dir, silent)
+                  for context, silent in ((EXEC_CONTEXT, False), (EXEC_SILENT_CONTEXT, True))}
+    write_file(paths.kubeconfig, render.clusterd_kubeconfig(API_URL, ca, tokens, exec_users),
+               0o600)
     write_file(paths.admin_kubeconfig,
                render.admin_kubeconfig(APISERVER_URL, ca, tokens[ADMIN_USER]), 0o600)
     for name, (user, _) in COMPONENTS.items():

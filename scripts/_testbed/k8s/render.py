@@ -17,10 +17,13 @@ from _testbed.k8s.layout import (
     BRIDGE,
     CLUSTER_NAME,
     CONTEXTS,
+    EXEC_NAMESPACE,
+    EXEC_SERVICE_ACCOUNT,
     GPU_RESOURCE,
     KUBELET_PORT,
     QUOTA_CONTEXT,
     QUOTA_NAME,
+    RBAC_CONTEXT,
     SERVICE_CIDR,
     SUBNET,
     NodeSpec,
@@ -35,15 +38,18 @@ def _q(value: str) -> str:
     return json.dumps(value)
 
 
-def kubeconfig(server: str, ca_pem: bytes, users: Mapping[str, str],
+def kubeconfig(server: str, ca_pem: bytes, users: Mapping[str, str | dict[str, Any]],
                contexts: Iterable[tuple[str, str, str]], current: str) -> str:
-    """A kubeconfig of one cluster: users {name: token}; contexts (name, namespace, user)."""
+    """A kubeconfig of one cluster: users {name: token, or an `exec` section}; contexts
+    (name, namespace, user)."""
     ca = base64.b64encode(ca_pem).decode()
     lines = ["apiVersion: v1", "kind: Config", "preferences: {}", "clusters:",
              f"- name: {CLUSTER_NAME}", "  cluster:", f"    server: {_q(server)}",
              f"    certificate-authority-data: {ca}", "users:"]
     for name, token in users.items():
-        lines += [f"- name: {_q(name)}", "  user:", f"    token: {_q(token)}"]
+        lines += [f"- name: {_q(name)}", "  user:"]
+        lines.append(f"    token: {_q(token)}" if isinstance(token, str)
+                     else f"    exec: {json.dumps(token)}")
     lines.append("contexts:")
     for name, namespace, user in contexts:
         lines += [f"- name: {_q(name)}", "  context:", f"    cluster: {CLUSTER_NAME}",
@@ -52,10 +58,24 @@ def kubeconfig(server: str, ca_pem: bytes, users: Mapping[str, str],
     return "\n".join(lines) + "\n"
 
 
-def clusterd_kubeconfig(server: str, ca_pem: bytes, tokens: Mapping[str, str]) -> str:
-    """The kubeconfig clusterd gets: one context per (namespace, user), bed-a current."""
-    users = {user: tokens[user] for _, _, user in CONTEXTS}
-    return kubeconfig(server, ca_pem, users, CONTEXTS, CONTEXTS[0][0])
+def exec_plugin(python: str, plugin: str, bed_dir: str, silent: bool) -> dict[str, Any]:
+    """The `exec` section of the exec contexts' users (the bed's plugin, exec_credential.py),
+    in client.authentication.k8s.io/v1beta1: the bed's kubectl (1.20) knows no v1."""
+    return {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": python,
+            "args": [plugin, "--dir", bed_dir] + (["--silent"] if silent else []),
+            "installHint": "the bed's plugin: scripts/_testbed/k8s/exec_credential.py"}
+
+
+def clusterd_kubeconfig(server: str, ca_pem: bytes, tokens: Mapping[str, str],
+                        exec_users: Mapping[str, dict[str, Any]] | None = None) -> str:
+    """The kubeconfig clusterd gets: one context per (namespace, user), bed-a current; and
+    the exec contexts (bed-x, bed-x-silent) whose users' tokens come from a plugin."""
+    users: dict[str, str | dict[str, Any]] = {user: tokens[user] for _, _, user in CONTEXTS}
+    contexts = list(CONTEXTS)
+    for context, plugin in (exec_users or {}).items():
+        users[f"{context}-user"] = plugin
+        contexts.append((context, EXEC_NAMESPACE, f"{context}-user"))
+    return kubeconfig(server, ca_pem, users, contexts, CONTEXTS[0][0])
 
 
 def admin_kubeconfig(server: str, ca_pem: bytes, token: str) -> str:
@@ -158,21 +178,50 @@ def kubelet_config(node: NodeSpec, cgroup_root: str, ca_file: str, resolv_conf: 
     }, indent=2) + "\n"
 
 
-def bootstrap_objects(quota: Mapping[str, str]) -> dict[str, Any]:
+def _binding(kind: str, name: str, namespace: str | None, role_kind: str, role: str,
+             subject: dict[str, str]) -> dict[str, Any]:
+    meta = {"name": name, **({"namespace": namespace} if namespace else {})}
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": kind, "metadata": meta,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": role_kind,
+                        "name": role}, "subjects": [subject]}
+
+
+def _user(name: str) -> dict[str, str]:
+    return {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": name}
+
+
+def bootstrap_objects(quota: Mapping[str, str],
+                      clusterd_rbac: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """What `up` applies once the API server answers: a namespace per context, its user
     admin in it and reader of nodes, the quota of the quota context, and the API server's
-    right to call kubelets (logs, exec, port-forward)."""
+    right to call kubelets (logs, exec, port-forward). With clusterd_rbac (the Role and
+    ClusterRole of docs/kubernetes-rbac.yaml), the RBAC context's user gets exactly those
+    instead. The exec contexts' service account is admin of its namespace and reads nodes."""
     items: list[dict[str, Any]] = []
     rbac = "rbac.authorization.k8s.io/v1"
+    rbac_user = dict((c, u) for c, _, u in CONTEXTS)[RBAC_CONTEXT] if clusterd_rbac else None
     for _, namespace, user in CONTEXTS:
         items.append({"apiVersion": "v1", "kind": "Namespace",
                       "metadata": {"name": namespace}})
-        items.append({"apiVersion": rbac, "kind": "RoleBinding",
-                      "metadata": {"name": f"{user}-admin", "namespace": namespace},
-                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
-                                  "kind": "ClusterRole", "name": "admin"},
-                      "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                    "name": user}]})
+        if user == rbac_user:
+            for role in clusterd_rbac or []:
+                scoped = role["kind"] == "Role"
+                meta = {**role["metadata"], **({"namespace": namespace} if scoped else {})}
+                items.append({**role, "metadata": meta})
+                items.append(_binding("RoleBinding" if scoped else "ClusterRoleBinding",
+                                      f"{user}-{meta['name']}", namespace if scoped else None,
+                                      role["kind"], meta["name"], _user(user)))
+            continue
+        items.append(_binding("RoleBinding", f"{user}-admin", namespace, "ClusterRole",
+                              "admin", _user(user)))
+    account = {"kind": "ServiceAccount", "name": EXEC_SERVICE_ACCOUNT,
+               "namespace": EXEC_NAMESPACE}
+    items.append({"apiVersion": "v1", "kind": "ServiceAccount",
+                  "metadata": {"name": EXEC_SERVICE_ACCOUNT, "namespace": EXEC_NAMESPACE}})
+    items.append(_binding("RoleBinding", f"{EXEC_SERVICE_ACCOUNT}-admin", EXEC_NAMESPACE,
+                          "ClusterRole", "admin", account))
+    items.append(_binding("ClusterRoleBinding", f"{EXEC_SERVICE_ACCOUNT}-node-reader", None,
+                          "ClusterRole", NODE_READER_ROLE, account))
     items.append({"apiVersion": rbac, "kind": "ClusterRole",
                   "metadata": {"name": NODE_READER_ROLE},
                   "rules": [{"apiGroups": [""], "resources": ["nodes"],
@@ -182,7 +231,8 @@ def bootstrap_objects(quota: Mapping[str, str]) -> dict[str, Any]:
                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                               "name": NODE_READER_ROLE},
                   "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                                "name": user} for _, _, user in CONTEXTS]})
+                                "name": user} for _, _, user in CONTEXTS
+                               if user != rbac_user]})
     items.append({"apiVersion": rbac, "kind": "ClusterRoleBinding",
                   "metadata": {"name": "clusterd-testbed:apiserver-kubelet-client"},
                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",

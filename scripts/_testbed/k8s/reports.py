@@ -187,8 +187,11 @@ def cmd_quota(args: argparse.Namespace) -> int:
     api = admin_api(paths)
     namespace = dict((c, n) for c, n, _ in CONTEXTS)[QUOTA_CONTEXT]
     path = f"/api/v1/namespaces/{namespace}/resourcequotas/{QUOTA_NAME}"
-    hard = {k: str(v) for k, v in (("pods", args.pods),
-                                   ("requests.nvidia.com/gpu", args.gpus)) if v is not None}
+    hard: dict[str, str | None] = {
+        k: str(v) for k, v in (("pods", args.pods), ("requests.nvidia.com/gpu", args.gpus),
+                               ("limits.cpu", args.limits_cpu)) if v is not None}
+    if hard.get("limits.cpu") == "none":
+        hard["limits.cpu"] = None  # a merge patch's null removes it
     if hard:
         api.ok("PATCH", path, {"spec": {"hard": hard}}, "application/merge-patch+json")
     quota = json.loads(api.ok("GET", path))

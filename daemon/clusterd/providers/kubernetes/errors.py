@@ -2,10 +2,11 @@
 exceptions are understood.
 
 A kubeconfig context is the provider's "region" (failover goes from one to the next), and there
-are no zones. So what one context refuses blocks that context: RBAC (403 Forbidden), an
-exceeded ResourceQuota (a 403 too, told apart by its message), a scheduler that cannot place the
-pods, an API server that does not answer. 401 (the credentials themselves) blocks the whole
-provider. A spec the API server rejects (422) is fatal: no other context accepts it. 429 and
+are no zones. So what one context refuses blocks that context: RBAC (403 Forbidden), a
+ResourceQuota (a 403 too, told apart by its message: used up, or one that wants every pod to
+state a limit the pod lacks), a scheduler that cannot place the pods, an API server that does
+not answer, and credentials refused (401, after one refresh in api.py: each context has a user
+of its own). A spec the API server rejects (422) is fatal: no other context accepts it. 429 and
 5xx are retried with backoff before they get here (api.py), and what still fails is the
 context's. 409 on a create means the object is there: the caller adopts it, it is no error.
 """
@@ -13,6 +14,7 @@ context's. 409 on a create means the object is there: the caller adopts it, it i
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import aiohttp
@@ -38,8 +40,23 @@ def status_message(error: ApiException) -> str:
     return text[:MESSAGE_LIMIT]
 
 
+# The quota admission plugin's two refusals (k8s.io/apiserver's resourcequota controller):
+# "exceeded quota: NAME, requested: ..., used: ..., limited: ..." and, where a quota limits a
+# resource the pod does not state, "failed quota: NAME: must specify limits.cpu,...".
+_MUST_SPECIFY = re.compile(r"failed quota: (?P<quota>[^:]+): must specify (?P<what>[^\s\"]+)")
+
+
 def exceeded_quota(error: ApiException) -> bool:
     return error.status == 403 and "exceeded quota" in (status_message(error) or "")
+
+
+def quota_wants(error: ApiException) -> tuple[str, str] | None:
+    """(quota, what it wants stated) when a ResourceQuota refused a pod for lacking a request
+    or limit it constrains (`must specify limits.cpu`); None otherwise."""
+    if error.status != 403:
+        return None
+    found = _MUST_SPECIFY.search(status_message(error))
+    return (found["quota"].strip(), found["what"].rstrip(",.")) if found else None
 
 
 def classify(error: BaseException, context: str) -> ProvisionError:
@@ -50,17 +67,30 @@ def classify(error: BaseException, context: str) -> ProvisionError:
     if isinstance(error, ApiException):
         text = f"{where}: {status_message(error)}"
         if error.status == 401:
-            return ProvisionError(text, BlockScope.PROVIDER,
-                                  "the kubeconfig's credentials were refused; check them "
-                                  "(`clusterctl check` shows what clusterd sees)")
+            return ProvisionError(text, BlockScope.REGION,
+                                  "the context's credentials were refused even after a "
+                                  "refresh: log in again (or check the kubeconfig's user); "
+                                  "`clusterctl check` shows what clusterd sees")
         if exceeded_quota(error):
             return ProvisionError(text, BlockScope.REGION,
                                   "the namespace's ResourceQuota is used up: free some of it, "
                                   "or let clusterd use another context")
+        wants = quota_wants(error)
+        if wants is not None:
+            quota, what = wants
+            # Short: the failover table shows the first 140 characters, not the hint.
+            return ProvisionError(
+                f"{where}: ResourceQuota {quota} wants every pod to state {what} (a quota "
+                "rule, not a permission; a LimitRange default fills it in)",
+                BlockScope.REGION,
+                "this is a quota rule, not a permission: give the namespace a LimitRange "
+                "whose default (limits) or defaultRequest (requests) fills it in, drop it "
+                "from the quota, or let clusterd use another context")
         if error.status == 403:
             return ProvisionError(text, BlockScope.REGION,
-                                  "this context's user may not do this (RBAC): grant it, or "
-                                  "drop the context from kubernetes.allowed_contexts")
+                                  "this context's user may not do this (RBAC): grant it (the "
+                                  "Role clusterd needs is docs/kubernetes-rbac.yaml), or drop "
+                                  "the context from kubernetes.allowed_contexts")
         if error.status == 422 or error.status == 400:
             return ProvisionError(text, BlockScope.FATAL)
         if error.status == 404:

@@ -10,8 +10,11 @@ and the user's `ssh CLUSTER` alike go through it, and nothing listens on TCP.
 
 A socket outlives the connections through it: when the API server drops them (it restarted),
 the SSH connection over it breaks, the daemon's connection manager reconnects, and the new
-connection gets a new websocket. Sockets are served from `run`, a task of the daemon's root
-task group; `close` ends one (its cluster went away).
+connection gets a new websocket. Each websocket is opened with the context's credentials of
+the moment (the opener is KubeApi.portforward: refreshed before they expire, and opened again
+once on a 401), so tokens that expire (EKS's 15 minutes) never stop new connections; one
+already open is not cut when its token expires. Sockets are served from `run`, a task of the
+daemon's root task group; `close` ends one (its cluster went away).
 """
 
 from __future__ import annotations

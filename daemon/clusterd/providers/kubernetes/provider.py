@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 
 import anyio
 import anyio.abc
-from kubernetes_asyncio import client
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
@@ -91,9 +90,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         await self.forwards.run(task_status=task_status)
 
     async def _open_forward(self, target: PodPort) -> Any:
-        ws = await self.api.ws_client(target.context)
-        return await client.CoreV1Api(ws).connect_get_namespaced_pod_portforward(
-            target.pod, target.namespace, ports=target.port, _preload_content=False)
+        return self.api.portforward(target.context, target.namespace, target.pod, target.port)
 
     # -- contexts ---------------------------------------------------------------------------
 
