@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -73,17 +75,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly or os.getuid() != 0 or not shutil.which("ip"):
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    for marker, command, what in PREPARED:
-        if not any(item.get_closest_marker(marker) for item in session.items):
-            continue
-        if reporter is not None:
-            reporter.write_line(f"building {what}, or finding it in the cache (the first time "
-                                "on a machine: minutes)")
-        try:
-            built = subprocess.run([sys.executable, TESTBED, *command], capture_output=True,
-                                   text=True, timeout=3600)
-        except subprocess.TimeoutExpired:
-            continue
-        said = (built.stdout + built.stderr).strip().splitlines()
-        if reporter is not None and said:
-            reporter.write_line(said[-1])
+    # Side by side: the Kubernetes build is mostly compiling, the image roots mostly
+    # downloading and unpacking packages. Output goes to files, not pipes: neither build
+    # waits on a reader busy with the other.
+    with contextlib.ExitStack() as stack:
+        started = []
+        for marker, command, what in PREPARED:
+            if not any(item.get_closest_marker(marker) for item in session.items):
+                continue
+            if reporter is not None:
+                reporter.write_line(f"building {what}, or finding it in the cache (the first "
+                                    "time on a machine: minutes)")
+            output = stack.enter_context(tempfile.TemporaryFile("w+"))
+            started.append((subprocess.Popen([sys.executable, TESTBED, *command],
+                                             stdout=output, stderr=subprocess.STDOUT), output))
+        for build, output in started:
+            try:
+                build.wait(timeout=3600)
+            except subprocess.TimeoutExpired:
+                build.kill()
+                build.wait()
+                continue
+            output.seek(0)
+            lines = output.read().strip().splitlines()
+            if reporter is not None and lines:
+                reporter.write_line(lines[-1])
