@@ -20,6 +20,7 @@ from clusterd.runtime.node_platform import (
     daemon_target,
     matches_daemon,
     probe_script,
+    uv_platform,
 )
 
 
@@ -144,3 +145,11 @@ def test_the_python_source_is_passed_to_uv_as_configured() -> None:
     assert PythonSource().uv_args() == []
     assert PythonSource("http://m/", "http://m/d.json").uv_args() == [
         "--mirror", "http://m/", "--python-downloads-json-url", "http://m/d.json"]
+
+
+def test_uvs_resolver_targets_the_newest_manylinux_the_nodes_glibc_meets() -> None:
+    assert uv_platform(RuntimeTarget("3.10", "x86_64", (2, 35))) == "x86_64-manylinux_2_35"
+    assert uv_platform(RuntimeTarget("3.10", "aarch64", (2, 30))) == "aarch64-manylinux_2_28"
+    assert uv_platform(RuntimeTarget("3.12", "x86_64", (2, 41))) == "x86_64-manylinux_2_40"
+    with pytest.raises(ProtocolError, match="older than any wheel"):
+        uv_platform(RuntimeTarget("3.10", "x86_64", (2, 12)))

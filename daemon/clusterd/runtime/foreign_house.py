@@ -19,14 +19,16 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
+from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.runtime import slim
 from clusterd.runtime import wheelhouse as integrity
-from clusterd.runtime.node_platform import RuntimeTarget
-from clusterd.runtime.pip import pip_run
+from clusterd.runtime.node_platform import RuntimeTarget, uv_platform
+from clusterd.runtime.pip import PIP_TIMEOUT_S, pip_run
 
 logger = log.get("clusterd.runtime")
 
@@ -67,10 +69,14 @@ def build(root: Path, base_key: str, package_wheel: Path, requirements: list[str
     with tempfile.TemporaryDirectory(dir=root) as scratch:
         staging = Path(scratch)
         shutil.copy2(package_wheel, staging / package_wheel.name)
-        pip_run("download", "--only-binary=:all:", "--python-version", target.python,
-                "--implementation", "cp", "--abi", abi,
+        # Resolved by uv for the node (pip's `download --python-version` would evaluate
+        # markers for this interpreter: a 3.10 node would miss anyio's exceptiongroup), then
+        # each pinned wheel fetched by pip for the node's Python, ABI and platforms.
+        pins = _resolve(requirements, target)
+        pip_run("download", "--no-deps", "--only-binary=:all:", "--python-version",
+                target.python, "--implementation", "cp", "--abi", abi,
                 *[arg for platform in platforms for arg in ("--platform", platform)],
-                "--dest", str(staging), *requirements,
+                "--dest", str(staging), *pins,
                 building=f"the runtime for {target.tag} nodes")
         for wheel in staging.glob("*.whl"):
             slimming = slim.slimming_for(wheel.name)
@@ -88,3 +94,24 @@ def build(root: Path, base_key: str, package_wheel: Path, requirements: list[str
         Path(scratch).mkdir()  # TemporaryDirectory wants something to remove
     logger.info("runtime built for another kind of node", key=key, path=str(final))
     return ForeignHouse(final, key, tuple(sorted(digests.items())))
+
+
+def _resolve(requirements: list[str], target: RuntimeTarget) -> list[str]:
+    """`requirements` and all they need on `target`, pinned (NAME==VERSION), by uv's
+    resolver with the target's Python and platform (the package index, as pip uses it)."""
+    from uv import find_uv_bin  # the daemon's own installer, at the version it ships
+
+    done = subprocess.run(
+        [find_uv_bin(), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+         "--python-version", target.python, "--python-platform", uv_platform(target),
+         "--only-binary", ":all:", "-"],
+        input="\n".join(requirements) + "\n", capture_output=True, text=True,
+        timeout=PIP_TIMEOUT_S, check=False)
+    if done.returncode != 0:
+        raise ProtocolError(
+            ErrorCode.PROVIDER_ERROR,
+            f"resolving the runtime for {target.tag} nodes failed: {done.stderr.strip()[-800:]}",
+            "the daemon needs the package index once per kind of node (uv reads UV_INDEX_URL "
+            "and uv.toml for a mirror)")
+    return [line.strip() for line in done.stdout.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]

@@ -102,6 +102,24 @@ class RuntimeTarget:
         return tags
 
 
+# The manylinux floors uv's resolver can target (`--python-platform ARCH-manylinux_2_N`).
+_UV_MANYLINUX = (40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 28, 17)
+
+
+def uv_platform(target: RuntimeTarget) -> str:
+    """uv's `--python-platform` for `target`: the newest manylinux floor it knows that the
+    node's glibc meets (so markers and wheels are chosen for the node, not this machine)."""
+    target.platforms()  # refuses a target with no glibc
+    assert target.glibc is not None
+    floor = next((n for n in _UV_MANYLINUX if n <= target.glibc[1]), None)
+    if floor is None:
+        raise ProtocolError(ErrorCode.UNSUPPORTED,
+                            f"the node's glibc 2.{target.glibc[1]} is older than any wheel "
+                            "of the runtime's supports (2.17)",
+                            "use an image from 2014 or later (any current Linux)")
+    return f"{target.machine}-manylinux_2_{floor}"
+
+
 def daemon_target() -> RuntimeTarget | None:
     """The target the daemon's own venv (the runtime's archive) is built for; None where the
     daemon is not on glibc Linux (a Mac's wheels are of no use to any node)."""
