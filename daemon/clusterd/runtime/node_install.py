@@ -187,7 +187,8 @@ async def install_python(runner: CommandRunner, uv_binary: Path, source_args: li
             f"{runner.node_name} has {had} (clusterd's runtime needs "
             f"{MIN_PYTHON[0]}.{MIN_PYTHON[1]} or later), and installing a uv-managed "
             f"Python {PYTHON_TAG} there failed: {done.error_tail(6)}",
-            "let the node reach python-build-standalone's downloads on GitHub, or set "
+            "let the node reach python-build-standalone's downloads (uv's default: "
+            "releases.astral.sh, GitHub), or set "
             "CLUSTERD_PYTHON_MIRROR (or CLUSTERD_PYTHON_DOWNLOADS_JSON_URL) to a mirror it "
             "reaches; or install python3.10 or later on the image")
     logger.info("python installed", node=runner.node_name, version=PYTHON_TAG,
