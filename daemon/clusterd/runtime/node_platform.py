@@ -44,8 +44,9 @@ for p in {MANAGED_PYTHONS}/cpython-*/bin/python3 {" ".join(_CANDIDATES)}; do
     */*) [ -x "$p" ] || continue ;;
     *) command -v "$p" >/dev/null 2>&1 || continue ;;
   esac
-  "$p" -c "{_SAY}" 2>/dev/null | grep -q '^python ' && exec "$p" -c "{_SAY}"
-  "$p" -c "{_SAY}" 2>/dev/null
+  said=$("$p" -c "{_SAY}" 2>/dev/null) || continue
+  echo "$said"
+  case "$said" in python*) exit 0 ;; esac
 done
 echo "python none"
 """
