@@ -153,3 +153,11 @@ def test_uvs_resolver_targets_the_newest_manylinux_the_nodes_glibc_meets() -> No
     assert uv_platform(RuntimeTarget("3.12", "x86_64", (2, 41))) == "x86_64-manylinux_2_40"
     with pytest.raises(ProtocolError, match="older than any wheel"):
         uv_platform(RuntimeTarget("3.10", "x86_64", (2, 12)))
+
+
+def test_a_tag_names_its_target_back() -> None:
+    """`clusterd --prepare-runtime-for TAG` readies the runtime for nodes of that kind."""
+    target = RuntimeTarget("3.13", "aarch64", (2, 41))
+    assert RuntimeTarget.from_tag(target.tag) == target
+    with pytest.raises(ProtocolError, match="names no kind of node"):
+        RuntimeTarget.from_tag("py310-x86_64")

@@ -235,9 +235,13 @@ class WheelhouseBuilder:
     async def node_uv(self, machine: str) -> Path:
         """uv's binary for nodes of this CPU (its wheel's, at the daemon's uv version)."""
         async with self._lock:
-            return await anyio.to_thread.run_sync(
-                node_binary.fetch, self._root, INSTALLER_DISTRIBUTION,
-                importlib.metadata.version(INSTALLER_DISTRIBUTION), machine, "uv")
+            return await anyio.to_thread.run_sync(self.node_uv_now, machine)
+
+    def node_uv_now(self, machine: str) -> Path:
+        """node_uv, blocking: call it from a thread inside the daemon."""
+        return node_binary.fetch(self._root, INSTALLER_DISTRIBUTION,
+                                 importlib.metadata.version(INSTALLER_DISTRIBUTION), machine,
+                                 "uv")
 
     async def ensure(self) -> Wheelhouse:
         async with self._lock:

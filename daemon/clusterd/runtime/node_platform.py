@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import re
 import sys
 
 from clusterctl.protocol import ErrorCode, ProtocolError
@@ -84,6 +85,16 @@ class RuntimeTarget:
         """Names the runtime built for this target (a directory name)."""
         libc = f"glibc{self.glibc[0]}.{self.glibc[1]}" if self.glibc else "nolibc"
         return f"cp{self.python.replace('.', '')}-{self.machine}-{libc}"
+
+    @classmethod
+    def from_tag(cls, tag: str) -> RuntimeTarget:
+        """The target `tag` names (cp310-x86_64-glibc2.35); ProtocolError if it names none."""
+        match = re.fullmatch(r"cp3(\d+)-(\w+)-glibc2\.(\d+)", tag)
+        if match is None:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"{tag!r} names no kind of node",
+                                "write cpXY-MACHINE-glibcA.B, e.g. cp310-x86_64-glibc2.35")
+        return cls(f"3.{match[1]}", match[2], (2, int(match[3])))
 
     def platforms(self) -> list[str]:
         """pip's `--platform` tags of the wheels this target runs: manylinux for this glibc
