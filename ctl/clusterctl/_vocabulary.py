@@ -13,7 +13,18 @@ if TYPE_CHECKING:
     from typing import Any
 
 
-class ErrorCode(enum.StrEnum):
+class _StrEnum(str, enum.Enum):
+    """enum.StrEnum, which Python 3.10 lacks (these words are spoken on nodes too, and a node's
+    Python may be 3.10): a member is its value, in str() and format() alike."""
+
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, spec: str) -> str:
+        return str.__format__(self, spec)
+
+
+class ErrorCode(_StrEnum):
     """Stable error codes. Clients branch on these, never on messages."""
 
     BAD_FRAME = "BAD_FRAME"
@@ -53,7 +64,7 @@ NOT_FOUND_CODES = frozenset({ErrorCode.CLUSTER_NOT_FOUND, ErrorCode.JOB_NOT_FOUN
                              ErrorCode.MANAGED_JOB_NOT_FOUND})
 
 
-class JobStatus(enum.StrEnum):
+class JobStatus(_StrEnum):
     INIT = "INIT"
     PENDING = "PENDING"
     SETTING_UP = "SETTING_UP"
@@ -80,14 +91,14 @@ _TERMINAL_JOB_STATUSES = frozenset(
 )
 
 
-class ClusterStatus(enum.StrEnum):
+class ClusterStatus(_StrEnum):
     INIT = "INIT"
     UP = "UP"
     STOPPED = "STOPPED"
     TERMINATED = "TERMINATED"  # only in events: the record has left the live table
 
 
-class ManagedJobStatus(enum.StrEnum):
+class ManagedJobStatus(_StrEnum):
     """A managed job's status, with SkyPilot's names and meanings."""
 
     PENDING = "PENDING"

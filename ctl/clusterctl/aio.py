@@ -121,14 +121,19 @@ class AsyncClient:
         raw = await asyncio.to_thread(opener.open_socket)
         # asyncio's transports want socket.socket, the blocking client uses the C type.
         sock = socket.socket(raw.family, raw.type, fileno=raw.detach())
+        decoder = protocol.FrameDecoder()
+
+        async def handshake() -> dict[str, Any]:
+            self._reader, self._writer = await asyncio.open_unix_connection(
+                sock=sock, limit=protocol.MAX_FRAME_BYTES + protocol.HEADER.size)
+            await self._write(protocol.hello(self._client_name))
+            return await self._read_frame(decoder)
+
         try:
-            async with asyncio.timeout(self._connect_timeout):
-                self._reader, self._writer = await asyncio.open_unix_connection(
-                    sock=sock, limit=protocol.MAX_FRAME_BYTES + protocol.HEADER.size)
-                await self._write(protocol.hello(self._client_name))
-                decoder = protocol.FrameDecoder()
-                hello = await self._read_frame(decoder)
-        except (OSError, TimeoutError) as exc:
+            # wait_for, not asyncio.timeout: clusterctl is imported on nodes too, whose
+            # Python may be 3.10 (where wait_for raises asyncio's own TimeoutError).
+            hello = await asyncio.wait_for(handshake(), self._connect_timeout)
+        except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
             await self.close()
             sock.close()  # if no writer took it over
             raise DaemonUnavailable(f"cannot reach clusterd at {self.socket_path}: {exc}",

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:  # (the daemon's checks of what clients send import it where they run)
-    from typing import Any, ClassVar, TypeVar, dataclass_transform
+    from typing import Any, ClassVar, TypeVar
+
+    # typing_extensions' (in the type checker's own stubs): typing has it from 3.11 only,
+    # and these modules run on nodes whose Python is 3.10.
+    from typing_extensions import dataclass_transform
 
     Args = TypeVar("Args", bound="OpArgs")
 else:

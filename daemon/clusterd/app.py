@@ -43,6 +43,7 @@ from clusterd.runtime.agent_access import AgentAccess
 from clusterd.runtime.agent_client import AgentConnections
 from clusterd.runtime.install import CURRENT_PYTHON, WheelhouseBuilder
 from clusterd.runtime.manager import RuntimeManager
+from clusterd.runtime.node_platform import PythonSource
 from clusterd.runtime.runner import CommandRunner, LocalRunner
 from clusterd.server.connection import Connection
 from clusterd.server.handlers import Handlers
@@ -211,7 +212,9 @@ class Daemon:
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,
-            WheelhouseBuilder(settings.wheelhouse_dir),
+            WheelhouseBuilder(settings.wheelhouse_dir,
+                              PythonSource(settings.python_mirror,
+                                           settings.python_downloads_json_url)),
             settings.runtime_dir / "agents",
             settings.local_object_store_bytes,
             settings.runtime_start_timeout_s,

@@ -64,6 +64,11 @@ class Settings:
     # A task's copy (workdir, file mount) sending more than this is warned of (refused under
     # --strict).
     sync_warn_bytes: int = 1_000_000_000
+    # Where a node with no usable Python gets a uv-managed CPython (node_platform.PythonSource):
+    # a mirror of python-build-standalone's releases (uv's --mirror), or a JSON list of
+    # downloads with their digests (uv's --python-downloads-json-url). Empty: uv's default.
+    python_mirror: str = ""
+    python_downloads_json_url: str = ""
 
     @property
     def db_path(self) -> Path:
@@ -117,6 +122,9 @@ class Settings:
             "agent_job_retention": int(_float_env("CLUSTERD_AGENT_JOB_RETENTION", 1_000)),
             "sync_warn_bytes": int(_float_env("CLUSTERD_SYNC_WARN_BYTES", 1_000_000_000,
                                                       maximum=1e15)),
+            "python_mirror": os.environ.get("CLUSTERD_PYTHON_MIRROR", ""),
+            "python_downloads_json_url": os.environ.get("CLUSTERD_PYTHON_DOWNLOADS_JSON_URL",
+                                                        ""),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

@@ -15,6 +15,8 @@ from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.app import AlreadyRunning, Daemon, StateInUse
 from clusterd.config import Settings
+from clusterd.runtime.install import WheelhouseBuilder
+from clusterd.runtime.node_platform import RuntimeTarget
 from clusterd.server.listener import SocketInUse, UnsafeListener
 
 
@@ -28,8 +30,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="build (or find) the wheelhouse that nodes install the runtime "
                              "from and the rclone bucket mounts send them, print their paths "
                              "and exit; needs the package index once")
+    parser.add_argument("--prepare-runtime-for", action="append", default=[], metavar="TAG",
+                        help="with --prepare-runtime: also the runtime for nodes of another "
+                             "kind, e.g. cp310-x86_64-glibc2.35 (Python minor, CPU, glibc), "
+                             "and uv for their CPU; repeatable")
     parser.add_argument("--version", action="version", version=f"clusterd {__version__}")
     return parser.parse_args(argv)
+
+
+async def _prepare_for(builder: WheelhouseBuilder, target: RuntimeTarget) -> Path:
+    wheelhouse = await builder.ensure()
+    await builder.node_uv(target.machine)
+    return (await builder.foreign(wheelhouse, target)).path
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,14 +54,19 @@ def main(argv: list[str] | None = None) -> None:
         overrides["runtime_dir"] = args.socket.absolute().parent
     settings = Settings.from_env(**overrides)
     if args.prepare_runtime:
-        from clusterd.runtime.install import WheelhouseBuilder
         from clusterd.storage.node_rclone import NodeRclone
 
         try:
             # The rclone a mount sends to nodes of this machine's kind; the wheelhouse's path
             # stays the last line (the test beds read it).
             print(NodeRclone(settings.wheelhouse_dir).build(os.uname().machine))
-            print(WheelhouseBuilder(settings.wheelhouse_dir).build().path)
+            builder = WheelhouseBuilder(settings.wheelhouse_dir)
+            for tag in args.prepare_runtime_for:
+                # For nodes of another kind, and uv (which also installs a Python on nodes
+                # with none) for their CPU; a daemon then needs no index for them either.
+                print(anyio.run(_prepare_for, builder, RuntimeTarget.from_tag(tag)))
+            print(builder.node_uv_now(os.uname().machine))
+            print(builder.build().path)
         except ProtocolError as exc:
             sys.exit(f"clusterd: {exc.message}\nhint: {exc.hint}" if exc.hint else
                      f"clusterd: {exc.message}")

@@ -2,21 +2,20 @@
 
 The daemon builds a wheelhouse once per version (its own package as a wheel, plus the wheels
 the agent needs, plus uv's wheel) and, from it, the venv a node runs as one archive, with the
-runtime's bytecode compiled once here (bytecode.py). A node whose Python is the daemon's gets
-that archive streamed and unpacked as it arrives (venv_archive.py): no index, no resolver,
-nothing compiled on the node, and it runs exactly the daemon's code. A node whose Python
-differs gets a copy of the wheelhouse, the package from it and the rest from the index, with
-pip (which reads the node's own pip configuration, mirrors included). Ray's wheel comes
-without the libraries no node of ours runs, and botocore without the models of AWS services
-no node calls (slim.py: 40 of Ray's 79 MB, 15 of botocore's 16). A node that already has
-this version is left alone (a marker in its venv says so).
+runtime's bytecode compiled once here (bytecode.py). A node of the daemon's kind (its Python
+minor, CPU and glibc: node_platform.py) gets that archive streamed and unpacked as it
+arrives (venv_archive.py): no index, no resolver, nothing compiled on the node, and it runs
+exactly the daemon's code. Any other node gets a wheelhouse built for it (foreign_house.py,
+node_install.py). Ray's wheel comes without the libraries no node of ours runs, and botocore
+without the models of AWS services no node calls (slim.py: 40 of Ray's 79 MB, 15 of
+botocore's 16). A node that already has this version is left alone (a marker in its venv
+says so).
 
 A wheelhouse is used only if wheelhouse.py trusts it (who owns it, and the digests recorded
 at its build); the daemon checks its copy before each install on a node. On the node, what
 arrived is checked against the digests the daemon verified, held in its memory: the archive
-as it is unpacked (the venv is marked ready only if it matches), or each copied wheel before
-uv is unpacked from its wheel, and uv (or pip) checks them again as it installs
-(`--require-hashes`).
+as it is unpacked (the venv is marked ready only if it matches), or each copied wheel as uv
+installs it (`--require-hashes`).
 """
 
 from __future__ import annotations
@@ -24,15 +23,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
-import json
 import os
 import re
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
@@ -41,8 +37,18 @@ from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.commands import SKYIGNORE
-from clusterd.runtime import bytecode, slim, venv_archive
+from clusterd.runtime import bytecode, foreign_house, node_binary, slim, venv_archive
 from clusterd.runtime import wheelhouse as integrity
+from clusterd.runtime.foreign_house import ForeignHouse
+from clusterd.runtime.node_platform import (
+    NodePlatform,
+    PythonSource,
+    RuntimeTarget,
+    daemon_target,
+    matches_daemon,
+    probe_script,
+)
+from clusterd.runtime.pip import pip_run
 from clusterd.runtime.runner import CommandRunner
 from clusterd.runtime.venv_archive import PYTHON_TAG
 
@@ -84,21 +90,6 @@ def agent_requirements() -> list[str]:
 
 
 @dataclasses.dataclass(frozen=True)
-class NodePython:
-    """A node's python3, as probed: its X.Y, whether zstd is on its PATH, its executable."""
-
-    version: str
-    has_zstd: bool
-    executable: str
-
-    @property
-    def archive(self) -> str | None:
-        """The runtime's archive the node unpacks; None: its Python is not ours, and it
-        installs from a copy of the wheelhouse."""
-        return venv_archive.archive_for(self.has_zstd) if self.version == PYTHON_TAG else None
-
-
-@dataclasses.dataclass(frozen=True)
 class Wheelhouse:
     path: Path
     key: str  # identifies this exact runtime: version plus a digest of the wheels
@@ -127,19 +118,12 @@ class Wheelhouse:
         return cls(path, path.name, packages[0], installers[0],
                    tuple(sorted(digests.items())))
 
-    def verify(self, pythons: Iterable[NodePython] | None = None) -> None:
+    def verify(self, archives: Iterable[str] | None = None) -> None:
         """Blocking: WheelhouseRefused unless the files are still the ones verified before;
-        given the Pythons of the nodes about to get it, only what is sent to them is hashed
-        (the archive for a node whose Python is ours, the wheels for any other)."""
-        hashing = None
-        if pythons is not None:
-            hashing = set()
-            for python in pythons:
-                if python.archive is not None:
-                    hashing.add(python.archive)
-                else:
-                    hashing |= {n for n, _ in self.digests if n not in venv_archive.ARCHIVES}
-        integrity.verify(self.path, dict(self.digests), hashing)
+        given the archives about to be sent (to the nodes whose platform is ours), only
+        those are hashed (any other node gets a wheelhouse of its own: foreign_house.py)."""
+        integrity.verify(self.path, dict(self.digests), None if archives is None
+                         else set(archives))
 
     def runtime_wheels(self) -> list[str]:
         """The wheels that make the node's venv: all but the installer's."""
@@ -228,10 +212,36 @@ def wheelhouse_key() -> str:
 
 
 class WheelhouseBuilder:
-    def __init__(self, root: Path) -> None:
+    """The daemon's wheelhouse (its own kind of node), and for every other kind of node a
+    wheelhouse of its own (foreign_house.py), uv for the nodes that get one, and where a
+    node with no usable Python gets a CPython from (`python_source`)."""
+
+    def __init__(self, root: Path, python_source: PythonSource | None = None) -> None:
         self._root = root
         self._lock = anyio.Lock()
         self._built: Wheelhouse | None = None
+        self.python_source = python_source or PythonSource()
+        self._foreign_locks: dict[str, anyio.Lock] = {}
+
+    async def foreign(self, wheelhouse: Wheelhouse, target: RuntimeTarget) -> ForeignHouse:
+        """The runtime's wheelhouse for nodes of `target` (built from the index once: one
+        build per target at a time)."""
+        lock = self._foreign_locks.setdefault(target.tag, anyio.Lock())
+        async with lock:
+            return await anyio.to_thread.run_sync(
+                foreign_house.build, self._root, wheelhouse.key,
+                wheelhouse.path / wheelhouse.package_wheel, agent_requirements(), target)
+
+    async def node_uv(self, machine: str) -> Path:
+        """uv's binary for nodes of this CPU (its wheel's, at the daemon's uv version)."""
+        async with self._lock:
+            return await anyio.to_thread.run_sync(self.node_uv_now, machine)
+
+    def node_uv_now(self, machine: str) -> Path:
+        """node_uv, blocking: call it from a thread inside the daemon."""
+        return node_binary.fetch(self._root, INSTALLER_DISTRIBUTION,
+                                 importlib.metadata.version(INSTALLER_DISTRIBUTION), machine,
+                                 "uv")
 
     async def ensure(self) -> Wheelhouse:
         async with self._lock:
@@ -295,36 +305,10 @@ class WheelhouseBuilder:
         return Wheelhouse.of(final, digests)
 
 
-def pip_run(*args: str, building: str = "the runtime's wheelhouse") -> None:
-    result = subprocess.run([sys.executable, "-m", "pip", "-q", "--disable-pip-version-check",
-                             *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        raise ProtocolError(
-            ErrorCode.PROVIDER_ERROR,
-            f"building {building} failed (pip {args[0]}): "
-            f"{result.stderr.strip()[-800:]}",
-            "the daemon needs the package index once per version to fetch the agent's wheels; "
-            "with none in reach, run `clusterd --prepare-runtime` where there is one (with "
-            "the same CLUSTERD_WHEELHOUSE_DIR)",
-        )
-
-
 # The runtime the daemon's commands use on a node: a link to the installed version's venv,
 # relative to the login directory (where commands over SSH start).
 CURRENT_LINK = ".clusterd/current"
 CURRENT_PYTHON = f"{CURRENT_LINK}/bin/python"
-
-
-async def install_runtime(runner: CommandRunner, wheelhouse: Wheelhouse,
-                          force: bool = False) -> None:
-    """Make sure the node has this runtime and `.clusterd/current` points at it; with
-    `force`, install it again even if it claims to be there (it answered with another
-    version). The steps one by one (a launch runs them node by node: install_round.py)."""
-    python = await linked_or_probed(runner, wheelhouse, force)
-    if python is not None:
-        # Our copy first: changed since it was checked (or built), it goes nowhere.
-        await anyio.to_thread.run_sync(wheelhouse.verify, [python])
-        await install_checked(runner, wheelhouse, python)
 
 
 RECEIVE_TIMEOUT_S = 1800  # the runtime's stream to one node, over the slowest link we serve
@@ -336,72 +320,58 @@ RECEIVE_TIMEOUT_S = 1800  # the runtime's stream to one node, over the slowest l
 BEHIND_HEAD_NICENESS = 10
 
 
-async def install_checked(runner: CommandRunner, wheelhouse: Wheelhouse, python: NodePython,
-                          announce: Callable[[str], Awaitable[None]] | None = None,
-                          behind_head: bool = False,
-                          sent: Callable[[], None] | None = None) -> None:
-    """Install the runtime on the node whose Python is `python`, from a wheelhouse the caller
-    has verified, and make it the current one: the archive of the venv, streamed, on a node
-    whose Python is ours (venv_archive.py); else the package's wheel from a copy of the
-    wheelhouse and the rest from the node's index. `announce` hears each phase ("copy",
-    "install") as it begins; `behind_head`: a worker's (BEHIND_HEAD_NICENESS); `sent` is
-    called once nothing more goes from here to the node (the archive is unpacked, or the
-    wheelhouse copied: the rest is the node's own work)."""
-    if python.archive is not None:
-        if announce is not None:
-            await announce("install")
-        await _receive_archive(runner, wheelhouse, python.archive,
-                               BEHIND_HEAD_NICENESS if behind_head else 0)
-        if sent is not None:
-            sent()
-        return
-    if announce is not None:
-        await announce("copy")
-    await copy_wheelhouse(runner, wheelhouse)
-    if sent is not None:
-        sent()
-    if announce is not None:
-        await announce("install")
-    await install_copied(runner, wheelhouse, python.executable)
-    await link_current(runner, wheelhouse)
+def archive_for(node: NodePlatform) -> str | None:
+    """The runtime's archive (of the daemon's own venv) `node` unpacks; None: the node is not
+    of the daemon's kind (Python minor, CPU, glibc), and gets a runtime built for it."""
+    if node.python is None or not matches_daemon(node.target(), daemon_target()):
+        return None
+    return venv_archive.archive_for(node.has_zstd)
 
 
-# The node's python3: its version (X.Y), whether zstd is on its PATH, its executable.
-_PROBE = ("import shutil, sys; print('%d.%d' % sys.version_info[:2], "
-          "int(bool(shutil.which('zstd'))), sys.executable)")
+async def receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, node: NodePlatform,
+                          behind_head: bool = False) -> None:
+    """Stream the runtime's archive to `node` (of the daemon's kind: archive_for), verified
+    by the caller, and make it the current runtime there."""
+    name = archive_for(node)
+    assert name is not None
+    assert node.executable is not None
+    await _receive_archive(runner, wheelhouse, name, node.executable,
+                           BEHIND_HEAD_NICENESS if behind_head else 0)
+
+
 _LINKED = "linked"
 
 
 async def linked_or_probed(runner: CommandRunner, wheelhouse: Wheelhouse,
-                           force: bool = False) -> NodePython | None:
-    """If the node has this runtime (and not `force`), make it the current one and say None;
-    else what its python3 is, to install the runtime with. One round trip either way (a
-    start of a stopped cluster waits on it)."""
-    linked = (f'test -e "$1" && ln -sfn "$2" "$3" && echo {_LINKED} && exit; '
+                           force: bool = False) -> NodePlatform | None:
+    """If the node has this runtime (built for it: any of KEY and KEY-for-TAG) and not
+    `force`, make it the current one and say None; else what the node is
+    (node_platform.py), to install the runtime with. One round trip either way (a start of a
+    stopped cluster waits on it)."""
+    venvs = f"{_venv(wheelhouse)} {_venv(wheelhouse)}-for-*"
+    linked = (f'for d in {venvs}; do if test -e "$d/$1"; then '
+              f'ln -sfn "venvs/${{d##*/}}" "$2" && echo {_LINKED} && exit; fi; done; '
               if not force else '')
-    found = await runner.run(
-        ["sh", "-c", linked + 'exec python3 -c "$4"', "sh",
-         f"{_venv(wheelhouse)}/{READY_MARKER}", _current_target(wheelhouse), CURRENT_LINK,
-         _PROBE], timeout_s=60)
+    found = await runner.run(["sh", "-c", linked + probe_script(), "sh", READY_MARKER,
+                              CURRENT_LINK], timeout_s=60)
     said = found.text.strip()
     if found.exit_code == 0 and said == _LINKED:
         return None
     if found.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                            f"{runner.node_name} has no python3: {found.error_tail(3)}",
-                            "install Python 3.11 or newer on the node")
-    version, has_zstd, executable = said.split(" ", 2)
-    return NodePython(version, has_zstd == "1", executable)
+                            f"cannot tell what {runner.node_name} is: {found.error_tail(3)}",
+                            "the node needs a POSIX sh, uname and getconf")
+    return NodePlatform.parse(said)
 
 
 async def _receive_archive(runner: CommandRunner, wheelhouse: Wheelhouse, name: str,
-                           niceness: int) -> None:
+                           python: str, niceness: int) -> None:
     started = time.monotonic()
     archive = wheelhouse.path / name
     received = await runner.run(
         venv_archive.receive_command(name, _venv(wheelhouse), dict(wheelhouse.digests)[name],
                                      READY_MARKER, niceness, CURRENT_LINK,
-                                     _current_target(wheelhouse)),
+                                     _current_target(wheelhouse), python),
         input=archive, timeout_s=RECEIVE_TIMEOUT_S)
     if received.exit_code == venv_archive.DIGEST_DIFFERS:
         raise ProtocolError(
@@ -438,141 +408,14 @@ def _current_target(wheelhouse: Wheelhouse) -> str:
     return f"venvs/{wheelhouse.key}"
 
 
-def _remote_house(wheelhouse: Wheelhouse) -> str:
-    return f".clusterd/wheelhouse/{wheelhouse.key}"
+def remote_house(key: str) -> str:
+    """Where a copy of the wheelhouse KEY lies on a node (relative to its login directory)."""
+    return f".clusterd/wheelhouse/{key}"
 
 
-async def copy_wheelhouse(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    """The wheelhouse onto the node (rsync: what is there already is not sent again). The
-    caller has verified our copy first (Wheelhouse.verify)."""
-    await runner.sync_dir(str(wheelhouse.path), f"~/{_remote_house(wheelhouse)}",
-                          timeout_s=900)
-
-
-async def link_current(runner: CommandRunner, wheelhouse: Wheelhouse) -> None:
-    linked = await runner.run(["ln", "-sfn", _current_target(wheelhouse), CURRENT_LINK],
-                              timeout_s=60)
+async def link_current(runner: CommandRunner, key: str) -> None:
+    """Make the node's venv KEY its current runtime."""
+    linked = await runner.run(["ln", "-sfn", f"venvs/{key}", CURRENT_LINK], timeout_s=60)
     if linked.exit_code != 0:
         raise ProtocolError(ErrorCode.PROVIDER_ERROR,
                             f"{runner.node_name}: {linked.error_tail(3)}")
-
-
-# Run by the node's python3 before anything is installed (standard library only: the node has
-# nothing else yet). Checks the wheels named on stdin ({file: sha256}, the digests the daemon
-# verified) and unpacks uv's binary from its wheel, from the very bytes it checked (unless the
-# target is "-"). Before an install only uv's own wheel is named: uv checks every other one
-# against the same digests (--require-hashes, local files included), and hashing all 265 MB
-# here first cost 0.7-0.9 s per node. After a failed install all are, to say which changed.
-_CHECK_AND_UNPACK = """
-import hashlib, io, json, os, sys, zipfile
-house, installer, target = sys.argv[1:4]
-kept = io.BytesIO()
-for name, digest in sorted(json.load(sys.stdin).items()):
-    sha = hashlib.sha256()
-    with open(os.path.join(house, name), "rb") as f:
-        while block := f.read(1 << 20):
-            sha.update(block)
-            if name == installer:
-                kept.write(block)
-    if sha.hexdigest() != digest:
-        print(name)
-        sys.exit(3)
-if target == "-":
-    sys.exit(0)
-with zipfile.ZipFile(kept) as wheel:
-    member = next(n for n in wheel.namelist() if n.endswith(".data/scripts/uv"))
-    binary = wheel.read(member)
-with open(target + ".part", "wb") as f:
-    f.write(binary)
-os.chmod(target + ".part", 0o700)
-os.replace(target + ".part", target)
-"""
-DIGESTS_DIFFER = 3
-
-
-async def install_copied(runner: CommandRunner, wheelhouse: Wheelhouse, executable: str
-                         ) -> None:
-    """On a node whose Python is not ours (`executable`): a venv of its own with the agent's
-    dependencies from the node's index (pip, which reads the node's own configuration,
-    mirrors included), and the package from the wheelhouse copied onto the node, checked
-    against the digests in our memory first; the ready marker last. Ours, compiled for
-    another Python, would be of no use: no bytecode is shipped."""
-    venv, remote_house = _venv(wheelhouse), _remote_house(wheelhouse)
-    started = time.monotonic()
-    wheels = [wheelhouse.package_wheel]
-    hashes = f"{remote_house}.require-hashes.txt"
-    written = await runner.run(["sh", "-c", 'cat > "$1"', "sh", hashes],
-                               input=wheelhouse.require_hashes(wheels).encode(), timeout_s=60)
-    if written.exit_code != 0:
-        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                            f"{runner.node_name}: writing {hashes}: {written.error_tail(3)}")
-    digests = dict(wheelhouse.digests)
-    checked = {wheelhouse.installer_wheel: digests[wheelhouse.installer_wheel]}
-    uv = f"{remote_house}.uv"
-    unpacked = await runner.run(
-        ["python3", "-c", _CHECK_AND_UNPACK, remote_house, wheelhouse.installer_wheel, uv],
-        input=json.dumps(checked).encode(), timeout_s=300)
-    if unpacked.exit_code == DIGESTS_DIFFER:
-        raise _digests_differ(runner, remote_house, unpacked.text.strip())
-    if unpacked.exit_code != 0:
-        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
-                            f"{runner.node_name}: unpacking the installer (uv) failed: "
-                            f"{unpacked.error_tail(5)}")
-    # uv is told everything (no config files, no interpreter downloads, no index): what it
-    # does is what is written here. Its cache is beside the venv, on the same mount, so the
-    # venv's files are hard links to it, not copies, and it goes once the install is done.
-    cache = f"{remote_house}.uv-cache"
-    try:
-        made = await runner.run([executable, "-m", "venv", "--clear", venv], timeout_s=300)
-        if made.exit_code != 0:
-            raise ProtocolError(
-                ErrorCode.PROVIDER_ERROR,
-                f"creating a venv on {runner.node_name} failed: {made.error_tail(3)}",
-                "install the venv module on the node (Debian: apt-get install python3-venv)",
-            )
-        steps = [[f"{venv}/bin/python", "-m", "pip", "install", "-q",
-                  "--disable-pip-version-check", "-r", f"{remote_house}/requirements.txt"],
-                 # --no-deps: the pinned list is complete (and the package's daemon-only
-                 # dependencies, such as the cloud SDKs, have no business on a node). uv
-                 # checks the digest before it installs anything.
-                 [uv, "--quiet", "--no-config", "--cache-dir", cache, "--offline",
-                  "--no-python-downloads", "pip", "install", "--python", f"{venv}/bin/python",
-                  "--no-index", "--no-deps", "--require-hashes", "--find-links", remote_house,
-                  "-r", hashes]]
-        for args in steps:
-            installed = await runner.run(args, timeout_s=1800)
-            if installed.exit_code != 0:
-                output = installed.error_tail(12)
-                changed = await _changed_wheel(runner, remote_house, wheelhouse, wheels)
-                if changed:
-                    raise _digests_differ(runner, remote_house, changed)
-                raise ProtocolError(
-                    ErrorCode.PROVIDER_ERROR,
-                    f"installing the runtime on {runner.node_name} failed: {output}",
-                )
-    finally:  # the venv's files are links into it: removing it frees nothing they need
-        await runner.run(["rm", "-rf", cache], timeout_s=300)
-    await runner.run(["touch", f"{venv}/{READY_MARKER}"], timeout_s=60)
-    logger.info("runtime installed", node=runner.node_name, key=wheelhouse.key,
-                archive=None, seconds=round(time.monotonic() - started, 2))
-
-
-async def _changed_wheel(runner: CommandRunner, remote_house: str, wheelhouse: Wheelhouse,
-                        wheels: list[str]) -> str | None:
-    """After a failed install: the first of `wheels` on the node that differs from its
-    recorded digest (uv refuses a changed wheel, but may say only that it is no zip)."""
-    digests = dict(wheelhouse.digests)
-    checked = await runner.run(
-        ["python3", "-c", _CHECK_AND_UNPACK, remote_house, wheelhouse.installer_wheel, "-"],
-        input=json.dumps({name: digests[name] for name in wheels}).encode(), timeout_s=300)
-    return checked.text.strip() or "?" if checked.exit_code == DIGESTS_DIFFER else None
-
-
-def _digests_differ(runner: CommandRunner, remote_house: str, what: str) -> ProtocolError:
-    return ProtocolError(
-        ErrorCode.PROVIDER_ERROR,
-        f"the runtime's files on {runner.node_name} do not match the digests recorded when "
-        f"the wheelhouse was built; nothing was installed: {what}",
-        f"someone or something changed ~/{remote_house} on the node; remove it, and launch "
-        "again",
-    )

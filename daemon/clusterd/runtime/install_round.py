@@ -26,8 +26,9 @@ from clusterd import log
 from clusterd.concurrency import on_each
 from clusterd.faults import fault_point
 from clusterd.nodes import NodeInfo
-from clusterd.runtime import install
-from clusterd.runtime.install import NodePython, Wheelhouse, WheelhouseBuilder
+from clusterd.runtime import install, node_install
+from clusterd.runtime.install import Wheelhouse, WheelhouseBuilder
+from clusterd.runtime.node_install import NodePlan
 from clusterd.runtime.runner import CommandRunner
 
 logger = log.get("clusterd.runtime")
@@ -41,17 +42,17 @@ HEAD_FIRST_WAIT_S = install.RECEIVE_TIMEOUT_S
 
 class InstallRound:
     def __init__(self, runner_for: Callable[[NodeInfo], CommandRunner], progress: Progress,
-                 wheelhouse: Wheelhouse, needing: dict[str, NodePython], head_id: str
-                 ) -> None:
+                 wheelhouse: Wheelhouse, needing: dict[str, NodePlan], head_id: str,
+                 said: set[str]) -> None:
         self._runner_for = runner_for
         self._progress = progress
         self._wheelhouse = wheelhouse
-        self._needing = needing  # the Python of each node (by id) that gets an install
+        self._needing = needing  # the plan of each node (by id) that gets an install
         self._head_id = head_id
         self._head_sent = anyio.Event()  # the head has its runtime's bytes (or needs none)
         if head_id not in needing:
             self._head_sent.set()
-        self._said: set[str] = set()
+        self._said = said
         self._lock = anyio.Lock()
 
     @classmethod
@@ -63,19 +64,32 @@ class InstallRound:
         test for the ready marker, else a probe), and what they are sent checked once."""
         await progress(f"preparing the runtime for {len(nodes)} node(s)", "install")
         wheelhouse = await builder.ensure()
-        needing: dict[str, NodePython] = {}
+        needing: dict[str, NodePlan] = {}
+        said: set[str] = set()
+        saying = anyio.Lock()
+
+        async def say(phase: str, message: str) -> None:
+            async with saying:
+                if phase in said:
+                    return
+                said.add(phase)
+            await progress(message, "install")
 
         async def check(node: NodeInfo) -> None:
-            # A node that has it is linked to it here and needs nothing more.
-            python = await install.linked_or_probed(runner_for(node), wheelhouse, force)
-            if python is not None:
-                needing[node.node_id] = python
+            # A node that has it is linked to it here and needs nothing more; another says
+            # what it is, and what it needs is made ready (a runtime built for its kind, a
+            # Python installed there).
+            plan = await node_install.plan_node(runner_for(node), builder, wheelhouse, force,
+                                                say)
+            if plan is not None:
+                needing[node.node_id] = plan
 
         await on_each(nodes, check)
         await fault_point("launch.during_install")
         if needing:
-            await anyio.to_thread.run_sync(wheelhouse.verify, list(needing.values()))
-        return cls(runner_for, progress, wheelhouse, needing, head.node_id)
+            await anyio.to_thread.run_sync(node_install.verify_plans, wheelhouse,
+                                           list(needing.values()))
+        return cls(runner_for, progress, wheelhouse, needing, head.node_id, said)
 
     async def _say_once(self, phase: str, message: str) -> None:
         async with self._lock:
@@ -106,14 +120,16 @@ class InstallRound:
         logger.info("runtime install begins", node=node.node_id, head=not behind_head)
         count = len(self._needing)
 
-        async def announce(phase: str) -> None:
-            await self._say_once(phase, f"copying the runtime {self._wheelhouse.key} to "
-                                        f"{count} node(s)" if phase == "copy" else
-                                        f"installing the runtime on {count} node(s): "
-                                        f"{self._wheelhouse.key}")
+        plan = self._needing[node.node_id]
+        key = plan.foreign.key if plan.foreign is not None else self._wheelhouse.key
 
-        await install.install_checked(runner, self._wheelhouse, self._needing[node.node_id],
-                                      announce, behind_head,
-                                      self._head_sent.set if not behind_head else None)
+        async def announce(phase: str) -> None:
+            await self._say_once(phase, f"copying the runtime {key} to "
+                                        f"{count} node(s)" if phase == "copy" else
+                                        f"installing the runtime on {count} node(s): {key}")
+
+        await node_install.install_planned(runner, self._wheelhouse, plan, announce,
+                                           behind_head,
+                                           self._head_sent.set if not behind_head else None)
         logger.info("runtime ready on node", node=node.node_id,
                     seconds=round(time.monotonic() - started, 2))

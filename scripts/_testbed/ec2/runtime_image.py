@@ -70,8 +70,9 @@ def find_wheelhouse(wheelhouse_dir: str) -> str:
         names = sorted(os.listdir(wheelhouse_dir))
     except FileNotFoundError:
         names = []
+    # KEY-for-TAG: a wheelhouse clusterd built for nodes of another kind (not the daemon's).
     ready = [os.path.join(wheelhouse_dir, n) for n in names
-             if os.path.isfile(os.path.join(wheelhouse_dir, n, SUMS))]
+             if os.path.isfile(os.path.join(wheelhouse_dir, n, SUMS)) and "-for-" not in n]
     if len(ready) != 1:
         raise Failure(f"--runtime-image needs exactly one wheelhouse in {wheelhouse_dir}; "
                       f"there are {len(ready)}",
