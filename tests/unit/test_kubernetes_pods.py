@@ -4,6 +4,8 @@ as the API server's answers decode to."""
 
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 from typing import cast
 
@@ -79,7 +81,19 @@ def test_the_config_section(tmp_path: Path) -> None:
                       "  provision_timeout: 30\n  image: reg/node:1\n  ssh_user: ubuntu\n"
                       "  image_pull_policy: Never\n  pod_config: {spec: {}}\n").kubernetes
     assert got == KubernetesConfig(("a", "b"), "nodeport", 30.0, "reg/node:1", "ubuntu",
-                                   "Never")
+                                   "Never", pod_config='{"spec": {}}')
+    # With an autoscaler, a pod may wait minutes for the node it adds (unless told).
+    scaled = parse(path, "kubernetes:\n  autoscaler: karpenter\n").kubernetes
+    assert (scaled.autoscaler, scaled.provision_timeout_s) == ("karpenter", 600.0)
+    assert parse(path, "kubernetes:\n  autoscaler: gke\n  provision_timeout: 60\n"
+                 ).kubernetes.provision_timeout_s == 60.0
+    storage = parse(path, "kubernetes:\n  ephemeral_storage: 20Gi\n"
+                          "  ephemeral_storage_limit: 50Gi\n").kubernetes
+    assert (storage.ephemeral_storage, storage.ephemeral_storage_limit) == ("20Gi", "50Gi")
+    fragment = parse(path, "kubernetes:\n  pod_config:\n    spec:\n      tolerations:\n"
+                           "        - {key: a, operator: Exists}\n").kubernetes.pod_config
+    assert json.loads(fragment) == {"spec": {"tolerations": [{"key": "a",
+                                                              "operator": "Exists"}]}}
 
 
 @pytest.mark.parametrize(("text", "key"), [
@@ -92,6 +106,11 @@ def test_the_config_section(tmp_path: Path) -> None:
     ("kubernetes:\n  ssh_user: 'a b'", "kubernetes.ssh_user"),
     ("kubernetes:\n  image_pull_policy: Sometimes", "kubernetes.image_pull_policy"),
     ("kubernetes:\n  contexts: [a]", "kubernetes.contexts"),
+    ("kubernetes:\n  autoscaler: cluster-autoscaler", "kubernetes.autoscaler"),
+    ("kubernetes:\n  ephemeral_storage: lots", "kubernetes.ephemeral_storage"),
+    ("kubernetes:\n  pod_config: [a]", "kubernetes.pod_config"),
+    ("kubernetes:\n  pod_config: {spec: {containers: [{command: [sh]}]}}",
+     "kubernetes.pod_config"),
 ])
 def test_bad_config_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ProtocolError) as refused:

@@ -201,6 +201,10 @@ class ProviderContext:
     # has a handle, oldest first.
     recorded: Callable[[str], list[tuple[str, ProviderHandle]]]
     on_foreign: ForeignReport | None = None
+    # (cloud name, text): a step of a provider's own worth the user's eyes (a progress line
+    # of the request in flight, and an event of the cluster), e.g. "waiting for the
+    # autoscaler".
+    on_note: ForeignReport | None = None
 
 
 class ProvisionError(ProtocolError):
