@@ -18,7 +18,7 @@ settings carry over:
                                         # (default: the current context)
       networking_mode: portforward      # or nodeport: how the daemon reaches the pods' sshd
       provision_timeout: 10             # seconds a pod may wait unscheduled before failover
-      image: registry/node:tag          # the pods' image (sshd, python3, rsync, sudo)
+      image: registry/node:tag          # the pods' image (default: python:X.Y-slim)
       ssh_user: sky                     # the image's login user
       image_pull_policy: IfNotPresent
       autoscaler: gke                   # or karpenter, coreweave, generic: pods may wait

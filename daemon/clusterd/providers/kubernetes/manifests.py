@@ -13,6 +13,7 @@ from typing import Any
 from clusterd import pod_config
 from clusterd.providers.kubernetes.capacity import GPU_RESOURCE
 from clusterd.providers.kubernetes.gpu_labels import GPU_TOLERATION, GpuSelector
+from clusterd.providers.kubernetes.start_script import SSH_USER_ENV, command
 
 LABEL_CLOUD_NAME = "clusterd-cluster-name"
 LABEL_CLUSTER = "clusterd-cluster"
@@ -66,6 +67,7 @@ class PodSpec:
     # pod_config fragments (canonical JSON), merged in this order: the config file's, the
     # task's.
     pod_configs: tuple[str, ...] = ()
+    ssh_user: str = "sky"  # the login user the start script makes (if missing)
 
     def selector(self) -> dict[str, str]:
         return {LABEL_CLOUD_NAME: self.cloud_name, LABEL_MANAGED_BY: self.managed_by}
@@ -108,7 +110,13 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
                 "name": "node",
                 "image": spec.image,
                 "imagePullPolicy": spec.pull_policy,
-                "env": [{"name": PUBLIC_KEY_ENV, "value": spec.public_key}],
+                # clusterd's start script, not the image's entrypoint: any image with a
+                # shell works (it installs sshd, rsync and sudo where they are missing).
+                "command": command(),
+                "env": [{"name": PUBLIC_KEY_ENV, "value": spec.public_key},
+                        {"name": SSH_USER_ENV, "value": spec.ssh_user}],
+                # Why the start script gave up, in the pod's status when it does.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                 "resources": {"requests": requests, "limits": limits},
                 # Running is not ready: sshd answers a moment after the container starts.

@@ -191,7 +191,7 @@ def ended(pod: Any) -> str | None:
     phase = pod.status.phase if pod.status else None
     if phase in ("Failed", "Succeeded"):
         reason = pod.status.reason or phase
-        message = pod.status.message or "its container exited"
+        message = pod.status.message or _terminated(pod) or "its container exited"
         if reason == "Evicted" and "ephemeral" in message.lower():
             # The kubelet's words are about containers and nodes; say what it means here.
             what = ("its node ran out of local disk" if "low on resource" in message.lower()
@@ -201,6 +201,17 @@ def ended(pod: Any) -> str | None:
                     f"ephemeral_storage_limit, or put big files on a volume in pod_config): "
                     f"{message}")
         return f"{reason}: {message}"
+    return None
+
+
+def _terminated(pod: Any) -> str | None:
+    """How the container ended, with its termination message (the start script's reason)."""
+    for status in (pod.status.container_statuses if pod.status else None) or []:
+        ended_ = status.state.terminated if status.state else None
+        if ended_ is not None:
+            said = (ended_.message or "").strip()
+            return (f"its container exited with {ended_.exit_code}"
+                    + (f": {said[-500:]}" if said else ""))
     return None
 
 

@@ -64,6 +64,9 @@ CHECK_TIMEOUT_S = 15.0
 # The pods' image where the config names none: a setting of the daemon's environment, so a
 # machine (a test bed, a CI runner) can give every daemon started there its image.
 IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
+# Where neither names one: Python's official slim image (Debian) of the daemon's own minor,
+# which clusterd's runtime needs; the pod's start script installs sshd, rsync and sudo.
+DEFAULT_IMAGE = f"docker.io/library/python:{sys.version_info.major}.{sys.version_info.minor}-slim"
 
 
 class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
@@ -215,14 +218,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         if image_id:
             raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
                                  "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
-        image = self._k8s().image or os.environ.get(IMAGE_ENV, "").strip()
-        if not image:
-            raise ProvisionError("kubernetes: no image for the pods", BlockScope.FATAL,
-                                 f"set kubernetes.image in clusterd's config ({IMAGE_ENV} in "
-                                 "the daemon's environment is its default), or image_id: "
-                                 "docker:IMAGE in the task (an image with sshd, python3 and "
-                                 "rsync; see the README)")
-        return image
+        return self._k8s().image or os.environ.get(IMAGE_ENV, "").strip() or DEFAULT_IMAGE
 
     async def create(self, request: ClusterRequest, placement: Placement) -> KubernetesHandle:
         context = placement.region or ""
@@ -240,7 +236,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                        config.image_pull_policy, pair.public_openssh.strip(), cpus, memory,
                        gpus, accelerator, request.resources.labels, request.create_token,
                        selector, config.ephemeral_storage, config.ephemeral_storage_limit,
-                       tuple(f for f in (config.pod_config, request.resources.pod_config) if f))
+                       tuple(f for f in (config.pod_config, request.resources.pod_config) if f),
+                       config.ssh_user)
         try:
             pod_manifest(spec, 0)  # a pod_config clashing with clusterd's names: say so now
         except PodConfigError as exc:
