@@ -42,6 +42,7 @@ from clusterctl import paths
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.pod_config import PodConfigError
 from clusterd.pod_config import parse as parse_pod_config
+from clusterd.quantities import parse_quantity
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -263,8 +264,6 @@ def _quantity(path: Path, key: str, value: Any) -> str:
     """A Kubernetes quantity of bytes ("20Gi"), or "" (none)."""
     if value in ("", None):
         return ""
-    from clusterd.providers.kubernetes.capacity import parse_quantity
-
     text = str(value).strip()
     try:
         if isinstance(value, bool) or parse_quantity(text) <= 0:

@@ -93,7 +93,10 @@ def test_pods_ask_for_what_the_task_asks_and_select_the_gpu_model() -> None:
     assert head["spec"]["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert container["env"] == [{"name": "CLUSTERD_SSH_PUBLIC_KEY",
-                                 "value": "ssh-ed25519 AAAA key"}]
+                                 "value": "ssh-ed25519 AAAA key"},
+                                {"name": "CLUSTERD_SSH_USER", "value": "sky"}]
+    # clusterd's start script, not the image's entrypoint (which may be python3).
+    assert container["command"][:2] == ["/bin/sh", "-c"]
     assert head["spec"]["restartPolicy"] == "Never"
     assert head["spec"]["automountServiceAccountToken"] is False
     cpu_only = pod_manifest(PodSpec("c-1", "c", "d", "img", "Never", "k", 0.5, 1.5), 0)

@@ -105,11 +105,13 @@ def test_pod_config_is_merged_config_first_then_the_task() -> None:
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["dshm", "data"]
     container = pod["spec"]["containers"][0]
     assert [m["mountPath"] for m in container["volumeMounts"]] == ["/dev/shm", "/data"]
-    assert [e["name"] for e in container["env"]] == ["CLUSTERD_SSH_PUBLIC_KEY", "HF_HOME"]
+    assert [e["name"] for e in container["env"]] == ["CLUSTERD_SSH_PUBLIC_KEY",
+                                                   "CLUSTERD_SSH_USER", "HF_HOME"]
     assert container["resources"]["limits"] == {"memory": "4Gi", "nvidia.com/gpu": "1",
                                                 "rdma/hca": "1"}
     assert container["securityContext"] == {"capabilities": {"add": ["SYS_PTRACE"]}}
-    assert container["image"] == "img" and "command" not in container
+    assert container["image"] == "img"
+    assert container["command"][:2] == ["/bin/sh", "-c"]
 
 
 @pytest.mark.parametrize(("fragment", "named"), [
