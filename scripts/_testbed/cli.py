@@ -16,7 +16,7 @@ from _testbed.common import Failure
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
 EC2_COMMANDS = "{up,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
 K8S_COMMANDS = ("{build,up,down,exec,env,status,kill-node,restart-apiserver,fault,quota,"
-                "gpu-style,autoscaler,plain-image}")
+                "gpu-style,autoscaler,plain-image,private-nodes}")
 
 
 def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -221,6 +221,10 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     ksub.add_parser("plain-image", parents=[bed, as_json], allow_abbrev=False,
                     help="a plain python3 image (no sshd, rsync, sudo) in every node, and "
                          "Debian's archive within the pods' reach (prints the host alias)")
+    private = ksub.add_parser("private-nodes", parents=[bed], allow_abbrev=False,
+                              help="node ports unreachable from outside the pods (as private "
+                                   "EKS/GKE nodes from a laptop), or reachable again")
+    private.add_argument("state", choices=("on", "off"))
     scaler.add_argument("--boot-delay", type=float, default=15.0, metavar="S",
                         help="seconds a new node takes to join (default 15)")
 
@@ -257,6 +261,7 @@ def run_k8s(args: argparse.Namespace) -> int:
         gpu_style,
         operations,
         plain_image,
+        private_nodes,
         reports,
     )
 
@@ -266,7 +271,8 @@ def run_k8s(args: argparse.Namespace) -> int:
                 "exec": reports.cmd_exec, "env": reports.cmd_env, "status": reports.cmd_status,
                 "fault": reports.cmd_fault, "quota": reports.cmd_quota,
                 "gpu-style": gpu_style.cmd_gpu_style, "autoscaler": autoscaler.cmd_autoscaler,
-                "plain-image": plain_image.cmd_plain_image}
+                "plain-image": plain_image.cmd_plain_image,
+                "private-nodes": private_nodes.cmd_private_nodes}
     return handlers[args.k8s_command](args)
 
 

@@ -178,3 +178,24 @@ def test_the_default_image_a_plain_python_one_gets_sshd_and_rsync_at_start(
         logs = k8s.kubectl("logs", "-n", pod["metadata"]["namespace"],
                            pod["metadata"]["name"])
         assert "clusterd-pod: the image lacks sshd rsync sudo: installing it" in logs, logs
+
+
+def test_nodeport_on_private_nodes_is_refused_saying_why(k8s: K8sBed) -> None:
+    config = (f"kubernetes:\n  allowed_contexts: [bed-a]\n  image: {k8s.image}\n"
+              "  image_pull_policy: Never\n  networking_mode: nodeport\n"
+              )
+    k8s.ok("private-nodes", "on")
+    try:
+        with running(k8s.daemon("cdk8v-", config)) as daemon:
+            result = launch(daemon, "private", ONE, timeout=300)
+            assert result.returncode != 0, result.stdout
+            assert "networking_mode nodeport: no address of node" in result.stderr, \
+                result.stderr + daemon.log()[-3000:]
+            assert "No route to host" in result.stderr, result.stderr
+            assert "use networking_mode: portforward" in result.stderr, result.stderr
+            # The failed attempt's pods and Services are gone (failover removes them).
+            assert not any(p["metadata"]["labels"].get("clusterd-cluster") == "private"
+                           for p in json.loads(k8s.kubectl("get", "pods,services", "-A",
+                                                           "-o", "json"))["items"])
+    finally:
+        k8s.ok("private-nodes", "off")

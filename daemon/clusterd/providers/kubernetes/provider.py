@@ -315,10 +315,11 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
             raise ProvisionError(
                 f"kubernetes/{context}: networking_mode nodeport: no address of node "
                 f"{pod.node} answers on pod {pod.name}'s SSH node port from this machine: "
-                f"{'; '.join(tried) or 'the node lists no address'}", BlockScope.REGION,
-                "the nodes' addresses do not route from here (private nodes, a firewall): "
-                "use networking_mode: portforward (the default; it goes through the API "
-                "server), or run clusterd where the nodes' network is reachable")
+                f"{'; '.join(tried) or 'the node lists no address'} (private nodes, or a "
+                "firewall: use networking_mode: portforward)", BlockScope.REGION,
+                "the nodes' addresses do not route from here: use networking_mode: "
+                "portforward (the default; it goes through the API server), or run clusterd "
+                "where the nodes' network is reachable")
         return dataclasses.replace(pod, host_ip=address)
 
     async def _target(self, handle: KubernetesHandle, pod: KubernetesPod) -> SSHTarget:
