@@ -11,11 +11,13 @@ from typing import Any
 
 import anyio
 import pytest
+from kubernetes_asyncio import client
 
 from clusterctl.protocol import ProtocolError
 from clusterd import pod_config
 from clusterd.providers.kubernetes import gpu_labels, nodeport
 from clusterd.providers.kubernetes.manifests import PodSpec, pod_manifest
+from clusterd.providers.kubernetes.pods import ended
 from clusterd.tasks.loader import load_task
 
 STYLES = [
@@ -189,3 +191,32 @@ def test_the_address_used_is_one_that_answers() -> None:
     finally:
         listener.close()
         closed.close()
+
+
+def failed_pod(reason: str | None, message: str | None,
+               terminated: str | None = None) -> client.V1Pod:
+    statuses = [client.V1ContainerStatus(
+        name="node", image="i", image_id="", ready=False, restart_count=0,
+        state=client.V1ContainerState(terminated=client.V1ContainerStateTerminated(
+            exit_code=1, message=terminated)))] if terminated is not None else []
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="c-1-head"),
+        spec=client.V1PodSpec(containers=[], node_name="cpu-1"),
+        status=client.V1PodStatus(phase="Failed", reason=reason, message=message,
+                                  container_statuses=statuses))
+
+
+def test_an_eviction_for_local_disk_is_named_as_such() -> None:
+    over = ended(failed_pod("Evicted", "Pod ephemeral local storage usage exceeds the total "
+                                       "limit of containers 50Gi."))
+    assert over is not None and over.startswith(
+        "Evicted for local disk: the pod wrote more than its ephemeral-storage limit allows")
+    assert "kubernetes.ephemeral_storage" in over
+    full = ended(failed_pod("Evicted", "The node was low on resource: ephemeral-storage."))
+    assert full is not None and "its node ran out of local disk" in full
+
+
+def test_a_start_script_that_gave_up_says_why() -> None:
+    said = "the image lacks sshd and has no package manager clusterd knows"
+    assert ended(failed_pod(None, None, said)) == \
+        f"Failed: its container exited with 1: {said}"
