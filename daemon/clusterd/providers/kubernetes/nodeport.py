@@ -4,19 +4,24 @@ A NodePort answers on every address of every node, but not every address routes 
 the daemon runs: on EKS and GKE a node's InternalIP is in the cloud's private network, and
 only an ExternalIP (where nodes have one) is reachable from a laptop. So each of the pod's
 node's addresses is tried, ExternalIP first, by connecting to the port; the first that
-answers is used, and when none does the launch is refused, saying what was tried and why.
+answers is used (each is tried again for a while: the port answers once kube-proxy has the
+pod as its endpoint), and when none does the launch is refused, saying what was tried and why.
 """
 
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import time
 from collections.abc import Iterable
 from typing import Any
 
 import anyio
 
 CONNECT_TIMEOUT_S = 3.0
+WAIT_S = 30.0  # how long the node port may take to answer at all
+RETRY_S = 1.0
 # The order in which a node's addresses are tried: the one meant for outsiders first.
 ADDRESS_ORDER = ("ExternalIP", "InternalIP")
 
@@ -41,24 +46,33 @@ async def _answers(address: str, port: int) -> str | None:
     except OSError as exc:
         # anyio says "All connection attempts failed"; the attempt's own error says why.
         inner = exc.__cause__ if isinstance(exc.__cause__, OSError) else exc
-        name = errno.errorcode.get(inner.errno or 0, "")
-        return f"{inner.strerror or inner}" + (f" ({name})" if name else "")
+        if inner.errno:
+            return f"{os.strerror(inner.errno)} ({errno.errorcode.get(inner.errno, '')})"
+        return str(inner)
     await stream.aclose()
     return None
 
 
-async def reachable(addresses: Iterable[tuple[str, str]], port: int
-                    ) -> tuple[str | None, list[str]]:
-    """The first address on which the port answers, and what each one tried said."""
-    tried = []
-    for kind, address in addresses:
-        try:
-            socket.inet_pton(socket.AF_INET6 if ":" in address else socket.AF_INET, address)
-        except OSError:
-            tried.append(f"{kind} {address}: not an IP address")
-            continue
-        why = await _answers(address, port)
-        if why is None:
-            return address, tried
-        tried.append(f"{kind} {address}:{port}: {why}")
-    return None, tried
+async def reachable(addresses: Iterable[tuple[str, str]], port: int,
+                    wait_s: float = WAIT_S) -> tuple[str | None, list[str]]:
+    """The first address on which the port answers, and what each one tried said last.
+    Tried again for up to wait_s: a Service's port answers only once kube-proxy has its
+    endpoint (a moment after the pod is ready)."""
+    listed = list(addresses)
+    deadline = time.monotonic() + wait_s
+    while True:
+        tried = []
+        for kind, address in listed:
+            try:
+                socket.inet_pton(socket.AF_INET6 if ":" in address else socket.AF_INET,
+                                 address)
+            except OSError:
+                tried.append(f"{kind} {address}: not an IP address")
+                continue
+            why = await _answers(address, port)
+            if why is None:
+                return address, tried
+            tried.append(f"{kind} {address}:{port}: {why}")
+        if not listed or time.monotonic() >= deadline:
+            return None, tried
+        await anyio.sleep(RETRY_S)

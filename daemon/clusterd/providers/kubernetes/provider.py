@@ -313,13 +313,12 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
             nodeport.node_addresses(node, pod.host_ip), pod.ssh_node_port)
         if address is None:
             raise ProvisionError(
-                f"kubernetes/{context}: networking_mode nodeport: no address of node "
-                f"{pod.node} answers on pod {pod.name}'s SSH node port from this machine: "
-                f"{'; '.join(tried) or 'the node lists no address'} (private nodes, or a "
-                "firewall: use networking_mode: portforward)", BlockScope.REGION,
-                "the nodes' addresses do not route from here: use networking_mode: "
-                "portforward (the default; it goes through the API server), or run clusterd "
-                "where the nodes' network is reachable")
+                f"kubernetes/{context}: networking_mode nodeport cannot reach node {pod.node} "
+                f"from here (use portforward): "
+                f"{'; '.join(tried) or 'the node lists no address'}", BlockScope.REGION,
+                "the nodes' addresses do not route from here (private nodes, a firewall): "
+                "use networking_mode: portforward (the default; it goes through the API "
+                "server), or run clusterd where the nodes' network is reachable")
         return dataclasses.replace(pod, host_ip=address)
 
     async def _target(self, handle: KubernetesHandle, pod: KubernetesPod) -> SSHTarget:
