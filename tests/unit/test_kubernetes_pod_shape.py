@@ -146,7 +146,12 @@ def test_a_task_sets_pod_config_under_config_kubernetes(tmp_path: Path) -> None:
     task.write_text("run: hi\nconfig:\n  kubernetes:\n    pod_config:\n      spec:\n"
                     "        imagePullSecrets: [{name: regcred}]\n")
     loaded = load_task(yaml_path=str(task), cwd=str(tmp_path))
-    assert loaded.resources.pod_config == '{"spec": {"imagePullSecrets": [{"name": "regcred"}]}}'
+    fragment = '{"spec": {"imagePullSecrets": [{"name": "regcred"}]}}'
+    assert loaded.resources.pod_config == fragment
+    task.write_text(task.read_text() + "resources:\n  any_of:\n    - {infra: kubernetes}\n"
+                    "    - {infra: aws}\n")
+    loaded = load_task(yaml_path=str(task), cwd=str(tmp_path))
+    assert [r.pod_config for r in loaded.resource_choices] == [fragment, fragment]
     task.write_text("run: hi\nconfig:\n  kubernetes:\n    provision_timeout: 5\n")
     with pytest.raises(ProtocolError, match=re.escape(
             "config.kubernetes.provision_timeout: not supported per task")):
@@ -192,6 +197,11 @@ def test_the_address_used_is_one_that_answers() -> None:
         assert found is None and tried == [
             f"ExternalIP 127.0.0.2:{port}: Connection refused (ECONNREFUSED)"]
         assert 1.0 <= time.monotonic() - started < 10  # tried again for a while, not forever
+        # No route: nothing to wait for.
+        started = time.monotonic()
+        found, tried = anyio.run(nodeport.reachable, [("ExternalIP", "not-an-ip")], port, 30.0)
+        assert found is None and tried == ["ExternalIP not-an-ip: not an IP address"]
+        assert time.monotonic() - started < 5
     finally:
         listener.close()
         closed.close()

@@ -5,11 +5,13 @@ every other key is refused by name, since clusterd's settings live in its own co
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from clusterd.pod_config import PodConfigError, parse
 from clusterd.tasks.common import TaskError
 from clusterd.tasks.common import kind as _kind
+from clusterd.tasks.spec import Resources
 
 HINT = "put other settings in clusterd's config file (~/.config/clusterd/config.yaml)"
 
@@ -35,3 +37,13 @@ def task_pod_config(value: Any, source: str) -> str:
         return parse(kubernetes.get("pod_config"), "config.kubernetes.pod_config")
     except PodConfigError as exc:
         raise TaskError(source, "", str(exc)) from None
+
+
+def with_task_config(resources: Resources, choices: tuple[Resources, ...], value: Any,
+                     source: str) -> tuple[Resources, tuple[Resources, ...]]:
+    """The task's resources (and each alternative) with its `config:` applied."""
+    fragment = task_pod_config(value, source)
+    if not fragment:
+        return resources, choices
+    return (dataclasses.replace(resources, pod_config=fragment),
+            tuple(dataclasses.replace(c, pod_config=fragment) for c in choices))

@@ -53,6 +53,16 @@ async def _answers(address: str, port: int) -> str | None:
     return None
 
 
+# Answers that waiting cannot change: no route to the address. (A refusal, or no answer, may
+# be kube-proxy still setting the port up.)
+_NO_ROUTE = (f"({errno.errorcode[errno.EHOSTUNREACH]})",
+             f"({errno.errorcode[errno.ENETUNREACH]})", ": not an IP address")
+
+
+def _final(why: str) -> bool:
+    return why.endswith(_NO_ROUTE)
+
+
 async def reachable(addresses: Iterable[tuple[str, str]], port: int,
                     wait_s: float = WAIT_S) -> tuple[str | None, list[str]]:
     """The first address on which the port answers, and what each one tried said last.
@@ -73,6 +83,6 @@ async def reachable(addresses: Iterable[tuple[str, str]], port: int,
             if why is None:
                 return address, tried
             tried.append(f"{kind} {address}:{port}: {why}")
-        if not listed or time.monotonic() >= deadline:
+        if not listed or time.monotonic() >= deadline or all(_final(t) for t in tried):
             return None, tried
         await anyio.sleep(RETRY_S)
