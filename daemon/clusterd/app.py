@@ -206,7 +206,8 @@ class Daemon:
             ProviderContext(settings.state_dir, settings.runtime_dir, settings.config_dir,
                             self.ssh, self.config.get, daemon_id(settings.state_dir),
                             self._recorded, on_foreign=self._announce_foreign,
-                            on_progress=self._tell_request),
+                            on_progress=self._tell_request,
+                            on_note=self._provider_note),
             # Benchmarks only (see providers/loadtest.py).
             test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
         self.runtime = RuntimeManager(
@@ -308,6 +309,16 @@ class Daemon:
             return  # said, and kept, already
         record = next((r for r in self.store.all() if r.cloud_name == cloud_name), None)
         await self.store.add_event(record.name if record else cloud_name, "foreign", text,
+                                   request.id if request else None)
+
+    async def _provider_note(self, cloud_name: str, text: str) -> None:
+        """A provider's step (kubernetes: "waiting for the autoscaler"): a progress line of
+        the request in flight, and an event of the cluster."""
+        request = current_request.get()
+        if request is not None:
+            await request.progress(text, "provision")
+        record = next((r for r in self.store.all() if r.cloud_name == cloud_name), None)
+        await self.store.add_event(record.name if record else cloud_name, "provision", text,
                                    request.id if request else None)
 
     async def _record_tunnel(self, cluster: str, state: TunnelState | None) -> None:

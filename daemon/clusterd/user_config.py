@@ -18,9 +18,14 @@ settings carry over:
                                         # (default: the current context)
       networking_mode: portforward      # or nodeport: how the daemon reaches the pods' sshd
       provision_timeout: 10             # seconds a pod may wait unscheduled before failover
-      image: registry/node:tag          # the pods' image (sshd, python3, rsync, sudo)
+      image: registry/node:tag          # the pods' image (default: python:X.Y-slim)
       ssh_user: sky                     # the image's login user
       image_pull_policy: IfNotPresent
+      autoscaler: gke                   # or karpenter, coreweave, generic: pods may wait
+                                        # for nodes it adds (provision_timeout then 600)
+      pod_config: {spec: {tolerations: [...]}}   # merged into every pod (see README)
+      ephemeral_storage: 4Gi            # local disk each pod asks for (runtime, workdir)
+      ephemeral_storage_limit: 50Gi     # and may use at most (default: no limit)
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -35,6 +40,9 @@ from typing import Any
 
 from clusterctl import paths
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.pod_config import PodConfigError
+from clusterd.pod_config import parse as parse_pod_config
+from clusterd.quantities import parse_quantity
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -42,11 +50,21 @@ MAX_CONFIG_BYTES = 1024 * 1024
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
             "request_timeout", "owner_tag_hostname"}
 KUBERNETES_KEYS = {"allowed_contexts", "networking_mode", "provision_timeout", "image",
-                   "ssh_user", "image_pull_policy"}
+                   "ssh_user", "image_pull_policy", "pod_config", "autoscaler",
+                   "ephemeral_storage", "ephemeral_storage_limit"}
 # SkyPilot's Kubernetes keys that clusterd does not read (yet): accepted, not read.
-IGNORED_KUBERNETES_KEYS = {"ports", "remote_identity", "custom_metadata", "pod_config",
-                           "autoscaler", "high_availability", "kueue", "dws", "context_configs",
+IGNORED_KUBERNETES_KEYS = {"ports", "remote_identity", "custom_metadata",
+                           "high_availability", "kueue", "dws", "context_configs",
                            "fuse_device_manager_daemonset_config"}
+# SkyPilot's `kubernetes.autoscaler` values: the kind of autoscaler that adds nodes.
+AUTOSCALERS = ("generic", "gke", "karpenter", "coreweave")
+# How long a pod may wait for a node: without an autoscaler, a node that is busy now
+# (SkyPilot's 10 s); with one, a node it adds (minutes on every cloud).
+PROVISION_TIMEOUT_S = 10.0
+AUTOSCALER_PROVISION_TIMEOUT_S = 600.0
+# What a pod asks of its node's disk by default: the runtime (a venv with Ray, about 1.5 GB
+# installed) and the workdir, with room for the job's own files.
+DEFAULT_EPHEMERAL_STORAGE = "4Gi"
 TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict"}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
@@ -88,6 +106,10 @@ class KubernetesConfig:
     image: str | None = None
     ssh_user: str = "sky"
     image_pull_policy: str = "IfNotPresent"
+    autoscaler: str | None = None  # one of AUTOSCALERS
+    pod_config: str = ""  # canonical JSON (pod_config.parse)
+    ephemeral_storage: str = DEFAULT_EPHEMERAL_STORAGE
+    ephemeral_storage_limit: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,7 +222,12 @@ def _kubernetes(path: Path, raw: Any) -> KubernetesConfig:
     if mode not in ("portforward", "nodeport"):
         raise ConfigError(path, "kubernetes.networking_mode",
                           "expected portforward or nodeport")
-    timeout = raw.get("provision_timeout", 10)
+    autoscaler = raw.get("autoscaler")
+    if autoscaler is not None and autoscaler not in AUTOSCALERS:
+        raise ConfigError(path, "kubernetes.autoscaler", f"expected one of "
+                          f"{', '.join(AUTOSCALERS)} (the kind of autoscaler that adds nodes)")
+    timeout = raw.get("provision_timeout", AUTOSCALER_PROVISION_TIMEOUT_S if autoscaler
+                      else PROVISION_TIMEOUT_S)
     if (not isinstance(timeout, int | float) or isinstance(timeout, bool)
             or not 0 <= timeout <= 86400):
         raise ConfigError(path, "kubernetes.provision_timeout",
@@ -212,7 +239,18 @@ def _kubernetes(path: Path, raw: Any) -> KubernetesConfig:
     if policy not in ("Always", "IfNotPresent", "Never"):
         raise ConfigError(path, "kubernetes.image_pull_policy",
                           "expected Always, IfNotPresent or Never")
+    storage = {key: _quantity(path, f"kubernetes.{key}", raw.get(key, default))
+               for key, default in (("ephemeral_storage", DEFAULT_EPHEMERAL_STORAGE),
+                                    ("ephemeral_storage_limit", ""))}
+    try:
+        fragment = parse_pod_config(raw.get("pod_config"), "kubernetes.pod_config")
+    except PodConfigError as exc:
+        raise ConfigError(path, "kubernetes.pod_config", str(exc)) from None
     return KubernetesConfig(
+        autoscaler=autoscaler,
+        pod_config=fragment,
+        ephemeral_storage=storage["ephemeral_storage"],
+        ephemeral_storage_limit=storage["ephemeral_storage_limit"],
         allowed_contexts=tuple(dict.fromkeys(contexts)),
         networking_mode=mode,
         provision_timeout_s=float(timeout),
@@ -220,6 +258,19 @@ def _kubernetes(path: Path, raw: Any) -> KubernetesConfig:
         ssh_user=_user_name(path, "kubernetes.ssh_user", raw.get("ssh_user", "sky")),
         image_pull_policy=policy,
     )
+
+
+def _quantity(path: Path, key: str, value: Any) -> str:
+    """A Kubernetes quantity of bytes ("20Gi"), or "" (none)."""
+    if value in ("", None):
+        return ""
+    text = str(value).strip()
+    try:
+        if isinstance(value, bool) or parse_quantity(text) <= 0:
+            raise ValueError(text)
+    except ValueError:
+        raise ConfigError(path, key, f"expected a size such as 20Gi, got {value!r}") from None
+    return text
 
 
 class ConfigFile:

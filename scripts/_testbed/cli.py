@@ -15,7 +15,8 @@ from _testbed.common import Failure
 
 DANGEROUS_DIRS = ("/", "/tmp", "/home", "/root", "/run", "/var", "/etc")
 EC2_COMMANDS = "{up,build-images,down,exec,env,status,preempt,partition,heal,firewall,calls,fault}"
-K8S_COMMANDS = "{build,up,down,exec,env,status,kill-node,restart-apiserver,fault,quota}"
+K8S_COMMANDS = ("{build,up,down,exec,env,status,kill-node,restart-apiserver,fault,quota,"
+                "gpu-style,autoscaler,plain-image,private-nodes}")
 
 
 def add_hosts_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -223,6 +224,23 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     quota.add_argument("--limits-cpu", metavar="CPUS",
                        help="limits.cpu: then every pod must state its CPU limit ('none' "
                             "drops it)")
+    style = ksub.add_parser("gpu-style", parents=[bed], allow_abbrev=False,
+                            help="label and taint the GPU nodes as GKE, GPU feature "
+                                 "discovery, Karpenter or SkyPilot do (bed: as `up` made them)")
+    style.add_argument("style", choices=("bed", "gke", "gfd", "karpenter", "skypilot"))
+    scaler = ksub.add_parser("autoscaler", parents=[bed], allow_abbrev=False,
+                             help="run a cluster autoscaler whose pool is NODE...: held back "
+                                  "(cordoned), each added when a pod waits unschedulable")
+    scaler.add_argument("nodes", nargs="+", metavar="NODE")
+    ksub.add_parser("plain-image", parents=[bed, as_json], allow_abbrev=False,
+                    help="a plain python3 image (no sshd, rsync, sudo) in every node, and "
+                         "Debian's archive within the pods' reach (prints the host alias)")
+    private = ksub.add_parser("private-nodes", parents=[bed], allow_abbrev=False,
+                              help="node ports unreachable from outside the pods (as private "
+                                   "EKS/GKE nodes from a laptop), or reachable again")
+    private.add_argument("state", choices=("on", "off"))
+    scaler.add_argument("--boot-delay", type=float, default=15.0, metavar="S",
+                        help="seconds a new node takes to join (default 15)")
 
 
 def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -251,13 +269,24 @@ def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> Non
 
 
 def run_k8s(args: argparse.Namespace) -> int:
-    from _testbed.k8s import commands, operations, reports
+    from _testbed.k8s import (
+        autoscaler,
+        commands,
+        gpu_style,
+        operations,
+        plain_image,
+        private_nodes,
+        reports,
+    )
 
     handlers = {"build": commands.cmd_build, "up": commands.cmd_up, "down": commands.cmd_down,
                 "kill-node": operations.cmd_kill_node,
                 "restart-apiserver": operations.cmd_restart_apiserver,
                 "exec": reports.cmd_exec, "env": reports.cmd_env, "status": reports.cmd_status,
-                "fault": reports.cmd_fault, "quota": reports.cmd_quota}
+                "fault": reports.cmd_fault, "quota": reports.cmd_quota,
+                "gpu-style": gpu_style.cmd_gpu_style, "autoscaler": autoscaler.cmd_autoscaler,
+                "plain-image": plain_image.cmd_plain_image,
+                "private-nodes": private_nodes.cmd_private_nodes}
     return handlers[args.k8s_command](args)
 
 

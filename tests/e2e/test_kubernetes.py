@@ -92,7 +92,8 @@ def test_two_pods_on_two_nodes_run_one_ray_cluster(k8s: K8sBed, daemon: Daemon,
     assert all(p["metadata"]["labels"]["team"] == "e2e" for p in pods)
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, "one node holds both pods"
     container = pods[0]["spec"]["containers"][0]
-    assert container["resources"]["requests"] == {"cpu": "1", "memory": "1Gi"}
+    assert container["resources"]["requests"] == {"cpu": "1", "memory": "1Gi",
+                                                  "ephemeral-storage": "4Gi"}
     assert not any("PRIVATE" in e["value"] for e in container["env"])
     ips = " ".join(p["status"]["podIP"] for p in pods)
     info = {"cluster_name": "duo", "cloud": "Kubernetes", "region": "bed-a", "zone": None,
@@ -180,7 +181,12 @@ def test_a_gpu_task_lands_on_the_gpu_node_with_the_gpu_in_its_limits(
         assert pod["spec"]["nodeName"] == "gpu-1"
         limits = pod["spec"]["containers"][0]["resources"]["limits"]
         assert limits["nvidia.com/gpu"] == "1"
-        assert pod["spec"]["nodeSelector"] == {"skypilot.co/accelerator": "a100"}
+        # The bed's GPU node carries SkyPilot's label and GFD's: either selects it.
+        terms = pod["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert terms == [
+            {"matchExpressions": [{"key": "skypilot.co/accelerator", "operator": "In",
+                                   "values": ["a100"]}]}]
         # Failover from bed-b (its quota used up) to bed-a, with the reason in the table.
         assert "kubernetes/bed-b" in result.stderr and "exceeded quota" in result.stderr
     finally:

@@ -64,10 +64,13 @@ def test_free_is_allocatable_less_what_running_pods_ask() -> None:
     assert gpu.describe() == "gpu-1: 4 CPUs (3 free), 16.0 GB, 2 A100 (1 free)"
 
 
-def test_gpu_models_from_the_labels_skypilot_reads() -> None:
+def test_gpu_models_from_the_labels_of_each_style() -> None:
     assert accelerator_name({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}) == "A100"
+    assert accelerator_name({"nvidia.com/gpu.product": "Tesla-T4"}) == "T4"
     assert accelerator_name({"skypilot.co/accelerator": "h100"}) == "H100"
     assert accelerator_name({"cloud.google.com/gke-accelerator": "nvidia-l4"}) == "L4"
+    assert accelerator_name({"cloud.google.com/gke-accelerator": "nvidia-tesla-a100"}) == "A100"
+    assert accelerator_name({"karpenter.k8s.aws/instance-gpu-name": "l40s"}) == "L40S"
     assert accelerator_name({}) is None
 
 
@@ -86,12 +89,19 @@ def test_pods_ask_for_what_the_task_asks_and_select_the_gpu_model() -> None:
     assert container["resources"] == {
         "requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"},
         "limits": {"memory": "8Gi", "nvidia.com/gpu": "1"}}
-    assert head["spec"]["nodeSelector"] == {"skypilot.co/accelerator": "a100"}
+    assert "nodeSelector" not in head["spec"]  # GPU nodes are chosen by gpu_selector
+    assert head["spec"]["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert container["env"] == [{"name": "CLUSTERD_SSH_PUBLIC_KEY",
-                                 "value": "ssh-ed25519 AAAA key"}]
+                                 "value": "ssh-ed25519 AAAA key"},
+                                {"name": "CLUSTERD_SSH_USER", "value": "sky"}]
+    # clusterd's start script, not the image's entrypoint (which may be python3).
+    assert container["command"][:2] == ["/bin/sh", "-c"]
     assert head["spec"]["restartPolicy"] == "Never"
     assert head["spec"]["automountServiceAccountToken"] is False
     cpu_only = pod_manifest(PodSpec("c-1", "c", "d", "img", "Never", "k", 0.5, 1.5), 0)
     assert "nodeSelector" not in cpu_only["spec"]
+    assert "tolerations" not in cpu_only["spec"]
+    assert "nodeAffinity" not in cpu_only["spec"]["affinity"]
     assert cpu_only["spec"]["containers"][0]["resources"]["requests"] == {
         "cpu": "0.5", "memory": "1.5Gi"}

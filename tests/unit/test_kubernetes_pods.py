@@ -4,6 +4,8 @@ as the API server's answers decode to."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import cast
 
@@ -12,7 +14,7 @@ from kubernetes_asyncio import client
 
 from clusterctl.protocol import ProtocolError
 from clusterd.nodes import NodeStatus
-from clusterd.providers.base import ClusterRequest, ProvisionError
+from clusterd.providers.base import ClusterRequest
 from clusterd.providers.kubernetes.pods import lost, node_status
 from clusterd.providers.kubernetes.provider import IMAGE_ENV, KubernetesProvider
 from clusterd.ssh.connections import SSHConnections
@@ -79,7 +81,19 @@ def test_the_config_section(tmp_path: Path) -> None:
                       "  provision_timeout: 30\n  image: reg/node:1\n  ssh_user: ubuntu\n"
                       "  image_pull_policy: Never\n  pod_config: {spec: {}}\n").kubernetes
     assert got == KubernetesConfig(("a", "b"), "nodeport", 30.0, "reg/node:1", "ubuntu",
-                                   "Never")
+                                   "Never", pod_config='{"spec": {}}')
+    # With an autoscaler, a pod may wait minutes for the node it adds (unless told).
+    scaled = parse(path, "kubernetes:\n  autoscaler: karpenter\n").kubernetes
+    assert (scaled.autoscaler, scaled.provision_timeout_s) == ("karpenter", 600.0)
+    assert parse(path, "kubernetes:\n  autoscaler: gke\n  provision_timeout: 60\n"
+                 ).kubernetes.provision_timeout_s == 60.0
+    storage = parse(path, "kubernetes:\n  ephemeral_storage: 20Gi\n"
+                          "  ephemeral_storage_limit: 50Gi\n").kubernetes
+    assert (storage.ephemeral_storage, storage.ephemeral_storage_limit) == ("20Gi", "50Gi")
+    fragment = parse(path, "kubernetes:\n  pod_config:\n    spec:\n      tolerations:\n"
+                           "        - {key: a, operator: Exists}\n").kubernetes.pod_config
+    assert json.loads(fragment) == {"spec": {"tolerations": [{"key": "a",
+                                                              "operator": "Exists"}]}}
 
 
 @pytest.mark.parametrize(("text", "key"), [
@@ -92,6 +106,11 @@ def test_the_config_section(tmp_path: Path) -> None:
     ("kubernetes:\n  ssh_user: 'a b'", "kubernetes.ssh_user"),
     ("kubernetes:\n  image_pull_policy: Sometimes", "kubernetes.image_pull_policy"),
     ("kubernetes:\n  contexts: [a]", "kubernetes.contexts"),
+    ("kubernetes:\n  autoscaler: cluster-autoscaler", "kubernetes.autoscaler"),
+    ("kubernetes:\n  ephemeral_storage: lots", "kubernetes.ephemeral_storage"),
+    ("kubernetes:\n  pod_config: [a]", "kubernetes.pod_config"),
+    ("kubernetes:\n  pod_config: {spec: {containers: [{command: [sh]}]}}",
+     "kubernetes.pod_config"),
 ])
 def test_bad_config_values_name_their_key(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(ProtocolError) as refused:
@@ -111,11 +130,10 @@ def image_of(tmp_path: Path, config_text: str, image_id: str | None = None) -> s
 def test_the_image_comes_from_the_config_the_environment_or_the_task(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(IMAGE_ENV, raising=False)
-    with pytest.raises(ProvisionError) as missing:
-        image_of(tmp_path, "")
-    assert missing.value.message == "kubernetes: no image for the pods"
-    assert "kubernetes.image" in (missing.value.hint or "")
-    assert IMAGE_ENV in (missing.value.hint or "")
+    # None set: Python's own slim image of the daemon's minor (the runtime needs that minor;
+    # the pod's start script installs sshd, rsync and sudo).
+    minor = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert image_of(tmp_path, "") == f"docker.io/library/python:{minor}-slim"
     # A machine's default (a test bed's `exec` sets it), below what the config says.
     monkeypatch.setenv(IMAGE_ENV, "bed/node:1")
     assert image_of(tmp_path, "") == "bed/node:1"

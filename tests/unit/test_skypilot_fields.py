@@ -77,7 +77,7 @@ def test_git_workdir() -> None:
     assert (spec.workdir.url, spec.workdir.ref) == ("https://example.com/r.git", "v1")  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("field", ["volumes", "config", "service", "pool", "experimental",
+@pytest.mark.parametrize("field", ["volumes", "service", "pool", "experimental",
                                    "event_callback"])
 def test_skypilot_only_fields_are_refused_by_name_saying_why(field: str) -> None:
     message = refusal(f"run: x\n{field}: {{a: 1}}\n")

@@ -175,7 +175,7 @@ def test_unknown_top_level_field() -> None:
     assert "num_nodes" in error.hint
 
 
-@pytest.mark.parametrize("field", ["service", "config", "volumes", "pool"])
+@pytest.mark.parametrize("field", ["service", "volumes", "pool"])
 def test_unsupported_skypilot_field(field: str) -> None:
     error = task_error(f"run: x\n{field}: {{}}\n")
     assert error.message.startswith(f"t.yaml: {field}: not supported")

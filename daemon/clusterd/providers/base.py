@@ -204,6 +204,10 @@ class ProviderContext:
     # A line for the user of the request being served, if any (a call waiting out the cloud's
     # throttling, say): (message, phase).
     on_progress: Callable[[str, str], Awaitable[None]] | None = None
+    # (cloud name, text): a step of a provider's own worth the user's eyes (a progress line
+    # of the request in flight, and an event of the cluster), e.g. "waiting for the
+    # autoscaler".
+    on_note: ForeignReport | None = None
 
 
 class ProvisionError(ProtocolError):

@@ -64,9 +64,11 @@ FIELDS: tuple[Field, ...] = (
     Field("setup", Support.HONOURED, "run on every node before the job (launch only)"),
     Field("run", Support.HONOURED, "run on every node, with the SKYPILOT_* environment"),
     Field("volumes", Support.PLANNED, "SkyPilot volumes are not offered yet"),
-    Field("config", Support.REFUSED,
-          "per-task overrides of SkyPilot's config: put settings in clusterd's config file "
-          "(~/.config/clusterd/config.yaml) instead"),
+    Field("config", Support.SOME,
+          "per-task overrides of SkyPilot's config: `kubernetes.pod_config` only (merged "
+          "into the pods after the config file's); any other key is refused: put it in "
+          "clusterd's config file (~/.config/clusterd/config.yaml)",
+          Support.WARNED, "pod_config applies to Kubernetes pods only"),
     Field("service", Support.REFUSED, "SkyServe services are not something clusterd runs"),
     Field("pool", Support.REFUSED, "SkyPilot worker pools are not something clusterd runs"),
     Field("experimental", Support.REFUSED, "SkyPilot's experimental overrides"),
@@ -168,6 +170,7 @@ _ASKED: dict[str, Callable[[Resources], bool]] = {
         r.image_id and not r.image_id.startswith("docker:")),
     "resources.ports": lambda r: bool(r.ports),
     "resources.labels": lambda r: bool(r.labels),
+    "config": lambda r: bool(r.pod_config),
 }
 
 

@@ -33,6 +33,7 @@ from clusterd.tasks.spec import (
     Resources,
     TaskSpec,
 )
+from clusterd.tasks.task_config import with_task_config
 
 MAX_TASK_BYTES = 4 * 1024 * 1024
 # SkyPilot's lists of alternatives: any of them (cheapest first), or in the user's order.
@@ -138,6 +139,7 @@ def _build(
                                              f"{MAX_NUM_NODES}, got {_shown(num_nodes)}")
     resources, choices, ordered, more = parse_task_resources(raw.get("resources"), source)
     warnings += more
+    resources, choices = with_task_config(resources, choices, raw.get("config"), source)
     envs = _env_map(raw, "envs", source, env_overrides, "--env")
     secrets = _env_map(raw, "secrets", source, secret_overrides, "--secret")
     for secret in SECRET_ENV_NAMES & envs.keys():

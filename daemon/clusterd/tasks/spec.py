@@ -72,6 +72,8 @@ class Resources:
     autostop: Autostop | None = None
     disk_tier: str | None = None  # low, medium, high, ultra, best (SkyPilot's tiers)
     max_hourly_cost: float | None = None  # per node and hour, as the catalog prices it
+    # The task's `config: kubernetes: pod_config:` as canonical JSON ("" for none).
+    pod_config: str = ""
 
     @property
     def job_cpus(self) -> float:

@@ -366,6 +366,9 @@ def teardown(paths: BedPaths, state: dict[str, Any]) -> None:
         nodes.kill(node.get("pid"), paths, name)
     for name in reversed(components.ORDER):
         components.stop((state.get("procs") or {}).get(name), paths)
+    for name, pid in (state.get("procs") or {}).items():  # added later (the archive relay)
+        if name not in components.ORDER:
+            components.stop(pid, paths)
     if netns:
         for _ in range(5):
             pids = ec2_host.netns_pids(netns)

@@ -1,59 +1,26 @@
 """What a Kubernetes cluster's nodes can hold: their allocatable CPUs, memory and GPUs (and the
-GPU model, from the labels SkyPilot reads), less what the pods on them ask for. A request that
-no node could ever hold is refused at once, naming the nearest nodes; one that fits some node
-but not now waits for the scheduler (Pending), which is capacity, not an error.
+GPU model, from whichever GPU label the node carries), less what the pods on them ask for. A
+request that no node could ever hold is refused at once, naming the nearest nodes; one that
+fits some node but not now waits for the scheduler (Pending), which is capacity, not an error.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterable, Mapping
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from clusterd.providers.kubernetes.gpu_labels import gpu_label, model_of
+from clusterd.quantities import parse_quantity
+
 GPU_RESOURCE = "nvidia.com/gpu"
-# The node labels that name a node's GPU model, most specific first (SkyPilot's own label,
-# NVIDIA's GPU feature discovery, GKE's).
-ACCELERATOR_LABELS = ("skypilot.co/accelerator", "nvidia.com/gpu.product",
-                      "cloud.google.com/gke-accelerator")
-# The label pods select a GPU model by: SkyPilot's, with the model in lower case.
-ACCELERATOR_SELECTOR = "skypilot.co/accelerator"
 GIB = 1024**3
 
-_SUFFIXES = {
-    "Ki": Decimal(1024), "Mi": Decimal(1024**2), "Gi": Decimal(1024**3),
-    "Ti": Decimal(1024**4), "Pi": Decimal(1024**5), "Ei": Decimal(1024**6),
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
-    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
-    "P": Decimal(10**15), "E": Decimal(10**18),
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)"
-                       r"(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
-
-
-def parse_quantity(text: object) -> float:
-    """A Kubernetes quantity ("500m", "8Gi", "7985404Ki", "2", "1e3") as a number."""
-    found = _QUANTITY.match(str(text).strip())
-    if not found:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
-    try:
-        number = Decimal(found.group(1))
-    except InvalidOperation:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}") from None
-    return float(number * _SUFFIXES[found.group(2) or ""])
-
-
 def accelerator_name(labels: Mapping[str, str]) -> str | None:
-    """The node's GPU model as SkyPilot names it (upper case: A100, H100, L4), if labelled."""
-    for key in ACCELERATOR_LABELS:
-        value = labels.get(key)
-        if value:
-            # nvidia.com/gpu.product: NVIDIA-A100-SXM4-80GB -> A100
-            model = re.search(r"(A100|A10G|A10|H100|H200|L40S|L40|L4|T4|V100|P100|K80|B200)",
-                              value.upper())
-            return model.group(1) if model else value.upper()
-    return None
+    """The node's GPU model as SkyPilot names it (upper case: A100, H100, L4), if labelled
+    (in any style gpu_labels knows)."""
+    found = gpu_label(labels)
+    return model_of(found[1]) if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +35,8 @@ class NodeCapacity:
     free_cpus: float
     free_memory_gb: float
     free_gpus: float
+    # The label that names its GPU model, as the node carries it (what pods select by).
+    gpu_label: tuple[str, str] | None = None
 
     def holds(self, cpus: float, memory_gb: float, gpus: float,
               accelerator: str | None) -> bool:
@@ -125,6 +94,7 @@ def capacities(nodes: Iterable[Any], pods: Iterable[Any]) -> list[NodeCapacity]:
             schedulable=not node.spec.unschedulable,
             cpus=cpus, memory_gb=memory, gpus=gpus,
             accelerator=accelerator_name(node.metadata.labels or {}) if gpus else None,
+            gpu_label=gpu_label(node.metadata.labels or {}) if gpus else None,
             free_cpus=max(0.0, cpus - taken[0]), free_memory_gb=max(0.0, memory - taken[1]),
             free_gpus=max(0.0, gpus - taken[2])))
     return out

@@ -10,7 +10,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from clusterd.providers.kubernetes.capacity import ACCELERATOR_SELECTOR, GPU_RESOURCE
+from clusterd import pod_config
+from clusterd.providers.kubernetes.capacity import GPU_RESOURCE
+from clusterd.providers.kubernetes.gpu_labels import GPU_TOLERATION, GpuSelector
+from clusterd.providers.kubernetes.start_script import SSH_USER_ENV, command
 
 LABEL_CLOUD_NAME = "clusterd-cluster-name"
 LABEL_CLUSTER = "clusterd-cluster"
@@ -55,6 +58,16 @@ class PodSpec:
     accelerator: str | None = None
     labels: tuple[tuple[str, str], ...] = ()
     create_token: str = ""
+    # The nodes with the GPU model asked for, by the labels they carry (gpu_labels).
+    gpu_selector: GpuSelector | None = None
+    # Local disk asked for (the runtime and the workdir live in the container's own
+    # filesystem): a Kubernetes quantity, "" for none.
+    ephemeral_storage: str = ""
+    ephemeral_storage_limit: str = ""
+    # pod_config fragments (canonical JSON), merged in this order: the config file's, the
+    # task's.
+    pod_configs: tuple[str, ...] = ()
+    ssh_user: str = "sky"  # the login user the start script makes (if missing)
 
     def selector(self) -> dict[str, str]:
         return {LABEL_CLOUD_NAME: self.cloud_name, LABEL_MANAGED_BY: self.managed_by}
@@ -74,6 +87,10 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
     limits = {"memory": requests["memory"]}
     if spec.gpus:
         requests[GPU_RESOURCE] = limits[GPU_RESOURCE] = _quantity(spec.gpus)
+    if spec.ephemeral_storage:
+        requests["ephemeral-storage"] = spec.ephemeral_storage
+    if spec.ephemeral_storage_limit:
+        limits["ephemeral-storage"] = spec.ephemeral_storage_limit
     labels = {**dict(spec.labels), **spec.selector(), LABEL_CLUSTER: spec.cluster,
               LABEL_ROLE: "head" if index == 0 else "worker", LABEL_POD: name}
     pod: dict[str, Any] = {
@@ -93,7 +110,13 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
                 "name": "node",
                 "image": spec.image,
                 "imagePullPolicy": spec.pull_policy,
-                "env": [{"name": PUBLIC_KEY_ENV, "value": spec.public_key}],
+                # clusterd's start script, not the image's entrypoint: any image with a
+                # shell works (it installs sshd, rsync and sudo where they are missing).
+                "command": command(),
+                "env": [{"name": PUBLIC_KEY_ENV, "value": spec.public_key},
+                        {"name": SSH_USER_ENV, "value": spec.ssh_user}],
+                # Why the start script gave up, in the pod's status when it does.
+                "terminationMessagePolicy": "FallbackToLogsOnError",
                 "ports": [{"name": "ssh", "containerPort": SSH_PORT}],
                 "resources": {"requests": requests, "limits": limits},
                 # Running is not ready: sshd answers a moment after the container starts.
@@ -110,8 +133,13 @@ def pod_manifest(spec: PodSpec, index: int) -> dict[str, Any]:
             "weight": 100,
             "podAffinityTerm": {"labelSelector": {"matchLabels": spec.selector()},
                                 "topologyKey": "kubernetes.io/hostname"}}]}}
-    if spec.accelerator:
-        pod["spec"]["nodeSelector"] = {ACCELERATOR_SELECTOR: spec.accelerator.lower()}
+    if spec.gpu_selector is not None and spec.gpu_selector.terms:
+        pod["spec"]["affinity"]["nodeAffinity"] = spec.gpu_selector.node_affinity()
+    if spec.gpus:
+        # GPU node pools are commonly tainted so that only pods asking for GPUs land there.
+        pod["spec"]["tolerations"] = [dict(GPU_TOLERATION)]
+    for fragment in spec.pod_configs:
+        pod = pod_config.merge(pod, fragment)
     return pod
 
 

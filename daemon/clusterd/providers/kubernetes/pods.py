@@ -8,6 +8,7 @@ labelled with the cluster stays).
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -190,8 +191,27 @@ def ended(pod: Any) -> str | None:
     phase = pod.status.phase if pod.status else None
     if phase in ("Failed", "Succeeded"):
         reason = pod.status.reason or phase
-        message = pod.status.message or "its container exited"
+        message = pod.status.message or _terminated(pod) or "its container exited"
+        if reason == "Evicted" and "ephemeral" in message.lower():
+            # The kubelet's words are about containers and nodes; say what it means here.
+            what = ("its node ran out of local disk" if "low on resource" in message.lower()
+                    else "the pod wrote more than its ephemeral-storage limit allows")
+            return (f"Evicted for local disk: {what} (the runtime, the workdir and the job's "
+                    f"files count; raise kubernetes.ephemeral_storage and "
+                    f"ephemeral_storage_limit, or put big files on a volume in pod_config): "
+                    f"{message}")
         return f"{reason}: {message}"
+    return None
+
+
+def _terminated(pod: Any) -> str | None:
+    """How the container ended, with its termination message (the start script's reason)."""
+    for status in (pod.status.container_statuses if pod.status else None) or []:
+        ended_ = status.state.terminated if status.state else None
+        if ended_ is not None:
+            said = (ended_.message or "").strip()
+            return (f"its container exited with {ended_.exit_code}"
+                    + (f": {said[-500:]}" if said else ""))
     return None
 
 
@@ -214,12 +234,15 @@ def lost(pod: Any) -> str | None:
 
 async def wait_ready(api: KubeApi, context: str, namespace: str, cloud_name: str,
                      managed_by: str, num_nodes: int, provision_timeout_s: float,
-                     timeout_s: float) -> list[Any]:
+                     timeout_s: float, autoscaler: str | None = None,
+                     note: Callable[[str], Awaitable[None]] | None = None) -> list[Any]:
     """The cluster's pods once every one runs and is ready (head first). A pod the scheduler
-    still cannot place after provision_timeout_s is capacity this context lacks (REGION, with
-    the scheduler's message); a pod that fails, or whose image cannot be had, is an error of
-    the context too."""
+    still cannot place after provision_timeout_s is capacity this context lacks (PLACEMENT,
+    with the scheduler's message); with an autoscaler, that is the time it has to add a
+    node, and `note` says once that the launch waits for it. A pod that fails, or whose
+    image cannot be had, is an error of the context too."""
     started = time.monotonic()
+    noted = False
     names = [pod_name(cloud_name, i) for i in range(num_nodes)]
     while True:
         listed = await api.call(context, lambda core: core.list_namespaced_pod(
@@ -236,10 +259,17 @@ async def wait_ready(api: KubeApi, context: str, namespace: str, cloud_name: str
                 raise ProvisionError(f"kubernetes/{context}: pod {name}: {why}",
                                      BlockScope.REGION)
             unplaced = _unschedulable(pod)
+            if unplaced and autoscaler and not noted and note is not None:
+                noted = True
+                await note(f"kubernetes/{context}: pod {name} waits for a node ({unplaced}); "
+                           f"waiting up to {provision_timeout_s:.0f} s for the {autoscaler} "
+                           "autoscaler to add one (kubernetes.autoscaler)")
             if unplaced and time.monotonic() - started > provision_timeout_s:
                 raise ProvisionError(
                     f"kubernetes/{context}: pod {name} could not be scheduled within "
-                    f"{provision_timeout_s:.0f} s: {unplaced}", BlockScope.PLACEMENT,
+                    f"{provision_timeout_s:.0f} s"
+                    + (f" (the {autoscaler} autoscaler added no node for it)"
+                       if autoscaler else "") + f": {unplaced}", BlockScope.PLACEMENT,
                     "free capacity in the cluster, raise kubernetes.provision_timeout, or "
                     "let clusterd try elsewhere")
         if all(_ready(pods[n]) for n in names):

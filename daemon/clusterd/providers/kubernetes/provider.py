@@ -26,9 +26,11 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import first_error
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
+from clusterd.pod_config import PodConfigError
 from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
+    ForeignReport,
     Orphan,
     Placement,
     ProviderContext,
@@ -36,11 +38,16 @@ from clusterd.providers.base import (
     ProviderOf,
     ProvisionError,
 )
-from clusterd.providers.kubernetes import pods
+from clusterd.providers.kubernetes import gpu_labels, nodeport, pods
 from clusterd.providers.kubernetes.api import KubeApi, read_contexts
 from clusterd.providers.kubernetes.capacity import NodeCapacity, capacities, nearest
 from clusterd.providers.kubernetes.handle import KubernetesHandle, KubernetesPod
-from clusterd.providers.kubernetes.manifests import LABEL_CLOUD_NAME, PodSpec, pod_name
+from clusterd.providers.kubernetes.manifests import (
+    LABEL_CLOUD_NAME,
+    PodSpec,
+    pod_manifest,
+    pod_name,
+)
 from clusterd.providers.kubernetes.portforward import PodPort, PortForwards
 from clusterd.providers.ports import port_ranges
 from clusterd.ssh.connections import SSHConnections
@@ -56,6 +63,9 @@ CHECK_TIMEOUT_S = 15.0
 # The pods' image where the config names none: a setting of the daemon's environment, so a
 # machine (a test bed, a CI runner) can give every daemon started there its image.
 IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
+# Where neither names one: Python's official slim image (Debian) of the daemon's own minor,
+# which clusterd's runtime needs; the pod's start script installs sshd, rsync and sudo.
+DEFAULT_IMAGE = f"docker.io/library/python:{sys.version_info.major}.{sys.version_info.minor}-slim"
 
 
 class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
@@ -65,10 +75,12 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     autostop_tears_down: ClassVar[bool] = True
     terminate_discards_nodes: ClassVar[bool] = True
     honoured_fields: ClassVar[frozenset[str]] = frozenset({
-        "resources.ports", "resources.image_id", "resources.labels"})
+        "resources.ports", "resources.image_id", "resources.labels", "config"})
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
-                 key: DaemonKey, managed_by: str, runtime_dir: Path) -> None:
+                 key: DaemonKey, managed_by: str, runtime_dir: Path,
+                 on_note: ForeignReport | None = None) -> None:
+        self._on_note = on_note
         self._config = config
         self._connections = connections
         self._key = key
@@ -79,7 +91,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     @classmethod
     def build(cls, context: ProviderContext) -> KubernetesProvider:
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
-                   context.daemon_id, context.runtime_dir)
+                   context.daemon_id, context.runtime_dir, context.on_note)
 
     def _k8s(self) -> KubernetesConfig:
         return self._config().kubernetes
@@ -157,9 +169,11 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                 for context in contexts:
                     group.start_soon(look, context)
         placements, seen = [], []
+        autoscaler = self._k8s().autoscaler
         for context in contexts:
             found = nodes.get(context)
-            fits = found is None or any(
+            # With an autoscaler, a node that can hold the pod may be one it adds.
+            fits = found is None or autoscaler is not None or any(
                 n.ready and n.schedulable and n.holds(cpus, memory, gpus, accelerator)
                 for n in found)
             if fits:
@@ -201,14 +215,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         if image_id:
             raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
                                  "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
-        image = self._k8s().image or os.environ.get(IMAGE_ENV, "").strip()
-        if not image:
-            raise ProvisionError("kubernetes: no image for the pods", BlockScope.FATAL,
-                                 f"set kubernetes.image in clusterd's config ({IMAGE_ENV} in "
-                                 "the daemon's environment is its default), or image_id: "
-                                 "docker:IMAGE in the task (an image with sshd, python3 and "
-                                 "rsync; see the README)")
-        return image
+        return self._k8s().image or os.environ.get(IMAGE_ENV, "").strip() or DEFAULT_IMAGE
 
     async def create(self, request: ClusterRequest, placement: Placement) -> KubernetesHandle:
         context = placement.region or ""
@@ -216,9 +223,24 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         config = self._k8s()
         cpus, memory, gpus, accelerator = self._asked(request)
         pair = await anyio.to_thread.run_sync(self._key.ensure)
+        selector = None
+        if gpus and accelerator:
+            nodes = await self._capacities(context, namespace)
+            selector = gpu_labels.selector_for(
+                accelerator, None if nodes is None else
+                [n.gpu_label for n in nodes if n.gpu_label], config.autoscaler)
         spec = PodSpec(request.cloud_name, request.name, self.managed_by, self._image(request),
                        config.image_pull_policy, pair.public_openssh.strip(), cpus, memory,
-                       gpus, accelerator, request.resources.labels, request.create_token)
+                       gpus, accelerator, request.resources.labels, request.create_token,
+                       selector, config.ephemeral_storage, config.ephemeral_storage_limit,
+                       tuple(f for f in (config.pod_config, request.resources.pod_config) if f),
+                       config.ssh_user)
+        try:
+            pod_manifest(spec, 0)  # a pod_config clashing with clusterd's names: say so now
+        except PodConfigError as exc:
+            raise ProvisionError(f"kubernetes: {exc}", BlockScope.FATAL,
+                                 "fix the pod_config (config file, or the task's config:)"
+                                 ) from None
         nodeport = config.networking_mode == "nodeport"
         previous = request.previous
         known = frozenset(p.uid for p in previous.pods if p.uid) if isinstance(
@@ -245,14 +267,24 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     async def wait(self, cloud_name: str, handle: KubernetesHandle,
                    timeout_s: float) -> KubernetesHandle:
         """Every pod scheduled, running and ready, with its address; then SSH answers."""
+        config = self._k8s()
+
+        async def note(text: str) -> None:
+            logger.info("provider note", cluster=cloud_name, text=text)
+            if self._on_note is not None:
+                await self._on_note(cloud_name, text)
+
         ready = await pods.wait_ready(self.api, handle.context, handle.namespace, cloud_name,
                                       self.managed_by, len(handle.pods),
-                                      self._k8s().provision_timeout_s, timeout_s)
+                                      config.provision_timeout_s, timeout_s,
+                                      config.autoscaler, note)
         ports = (await pods.ssh_node_ports(self.api, handle.context, handle.namespace,
                                            [p.metadata.name for p in ready])
                  if handle.networking == "nodeport" else {})
-        handle = dataclasses.replace(handle, pods=tuple(
-            pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready))
+        recorded = [pods.recorded(p, ports.get(p.metadata.name, 0)) for p in ready]
+        if handle.networking == "nodeport":
+            recorded = [await self._reachable_node(handle.context, p) for p in recorded]
+        handle = dataclasses.replace(handle, pods=tuple(recorded))
         info = await self.cluster_info(cloud_name, handle)
         with anyio.fail_after(timeout_s):
             await self._connections.wait_reachable(
@@ -261,6 +293,30 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         return handle
 
     # -- reach ------------------------------------------------------------------------------
+
+    async def _reachable_node(self, context: str, pod: KubernetesPod) -> KubernetesPod:
+        """The pod, with the address of its node that the daemon reaches its SSH node port
+        on (nodeport mode); refused, saying what was tried, when none answers."""
+        async def read(core: Any) -> Any:
+            return await core.read_node(pod.node)
+
+        try:
+            node = await self.api.call(context, read)
+        except ProvisionError as exc:  # may not read nodes: the pod's hostIP is all we know
+            if exc.scope == BlockScope.PROVIDER:
+                raise
+            node = None
+        address, tried = await nodeport.reachable(
+            nodeport.node_addresses(node, pod.host_ip), pod.ssh_node_port)
+        if address is None:
+            raise ProvisionError(
+                f"kubernetes/{context}: networking_mode nodeport cannot reach node {pod.node} "
+                f"from here (use portforward): "
+                f"{'; '.join(tried) or 'the node lists no address'}", BlockScope.REGION,
+                "the nodes' addresses do not route from here (private nodes, a firewall): "
+                "use networking_mode: portforward (the default; it goes through the API "
+                "server), or run clusterd where the nodes' network is reachable")
+        return dataclasses.replace(pod, host_ip=address)
 
     async def _target(self, handle: KubernetesHandle, pod: KubernetesPod) -> SSHTarget:
         user = handle.ssh_user or self._k8s().ssh_user
