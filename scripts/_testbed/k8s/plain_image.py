@@ -27,10 +27,10 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from _testbed.common import Failure, log, run
+from _testbed.common import Failure, debian_mirror, debootstrap, log, run
 from _testbed.k8s import components, nodes
 from _testbed.k8s.commands import bed_lock
-from _testbed.k8s.images import DEBOOTSTRAP_TIMEOUT_S, SUITE, debian_mirror, oci_archive
+from _testbed.k8s.images import SUITE, oci_archive
 from _testbed.k8s.layout import BED_IP, BedPaths, cache_root, save_state
 from _testbed.k8s.operations import require_bed
 
@@ -58,14 +58,7 @@ def ensure_plain_image(images_dir: str) -> tuple[str, str, str]:
     os.makedirs(work)
     start = time.monotonic()
     log(f"building the plain image {name} (debootstrap {SUITE}: python3, no sshd; once) ...")
-    p = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--kill-child=SIGKILL", "--",
-                        "debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}",
-                        SUITE, rootfs, mirror], capture_output=True, text=True,
-                       stdin=subprocess.DEVNULL, timeout=DEBOOTSTRAP_TIMEOUT_S,
-                       env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"})
-    if p.returncode != 0:
-        raise Failure(f"debootstrap failed (exit {p.returncode}): "
-                      f"{(p.stderr or p.stdout).strip()[-2000:]}")
+    debootstrap(SUITE, rootfs, PACKAGES, mirror)
     for rel in ("var/lib/apt/lists", "var/cache/apt/archives"):  # as images ship: no lists
         d = os.path.join(rootfs, rel)
         for entry in os.listdir(d):
