@@ -186,7 +186,7 @@ def two_node_job(ec2: EC2Bed, daemon: Daemon, cluster: str, image: tuple[str, st
 
 def test_two_node_job_on_the_default_image(ec2: EC2Bed, daemon: Daemon) -> None:
     """No image_id: clusterd's default, Ubuntu 22.04 by name, is the bullseye root here."""
-    two_node_job(ec2, daemon, "jammy", None, "bullseye", f"/.clusterd/python/cpython-{PYTHON_TAG}.")
+    two_node_job(ec2, daemon, "jammy", None, "bullseye", f"/.clusterd/python/cpython-{PYTHON_TAG}")
 
 
 def test_two_node_job_on_the_newer_python_image(ec2: EC2Bed, daemon: Daemon) -> None:
