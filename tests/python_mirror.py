@@ -25,6 +25,7 @@ import sys
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,27 +91,61 @@ def downloads_json(archive: Path, version: str, url: str) -> dict[str, object]:
         "url": url, "sha256": _sha256(archive), "variant": None, "build": "clusterd-test"}}
 
 
+def _publish(served: Path, base: str, made: tuple[Path, str] | None = None) -> str:
+    """The archive (`made`: (path, version); default: standalone_archive) and its download
+    list, naming it under `base`, in served; the list's URL."""
+    archive, version = made or standalone_archive()
+    os.link(archive, served / archive.name) if archive.stat().st_dev == served.stat(
+    ).st_dev else shutil.copy2(archive, served / archive.name)
+    (served / "downloads.json").write_text(json.dumps(
+        downloads_json(archive, version, f"{base}/{archive.name}")))
+    return f"{base}/downloads.json"
+
+
 @contextlib.contextmanager
 def serving() -> Iterator[str]:
     """Serve the archive and its download list on loopback; yields the list's URL."""
-    archive, version = standalone_archive()
     with tempfile.TemporaryDirectory(prefix="cd-pymirror-") as scratch:
         served = Path(scratch)
-        os.link(archive, served / archive.name) if archive.stat().st_dev == served.stat(
-        ).st_dev else shutil.copy2(archive, served / archive.name)
         handler = functools.partial(_QuietHandler, directory=str(served))
         server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        base = f"http://127.0.0.1:{server.server_address[1]}"
-        (served / "downloads.json").write_text(json.dumps(
-            downloads_json(archive, version, f"{base}/{archive.name}")))
+        url = _publish(served, f"http://127.0.0.1:{server.server_address[1]}")
         thread = threading.Thread(target=server.serve_forever, daemon=True)
         thread.start()
         try:
-            yield f"{base}/downloads.json"
+            yield url
         finally:
             server.shutdown()
             server.server_close()
             thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def serving_in(netns: str, host: str, port: int, made: tuple[Path, str]) -> Iterator[str]:
+    """Serve the archive `made` ((path, version)) and its download list from inside network
+    namespace netns on host:port (a test bed's service address, which its nodes reach as a
+    real cloud's reach the Internet); yields the list's URL once it answers there."""
+    with tempfile.TemporaryDirectory(prefix="cd-pymirror-") as scratch:
+        served = Path(scratch)
+        os.chmod(served, 0o755)
+        url = _publish(served, f"http://{host}:{port}", made)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "http.server", str(port),
+             "--bind", host, "--directory", str(served)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            check = ("import urllib.request as u, sys; "
+                     f"sys.exit(u.urlopen({url!r}, timeout=5).status != 200)")
+            deadline = time.monotonic() + 30
+            while subprocess.run(["ip", "netns", "exec", netns, sys.executable, "-c", check],
+                                 capture_output=True, timeout=30).returncode != 0:
+                assert server.poll() is None, f"the mirror in {netns} exited ({server.returncode})"
+                assert time.monotonic() < deadline, f"the mirror in {netns} never answered {url}"
+                time.sleep(0.2)
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

@@ -8,12 +8,18 @@ naming the driver and the image."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.ec2bed import EC2Bed, cloud_name, ec2_bed, running
+from clusterd.runtime.node_platform import NodePlatform, probe_script
+from clusterd.runtime.venv_archive import PYTHON_TAG
+from tests import python_mirror
+from tests.e2e.ec2bed import ROOT, EC2Bed, cloud_name, ec2_bed, running
+from tests.python_oldglibc import old_glibc_archive
 from tests.support import Daemon, wait_for
 
 pytestmark = [pytest.mark.ec2, pytest.mark.ec2_images, pytest.mark.ray,
@@ -27,10 +33,12 @@ DLAMI = ("amazon", "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) 
 NEURON = ("amazon", "Deep Learning AMI Neuron (Ubuntu 22.04) *")
 HOST_CODENAME = subprocess.run(["sh", "-c", ". /etc/os-release; echo $VERSION_CODENAME"],
                                capture_output=True, text=True).stdout.strip()
-# Not yet: clusterd's runtime needs the node's python to be the daemon's, with venv; a node
-# of another python gets its runtime once the daemon builds one for it (issue 36, part 1).
-NEEDS_ANY_NODE_PYTHON = pytest.mark.xfail(
-    strict=True, reason="the runtime for a node python other than the daemon's (wt-nodepy)")
+# Where the bed's nodes find the Python mirror: its service address (scripts/_testbed/ec2/
+# layout.py SERVICE_IP), the one way out of their VPC, as a real node's is the Internet.
+MIRROR_HOST, MIRROR_PORT = "127.254.0.1", 4580
+NODE_HOME = "/home/ubuntu"
+ROOTS = ("import json, sys; sys.path.insert(0, 'scripts'); from _testbed.ec2 import images; "
+         "print(json.dumps(images.ensure_all()))")
 
 DESCRIBE = """
 import boto3, json
@@ -55,6 +63,7 @@ resources:
 run: |
   . /etc/os-release
   echo "rank=$SKYPILOT_NODE_RANK on $VERSION_CODENAME"
+  sed -n 's/^home = /python in /p' ~/.clusterd/current/pyvenv.cfg
 """
 
 
@@ -64,9 +73,35 @@ def ec2() -> Iterator[EC2Bed]:
         yield bed
 
 
+def node_tags() -> list[str]:
+    """The runtime tag of a node of each image root, as clusterd's own probe finds it there
+    (run in the root): its glibc, and its Python, or, where it has none usable, the
+    uv-managed one of the daemon's minor it is to get."""
+    roots = json.loads(subprocess.run([sys.executable, "-c", ROOTS], cwd=ROOT, check=True,
+                                      capture_output=True, text=True, timeout=1800).stdout)
+    tags = []
+    for root in roots.values():
+        said = subprocess.run(["chroot", root, "env", "-i", "PATH=/usr/bin:/bin", "sh", "-c",
+                               probe_script()], capture_output=True, text=True, timeout=60)
+        node = NodePlatform.parse(said.stdout)
+        tags.append(node.target(node.python or PYTHON_TAG).tag)
+    return tags
+
+
 @pytest.fixture(scope="module")
 def daemon(ec2: EC2Bed) -> Iterator[Daemon]:
-    with running(ec2.daemon("cdimg-")) as daemon:
+    """A daemon in the bed, with no package index (the bed's namespace has no way out): the
+    runtime for each image's kind of node is readied ahead, here, as README says to; and the
+    Python mirror the nodes with no usable Python install from, on the bed's service address."""
+    prepared = subprocess.run(
+        [sys.executable, "-m", "clusterd", "--prepare-runtime",
+         *(f"--prepare-runtime-for={tag}" for tag in node_tags())],
+        env={**os.environ, "CLUSTERD_WHEELHOUSE_DIR": ec2.env["CLUSTERD_WHEELHOUSE_DIR"]},
+        capture_output=True, text=True, timeout=1800)
+    assert prepared.returncode == 0, prepared.stderr
+    with python_mirror.serving_in(
+            ec2.netns, MIRROR_HOST, MIRROR_PORT, old_glibc_archive()) as downloads, \
+            running(ec2.daemon("cdimg-", CLUSTERD_PYTHON_DOWNLOADS_JSON_URL=downloads)) as daemon:
         yield daemon
 
 
@@ -129,32 +164,38 @@ def test_each_image_boots_in_its_own_root(ec2: EC2Bed) -> None:
 
 
 def two_node_job(ec2: EC2Bed, daemon: Daemon, cluster: str, image: tuple[str, str] | None,
-                 codename: str) -> None:
+                 codename: str, python_in: str) -> None:
+    """A 2-node job on image (None: clusterd's default), whose runtime's Python is in the
+    directory python_in names (its start, after the node's home)."""
     extra = f"  image_id: {image_id(ec2, image)}" if image else ""
     (daemon.root / f"{cluster}.yaml").write_text(TASK.format(extra=extra))
     try:
         result = daemon.ctl("launch", "-c", cluster, "--infra", "aws/us-east-1",
                             f"{cluster}.yaml", timeout=900)
         assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
-        assert sorted(result.stdout.splitlines()) == [
-            f"(head, rank=0) rank=0 on {codename}", f"(worker1, rank=1) rank=1 on {codename}"]
+        lines = sorted(result.stdout.splitlines())
+        homes = [line.split(" python in ", 1)[1] for line in lines if " python in " in line]
+        assert [line for line in lines if " python in " not in line] == [
+            f"(head, rank=0) rank=0 on {codename}",
+            f"(worker1, rank=1) rank=1 on {codename}"], lines
+        assert len(homes) == 2 and all(
+            h.removeprefix(NODE_HOME).startswith(python_in) for h in homes), lines
     finally:
         daemon.ctl("down", "-y", cluster, timeout=600)
 
 
-@NEEDS_ANY_NODE_PYTHON
 def test_two_node_job_on_the_default_image(ec2: EC2Bed, daemon: Daemon) -> None:
     """No image_id: clusterd's default, Ubuntu 22.04 by name, is the bullseye root here."""
-    two_node_job(ec2, daemon, "jammy", None, "bullseye")
+    two_node_job(ec2, daemon, "jammy", None, "bullseye", f"/.clusterd/python/cpython-{PYTHON_TAG}")
 
 
-@NEEDS_ANY_NODE_PYTHON
 def test_two_node_job_on_the_newer_python_image(ec2: EC2Bed, daemon: Daemon) -> None:
-    two_node_job(ec2, daemon, "noble", NOBLE, "trixie")
+    """Python 3.13, not the daemon's: a venv of it, from wheels built for it (ahead)."""
+    two_node_job(ec2, daemon, "noble", NOBLE, "trixie", "/usr/bin")
 
 
 def test_two_node_job_on_the_host_like_image(ec2: EC2Bed, daemon: Daemon) -> None:
-    two_node_job(ec2, daemon, "hostimg", HOST, HOST_CODENAME)
+    two_node_job(ec2, daemon, "hostimg", HOST, HOST_CODENAME, "/")
 
 
 GPU_TASK = """
