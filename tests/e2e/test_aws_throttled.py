@@ -16,7 +16,10 @@ import pytest
 from tests.e2e.ec2bed import EC2Bed, cloud_name, running
 from tests.support import Daemon
 
-pytestmark = [pytest.mark.ec2, pytest.mark.ray]
+# Each launch gets less time than the test, so that a launch stuck on CI fails with the
+# daemon's log (what it waited on), not with a stack of the test's threads.
+pytestmark = [pytest.mark.ec2, pytest.mark.ray, pytest.mark.timeout(900)]
+LAUNCH_TIMEOUT_S = 420
 
 CLUSTERS = ("thr1", "thr2", "thr3")
 
@@ -33,8 +36,14 @@ def test_concurrent_launches_ride_out_throttling(ec2: EC2Bed, daemon: Daemon) ->
     rule = ec2.fault("--code", "RequestLimitExceeded", "--share", "0.3")
     try:
         def launch(name: str) -> subprocess.CompletedProcess[str]:
-            return daemon.ctl("launch", "-c", name, "--infra", "aws/us-east-1", "--cpus", "2",
-                              "--", f"echo {name} ran", timeout=1200)
+            try:
+                return daemon.ctl("launch", "-c", name, "--infra", "aws/us-east-1", "--cpus",
+                                  "2", "--", f"echo {name} ran", timeout=LAUNCH_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                bed_log = (ec2.dir / "controller.log").read_text(errors="replace")
+                pytest.fail(f"launch of {name} still running after {LAUNCH_TIMEOUT_S} s; the "
+                            f"daemon's log ends:\n{daemon.log()[-12000:]}\nthe bed's log "
+                            f"ends:\n{bed_log[-8000:]}")
 
         with concurrent.futures.ThreadPoolExecutor(len(CLUSTERS)) as pool:
             results = dict(zip(CLUSTERS, pool.map(launch, CLUSTERS), strict=True))

@@ -3,7 +3,12 @@ endpoint's bookkeeping (proxy.Endpoint): pure functions, no network."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import http.client
+import http.server
 import sys
+import threading
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -23,7 +28,7 @@ from _testbed.ec2.faults import (
     pick_rule,
     rule_matches,
 )
-from _testbed.ec2.proxy import Endpoint
+from _testbed.ec2.proxy import ApiServer, Endpoint
 
 AUTH = ("AWS4-HMAC-SHA256 Credential=AKIATESTBED000000000/20240927/{region}/{service}/"
         "aws4_request, SignedHeaders=host;x-amz-date, Signature=abc")
@@ -258,3 +263,67 @@ def test_endpoint_counts_calls_and_fired_rules() -> None:
     assert ep.add_rule({"delay": 1}).id == "f2"
     assert ep.remove_rule("f1") and not ep.remove_rule("f1")
     assert ep.clear_rules() == 1 and ep.rules() == []
+
+
+# ---------------------------------------------------------------------------- forwarding
+
+class _CountingUpstream(http.server.ThreadingHTTPServer):
+    """Stands where moto does: answers each request after a pause, noting the most requests of
+    each service it was answering at once."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _CountingHandler)
+        self.lock = threading.Lock()
+        self.now: dict[str, int] = {}
+        self.most: dict[str, int] = {}
+
+
+class _CountingHandler(http.server.BaseHTTPRequestHandler):
+    server: _CountingUpstream
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        service = credential_scope(self.headers.get("Authorization"))[0]
+        with self.server.lock:
+            self.server.now[service] = self.server.now.get(service, 0) + 1
+            self.server.most[service] = max(self.server.most.get(service, 0),
+                                             self.server.now[service])
+        time.sleep(0.05)  # long enough for concurrent requests to overlap here if let through
+        with self.server.lock:
+            self.server.now[service] -= 1
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+
+def test_moto_gets_one_ec2_call_at_a_time_and_s3_calls_flow() -> None:
+    upstream = _CountingUpstream()
+    proxy = ApiServer(("127.0.0.1", 0), upstream.server_address[:2], Endpoint(subnet_zone))
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (upstream, proxy)]
+    for thread in threads:
+        thread.start()
+    try:
+        def post(service: str) -> int:
+            conn = http.client.HTTPConnection(*proxy.server_address[:2], timeout=30)
+            body = urllib.parse.urlencode({"Action": "RunInstances"}).encode()
+            conn.request("POST", "/", body, {"Authorization": AUTH.format(
+                region="us-east-1", service=service)})
+            status = conn.getresponse().status
+            conn.close()
+            return status
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            statuses = list(pool.map(post, ["ec2"] * 8 + ["s3"] * 8))
+    finally:
+        for server in (proxy, upstream):
+            server.shutdown()
+            server.server_close()
+    assert statuses == [200] * 16
+    assert upstream.most["ec2"] == 1
+    assert upstream.most["s3"] > 1  # the pool sent them together: only EC2 waits its turn

@@ -21,6 +21,11 @@ from _testbed.ec2.faults import Call, Rule, error_response, make_rule, parse_cal
 log = logging.getLogger("testbed.ec2.proxy")
 
 HANG_MAX_S = 900.0  # a hung call is held at most this long (15 min)
+# moto's EC2 models are not thread-safe (its server answers each request on a thread of its
+# own): two RunInstances at once can draw from one subnet's address generator together, and a
+# Describe can iterate a dict another call changes. EC2 is consistent under concurrent calls,
+# so the bed hands moto one EC2 call at a time (they take milliseconds); S3 and the rest flow.
+SERIALIZED_SERVICES = frozenset({"ec2"})
 UPSTREAM_TIMEOUT_S = 120.0
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
               "trailers", "transfer-encoding", "upgrade", "content-length"}
@@ -35,6 +40,7 @@ class Endpoint:
         self.on_call = on_call  # (service, action) of every call, as it comes
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self.upstream_lock = threading.Lock()  # held while moto answers a SERIALIZED_SERVICES call
         self._counts: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._rules: list[Rule] = []
         self._next_id = 1
@@ -140,7 +146,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             log.info("fault rule %s fires on %s %s in %s: %s", rule.id, call.service,
                      call.action, call.region, rule.effect())
         if rule is not None and rule.hang:
-            self._forward(body)
+            self._forward(body, call)
             self._hold()
             return
         if rule is not None and rule.code:
@@ -149,7 +155,7 @@ class ApiHandler(BaseHTTPRequestHandler):
             status, ctype, doc = error_response(rule.code, call)
             self._reply(status, [("Content-Type", ctype)], doc)
             return
-        answer = self._forward(body)
+        answer = self._forward(body, call)
         if rule is not None and rule.delay:
             self._sleep(rule.delay)
         if answer is None:
@@ -158,8 +164,14 @@ class ApiHandler(BaseHTTPRequestHandler):
         else:
             self._reply(*answer)
 
-    def _forward(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | None:
+    def _forward(self, body: bytes, call: Call) -> tuple[int, list[tuple[str, str]], bytes] | None:
         """Send the request to moto as it came; (status, headers, body), None if moto failed."""
+        if call.service in SERIALIZED_SERVICES:
+            with self.server.endpoint.upstream_lock:
+                return self._forward_now(body)
+        return self._forward_now(body)
+
+    def _forward_now(self, body: bytes) -> tuple[int, list[tuple[str, str]], bytes] | None:
         host, port = self.server.upstream
         conn = http.client.HTTPConnection(host, port, timeout=UPSTREAM_TIMEOUT_S)
         try:
