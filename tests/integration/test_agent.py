@@ -22,7 +22,9 @@ import pytest
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError
 from clusterd.agent import node
-from clusterd.agent.auth import (
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.node_shared.auth import (
     AUTH_METADATA,
     MAX_NONCES_OUTSTANDING,
     MAX_NONCES_PER_CALL,
@@ -30,10 +32,9 @@ from clusterd.agent.auth import (
     new_nonce,
     new_token,
 )
-from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL, status_from_pb
-from clusterd.runtime.agent_client import AgentClient, AgentConnections
+from clusterd.node_shared.wire import AGENT_PROTOCOL
+from clusterd.runtime.agent_client import AgentClient, AgentConnections, job_spec_to_pb
+from clusterd.runtime.agent_types import Job, JobSpec, NodeResources
 from tests.support import pid_alive, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -110,13 +111,13 @@ async def agent(agent_cluster: AgentCluster) -> AsyncIterator[AgentClient]:
 
 def spec(run: str, *, nodes: int = 2, cpus: float = 0.5, setup: str = "",
          envs: dict[str, str] | None = None, secrets_: dict[str, str] | None = None,
-         workdir: str = "") -> pb.JobSpec:
-    return pb.JobSpec(name="t", run=run, setup=setup, num_nodes=nodes,
-                      resources=pb.NodeResources(cpus=cpus), envs=envs or {},
-                      secrets=secrets_ or {}, workdir=workdir, cluster_name="two")
+         workdir: str = "") -> JobSpec:
+    return JobSpec(name="t", run=run, setup=setup, num_nodes=nodes,
+                   resources=NodeResources(cpus=cpus), envs=envs or {},
+                   secrets=secrets_ or {}, workdir=workdir, cluster_name="two")
 
 
-async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes]:
+async def run_to_end(agent: AgentClient, job: JobSpec) -> tuple[Job, bytes]:
     reply = await agent.add_job(job)
     log = b""
     with anyio.fail_after(120):
@@ -130,11 +131,11 @@ async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes
 
 
 async def wait_status(agent: AgentClient, job_id: int, wanted: set[JobStatus],
-                      timeout: float = 60) -> pb.Job:
+                      timeout: float = 60) -> Job:
     with anyio.fail_after(timeout):
         while True:
             (job,) = await agent.jobs([job_id])
-            if status_from_pb(job.status) in wanted:
+            if job.status in wanted:
                 return job
             await anyio.sleep(0.05)
 
@@ -257,7 +258,7 @@ async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> 
             "task=$SKYPILOT_TASK_ID greet=$GREETING secret=$TOKEN",
         envs={"GREETING": "hi"}, secrets_={"TOKEN": "s3cr3t"},
     ))
-    assert status_from_pb(job.status) == JobStatus.SUCCEEDED, job.failure_reason
+    assert job.status == JobStatus.SUCCEEDED, job.failure_reason
     text = log.decode()
     assert "(head, rank=0) setup rank=0 ips=127.0.0.2 127.0.0.3" in text
     assert "(worker1, rank=1) setup rank=1 ips=127.0.0.2 127.0.0.3" in text
@@ -279,7 +280,7 @@ async def test_one_node_failing_kills_the_other(agent: AgentClient,
         f"if [ $SKYPILOT_NODE_RANK = 1 ]; then exit 3; fi; "
         f"sleep 300 & echo $! > {marker}; wait"
     ))
-    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert job.status == JobStatus.FAILED
     assert "rank 1 (127.0.0.3) exited with exit code 3" in job.failure_reason
     assert job.exit_codes[1] == 3
     if marker.exists():  # rank 0 got as far as starting its child: that child must be dead
@@ -290,7 +291,7 @@ async def test_segmentation_fault_is_named(agent: AgentClient) -> None:
     job, _ = await run_to_end(agent, spec(
         "if [ $SKYPILOT_NODE_RANK = 0 ]; then kill -SEGV $$; fi; sleep 300"
     ))
-    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert job.status == JobStatus.FAILED
     assert "rank 0" in job.failure_reason
     assert "segmentation fault (exit code 139)" in job.failure_reason
     assert job.ended_at - job.started_at < 60  # the sleeping rank was killed, not waited for
@@ -298,7 +299,7 @@ async def test_segmentation_fault_is_named(agent: AgentClient) -> None:
 
 async def test_setup_failure_names_every_failed_node(agent: AgentClient) -> None:
     job, log = await run_to_end(agent, spec(setup="echo setting; exit 7", run="echo never"))
-    assert status_from_pb(job.status) == JobStatus.FAILED_SETUP
+    assert job.status == JobStatus.FAILED_SETUP
     assert "rank 0 (127.0.0.2) exited with exit code 7" in job.failure_reason
     assert "rank 1 (127.0.0.3) exited with exit code 7" in job.failure_reason
     assert b"never" not in log
@@ -333,12 +334,12 @@ async def test_job_waits_pending_while_cpus_are_taken_then_runs_fifo(
     second = await agent.add_job(spec("echo second", nodes=1, cpus=1))
     for job_id in (first.job_id, second.job_id):
         (job,) = await agent.jobs([job_id])
-        assert status_from_pb(job.status) == JobStatus.PENDING
+        assert job.status == JobStatus.PENDING
     gate.touch()
     done_first = await wait_status(agent, first.job_id, {JobStatus.SUCCEEDED})
     done_second = await wait_status(agent, second.job_id, {JobStatus.SUCCEEDED})
     (done_big,) = await agent.jobs([big.job_id])
-    assert status_from_pb(done_big.status) == JobStatus.SUCCEEDED
+    assert done_big.status == JobStatus.SUCCEEDED
     assert done_first.started_at >= done_big.ended_at
     assert done_first.started_at <= done_second.started_at
 
@@ -378,7 +379,7 @@ async def test_tail_last_lines_and_resume_by_offset(agent: AgentClient) -> None:
     async for message in agent.tail(job.job_id, follow=False, tail_lines=10, offset=0):
         tail += message.data
         if message.final:
-            assert status_from_pb(message.status) == JobStatus.SUCCEEDED
+            assert message.status == JobStatus.SUCCEEDED
     assert tail.decode().splitlines() == [f"line {i}" for i in range(91, 101)]
     middle = log.index(b"line 50\n")
     rest = b""
@@ -391,7 +392,7 @@ async def test_workdir_is_where_scripts_run(agent: AgentClient,
                                             agent_cluster: AgentCluster) -> None:
     workdir = agent_cluster.path("wd")
     job, log = await run_to_end(agent, spec("pwd", nodes=1, workdir=str(workdir)))
-    assert status_from_pb(job.status) == JobStatus.SUCCEEDED
+    assert job.status == JobStatus.SUCCEEDED
     assert log.decode().strip() == str(workdir)
 
 
@@ -418,7 +419,7 @@ async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group
     # A shape no other test asks for, so the first job reserves a group of its own.
     first, _ = await run_to_end(agent, spec("true", cpus=0.3))
     second, log = await run_to_end(agent, spec("echo again", cpus=0.3))
-    assert status_from_pb(second.status) == JobStatus.SUCCEEDED and log.count(b"again") == 2
+    assert second.status == JobStatus.SUCCEEDED and log.count(b"again") == 2
     groups = placement_groups(agent_cluster)
     assert f"job-{first.job_id}" in groups
     assert f"job-{second.job_id}" not in groups  # never reserved: it ran in the first's
@@ -427,7 +428,7 @@ async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group
              "the parked placement group to be removed", interval=0.5)
     # A job of another shape still gets a group of its own, and runs.
     other, _ = await run_to_end(agent, spec("true", cpus=0.4))
-    assert status_from_pb(other.status) == JobStatus.SUCCEEDED
+    assert other.status == JobStatus.SUCCEEDED
     assert f"job-{other.job_id}" in placement_groups(agent_cluster)
 
 
@@ -476,7 +477,7 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
                 await anyio.sleep(0.05)
         # The restarted agent still runs new jobs.
         job, log = await run_to_end(client, spec("echo alive", nodes=1))
-        assert status_from_pb(job.status) == JobStatus.SUCCEEDED and log == b"alive\n"
+        assert job.status == JobStatus.SUCCEEDED and log == b"alive\n"
     finally:
         await client.close()
 
@@ -493,9 +494,10 @@ async def test_calls_without_the_daemons_credential_are_refused(
     channel = grpc.aio.insecure_channel(agent_cluster.endpoint)
     try:
         jobs = pb_grpc.JobsServiceStub(channel)
+        never = job_spec_to_pb(spec("touch /tmp/never", nodes=1))
         for metadata in ((), ((AUTH_METADATA, forged),), ((AUTH_METADATA, "x.y.z"),)):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await jobs.AddJob(pb.AddJobRequest(spec=spec("touch /tmp/never", nodes=1)),
+                await jobs.AddJob(pb.AddJobRequest(spec=never),
                                   metadata=metadata, timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             with pytest.raises(grpc.aio.AioRpcError) as refused:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from clusterd.agent import node
-from clusterd.agent.auth import new_token
+from clusterd.node_shared.auth import new_token
 from tests.support import short_tempdir
 
 

@@ -518,7 +518,7 @@ def mark(params: dict[str, Any]) -> dict[str, Any]:
 
 def container_runtime(params: dict[str, Any]) -> dict[str, Any]:
     """Which container runtime answers on this node (for docker:IMAGE tasks), or why none."""
-    from clusterd.agent.containers import find_runtime
+    from clusterd.node_shared.containers import find_runtime
 
     runtime, why = find_runtime()
     return {"runtime": runtime, "why": why}

@@ -21,8 +21,8 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clusterd.agent import containers
 from clusterd.agent.processes import stop_processes, terminate_tree
+from clusterd.node_shared import containers
 
 READ_BYTES = 64 * 1024
 # While output keeps coming, chunks grow up to this: each chunk crosses Ray as an object, so

@@ -7,7 +7,7 @@ started again, and the cluster is ready only once the agent answers and sees eve
 On remote nodes it first installs the runtime (once per version, in parallel).
 
 The agent listens on a Unix socket in a 0700 directory of the head's user (`~/.clusterd/s/`,
-short: socket paths end at 107 bytes) and holds the runtime's token (agent/auth.py), made here
+short: socket paths end at 107 bytes) and holds the runtime's token (node_shared/auth.py), made here
 and recorded with the runtime before anything starts.
 """
 
@@ -26,9 +26,9 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
+from clusterd.node_shared.auth import new_token
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import gpu_driver, node_helper
 from clusterd.runtime.agent_access import AgentAccess

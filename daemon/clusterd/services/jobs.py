@@ -12,18 +12,17 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError, exit_code_for_job
 from clusterd import log
-from clusterd.agent import containers
-from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
+from clusterd.node_shared import containers
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.rsync import Progress, ProgressHook
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
+from clusterd.runtime.agent_types import Job, JobSpec, NodeResources
 from clusterd.runtime.manager import RunnerFactory
 from clusterd.services.common import (
     announce_warnings,
@@ -47,15 +46,15 @@ Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 RESUME_WINDOW_S = 60.0
 
 
-def job_to_wire(job: pb.Job) -> dict[str, Any]:
+def job_to_wire(job: Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "name": job.name,
         "user": job.user,
-        "status": str(status_from_pb(job.status)),
+        "status": str(job.status),
         "submitted_at": job.submitted_at,
-        "started_at": job.started_at or None,
-        "ended_at": job.ended_at or None,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
         "resources": job.resources_display,
         "num_nodes": job.num_nodes,
         "log_dir": job.log_dir,
@@ -76,13 +75,13 @@ class FinishedJobs:
     def __init__(self) -> None:
         self._maps: dict[str, dict[str, Any]] = {}
 
-    def wire(self, job: pb.Job) -> dict[str, Any]:
-        status = status_from_pb(job.status)
+    def wire(self, job: Job) -> dict[str, Any]:
+        status = job.status
         if not status.is_terminal or not job.task_id:
             return job_to_wire(job)
         found = self._maps.get(job.task_id)
         if found is None or found["status"] != status or \
-                found["ended_at"] != (job.ended_at or None):
+                found["ended_at"] != job.ended_at:
             if len(self._maps) >= self.LIMIT:
                 self._maps.clear()
             found = self._maps[job.task_id] = job_to_wire(job)
@@ -165,14 +164,14 @@ class JobService:
         await self._sync_files(request, info, task)
         await self._mount_buckets(request, record, info, task, bucket_regions)
         resources = task.resources
-        spec = pb.JobSpec(
+        spec = JobSpec(
             name=task.name or "",
             setup=setup or "",
             run=run or ":",
             envs=task.envs,
             secrets=task.secrets,
             num_nodes=task.num_nodes,
-            resources=pb.NodeResources(
+            resources=NodeResources(
                 cpus=resources.job_cpus,
                 gpus=resources.accelerator_count,
                 memory_gb=resources.memory_gb or 0,
@@ -365,7 +364,8 @@ class JobService:
                     deadline = None
                     current = message.job_id
                     if message.final:
-                        status = status_from_pb(message.status)
+                        status = message.status
+                        assert status is not None  # the agent client sets it on a final one
                         reason = message.failure_reason
                         if not reason and status.is_terminal and \
                                 status != JobStatus.SUCCEEDED:  # an agent older than the field
