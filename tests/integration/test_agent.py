@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
@@ -52,31 +53,37 @@ class AgentCluster:
         return self.root / "work" / name
 
 
+def helper(command: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A node helper command, as `python -m clusterd.agent.node` runs it: its typed request
+    read from the plain object, its typed reply written back as one."""
+    return node.COMMANDS[command](params)
+
+
 @pytest.fixture(scope="module")
 def agent_cluster() -> Iterator[AgentCluster]:
     root = short_tempdir("cda-")
     token = root / "token"
-    node.write_token({"path": str(token), "token": secrets.token_hex(16)})
+    helper("write-private", {"path": str(token), "token": secrets.token_hex(16)})
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    gcs, client_port, dash_port, metric1, metric2 = node.free_ports({"count": 5})["ports"]
+    gcs, client_port, dash_port, metric1, metric2 = helper("free-ports", {"count": 5})["ports"]
     env.update(AUTOSCALER_METRIC_PORT=str(metric1), DASHBOARD_METRIC_PORT=str(metric2))
     key = root.name
     common = {"num_cpus": 2, "object_store_bytes": 80 * 1024 * 1024, "env": env,
               "ports": {"min_worker_port": 0, "max_worker_port": 0}, "timeout": 60}
     head_run, worker_run = root / "head" / "run", root / "worker" / "run"
     try:
-        node.start_ray({**common, "dir": str(head_run), "temp_key": f"{key}h", "head": True,
+        helper("start-ray", {**common, "dir": str(head_run), "temp_key": f"{key}h", "head": True,
                         "node_ip": "127.0.0.2", "gcs_port": gcs,
                         "ports": {**common["ports"], "ray_client_server_port": client_port,
                                   "dashboard_port": dash_port}})
-        node.start_ray({**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
+        helper("start-ray", {**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
                         "node_ip": "127.0.0.3", "head_address": f"127.0.0.2:{gcs}"})
         agent_token = new_token()
         agent_params = {"dir": str(head_run), "listen": f"unix:{root}/s/agent.sock",
                         "state_dir": str(root / "head" / "agent"),
                         "ray_address": f"127.0.0.2:{gcs}", "cluster_name": "two",
                         "env": env, "timeout": 90, "token": agent_token}
-        started = node.start_agent(agent_params)
+        started = helper("start-agent", agent_params)
         assert started["socket"] == f"{root}/s/agent.sock"
         (root / "work").mkdir()
         cluster = AgentCluster(root, f"unix:{root}/s/agent.sock", head_run, agent_params,
@@ -92,11 +99,11 @@ def agent_cluster() -> Iterator[AgentCluster]:
         wait_for(lambda: anyio.run(two_nodes), 60, "both Ray nodes to join", interval=0.5)
         yield cluster
     finally:
-        node.stop({"dir": str(head_run), "parts": ["agent"]})
-        node.stop({"dir": str(worker_run)})  # workers before the head, as the daemon does
-        node.stop({"dir": str(head_run)})
+        helper("stop", {"dir": str(head_run), "parts": ["agent"]})
+        helper("stop", {"dir": str(worker_run)})  # workers before the head, as the daemon does
+        helper("stop", {"dir": str(head_run)})
         if not os.environ.get("CLUSTERD_TEST_KEEP"):  # keep everything to debug a failure
-            node.cleanup({"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
+            helper("cleanup", {"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -240,7 +247,7 @@ def test_a_starting_node_is_looked_up_again_at_once_until_it_registers(
     env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
     done = subprocess.run([sys.executable, "-c", NODE_LOOKUP,
                            str(agent_cluster.agent_params["ray_address"]),
-                           f"127.0.0.1:{node.free_ports({'count': 1})['ports'][0]}"],
+                           f"127.0.0.1:{helper('free-ports', {'count': 1})['ports'][0]}"],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     reply = json.loads(done.stdout.strip().splitlines()[-1])
@@ -361,8 +368,8 @@ async def test_a_container_image_that_is_no_image_reference_is_refused(
 ) -> None:
     """The daemon's task loader refuses it first; the agent does not count on that."""
     before = len(await agent.queue())
-    job = spec("echo never", nodes=1)
-    job.container_image = "--cidfile=/tmp/clusterd-never"
+    job = dataclasses.replace(spec("echo never", nodes=1),
+                              container_image="--cidfile=/tmp/clusterd-never")
     with pytest.raises(ProtocolError) as refused:
         await agent.add_job(job)
     assert refused.value.code == ErrorCode.INVALID_TASK
@@ -467,7 +474,7 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
     os.kill(agent_pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
     # Started again by hand, with no token given: the helper uses the one it keeps on file.
-    node.start_agent({**agent_cluster.agent_params, "token": None})
+    helper("start-agent", {**agent_cluster.agent_params, "token": None})
     client = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
     try:
         job = await wait_status(client, reply.job_id, {JobStatus.FAILED_DRIVER}, timeout=30)
@@ -560,7 +567,7 @@ async def test_a_credential_over_an_expired_nonce_is_refused(agent_cluster: Agen
     The daemon's client, which keeps a few nonces at hand, goes on working across that."""
     run = agent_cluster.root / "brief" / "run"
     endpoint = f"unix:{agent_cluster.root}/s2/agent.sock"
-    node.start_agent({**agent_cluster.agent_params, "dir": str(run), "listen": endpoint,
+    helper("start-agent", {**agent_cluster.agent_params, "dir": str(run), "listen": endpoint,
                       "state_dir": str(agent_cluster.root / "brief" / "agent"),
                       "nonce_ttl": 1.0})
     client = AgentClient("two", endpoint, agent_cluster.token)
@@ -575,7 +582,7 @@ async def test_a_credential_over_an_expired_nonce_is_refused(agent_cluster: Agen
         await client.queue()
     finally:
         await client.close()
-        node.stop({"dir": str(run), "parts": ["agent"]})
+        helper("stop", {"dir": str(run), "parts": ["agent"]})
 
 
 async def test_the_daemons_client_replaces_nonces_the_agent_dropped(
@@ -669,7 +676,7 @@ async def test_a_connection_broken_by_an_agent_restart_is_replaced(
         for _ in range(3):
             with pytest.raises(ProtocolError):
                 await client.queue()
-        node.start_agent({**agent_cluster.agent_params, "token": None})
+        helper("start-agent", {**agent_cluster.agent_params, "token": None})
         again = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
         # A fresh client, unless the old channel has got through its back-off and connected
         # again while the agent started (a slow machine): either way the call succeeds at

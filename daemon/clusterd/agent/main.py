@@ -36,6 +36,7 @@ from clusterd.agent.scheduler import Scheduler
 from clusterd.agent.service import AutostopService, HealthService, JobsService
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.node_shared.auth import NONCE_TTL_S, NonceBook
+from clusterd.node_shared.node_commands import StopRequest
 
 logger = log.get("clusterd.agent")
 RESTART_REASON = "the agent restarted while the job was in progress"
@@ -157,7 +158,7 @@ async def serve(args: argparse.Namespace) -> None:
                     args.node_run_dir, args.shutdown_nodes)
             await anyio.sleep(5 if workers else 0)
             await anyio.to_thread.run_sync(
-                node.stop, {"dir": os.path.expanduser(args.node_run_dir), "parts": ["ray"]})
+                node.stop, StopRequest(dir=os.path.expanduser(args.node_run_dir), parts=["ray"]))
             if args.shutdown_nodes:
                 logger.warning("shutting the head node down")
                 await anyio.to_thread.run_sync(node.schedule_shutdown, 1.0)

@@ -16,6 +16,7 @@ from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.node_shared import containers
+from clusterd.node_shared.node_commands import ContainerRuntimeRequest, GitCheckoutRequest
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
@@ -195,13 +196,13 @@ class JobService:
     async def _require_container_runtime(self, info: ClusterInfo, image: str) -> None:
         """docker:IMAGE runs only where a container runtime answers: on every node."""
         async def check(node: NodeInfo) -> None:
-            found = await node_helper.call(self._runner_for(node), "container-runtime", {},
+            found = await node_helper.call(self._runner_for(node), ContainerRuntimeRequest(),
                                            timeout_s=60)
-            if not found.get("runtime"):
+            if not found.runtime:
                 raise ProtocolError(
                     ErrorCode.INVALID_TASK,
                     f"resources.image_id: docker:{image} runs the job in a container, and "
-                    f"{node.node_id} has no container runtime that answers: {found.get('why')}",
+                    f"{node.node_id} has no container runtime that answers: {found.why}",
                     "install docker or podman on the nodes, or drop image_id to run on the "
                     "node itself")
 
@@ -236,10 +237,9 @@ class JobService:
                 for node in info.nodes:
                     runner = self._runner_for(node)
                     if isinstance(task.workdir, GitWorkdir):
-                        group.start_soon(node_helper.call, runner, "git-checkout", {
-                            "url": task.workdir.url, "ref": task.workdir.ref,
-                            "dest": node.workdir, "token": token,
-                        })
+                        group.start_soon(node_helper.call, runner, GitCheckoutRequest(
+                            url=task.workdir.url, ref=task.workdir.ref, dest=node.workdir,
+                            token=token))
                     elif task.workdir:
                         group.start_soon(functools.partial(
                             runner.sync_dir, task.workdir, node.workdir,
