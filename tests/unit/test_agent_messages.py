@@ -12,6 +12,7 @@ from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_to_pb
 from clusterd.runtime.agent_client import (
     WAIT_FOR_TO_PB,
+    FinishedJobCache,
     health_from_pb,
     job_from_pb,
     job_spec_to_pb,
@@ -72,3 +73,21 @@ def test_every_wait_for_has_its_message_value(choice: WaitFor) -> None:
 def test_an_unknown_wait_for_is_refused() -> None:
     with pytest.raises(ValueError, match="wait_for must be one of"):
         as_wait_for("ssh")
+
+
+def test_a_finished_job_is_converted_once_and_a_changed_one_again() -> None:
+    cache = FinishedJobCache()
+
+    def listed(status: JobStatus, ended_at: float = 0.0, task_id: str = "t1") -> pb.Job:
+        return pb.Job(job_id=1, status=status_to_pb(status), ended_at=ended_at, task_id=task_id)
+
+    (running,) = cache.convert([listed(JobStatus.RUNNING)])
+    assert cache.convert([listed(JobStatus.RUNNING)])[0] is not running
+    (done,) = cache.convert([listed(JobStatus.SUCCEEDED, 5.0)])
+    assert cache.convert([listed(JobStatus.SUCCEEDED, 5.0)])[0] is done
+    (cancelled,) = cache.convert([listed(JobStatus.CANCELLED, 5.0)])
+    assert cancelled.status is JobStatus.CANCELLED
+    (later,) = cache.convert([listed(JobStatus.CANCELLED, 6.0)])
+    assert later.ended_at == 6.0
+    (other,) = cache.convert([listed(JobStatus.CANCELLED, 6.0, task_id="t2")])
+    assert other is not later

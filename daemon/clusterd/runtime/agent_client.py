@@ -18,7 +18,7 @@ import collections
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
@@ -29,7 +29,7 @@ from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import status_from_pb
+from clusterd.agent.wire import status_from_pb, status_to_pb
 from clusterd.node_shared.auth import (
     AUTH_METADATA,
     NONCE_BYTES,
@@ -96,6 +96,32 @@ def job_from_pb(job: pb.Job) -> Job:
         num_nodes=job.num_nodes, log_dir=job.log_dir, failure_reason=job.failure_reason,
         exit_codes=tuple(job.exit_codes), task_id=job.task_id,
     )
+
+
+class FinishedJobCache:
+    """Finished jobs, converted once: a finished job never changes, and a queue of thousands
+    of jobs was otherwise converted whole (some µs a job) on every listing. Keyed by task id
+    (it names the cluster and the submission time: a job id alone comes again on a new
+    cluster of the same name), and checked against the message's status and end."""
+
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+
+    def convert(self, messages: Iterable[pb.Job]) -> list[Job]:
+        jobs = []
+        for message in messages:
+            job = self._jobs.get(message.task_id) if message.task_id else None
+            if job is None or job.ended_at != (message.ended_at or None) or \
+                    status_to_pb(job.status) != message.status:
+                job = job_from_pb(message)
+                if job.status.is_terminal and job.task_id:
+                    if len(self._jobs) >= self.LIMIT:
+                        self._jobs.clear()
+                    self._jobs[job.task_id] = job
+            jobs.append(job)
+        return jobs
 
 
 def log_chunk_from_pb(message: pb.TailLogsResponse) -> LogChunk:
@@ -209,6 +235,7 @@ class AgentClient:
         # Nonces the agent issued us, each with when we stop using it (monotonic time).
         self._nonces: collections.deque[tuple[bytes, float]] = collections.deque()
         self._refilling = anyio.Lock()
+        self._finished = FinishedJobCache()
         self._channel = grpc.aio.insecure_channel(
             endpoint,
             options=[
@@ -363,7 +390,7 @@ class AgentClient:
         reply = await self._call(
             self._jobs.GetJobQueue, pb.GetJobQueueRequest(skip_finished=skip_finished)
         )
-        return [job_from_pb(job) for job in reply.jobs]
+        return self._finished.convert(reply.jobs)
 
     async def jobs(self, job_ids: list[int]) -> list[Job]:
         reply = await self._call(self._jobs.GetJobStatus, pb.GetJobStatusRequest(job_ids=job_ids))

@@ -69,24 +69,25 @@ class FinishedJobs:
     """Finished jobs' wire maps, made once: a finished job never changes again, and a queue
     of thousands of jobs otherwise converted every one on each call. Keyed by task id (it
     names the cluster and the submission time: a job id alone comes again on a new cluster
-    of the same name)."""
+    of the same name), and made again for a job other than the one it was made from (the
+    agent client hands the same object back for a finished job: mostly an identity check)."""
 
     LIMIT = 50_000
 
     def __init__(self) -> None:
-        self._maps: dict[str, dict[str, Any]] = {}
+        self._maps: dict[str, tuple[Job, dict[str, Any]]] = {}
 
     def wire(self, job: Job) -> dict[str, Any]:
-        status = job.status
-        if not status.is_terminal or not job.task_id:
+        if not job.status.is_terminal or not job.task_id:
             return job_to_wire(job)
         found = self._maps.get(job.task_id)
-        if found is None or found["status"] != status or \
-                found["ended_at"] != job.ended_at:
-            if len(self._maps) >= self.LIMIT:
-                self._maps.clear()
-            found = self._maps[job.task_id] = job_to_wire(job)
-        return found
+        if found is not None and (found[0] is job or found[0] == job):
+            return found[1]
+        if len(self._maps) >= self.LIMIT:
+            self._maps.clear()
+        made = job_to_wire(job)
+        self._maps[job.task_id] = (job, made)
+        return made
 
 
 class JobService:
