@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import grpc
@@ -22,7 +23,9 @@ import pytest
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError
 from clusterd.agent import node
-from clusterd.agent.auth import (
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.node_shared.auth import (
     AUTH_METADATA,
     MAX_NONCES_OUTSTANDING,
     MAX_NONCES_PER_CALL,
@@ -30,10 +33,9 @@ from clusterd.agent.auth import (
     new_nonce,
     new_token,
 )
-from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL, status_from_pb
-from clusterd.runtime.agent_client import AgentClient, AgentConnections
+from clusterd.node_shared.wire import AGENT_PROTOCOL
+from clusterd.runtime.agent_client import AgentClient, AgentConnections, job_spec_to_pb
+from clusterd.runtime.agent_types import Job, JobSpec, NodeResources
 from tests.support import pid_alive, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.anyio]
@@ -51,31 +53,37 @@ class AgentCluster:
         return self.root / "work" / name
 
 
+def helper(command: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A node helper command, as `python -m clusterd.agent.node` runs it: its typed request
+    read from the plain object, its typed reply written back as one."""
+    return node.COMMANDS[command](params)
+
+
 @pytest.fixture(scope="module")
 def agent_cluster() -> Iterator[AgentCluster]:
     root = short_tempdir("cda-")
     token = root / "token"
-    node.write_token({"path": str(token), "token": secrets.token_hex(16)})
+    helper("write-private", {"path": str(token), "token": secrets.token_hex(16)})
     env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    gcs, client_port, dash_port, metric1, metric2 = node.free_ports({"count": 5})["ports"]
+    gcs, client_port, dash_port, metric1, metric2 = helper("free-ports", {"count": 5})["ports"]
     env.update(AUTOSCALER_METRIC_PORT=str(metric1), DASHBOARD_METRIC_PORT=str(metric2))
     key = root.name
     common = {"num_cpus": 2, "object_store_bytes": 80 * 1024 * 1024, "env": env,
               "ports": {"min_worker_port": 0, "max_worker_port": 0}, "timeout": 60}
     head_run, worker_run = root / "head" / "run", root / "worker" / "run"
     try:
-        node.start_ray({**common, "dir": str(head_run), "temp_key": f"{key}h", "head": True,
+        helper("start-ray", {**common, "dir": str(head_run), "temp_key": f"{key}h", "head": True,
                         "node_ip": "127.0.0.2", "gcs_port": gcs,
                         "ports": {**common["ports"], "ray_client_server_port": client_port,
                                   "dashboard_port": dash_port}})
-        node.start_ray({**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
+        helper("start-ray", {**common, "dir": str(worker_run), "temp_key": f"{key}w", "head": False,
                         "node_ip": "127.0.0.3", "head_address": f"127.0.0.2:{gcs}"})
         agent_token = new_token()
         agent_params = {"dir": str(head_run), "listen": f"unix:{root}/s/agent.sock",
                         "state_dir": str(root / "head" / "agent"),
                         "ray_address": f"127.0.0.2:{gcs}", "cluster_name": "two",
                         "env": env, "timeout": 90, "token": agent_token}
-        started = node.start_agent(agent_params)
+        started = helper("start-agent", agent_params)
         assert started["socket"] == f"{root}/s/agent.sock"
         (root / "work").mkdir()
         cluster = AgentCluster(root, f"unix:{root}/s/agent.sock", head_run, agent_params,
@@ -91,11 +99,11 @@ def agent_cluster() -> Iterator[AgentCluster]:
         wait_for(lambda: anyio.run(two_nodes), 60, "both Ray nodes to join", interval=0.5)
         yield cluster
     finally:
-        node.stop({"dir": str(head_run), "parts": ["agent"]})
-        node.stop({"dir": str(worker_run)})  # workers before the head, as the daemon does
-        node.stop({"dir": str(head_run)})
+        helper("stop", {"dir": str(head_run), "parts": ["agent"]})
+        helper("stop", {"dir": str(worker_run)})  # workers before the head, as the daemon does
+        helper("stop", {"dir": str(head_run)})
         if not os.environ.get("CLUSTERD_TEST_KEEP"):  # keep everything to debug a failure
-            node.cleanup({"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
+            helper("cleanup", {"paths": [], "ray_temp_keys": [f"{key}h", f"{key}w"]})
             shutil.rmtree(root, ignore_errors=True)
 
 
@@ -110,13 +118,13 @@ async def agent(agent_cluster: AgentCluster) -> AsyncIterator[AgentClient]:
 
 def spec(run: str, *, nodes: int = 2, cpus: float = 0.5, setup: str = "",
          envs: dict[str, str] | None = None, secrets_: dict[str, str] | None = None,
-         workdir: str = "") -> pb.JobSpec:
-    return pb.JobSpec(name="t", run=run, setup=setup, num_nodes=nodes,
-                      resources=pb.NodeResources(cpus=cpus), envs=envs or {},
-                      secrets=secrets_ or {}, workdir=workdir, cluster_name="two")
+         workdir: str = "") -> JobSpec:
+    return JobSpec(name="t", run=run, setup=setup, num_nodes=nodes,
+                   resources=NodeResources(cpus=cpus), envs=envs or {},
+                   secrets=secrets_ or {}, workdir=workdir, cluster_name="two")
 
 
-async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes]:
+async def run_to_end(agent: AgentClient, job: JobSpec) -> tuple[Job, bytes]:
     reply = await agent.add_job(job)
     log = b""
     with anyio.fail_after(120):
@@ -130,11 +138,11 @@ async def run_to_end(agent: AgentClient, job: pb.JobSpec) -> tuple[pb.Job, bytes
 
 
 async def wait_status(agent: AgentClient, job_id: int, wanted: set[JobStatus],
-                      timeout: float = 60) -> pb.Job:
+                      timeout: float = 60) -> Job:
     with anyio.fail_after(timeout):
         while True:
             (job,) = await agent.jobs([job_id])
-            if status_from_pb(job.status) in wanted:
+            if job.status in wanted:
                 return job
             await anyio.sleep(0.05)
 
@@ -239,7 +247,7 @@ def test_a_starting_node_is_looked_up_again_at_once_until_it_registers(
     env = {**os.environ, **agent_cluster.agent_params["env"]}  # type: ignore[dict-item]
     done = subprocess.run([sys.executable, "-c", NODE_LOOKUP,
                            str(agent_cluster.agent_params["ray_address"]),
-                           f"127.0.0.1:{node.free_ports({'count': 1})['ports'][0]}"],
+                           f"127.0.0.1:{helper('free-ports', {'count': 1})['ports'][0]}"],
                           capture_output=True, text=True, timeout=120, env=env, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     reply = json.loads(done.stdout.strip().splitlines()[-1])
@@ -257,7 +265,7 @@ async def test_gang_runs_on_both_nodes_with_skypilot_env(agent: AgentClient) -> 
             "task=$SKYPILOT_TASK_ID greet=$GREETING secret=$TOKEN",
         envs={"GREETING": "hi"}, secrets_={"TOKEN": "s3cr3t"},
     ))
-    assert status_from_pb(job.status) == JobStatus.SUCCEEDED, job.failure_reason
+    assert job.status == JobStatus.SUCCEEDED, job.failure_reason
     text = log.decode()
     assert "(head, rank=0) setup rank=0 ips=127.0.0.2 127.0.0.3" in text
     assert "(worker1, rank=1) setup rank=1 ips=127.0.0.2 127.0.0.3" in text
@@ -279,7 +287,7 @@ async def test_one_node_failing_kills_the_other(agent: AgentClient,
         f"if [ $SKYPILOT_NODE_RANK = 1 ]; then exit 3; fi; "
         f"sleep 300 & echo $! > {marker}; wait"
     ))
-    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert job.status == JobStatus.FAILED
     assert "rank 1 (127.0.0.3) exited with exit code 3" in job.failure_reason
     assert job.exit_codes[1] == 3
     if marker.exists():  # rank 0 got as far as starting its child: that child must be dead
@@ -290,7 +298,7 @@ async def test_segmentation_fault_is_named(agent: AgentClient) -> None:
     job, _ = await run_to_end(agent, spec(
         "if [ $SKYPILOT_NODE_RANK = 0 ]; then kill -SEGV $$; fi; sleep 300"
     ))
-    assert status_from_pb(job.status) == JobStatus.FAILED
+    assert job.status == JobStatus.FAILED
     assert "rank 0" in job.failure_reason
     assert "segmentation fault (exit code 139)" in job.failure_reason
     assert job.ended_at - job.started_at < 60  # the sleeping rank was killed, not waited for
@@ -298,7 +306,7 @@ async def test_segmentation_fault_is_named(agent: AgentClient) -> None:
 
 async def test_setup_failure_names_every_failed_node(agent: AgentClient) -> None:
     job, log = await run_to_end(agent, spec(setup="echo setting; exit 7", run="echo never"))
-    assert status_from_pb(job.status) == JobStatus.FAILED_SETUP
+    assert job.status == JobStatus.FAILED_SETUP
     assert "rank 0 (127.0.0.2) exited with exit code 7" in job.failure_reason
     assert "rank 1 (127.0.0.3) exited with exit code 7" in job.failure_reason
     assert b"never" not in log
@@ -333,12 +341,12 @@ async def test_job_waits_pending_while_cpus_are_taken_then_runs_fifo(
     second = await agent.add_job(spec("echo second", nodes=1, cpus=1))
     for job_id in (first.job_id, second.job_id):
         (job,) = await agent.jobs([job_id])
-        assert status_from_pb(job.status) == JobStatus.PENDING
+        assert job.status == JobStatus.PENDING
     gate.touch()
     done_first = await wait_status(agent, first.job_id, {JobStatus.SUCCEEDED})
     done_second = await wait_status(agent, second.job_id, {JobStatus.SUCCEEDED})
     (done_big,) = await agent.jobs([big.job_id])
-    assert status_from_pb(done_big.status) == JobStatus.SUCCEEDED
+    assert done_big.status == JobStatus.SUCCEEDED
     assert done_first.started_at >= done_big.ended_at
     assert done_first.started_at <= done_second.started_at
 
@@ -360,8 +368,8 @@ async def test_a_container_image_that_is_no_image_reference_is_refused(
 ) -> None:
     """The daemon's task loader refuses it first; the agent does not count on that."""
     before = len(await agent.queue())
-    job = spec("echo never", nodes=1)
-    job.container_image = "--cidfile=/tmp/clusterd-never"
+    job = dataclasses.replace(spec("echo never", nodes=1),
+                              container_image="--cidfile=/tmp/clusterd-never")
     with pytest.raises(ProtocolError) as refused:
         await agent.add_job(job)
     assert refused.value.code == ErrorCode.INVALID_TASK
@@ -378,7 +386,7 @@ async def test_tail_last_lines_and_resume_by_offset(agent: AgentClient) -> None:
     async for message in agent.tail(job.job_id, follow=False, tail_lines=10, offset=0):
         tail += message.data
         if message.final:
-            assert status_from_pb(message.status) == JobStatus.SUCCEEDED
+            assert message.status == JobStatus.SUCCEEDED
     assert tail.decode().splitlines() == [f"line {i}" for i in range(91, 101)]
     middle = log.index(b"line 50\n")
     rest = b""
@@ -391,7 +399,7 @@ async def test_workdir_is_where_scripts_run(agent: AgentClient,
                                             agent_cluster: AgentCluster) -> None:
     workdir = agent_cluster.path("wd")
     job, log = await run_to_end(agent, spec("pwd", nodes=1, workdir=str(workdir)))
-    assert status_from_pb(job.status) == JobStatus.SUCCEEDED
+    assert job.status == JobStatus.SUCCEEDED
     assert log.decode().strip() == str(workdir)
 
 
@@ -418,7 +426,7 @@ async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group
     # A shape no other test asks for, so the first job reserves a group of its own.
     first, _ = await run_to_end(agent, spec("true", cpus=0.3))
     second, log = await run_to_end(agent, spec("echo again", cpus=0.3))
-    assert status_from_pb(second.status) == JobStatus.SUCCEEDED and log.count(b"again") == 2
+    assert second.status == JobStatus.SUCCEEDED and log.count(b"again") == 2
     groups = placement_groups(agent_cluster)
     assert f"job-{first.job_id}" in groups
     assert f"job-{second.job_id}" not in groups  # never reserved: it ran in the first's
@@ -427,7 +435,7 @@ async def test_a_job_right_after_one_of_its_shape_takes_over_its_placement_group
              "the parked placement group to be removed", interval=0.5)
     # A job of another shape still gets a group of its own, and runs.
     other, _ = await run_to_end(agent, spec("true", cpus=0.4))
-    assert status_from_pb(other.status) == JobStatus.SUCCEEDED
+    assert other.status == JobStatus.SUCCEEDED
     assert f"job-{other.job_id}" in placement_groups(agent_cluster)
 
 
@@ -466,7 +474,7 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
     os.kill(agent_pid, signal.SIGKILL)
     wait_for(lambda: not pid_alive(agent_pid), 10, "the agent to die")
     # Started again by hand, with no token given: the helper uses the one it keeps on file.
-    node.start_agent({**agent_cluster.agent_params, "token": None})
+    helper("start-agent", {**agent_cluster.agent_params, "token": None})
     client = AgentClient("two", agent_cluster.endpoint, agent_cluster.token)
     try:
         job = await wait_status(client, reply.job_id, {JobStatus.FAILED_DRIVER}, timeout=30)
@@ -476,7 +484,7 @@ async def test_restarted_agent_fails_running_jobs_and_kills_them(
                 await anyio.sleep(0.05)
         # The restarted agent still runs new jobs.
         job, log = await run_to_end(client, spec("echo alive", nodes=1))
-        assert status_from_pb(job.status) == JobStatus.SUCCEEDED and log == b"alive\n"
+        assert job.status == JobStatus.SUCCEEDED and log == b"alive\n"
     finally:
         await client.close()
 
@@ -493,9 +501,10 @@ async def test_calls_without_the_daemons_credential_are_refused(
     channel = grpc.aio.insecure_channel(agent_cluster.endpoint)
     try:
         jobs = pb_grpc.JobsServiceStub(channel)
+        never = job_spec_to_pb(spec("touch /tmp/never", nodes=1))
         for metadata in ((), ((AUTH_METADATA, forged),), ((AUTH_METADATA, "x.y.z"),)):
             with pytest.raises(grpc.aio.AioRpcError) as refused:
-                await jobs.AddJob(pb.AddJobRequest(spec=spec("touch /tmp/never", nodes=1)),
+                await jobs.AddJob(pb.AddJobRequest(spec=never),
                                   metadata=metadata, timeout=10)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
             with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -558,7 +567,7 @@ async def test_a_credential_over_an_expired_nonce_is_refused(agent_cluster: Agen
     The daemon's client, which keeps a few nonces at hand, goes on working across that."""
     run = agent_cluster.root / "brief" / "run"
     endpoint = f"unix:{agent_cluster.root}/s2/agent.sock"
-    node.start_agent({**agent_cluster.agent_params, "dir": str(run), "listen": endpoint,
+    helper("start-agent", {**agent_cluster.agent_params, "dir": str(run), "listen": endpoint,
                       "state_dir": str(agent_cluster.root / "brief" / "agent"),
                       "nonce_ttl": 1.0})
     client = AgentClient("two", endpoint, agent_cluster.token)
@@ -573,7 +582,7 @@ async def test_a_credential_over_an_expired_nonce_is_refused(agent_cluster: Agen
         await client.queue()
     finally:
         await client.close()
-        node.stop({"dir": str(run), "parts": ["agent"]})
+        helper("stop", {"dir": str(run), "parts": ["agent"]})
 
 
 async def test_the_daemons_client_replaces_nonces_the_agent_dropped(
@@ -667,7 +676,7 @@ async def test_a_connection_broken_by_an_agent_restart_is_replaced(
         for _ in range(3):
             with pytest.raises(ProtocolError):
                 await client.queue()
-        node.start_agent({**agent_cluster.agent_params, "token": None})
+        helper("start-agent", {**agent_cluster.agent_params, "token": None})
         again = await connections.get("two", agent_cluster.endpoint, agent_cluster.token)
         # A fresh client, unless the old channel has got through its back-off and connected
         # again while the agent started (a slow machine): either way the call succeeds at

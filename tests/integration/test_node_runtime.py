@@ -23,6 +23,7 @@ import anyio
 import pytest
 
 from clusterctl.protocol import ProtocolError
+from clusterd.node_shared.node_commands import FreePortsRequest
 from clusterd.runtime import node_helper
 from clusterd.runtime.install import CURRENT_PYTHON, WheelhouseBuilder, linked_or_probed
 from clusterd.runtime.node_install import install_runtime
@@ -78,8 +79,8 @@ def node_env(place: Path, python3: str | None) -> dict[str, str]:
 async def agent_answers(env: dict[str, str]) -> str:
     """The node helper (the agent's package) runs in the node's runtime; says its Python."""
     runner = LocalRunner(python=CURRENT_PYTHON, env=env)
-    reply = await node_helper.call(runner, "free-ports", {"count": 2})
-    assert len(reply["ports"]) == 2
+    reply = await node_helper.call(runner, FreePortsRequest(count=2))
+    assert len(reply.ports) == 2
     done = await anyio.run_process(
         [CURRENT_PYTHON, "-c", "import sys, clusterd.agent.main, clusterd.agent.node, ray; "
          "print('%d.%d' % sys.version_info[:2], sys._base_executable)"], env=env)

@@ -269,7 +269,7 @@ async def test_a_node_installs_the_runtime_from_a_good_wheelhouse(
     # against the node's sources (PEP 552 flags 0b11), and compiles nothing.
     done = await anyio.run_process(
         [str(venv / "bin" / "python"), "-c",
-         "import sys, clusterd.agent.auth, ray, importlib.util as u; "
+         "import sys, clusterd.node_shared.auth, ray, importlib.util as u; "
          "print(sys.prefix, sys.prefix != sys.base_prefix, ray.__file__); "
          "print(open(u.cache_from_source(ray.__file__), 'rb').read()[4])"], check=False)
     first, flags = done.stdout.decode().splitlines()

@@ -1,4 +1,4 @@
-"""The agent's credentials (agent/auth.py): each made with the cluster's token over a nonce
+"""The agent's credentials (node_shared/auth.py): each made with the cluster's token over a nonce
 the agent issued, good for one call, within a short time. The agent's own use of them is in
 tests/integration/test_agent.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clusterd.agent.auth import (
+from clusterd.node_shared.auth import (
     MAX_NONCES_PER_CALL,
     NonceBook,
     credential_is_valid,

@@ -12,10 +12,10 @@ import pytest
 
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.agent.auth import agent_proof, new_nonce, new_token
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import AGENT_PROTOCOL
+from clusterd.node_shared.auth import agent_proof, new_nonce, new_token
+from clusterd.node_shared.wire import AGENT_PROTOCOL
 from clusterd.runtime.agent_client import AgentClient
 from tests.support import short_tempdir
 

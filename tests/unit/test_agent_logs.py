@@ -9,7 +9,9 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from clusterd.agent import logs
-from clusterd.agent.logs import LOG_NAME, LogHub, NodePrefixer, tail_offset
+from clusterd.agent.logs import LOG_NAME, LogHub, NodePrefixer
+from clusterd.node_shared import log_offsets
+from clusterd.node_shared.log_offsets import tail_offset
 
 # --------------------------------------------------------------------------------------------
 # tail_offset
@@ -50,7 +52,7 @@ def test_tail_offset_empty_and_missing_file(tmp_path: Path) -> None:
 
 def test_tail_offset_across_chunk_boundaries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                              ) -> None:
-    monkeypatch.setattr(logs, "CHUNK_BYTES", 4)
+    monkeypatch.setattr(log_offsets, "CHUNK_BYTES", 4)
     data = b"".join(f"line {i}\n".encode() for i in range(20))
     path = write(tmp_path, data)
     offset = tail_offset(path, 3)

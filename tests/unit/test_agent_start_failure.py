@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from clusterd.agent import node
-from clusterd.agent.auth import new_token
+from clusterd.node_shared.auth import new_token
+from clusterd.node_shared.node_commands import StartAgentRequest
 from tests.support import short_tempdir
 
 
@@ -47,7 +48,7 @@ def test_an_agent_failing_because_ray_died_says_what_rays_log_says(root: Path) -
     gone.wait()
     run = ray_run_dir(root, gone.pid)
     with pytest.raises(node.HelperError) as failure:
-        node.start_agent(failing_agent(root, run))
+        node.start_agent(StartAgentRequest.from_dict(failing_agent(root, run)))
     message = str(failure.value)
     assert message.startswith("Ray head exited while the agent was starting")
     assert "object store of 1 MB is too small" in message
@@ -61,7 +62,7 @@ def test_an_agent_failing_on_its_own_says_its_own_error(root: Path) -> None:
         (run / "ray.log").write_text("Ray runtime started.\n")
         node._write_pidfile(run / "ray.pid", alive.pid)
         with pytest.raises(node.HelperError) as failure:
-            node.start_agent(failing_agent(root, run))
+            node.start_agent(StartAgentRequest.from_dict(failing_agent(root, run)))
         assert str(failure.value).startswith("clusterd-agent exited while starting")
         assert "not-a-level" in str(failure.value)
     finally:

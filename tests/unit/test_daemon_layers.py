@@ -14,11 +14,12 @@ GENERATED = ("agent/v1",)
 # Lowest first. A module belongs to the longest name here that it starts with; it may import
 # modules of its own layer and of lower ones, nothing above (and no cycle, whatever the layer).
 LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
-    # Helpers and shared vocabulary (and the agent, shipped to nodes with only these).
+    # Helpers and shared vocabulary (and the agent, shipped to nodes with what it shares with
+    # the daemon: a program of its own, see the tests at the end).
     {"clusterd", "clusterd.redact", "clusterd.safe_yaml", "clusterd.sqlite", "clusterd.log",
      "clusterd.faults", "clusterd.concurrency", "clusterd.config", "clusterd.user_config",
      "clusterd.locks", "clusterd.nodes", "clusterd.commands", "clusterd.rsync",
-     "clusterd.agent"},
+     "clusterd.node_shared", "clusterd.agent"},
     # How nodes are reached; what tasks ask for.
     {"clusterd.ssh", "clusterd.tasks"},
     # Where nodes come from.
@@ -35,6 +36,17 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd.app"},
     {"clusterd.main", "clusterd.__main__"},
 ))
+# The agent (`clusterd.agent`) is a separate program that runs on nodes. The daemon reaches it
+# through one door, its gRPC client (the only importer of the generated code outside the
+# agent); what both need is in clusterd.node_shared. The node helper's commands are run, not
+# imported (`python -m clusterd.agent.node`), and their typed requests live in node_shared.
+AGENT = "clusterd.agent"
+AGENT_DOORS = frozenset({"clusterd.runtime.agent_client"})
+# What the node program takes of the daemon's package: what it shares with the daemon, and
+# three helpers of no one layer (logging, SQLite, URL redaction). All shipped with it, and
+# kept Python 3.10 code (test_node_python.py).
+AGENT_MAY_IMPORT = ("clusterd.agent", "clusterd.node_shared", "clusterd.log", "clusterd.sqlite",
+                    "clusterd.redact")
 RANK = {part: rank for rank, layer in enumerate(LAYERS) for part in layer}
 
 
@@ -68,4 +80,43 @@ def test_ssh_imports_nothing_of_providers_runtime_or_services() -> None:
                    if module.startswith("clusterd.ssh") for imported in imports
                    if imported.startswith(above))
     assert graph["clusterd.ssh.runner"], "the import graph was not read"
+    assert found == []
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def test_only_the_agent_client_imports_the_agent() -> None:
+    graph = import_graph(PACKAGE)
+    found = sorted(f"{module} imports {imported}" for module, imports in graph.items()
+                   if not _within(module, AGENT) and module not in AGENT_DOORS
+                   for imported in imports if _within(imported, AGENT))
+    assert graph["clusterd.runtime.agent_client"], "the import graph was not read"
+    assert found == []
+
+
+def test_only_the_agent_client_and_the_agent_import_the_generated_grpc_code() -> None:
+    graph = import_graph(PACKAGE)
+    generated = f"{AGENT}.v1.agent_pb2"
+    importers = {module for module, imports in graph.items() if generated in imports}
+    assert "clusterd.runtime.agent_client" in importers, "the import graph was not read"
+    assert sorted(m for m in importers if not _within(m, AGENT)) == sorted(AGENT_DOORS)
+
+
+def test_services_never_import_the_agent() -> None:
+    graph = import_graph(PACKAGE)
+    found = sorted(f"{module} imports {imported}" for module, imports in graph.items()
+                   if _within(module, "clusterd.services") for imported in imports
+                   if _within(imported, AGENT))
+    assert graph["clusterd.services.jobs"], "the import graph was not read"
+    assert found == []
+
+
+def test_the_agent_imports_only_what_is_shipped_with_it() -> None:
+    graph = import_graph(PACKAGE)
+    found = sorted(f"{module} imports {imported}" for module, imports in graph.items()
+                   if _within(module, AGENT) for imported in imports
+                   if not any(_within(imported, allowed) for allowed in AGENT_MAY_IMPORT))
+    assert graph["clusterd.agent.node"], "the import graph was not read"
     assert found == []

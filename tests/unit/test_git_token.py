@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from clusterd.agent import node
+from clusterd.node_shared.node_commands import GitCheckoutRequest
 
 TOKEN = "ghp_s3cr3t-" + "x" * 20
 
@@ -94,8 +95,8 @@ def servers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[st
 
 def checkout(url: str, dest: Path) -> str:
     with pytest.raises(node.HelperError) as failed:
-        node.git_checkout({"url": url, "ref": "main", "dest": str(dest), "token": TOKEN,
-                           "timeout": 60})
+        node.git_checkout(GitCheckoutRequest(url=url, ref="main", dest=str(dest), token=TOKEN,
+                                             timeout=60))
     assert TOKEN not in str(failed.value)
     return str(failed.value)
 
@@ -130,7 +131,7 @@ def test_refs_and_urls_that_look_like_options_are_refused(tmp_path: Path) -> Non
     for params in ({"url": "--upload-pack=touch /tmp/x", "ref": "main"},
                    {"url": "https://h/r.git", "ref": "--upload-pack=touch /tmp/x"}):
         with pytest.raises(node.HelperError, match="may not start with '-'"):
-            node.git_checkout({**params, "dest": str(tmp_path / "w")})
+            node.git_checkout(GitCheckoutRequest.from_dict({**params, "dest": str(tmp_path / "w")}))
 
 
 def test_url_credentials_go_in_a_header_and_stay_out_of_the_checkout(
@@ -143,6 +144,7 @@ def test_url_credentials_go_in_a_header_and_stay_out_of_the_checkout(
     config = (tmp_path / "w" / ".git" / "config").read_text()
     assert f"url = https://{host}/repo.git" in config and "alice" not in config
     with pytest.raises(node.HelperError, match="only over https"):
-        node.git_checkout({"url": f"{servers['plain'].url.replace('://', '://a:b@')}/r.git",
-                           "dest": str(tmp_path / "p")})
+        node.git_checkout(GitCheckoutRequest(
+            url=f"{servers['plain'].url.replace('://', '://a:b@')}/r.git",
+            dest=str(tmp_path / "p")))
     assert not servers["plain"].requests

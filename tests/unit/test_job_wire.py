@@ -7,6 +7,8 @@ import pytest
 from clusterctl.protocol import JobStatus
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.wire import status_from_pb, status_to_pb
+from clusterd.runtime.agent_client import job_from_pb
+from clusterd.runtime.agent_types import Job
 from clusterd.services.jobs import FinishedJobs
 
 
@@ -18,9 +20,10 @@ def test_every_status_crosses_and_comes_back() -> None:
         status_from_pb(pb.JOB_STATUS_UNSPECIFIED)
 
 
-def job(job_id: int, status: JobStatus, ended_at: float = 0.0, task_id: str = "") -> pb.Job:
-    return pb.Job(job_id=job_id, name="j", status=status_to_pb(status), submitted_at=1.0,
-                  ended_at=ended_at, task_id=task_id or f"sky-2026-12-02-00-00-00-0_c_{job_id}")
+def job(job_id: int, status: JobStatus, ended_at: float = 0.0, task_id: str = "") -> Job:
+    return job_from_pb(pb.Job(
+        job_id=job_id, name="j", status=status_to_pb(status), submitted_at=1.0,
+        ended_at=ended_at, task_id=task_id or f"sky-2026-12-02-00-00-00-0_c_{job_id}"))
 
 
 def test_a_finished_jobs_map_is_made_once_and_an_unfinished_ones_each_time() -> None:

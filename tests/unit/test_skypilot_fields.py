@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterd.agent import containers
+from clusterd.node_shared import containers
 from clusterd.providers.aws.limits import ebs_volume
 from clusterd.providers.offered import OFFERED, fields_page
 from clusterd.tasks import fields

@@ -11,6 +11,7 @@ import pytest
 
 from clusterctl.protocol import ProtocolError
 from clusterd.agent import node
+from clusterd.node_shared.node_commands import GitCheckoutRequest
 from clusterd.nodes import NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.ssh_pools import load_pools
 from clusterd.ssh.config_files import SSHConfigWriter
@@ -116,10 +117,10 @@ def _repo(tmp_path: Path) -> Path:
 def test_git_checkout_of_a_ref_then_head(tmp_path: Path) -> None:
     repo = _repo(tmp_path)
     dest = tmp_path / "work"
-    node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(dest)})
+    node.git_checkout(GitCheckoutRequest(url=f"file://{repo}", ref="v1", dest=str(dest)))
     assert (dest / "f.txt").read_text() == "one\n"
     (dest / "junk").write_text("left over")
-    node.git_checkout({"url": f"file://{repo}", "ref": None, "dest": str(dest)})
+    node.git_checkout(GitCheckoutRequest(url=f"file://{repo}", ref=None, dest=str(dest)))
     assert (dest / "f.txt").read_text() == "two\n" and not (dest / "junk").exists()
 
 
@@ -136,17 +137,17 @@ def test_git_token_travels_in_the_environment_not_argv(
 
     monkeypatch.setattr(node.subprocess, "run", spy)
     with pytest.raises(node.HelperError):  # nothing serves https there; the set-up is the point
-        node.git_checkout({"url": "https://git.example.invalid:8443/r.git", "ref": "v1",
-                           "dest": str(tmp_path / "w"), "token": "s3cret-token",
-                           "timeout": 30})
+        node.git_checkout(GitCheckoutRequest(
+            url="https://git.example.invalid:8443/r.git", ref="v1", dest=str(tmp_path / "w"),
+            token="s3cret-token", timeout=30))
     assert seen and all("s3cret-token" not in " ".join(argv) for argv, _ in seen)
     env = seen[0][1]
     assert env["GIT_CONFIG_KEY_0"] == "http.https://git.example.invalid:8443/.extraHeader"
     assert env["GIT_CONFIG_VALUE_0"].startswith("Authorization: Basic ")
     seen.clear()
-    done = node.git_checkout({"url": f"file://{repo}", "ref": "v1", "dest": str(tmp_path / "f"),
-                              "token": "s3cret-token"})
-    assert done["credentials_sent_to"] is None  # not https: the token is not handed to git at all
+    done = node.git_checkout(GitCheckoutRequest(url=f"file://{repo}", ref="v1",
+                                                dest=str(tmp_path / "f"), token="s3cret-token"))
+    assert done.credentials_sent_to is None  # not https: the token is not handed to git at all
     assert all("GIT_CONFIG_KEY_0" not in env for _, env in seen)
 
 

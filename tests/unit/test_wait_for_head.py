@@ -83,10 +83,10 @@ def test_a_worker_whose_head_never_opens_leaves_no_process(tmp_path: Path) -> No
     no pid file is left: nothing runs that no record could stop."""
     pid_path, log_path = tmp_path / "ray.pid", tmp_path / "ray.log"
     argv = ["ray", "start", "--block", f"--address=127.0.0.1:{free_port()}"]
-    params = {"head_address": argv[-1].split("=", 1)[1], "node_ip": "127.0.0.2"}
     before = {child.pid for child in psutil.Process().children()}
     with pytest.raises(node.HelperError, match="did not open its port within"):
-        node._start_worker_ray(argv, log_path, pid_path, {}, params, timeout=1.0)
+        node._start_worker_ray(argv, log_path, pid_path, {}, argv[-1].split("=", 1)[1],
+                               "127.0.0.2", timeout=1.0)
     started = [child for child in psutil.Process().children() if child.pid not in before]
     assert len(started) == 1  # it was started before the wait
     assert processes.find(started[0].pid) is None  # and is gone (a zombie at most)

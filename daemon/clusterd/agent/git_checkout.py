@@ -9,9 +9,9 @@ import shutil
 import subprocess
 import urllib.parse
 from pathlib import Path
-from typing import Any
 
 from clusterd.agent.helper_error import HelperError
+from clusterd.node_shared.node_commands import GitCheckoutReply, GitCheckoutRequest
 from clusterd.redact import redact_urls
 
 
@@ -35,7 +35,7 @@ def split_credentials(url: str) -> tuple[str, str | None]:
             urllib.parse.unquote(userinfo))
 
 
-def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
+def git_checkout(request: GitCheckoutRequest) -> GitCheckoutReply:
     """Make `dest` a checkout of `url` at `ref` (a branch, tag or commit; default HEAD).
 
     Credentials never reach argv or the checkout's .git/config: a token (GIT_TOKEN, on stdin)
@@ -43,19 +43,19 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     an Authorization header scoped to the URL's own origin (`http.<origin>.extraHeader`), and
     only over https: git sends them nowhere else (curl drops the header on a redirect to another
     host), and never in the clear. `--` keeps a URL or ref from being read as an option."""
-    dest = Path(params["dest"]).expanduser()
-    url, ref = str(params["url"]), params.get("ref") or "HEAD"
+    dest = Path(request.dest).expanduser()
+    url, ref = request.url, request.ref or "HEAD"
     if url.startswith("-") or str(ref).startswith("-"):
         raise HelperError("a git URL or ref may not start with '-'")
     url, userinfo = split_credentials(url)
     origin = git_origin(url)
     if userinfo is not None and origin is None:
-        raise HelperError(f"{redact_urls(params['url'])}: credentials in a URL are sent only "
+        raise HelperError(f"{redact_urls(request.url)}: credentials in a URL are sent only "
                           "over https; use an https URL (or GIT_TOKEN)")
     if userinfo is not None:
         basic = userinfo if ":" in userinfo else f"{userinfo}:"
-    elif params.get("token"):
-        basic = f"x-access-token:{params['token']}"
+    elif request.token:
+        basic = f"x-access-token:{request.token}"
     else:
         basic = None
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}
@@ -66,7 +66,7 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
 
     def git(*args: str) -> str:
         done = subprocess.run(["git", "-C", str(dest), *args], env=env, capture_output=True,
-                              text=True, timeout=float(params.get("timeout", 600)))
+                              text=True, timeout=float(request.timeout))
         if done.returncode != 0:
             raise HelperError(f"git {args[0]} failed: "
                               f"{redact_urls(done.stderr.strip()[-500:])}")
@@ -83,5 +83,5 @@ def git_checkout(params: dict[str, Any]) -> dict[str, Any]:
     git("fetch", "-q", "--depth", "1", "--", "origin", str(ref))
     git("checkout", "-q", "--force", "FETCH_HEAD", "--")
     git("clean", "-q", "-ffdx")
-    return {"commit": git("rev-parse", "HEAD"),
-            "credentials_sent_to": origin if basic is not None else None}
+    return GitCheckoutReply(commit=git("rev-parse", "HEAD"),
+                            credentials_sent_to=origin if basic is not None else None)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 
-from clusterd.agent.auth import AUTH_METADATA, NonceBook, credential_is_valid
+from clusterd.node_shared.auth import AUTH_METADATA, NonceBook, credential_is_valid
 
 # What a caller needs before it can make a credential: nothing in them is worth anything
 # without the token.

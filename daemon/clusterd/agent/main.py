@@ -27,7 +27,6 @@ import structlog
 from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd import log
 from clusterd.agent import node, node_tasks, ray_start
-from clusterd.agent.auth import NONCE_TTL_S, NonceBook
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.autostop_marker import write_marker
 from clusterd.agent.guard import MAX_CONCURRENT_RPCS, SERVER_OPTIONS, TokenGuard
@@ -36,6 +35,8 @@ from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Scheduler
 from clusterd.agent.service import AutostopService, HealthService, JobsService
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.node_shared.auth import NONCE_TTL_S, NonceBook
+from clusterd.node_shared.node_commands import StopRequest
 
 logger = log.get("clusterd.agent")
 RESTART_REASON = "the agent restarted while the job was in progress"
@@ -157,7 +158,7 @@ async def serve(args: argparse.Namespace) -> None:
                     args.node_run_dir, args.shutdown_nodes)
             await anyio.sleep(5 if workers else 0)
             await anyio.to_thread.run_sync(
-                node.stop, {"dir": os.path.expanduser(args.node_run_dir), "parts": ["ray"]})
+                node.stop, StopRequest(dir=os.path.expanduser(args.node_run_dir), parts=["ray"]))
             if args.shutdown_nodes:
                 logger.warning("shutting the head node down")
                 await anyio.to_thread.run_sync(node.schedule_shutdown, 1.0)

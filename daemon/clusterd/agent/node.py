@@ -37,6 +37,32 @@ from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.git_checkout import git_checkout
 from clusterd.agent.helper_error import HelperError
 from clusterd.agent.processes import find, terminate_tree
+from clusterd.node_shared.node_commands import (
+    TYPED_REQUESTS,
+    BadRequest,
+    CleanupReply,
+    CleanupRequest,
+    ContainerRuntimeReply,
+    ContainerRuntimeRequest,
+    FreePortsReply,
+    FreePortsRequest,
+    GitCheckoutRequest,
+    Message,
+    PathReply,
+    ProcessState,
+    ReadTokenReply,
+    ReadTokenRequest,
+    Request,
+    StartAgentReply,
+    StartAgentRequest,
+    StartRayReply,
+    StartRayRequest,
+    StatusReply,
+    StatusRequest,
+    StopReply,
+    StopRequest,
+    WritePrivateRequest,
+)
 
 MARKER = ".clusterd-runtime"
 MOUNTS = "mounts"  # beside run/: the bucket mounts' state (see bucket_mount.py)
@@ -93,11 +119,11 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
-def _env(params: dict[str, Any]) -> dict[str, str]:
+def _env(env: dict[str, str]) -> dict[str, str]:
     """The environment asked for, with `~` expanded: the daemon names paths in the node's home
     without knowing where that is."""
     return {key: os.path.expanduser(value) if value.startswith("~") else value
-            for key, value in params.get("env", {}).items()}
+            for key, value in env.items()}
 
 
 def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
@@ -232,18 +258,19 @@ def private_ray_root() -> Path:
     return Path(root)
 
 
-def read_token(params: dict[str, Any]) -> dict[str, Any]:
-    return {"token": Path(params["path"]).expanduser().read_text().strip()}
+def read_token(request: ReadTokenRequest) -> ReadTokenReply:
+    return ReadTokenReply(token=Path(request.path).expanduser().read_text().strip())
 
 
-def write_token(params: dict[str, Any]) -> dict[str, Any]:
-    """Write the cluster's Ray auth token where RAY_AUTH_TOKEN_PATH will point (mode 0600)."""
-    path = Path(params["path"]).expanduser()
+def write_token(request: WritePrivateRequest) -> PathReply:
+    """Write a small secret (the cluster's Ray auth token, where RAY_AUTH_TOKEN_PATH will
+    point; AWS credentials) to a file of mode 0600."""
+    path = Path(request.path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(params["token"])
-    return {"path": str(path)}
+        f.write(request.token)
+    return PathReply(path=str(path))
 
 
 def _ray_start_argv(argv: list[str], held: bool) -> list[str]:
@@ -253,7 +280,7 @@ def _ray_start_argv(argv: list[str], held: bool) -> list[str]:
 
 
 def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict[str, str],
-                      params: dict[str, Any], timeout: float) -> int:
+                      head_address: str, node_ip: str, timeout: float) -> int:
     """Start a worker's Ray (argv: `ray start ...`) beside the head's: imported at once, let
     go once the head's GCS port takes connections (silence there is a firewall, said at
     once). It then waits (ray_start.py) for the head's node to register, as Ray needs."""
@@ -261,7 +288,7 @@ def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict
     pid = _spawn_recorded(_ray_start_argv(argv, held=True), log_path, pid_path, env, held=held)
     with held[0] as go:
         try:
-            _wait_for_head(params["head_address"], params["node_ip"], HEAD_REACH_S, timeout)
+            _wait_for_head(head_address, node_ip, HEAD_REACH_S, timeout)
         except HelperError:
             go.close()  # it ends at end of file; stopped too, should it be slow to see it
             _terminate(pid_path, 5.0)
@@ -271,20 +298,20 @@ def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict
     return pid
 
 
-def start_ray(params: dict[str, Any]) -> dict[str, Any]:
-    run_dir = Path(params["dir"]).expanduser()
+def start_ray(request: StartRayRequest) -> StartRayReply:
+    run_dir = Path(request.dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "ray.pid", run_dir / "ray.log"
     existing = _read_pidfile(pid_path)
     if existing is not None:
-        return {"started": False, "pid": existing.pid}
-    if params.get("mark"):  # marked as ours, so `down` may remove the whole directory
-        mark({"dir": params["mark"]})
-    if params.get("token"):
-        write_token({"path": params["token_path"], "token": params["token"]})
+        return StartRayReply(started=False, pid=existing.pid)
+    if request.mark:  # marked as ours, so `down` may remove the whole directory
+        mark(request.mark)
+    if request.token:
+        write_token(WritePrivateRequest(path=request.token_path, token=request.token))
     private_ray_root()
-    temp_dir = ray_temp_dir(params["temp_key"])
+    temp_dir = ray_temp_dir(request.temp_key)
     temp_dir.mkdir(mode=0o700, exist_ok=True)
     (temp_dir / MARKER).touch()
     argv = [
@@ -293,31 +320,34 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         # output (log_to_driver=False), and the daemon, not Ray's autoscaler, adds nodes.
         "--include-log-monitor=false",
         f"--temp-dir={temp_dir}",
-        f"--node-ip-address={params['node_ip']}",
+        f"--node-ip-address={request.node_ip}",
         # Whole CPUs, rounded up: a pod of 0.5 CPU is one to Ray, where its task of 0.5 fits.
-        f"--num-cpus={math.ceil(float(params['num_cpus']))}",
-        f"--num-gpus={round(float(params.get('num_gpus', 0)))}",
-        f"--object-store-memory={int(params['object_store_bytes'])}",
+        f"--num-cpus={math.ceil(float(request.num_cpus))}",
+        f"--num-gpus={round(float(request.num_gpus))}",
+        f"--object-store-memory={int(request.object_store_bytes)}",
         "--log-style=record",
         "--log-color=false",
     ]
-    if params.get("resources"):
-        argv.append(f"--resources={json.dumps(params['resources'])}")
+    if request.resources:
+        argv.append(f"--resources={json.dumps(request.resources)}")
     for key, flag in RAY_PORT_FLAGS.items():
-        if key in params.get("ports", {}):
-            argv.append(f"{flag}={int(params['ports'][key])}")
-    timeout = float(params.get("timeout", 60))
+        if key in request.ports:
+            argv.append(f"{flag}={int(request.ports[key])}")
+    timeout = float(request.timeout)
     offset = log_path.stat().st_size if log_path.exists() else 0
-    env = {"RAY_USAGE_STATS_ENABLED": "0", **_env(params)}
-    if params["head"]:
-        argv += ["--head", f"--port={int(params['gcs_port'])}", "--include-dashboard=false",
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **_env(request.env)}
+    if request.head:
+        if request.gcs_port is None:
+            raise HelperError("a Ray head needs its gcs_port")
+        argv += ["--head", f"--port={int(request.gcs_port)}", "--include-dashboard=false",
                  "--no-monitor"]
-        address = f"{params['node_ip']}:{int(params['gcs_port'])}"
+        address = f"{request.node_ip}:{int(request.gcs_port)}"
         pid = _spawn_recorded(_ray_start_argv(argv, held=False), log_path, pid_path, env)
     else:
-        argv.append(f"--address={params['head_address']}")
+        argv.append(f"--address={request.head_address}")
         address = ""
-        pid = _start_worker_ray(argv, log_path, pid_path, env, params, timeout)
+        pid = _start_worker_ray(argv, log_path, pid_path, env, request.head_address,
+                                request.node_ip, timeout)
 
     def started() -> bool:
         # `ray start` says so once its processes are up (and the node registered).
@@ -334,7 +364,7 @@ def start_ray(params: dict[str, Any]) -> dict[str, Any]:
         raise
     # A node started again (stopped, rebooted) gets its bucket mounts back.
     remounted = _bucket_mount("remount")({"state": str(run_dir.parent / MOUNTS)})
-    return {"started": True, "pid": pid, **remounted}
+    return StartRayReply(started=True, pid=pid, remounted=list(remounted["remounted"]))
 
 
 def agent_socket(listen: str) -> Path:
@@ -352,17 +382,17 @@ def agent_socket(listen: str) -> Path:
     return path
 
 
-def start_agent(params: dict[str, Any]) -> dict[str, Any]:
-    """Start the cluster's agent unless it runs with the same token. The token (in `params`,
-    which come on stdin) goes to a 0600 file beside its pid file and to the agent's stdin;
-    without one in `params`, the file's is used (a restart by hand)."""
-    run_dir = Path(params["dir"]).expanduser()
+def start_agent(request: StartAgentRequest) -> StartAgentReply:
+    """Start the cluster's agent unless it runs with the same token. The token (in the
+    request, which comes on stdin) goes to a 0600 file beside its pid file and to the agent's
+    stdin; without one in the request, the file's is used (a restart by hand)."""
+    run_dir = Path(request.dir).expanduser()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "agent.pid", run_dir / "agent.log"
     ready_path, token_path = run_dir / "agent.ready", run_dir / "agent.token"
-    socket_path = agent_socket(params["listen"])
-    token = params.get("token")
+    socket_path = agent_socket(request.listen)
+    token = request.token
     try:
         recorded = token_path.read_text().strip()
     except FileNotFoundError:
@@ -372,32 +402,33 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
         raise HelperError(f"no token for the agent: none given and {token_path} is missing")
     existing = _read_pidfile(pid_path)
     if existing is not None and recorded == token:
-        return {"started": False, "pid": existing.pid, "socket": str(socket_path)}
+        return StartAgentReply(started=False, pid=existing.pid, socket=str(socket_path))
     if existing is not None:  # it runs with another token: the daemon could not use it
-        _terminate(pid_path, float(params.get("agent_grace", 25)))
+        _terminate(pid_path, float(request.agent_grace))
     write_private_file(str(token_path), token.encode())
     # A killed agent's socket can accept connections for a moment after its death, so only
     # the new agent's own word (its pid in the ready file) says it is serving.
     ready_path.unlink(missing_ok=True)
     # A runtime starting again is no longer one its agent stopped on its own.
-    clear_marker(Path(params["state_dir"]).expanduser())
+    clear_marker(Path(request.state_dir).expanduser())
     argv = [
         sys.executable, "-m", "clusterd.agent.main",
         f"--listen=unix:{socket_path}",
-        f"--state-dir={Path(params['state_dir']).expanduser()}",
-        f"--ray-address={params['ray_address']}",
-        f"--cluster-name={params['cluster_name']}",
-        f"--log-level={params.get('log_level', 'info')}",
+        f"--state-dir={Path(request.state_dir).expanduser()}",
+        f"--ray-address={request.ray_address}",
+        f"--cluster-name={request.cluster_name}",
+        f"--log-level={request.log_level}",
         f"--ready-file={ready_path}",
-        f"--node-run-dir={params.get('node_run_dir', '')}",
-        f"--autostop-grace={float(params.get('autostop_grace', 300))}",
-        f"--job-retention={int(params.get('job_retention', 1000))}",
+        f"--node-run-dir={request.node_run_dir}",
+        f"--autostop-grace={float(request.autostop_grace)}",
+        f"--job-retention={int(request.job_retention)}",
     ]
-    if params.get("nonce_ttl"):
-        argv.append(f"--nonce-ttl={float(params['nonce_ttl'])}")
-    if params.get("shutdown_nodes"):
+    if request.nonce_ttl:
+        argv.append(f"--nonce-ttl={float(request.nonce_ttl)}")
+    if request.shutdown_nodes:
         argv.append("--shutdown-nodes")
-    pid = _spawn_recorded(argv, log_path, pid_path, _env(params), stdin=f"{token}\n".encode())
+    pid = _spawn_recorded(argv, log_path, pid_path, _env(request.env),
+                          stdin=f"{token}\n".encode())
 
     def serving() -> bool:
         try:
@@ -406,12 +437,11 @@ def start_agent(params: dict[str, Any]) -> dict[str, Any]:
             return False
 
     try:
-        _wait_ready(pid_path, log_path, "clusterd-agent", serving,
-                    float(params.get("timeout", 90)))
+        _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(request.timeout))
     except HelperError:
-        _raise_if_ray_died(params.get("node_run_dir"))
+        _raise_if_ray_died(request.node_run_dir)
         raise
-    return {"started": True, "pid": pid, "socket": str(socket_path)}
+    return StartAgentReply(started=True, pid=pid, socket=str(socket_path))
 
 
 def _raise_if_ray_died(ray_run_dir: str | None) -> None:
@@ -442,20 +472,18 @@ def _terminate(pid_path: Path, grace_s: float) -> bool:
     return stopped
 
 
-def stop(params: dict[str, Any]) -> dict[str, Any]:
+def stop(request: StopRequest) -> StopReply:
     """Stop the agent, then Ray (or only the `parts` named). The agent goes first: it cancels
     its jobs, killing their process trees, while Ray still runs to carry the kills."""
-    run_dir = Path(params["dir"]).expanduser()
-    parts = params.get("parts", ["agent", "ray"])
-    result = {}
-    if "agent" in parts:
-        result["agent_stopped"] = _terminate(run_dir / "agent.pid",
-                                             float(params.get("agent_grace", 25)))
-    if "ray" in parts:
-        result["ray_stopped"] = _terminate(run_dir / "ray.pid", float(params.get("ray_grace", 10)))
+    run_dir = Path(request.dir).expanduser()
+    agent_stopped = ray_stopped = None
+    if "agent" in request.parts:
+        agent_stopped = _terminate(run_dir / "agent.pid", float(request.agent_grace))
+    if "ray" in request.parts:
+        ray_stopped = _terminate(run_dir / "ray.pid", float(request.ray_grace))
         # The node's runtime stops: its bucket mounts too (start-ray remounts).
         _bucket_mount("unmount_all")({"state": str(run_dir.parent / MOUNTS), "keep": True})
-    return result
+    return StopReply(agent_stopped=agent_stopped, ray_stopped=ray_stopped)
 
 
 def schedule_shutdown(delay_s: float = 2.0) -> None:
@@ -467,61 +495,60 @@ def schedule_shutdown(delay_s: float = 2.0) -> None:
                    stderr=subprocess.DEVNULL, start_new_session=True, check=False, timeout=10)
 
 
-def status(params: dict[str, Any]) -> dict[str, Any]:
-    run_dir = Path(params["dir"]).expanduser()
-    result: dict[str, Any] = {}
-    for name in ("ray", "agent"):
-        process = _read_pidfile(run_dir / f"{name}.pid")
-        result[name] = {"alive": process is not None, "pid": process.pid if process else None}
-        if name == "ray":
-            result[name]["address"] = _head_address(process) if process is not None else None
-    # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
-    result["autostopped"] = read_marker(run_dir.parent / "agent")
-    return result
+def status(request: StatusRequest) -> StatusReply:
+    run_dir = Path(request.dir).expanduser()
+    ray = _read_pidfile(run_dir / "ray.pid")
+    agent = _read_pidfile(run_dir / "agent.pid")
+    return StatusReply(
+        ray=ProcessState(alive=ray is not None, pid=ray.pid if ray else None,
+                         address=_head_address(ray) if ray is not None else None),
+        agent=ProcessState(alive=agent is not None, pid=agent.pid if agent else None),
+        # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
+        autostopped=read_marker(run_dir.parent / "agent"))
 
 
-def cleanup(params: dict[str, Any]) -> dict[str, Any]:
+def cleanup(request: CleanupRequest) -> CleanupReply:
     """Remove runtime directories, but only ones this helper created (they hold MARKER)."""
     removed = []
-    paths = [Path(p).expanduser() for p in params.get("paths", [])]
-    paths += [ray_temp_dir(key) for key in params.get("ray_temp_keys", [])]
+    paths = [Path(p).expanduser() for p in request.paths]
+    paths += [ray_temp_dir(key) for key in request.ray_temp_keys]
     for path in paths:
-        if path.is_dir() and ((path / MARKER).exists() or params.get("force")):
+        if path.is_dir() and ((path / MARKER).exists() or request.force):
             # Bucket mounts first: a mount point below would otherwise be emptied into its
             # bucket by the removal.
             _bucket_mount("unmount_all")({"state": str(path / MOUNTS)})
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
-    return {"removed": removed}
+    return CleanupReply(removed=removed)
 
 
-def free_ports(params: dict[str, Any]) -> dict[str, Any]:
+def free_ports(request: FreePortsRequest) -> FreePortsReply:
     """Ports free on this node right now (all held open together, so they are distinct)."""
     sockets = []
     try:
-        for _ in range(int(params["count"])):
+        for _ in range(int(request.count)):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((params.get("host", ""), 0))
+            sock.bind((request.host, 0))
             sockets.append(sock)
-        return {"ports": [s.getsockname()[1] for s in sockets]}
+        return FreePortsReply(ports=[s.getsockname()[1] for s in sockets])
     finally:
         for sock in sockets:
             sock.close()
 
 
-def mark(params: dict[str, Any]) -> dict[str, Any]:
-    path = Path(params["dir"]).expanduser()
+def mark(directory: str) -> None:
+    """Mark the directory as made by this helper (`cleanup` removes only such)."""
+    path = Path(directory).expanduser()
     path.mkdir(parents=True, exist_ok=True)
     (path / MARKER).touch()
-    return {"dir": str(path)}
 
 
-def container_runtime(params: dict[str, Any]) -> dict[str, Any]:
+def container_runtime(request: ContainerRuntimeRequest) -> ContainerRuntimeReply:
     """Which container runtime answers on this node (for docker:IMAGE tasks), or why none."""
-    from clusterd.agent.containers import find_runtime
+    from clusterd.node_shared.containers import find_runtime
 
     runtime, why = find_runtime()
-    return {"runtime": runtime, "why": why}
+    return ContainerRuntimeReply(runtime=runtime, why=why)
 
 
 def s3_copy(params: dict[str, Any]) -> dict[str, Any]:
@@ -546,17 +573,32 @@ def _bucket_mount(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     return command
 
 
+# Each command with its typed request (node_shared/node_commands.py, shared with the daemon).
+TYPED_COMMANDS: dict[type[Request[Any]], Callable[[Any], Message]] = {
+    StartRayRequest: start_ray,
+    StartAgentRequest: start_agent,
+    WritePrivateRequest: write_token,
+    ReadTokenRequest: read_token,
+    StopRequest: stop,
+    StatusRequest: status,
+    CleanupRequest: cleanup,
+    FreePortsRequest: free_ports,
+    GitCheckoutRequest: git_checkout,
+    ContainerRuntimeRequest: container_runtime,
+}
+REQUEST_TYPES = {request.command: request for request in TYPED_REQUESTS}
+
+
+def _typed(request_type: type[Request[Any]]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def command(params: dict[str, Any]) -> dict[str, Any]:
+        return TYPED_COMMANDS[request_type](request_type.from_dict(params)).to_dict()
+
+    return command
+
+
+# The bucket commands still take and give plain objects (bucket_copy.py, bucket_mount.py).
 COMMANDS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "start-ray": start_ray,
-    "start-agent": start_agent,
-    "write-private": write_token,  # any small secret file, mode 0600 (AWS credentials)
-    "read-token": read_token,
-    "stop": stop,
-    "status": status,
-    "cleanup": cleanup,
-    "free-ports": free_ports,
-    "git-checkout": git_checkout,
-    "container-runtime": container_runtime,
+    **{name: _typed(request) for name, request in REQUEST_TYPES.items()},
     "s3-copy": s3_copy,
     "s3-mount": _bucket_mount("mount"),
     "s3-rclone": _bucket_mount("usable_rclone"),
@@ -577,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
         # "-" reads the parameters from stdin: secrets (the Ray token) never show in argv.
         params = json.loads(sys.stdin.read() if args[1] == "-" else args[1])
         result = COMMANDS[args[0]](params)
-    except HelperError as exc:
+    except (HelperError, BadRequest) as exc:
         print(json.dumps({"error": str(exc)}))
         return 1
     print(json.dumps(result))

@@ -21,8 +21,9 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from clusterd.agent import containers
 from clusterd.agent.processes import stop_processes, terminate_tree
+from clusterd.node_shared import containers
+from clusterd.node_shared.node_commands import StopRequest
 
 READ_BYTES = 64 * 1024
 # While output keeps coming, chunks grow up to this: each chunk crosses Ray as an object, so
@@ -185,7 +186,7 @@ def _stop_node_ray(run_dir: str, shutdown: bool = False) -> dict[str, Any]:
 
     if shutdown:
         node.schedule_shutdown(delay_s=3.0)
-    return node.stop({"dir": run_dir, "parts": ["ray"]})
+    return node.stop(StopRequest(dir=run_dir, parts=["ray"])).to_dict()
 
 
 stop_node_ray = ray.remote(num_cpus=0, max_retries=0)(_stop_node_ray)

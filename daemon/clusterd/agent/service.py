@@ -17,8 +17,6 @@ import ray
 import structlog
 
 from clusterctl._version import __version__
-from clusterd.agent import containers
-from clusterd.agent.auth import NONCE_BYTES, NonceBook, agent_proof, new_nonce
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.in_memory import split
 from clusterd.agent.jobs_db import Job, JobStore
@@ -26,12 +24,14 @@ from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import (
+from clusterd.agent.wire import status_to_pb
+from clusterd.node_shared import containers
+from clusterd.node_shared.auth import NONCE_BYTES, NonceBook, agent_proof, new_nonce
+from clusterd.node_shared.wire import (
     AGENT_PROTOCOL,
     REQUEST_ID_METADATA,
     VERSION_METADATA,
     VERSION_MISMATCH_PREFIX,
-    status_to_pb,
 )
 
 

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from clusterd.agent.logs import tail_offset
+from clusterd.node_shared.log_offsets import tail_offset
 
 CHUNK_BYTES = 64 * 1024
 # A controller log line longer than this (a huge traceback) is shown cut.

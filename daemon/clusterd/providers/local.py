@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import anyio
 import psutil
 
-from clusterd.agent import containers
+from clusterd.node_shared import containers
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
     BlockScope,

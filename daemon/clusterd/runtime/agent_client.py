@@ -1,11 +1,14 @@
 """The daemon's client of a cluster's agent (gRPC over a local Unix socket: the agent's own
 for `local` clusters, an SSH tunnel's otherwise).
 
-A connection starts with the handshake (agent/auth.py): the agent proves it holds the
+A connection starts with the handshake (node_shared/auth.py): the agent proves it holds the
 cluster's token, or nothing else is sent to it; then every call carries a credential of its
 own, good once, over a nonce the agent issued (fetched a batch at a time, used before they
 expire). gRPC errors are translated here, at the boundary, into ProtocolErrors with stable
 codes. Version skew is checked once, at the handshake.
+
+The only module of the daemon that speaks protobuf: callers pass and get the typed values of
+agent_types.py, converted here.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import collections
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 import anyio
@@ -24,20 +27,31 @@ import structlog
 
 from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
-from clusterd.agent.auth import (
+from clusterd.agent.v1 import agent_pb2 as pb
+from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
+from clusterd.agent.wire import status_from_pb, status_to_pb
+from clusterd.node_shared.auth import (
     AUTH_METADATA,
     NONCE_BYTES,
     daemon_credential,
     new_nonce,
     proof_is_valid,
 )
-from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
-from clusterd.agent.wire import (
+from clusterd.node_shared.wire import (
     AGENT_PROTOCOL,
     REQUEST_ID_METADATA,
     VERSION_METADATA,
     VERSION_MISMATCH_PREFIX,
+)
+from clusterd.runtime.agent_types import (
+    AutostopSetting,
+    Health,
+    IdleInfo,
+    Job,
+    JobSpec,
+    LogChunk,
+    SubmittedJob,
+    WaitFor,
 )
 
 T = TypeVar("T")
@@ -51,6 +65,79 @@ NONCE_BATCH = 16
 # asked): the rest is for the call carrying it to reach the agent.
 NONCE_USE_WITHIN = 0.75
 MAX_NONCE_TTL_S = 3600.0
+
+
+WAIT_FOR_TO_PB: dict[WaitFor, pb.WaitFor] = {
+    "jobs_and_ssh": pb.WAIT_FOR_JOBS_AND_SSH,
+    "jobs": pb.WAIT_FOR_JOBS,
+    "none": pb.WAIT_FOR_NONE,
+}
+
+
+def job_spec_to_pb(spec: JobSpec) -> pb.JobSpec:
+    resources = spec.resources
+    return pb.JobSpec(
+        name=spec.name, setup=spec.setup, run=spec.run, envs=spec.envs, secrets=spec.secrets,
+        num_nodes=spec.num_nodes,
+        resources=pb.NodeResources(cpus=resources.cpus, gpus=resources.gpus,
+                                   memory_gb=resources.memory_gb,
+                                   accelerator=resources.accelerator),
+        workdir=spec.workdir, user=spec.user, cluster_name=spec.cluster_name,
+        resources_display=spec.resources_display, container_image=spec.container_image,
+        cloud=spec.cloud, region=spec.region, zone=spec.zone, task_id=spec.task_id,
+    )
+
+
+def job_from_pb(job: pb.Job) -> Job:
+    return Job(
+        job_id=job.job_id, name=job.name, user=job.user, status=status_from_pb(job.status),
+        submitted_at=job.submitted_at, started_at=job.started_at or None,
+        ended_at=job.ended_at or None, resources_display=job.resources_display,
+        num_nodes=job.num_nodes, log_dir=job.log_dir, failure_reason=job.failure_reason,
+        exit_codes=tuple(job.exit_codes), task_id=job.task_id,
+    )
+
+
+class FinishedJobCache:
+    """Finished jobs, converted once: a finished job never changes, and a queue of thousands
+    of jobs was otherwise converted whole (some µs a job) on every listing. Keyed by task id
+    (it names the cluster and the submission time: a job id alone comes again on a new
+    cluster of the same name), and checked against the message's status and end."""
+
+    LIMIT = 50_000
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, Job] = {}
+
+    def convert(self, messages: Iterable[pb.Job]) -> list[Job]:
+        jobs = []
+        for message in messages:
+            job = self._jobs.get(message.task_id) if message.task_id else None
+            if job is None or job.ended_at != (message.ended_at or None) or \
+                    status_to_pb(job.status) != message.status:
+                job = job_from_pb(message)
+                if job.status.is_terminal and job.task_id:
+                    if len(self._jobs) >= self.LIMIT:
+                        self._jobs.clear()
+                    self._jobs[job.task_id] = job
+            jobs.append(job)
+        return jobs
+
+
+def log_chunk_from_pb(message: pb.TailLogsResponse) -> LogChunk:
+    return LogChunk(
+        job_id=message.job_id, data=message.data, offset=message.offset, final=message.final,
+        status=status_from_pb(message.status) if message.final else None,
+        failure_reason=message.failure_reason,
+    )
+
+
+def health_from_pb(health: pb.GetHealthResponse) -> Health:
+    return Health(
+        version=health.version, protocol=health.protocol, ray_connected=health.ray_connected,
+        ray_nodes_alive=health.ray_nodes_alive, started_at=health.started_at, pid=health.pid,
+        ray_node_ips=tuple(health.ray_node_ips),
+    )
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
@@ -148,6 +235,7 @@ class AgentClient:
         # Nonces the agent issued us, each with when we stop using it (monotonic time).
         self._nonces: collections.deque[tuple[bytes, float]] = collections.deque()
         self._refilling = anyio.Lock()
+        self._finished = FinishedJobCache()
         self._channel = grpc.aio.insecure_channel(
             endpoint,
             options=[
@@ -276,10 +364,11 @@ class AgentClient:
                 if not self._retry_with_fresh_nonces(error, attempt):
                     raise translate(error, self.cluster) from None
 
-    async def health(self, timeout_s: float = 5.0) -> pb.GetHealthResponse:
-        return await self._call(self._health.GetHealth, pb.GetHealthRequest(), timeout_s)
+    async def health(self, timeout_s: float = 5.0) -> Health:
+        return health_from_pb(
+            await self._call(self._health.GetHealth, pb.GetHealthRequest(), timeout_s))
 
-    async def check_version(self) -> pb.GetHealthResponse:
+    async def check_version(self) -> Health:
         """The agent's health, once it has proved itself and its version (the handshake)."""
         health = await self.health()
         if health.version != __version__ or health.protocol != AGENT_PROTOCOL:
@@ -292,18 +381,20 @@ class AgentClient:
             )
         return health
 
-    async def add_job(self, spec: pb.JobSpec) -> pb.AddJobResponse:
-        return await self._call(self._jobs.AddJob, pb.AddJobRequest(spec=spec))
+    async def add_job(self, spec: JobSpec) -> SubmittedJob:
+        reply = await self._call(self._jobs.AddJob,
+                                 pb.AddJobRequest(spec=job_spec_to_pb(spec)))
+        return SubmittedJob(job_id=reply.job_id, log_dir=reply.log_dir, task_id=reply.task_id)
 
-    async def queue(self, skip_finished: bool = False) -> list[pb.Job]:
+    async def queue(self, skip_finished: bool = False) -> list[Job]:
         reply = await self._call(
             self._jobs.GetJobQueue, pb.GetJobQueueRequest(skip_finished=skip_finished)
         )
-        return list(reply.jobs)
+        return self._finished.convert(reply.jobs)
 
-    async def jobs(self, job_ids: list[int]) -> list[pb.Job]:
+    async def jobs(self, job_ids: list[int]) -> list[Job]:
         reply = await self._call(self._jobs.GetJobStatus, pb.GetJobStatusRequest(job_ids=job_ids))
-        return list(reply.jobs)
+        return [job_from_pb(job) for job in reply.jobs]
 
     async def cancel(self, job_ids: list[int], cancel_all: bool) -> list[int]:
         reply = await self._call(
@@ -314,7 +405,7 @@ class AgentClient:
 
     async def tail(
         self, job_id: int, *, follow: bool, tail_lines: int, offset: int
-    ) -> AsyncIterator[pb.TailLogsResponse]:
+    ) -> AsyncIterator[LogChunk]:
         request = pb.TailLogsRequest(
             job_id=job_id, follow=follow, tail_lines=tail_lines, start_offset=offset
         )
@@ -327,7 +418,7 @@ class AgentClient:
                 async with closed_under_the_call(self.cluster):
                     async for message in call:
                         received = True
-                        yield message
+                        yield log_chunk_from_pb(message)
                 return
             except grpc.aio.AioRpcError as error:
                 if received or not self._retry_with_fresh_nonces(error, attempt):
@@ -335,14 +426,19 @@ class AgentClient:
             finally:
                 call.cancel()
 
-    async def set_autostop(self, idle_minutes: float, down: bool, wait_for: pb.WaitFor) -> None:
+    async def set_autostop(self, setting: AutostopSetting) -> None:
+        # The wire's "cancel" is a negative idle time.
+        idle_minutes = -1.0 if setting.idle_minutes is None else setting.idle_minutes
         await self._call(
             self._autostop.SetAutostop,
-            pb.SetAutostopRequest(idle_minutes=idle_minutes, down=down, wait_for=wait_for),
+            pb.SetAutostopRequest(idle_minutes=idle_minutes, down=setting.down,
+                                  wait_for=WAIT_FOR_TO_PB[setting.wait_for]),
         )
 
-    async def idle_info(self) -> pb.GetIdleInfoResponse:
-        return await self._call(self._autostop.GetIdleInfo, pb.GetIdleInfoRequest())
+    async def idle_info(self) -> IdleInfo:
+        reply = await self._call(self._autostop.GetIdleInfo, pb.GetIdleInfoRequest())
+        return IdleInfo(idle_since=reply.idle_since or None, active_jobs=reply.active_jobs,
+                        ssh_sessions=reply.ssh_sessions)
 
 
 class AgentConnections:

@@ -7,7 +7,7 @@ started again, and the cluster is ready only once the agent answers and sees eve
 On remote nodes it first installs the runtime (once per version, in parallel).
 
 The agent listens on a Unix socket in a 0700 directory of the head's user (`~/.clusterd/s/`,
-short: socket paths end at 107 bytes) and holds the runtime's token (agent/auth.py), made here
+short: socket paths end at 107 bytes) and holds the runtime's token (node_shared/auth.py), made here
 and recorded with the runtime before anything starts.
 """
 
@@ -26,9 +26,19 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.agent.auth import new_token
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
+from clusterd.node_shared.auth import new_token
+from clusterd.node_shared.node_commands import (
+    CleanupRequest,
+    FreePortsRequest,
+    ReadTokenRequest,
+    StartAgentRequest,
+    StartRayRequest,
+    StatusReply,
+    StatusRequest,
+    StopRequest,
+)
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.runtime import gpu_driver, node_helper
 from clusterd.runtime.agent_access import AgentAccess
@@ -187,12 +197,12 @@ class RuntimeManager:
             nonlocal began
             # Both at once (each is a Python start on the head): the free ports are used only
             # if the head's Ray is to start anew.
-            state: dict[str, Any] = {}
+            states: list[StatusReply] = []
             fresh_ports: dict[str, int] = {}
 
             async def ask_status() -> None:
-                state.update(await node_helper.call(head_runner, "status",
-                                                    {"dir": head_layout.run_dir}))
+                states.append(await node_helper.call(head_runner,
+                                                     StatusRequest(dir=head_layout.run_dir)))
 
             async def pick_head_ports() -> None:
                 fresh_ports.update(await self._free_ports(head, HEAD_PORTS))
@@ -200,10 +210,11 @@ class RuntimeManager:
             async with anyio.create_task_group() as asks:
                 asks.start_soon(ask_status)
                 asks.start_soon(pick_head_ports)
-            running_at = state["ray"].get("address")  # None: not known (an older helper)
-            head_alive = (bool(state["ray"]["alive"]) and bool(previous and previous.ports)
+            (state,) = states
+            running_at = state.ray.address  # None: not known (an older helper)
+            head_alive = (state.ray.alive and bool(previous and previous.ports)
                           and running_at in (None, previous.ray_address if previous else None))
-            if not head_alive and state["ray"]["alive"]:
+            if not head_alive and state.ray.alive:
                 # A Ray head on ports other than recorded (or none recorded): starting anew on
                 # fresh ports beside it would leave it holding the head (start-ray keeps a
                 # live one) and new workers dialling ports it never opened. Stop it, and its
@@ -211,10 +222,10 @@ class RuntimeManager:
                 await self._stop_running(
                     cluster, info, progress,
                     "stopping a Ray head whose ports are not the recorded ones")
-            elif not head_alive and state["agent"]["alive"]:
+            elif not head_alive and state.agent.alive:
                 # An agent outliving its Ray head is a driver of a cluster that is gone.
-                await node_helper.call(head_runner, "stop",
-                                       {"dir": head_layout.run_dir, "parts": ["agent"]})
+                await node_helper.call(head_runner,
+                                       StopRequest(dir=head_layout.run_dir, parts=["agent"]))
             if head_alive:
                 assert previous is not None
                 ports: dict[str, int] = dict(previous.ports)
@@ -243,8 +254,8 @@ class RuntimeManager:
                        else None)
             # With Ray up on the head, a worker that needs a start must get the token it
             # runs with.
-            ray_token = token if token is not None else str((await node_helper.call(
-                head_runner, "read-token", {"path": head_layout.token_path}))["token"])
+            ray_token = token if token is not None else (await node_helper.call(
+                head_runner, ReadTokenRequest(path=head_layout.token_path))).token
             plans.append(_StartPlan(handle, members, ray_token, address, agent_token))
             await progress(f"starting Ray on {len(info.nodes)} node(s)", "ray")
             began = time.monotonic()
@@ -261,28 +272,27 @@ class RuntimeManager:
             # Beside the head's Ray: the agent's own start (Python, its imports) overlaps
             # Ray's, and its connect waits for the head's Ray to take drivers.
             handle = plans[0].handle
-            started.update(await node_helper.call(
+            started.update((await node_helper.call(
                 head_runner,
-                "start-agent",
-                {
-                    "dir": head_layout.run_dir,
-                    "listen": handle.agent_listen,
-                    "token": plans[0].agent_token,
-                    "state_dir": head_layout.agent_state,
-                    "ray_address": plans[0].address,
-                    "cluster_name": cluster,
-                    "env": self._ray_env(head_layout, handle.ports, head),
-                    "timeout": self._start_timeout_s,
+                StartAgentRequest(
+                    dir=head_layout.run_dir,
+                    listen=handle.agent_listen or "",  # set by `decide` above
+                    token=plans[0].agent_token,
+                    state_dir=head_layout.agent_state,
+                    ray_address=plans[0].address,
+                    cluster_name=cluster,
+                    env=self._ray_env(head_layout, handle.ports, head),
+                    timeout=self._start_timeout_s,
                     # Every node's run dir has the same form (in its user's home), so the
                     # agent can stop the whole cluster when autostop falls due with no daemon
                     # about.
-                    "node_run_dir": head_layout.run_dir,
-                    "autostop_grace": self._agent_autostop_grace_s,
-                    "job_retention": self._agent_job_retention,
-                    "shutdown_nodes": info.shutdown_to_stop,
-                },
+                    node_run_dir=head_layout.run_dir,
+                    autostop_grace=self._agent_autostop_grace_s,
+                    job_retention=self._agent_job_retention,
+                    shutdown_nodes=info.shutdown_to_stop,
+                ),
                 timeout_s=self._start_timeout_s + 30,
-            ))
+            )).to_dict())
             done("agent", head)
 
         async def head_node() -> None:
@@ -353,9 +363,9 @@ class RuntimeManager:
         await self.stop(info)
 
     async def _free_ports(self, node: NodeInfo, names: tuple[str, ...]) -> dict[str, int]:
-        found = await node_helper.call(self._runner_for(node), "free-ports",
-                                       {"count": len(names)})
-        return dict(zip(names, found["ports"], strict=True))
+        found = await node_helper.call(self._runner_for(node),
+                                       FreePortsRequest(count=len(names)))
+        return dict(zip(names, found.ports, strict=True))
 
     def _ray_env(self, layout: NodeLayout, ports: dict[str, int], node: NodeInfo) -> dict[str, str]:
         env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": layout.token_path}
@@ -385,39 +395,37 @@ class RuntimeManager:
         if node.gpus > 0 and node.check_gpu_driver:
             await gpu_driver.check(runner, node)
         if members is not None and node.internal_ip not in members:
-            status = await node_helper.call(runner, "status", {"dir": layout.run_dir})
-            if status["ray"]["alive"]:
+            status = await node_helper.call(runner, StatusRequest(dir=layout.run_dir))
+            if status.ray.alive:
                 logger.info("restarting a worker's Ray the head no longer counts",
                             node=node.node_id, ip=node.internal_ip)
                 await self._stop_node(node, ["ray"])
         # One helper call (each is a Python start on the node): a Ray running there already
         # is kept, else the directory is marked ours (`down` may remove it whole), the token
         # written and Ray started.
-        params: dict[str, Any] = {
-            "mark": layout.base,
-            "token_path": layout.token_path,
-            "token": token,
-            "dir": layout.run_dir,
-            "temp_key": ray_temp_key(cloud_name),
-            "head": head,
-            "node_ip": node.internal_ip,
-            "num_cpus": node.cpus,
-            "num_gpus": node.gpus,
-            "object_store_bytes": self._object_store_bytes,
-            "ports": {
+        request = StartRayRequest(
+            mark=layout.base,
+            token_path=layout.token_path,
+            token=token,
+            dir=layout.run_dir,
+            temp_key=ray_temp_key(cloud_name),
+            head=head,
+            node_ip=node.internal_ip,
+            num_cpus=node.cpus,
+            num_gpus=node.gpus,
+            object_store_bytes=self._object_store_bytes,
+            ports={
                 **{k: v for k, v in ports.items() if k not in NOT_RAY_FLAGS},
                 # Workers take any free ports: clusters sharing a host then never collide.
                 "min_worker_port": 0,
                 "max_worker_port": 0,
             },
-            "env": self._ray_env(layout, ports, node),
-            "timeout": self._start_timeout_s,
-        }
-        if head:
-            params["gcs_port"] = ports["gcs_port"]
-        else:
-            params["head_address"] = address
-        await node_helper.call(runner, "start-ray", params, timeout_s=self._start_timeout_s + 30)
+            env=self._ray_env(layout, ports, node),
+            timeout=self._start_timeout_s,
+            gcs_port=ports["gcs_port"] if head else None,
+            head_address="" if head else address,
+        )
+        await node_helper.call(runner, request, timeout_s=self._start_timeout_s + 30)
 
     async def _wait_for_nodes(self, cluster: str, endpoint: str, token: str,
                               expected: int) -> None:
@@ -449,12 +457,12 @@ class RuntimeManager:
         finally:
             await client.close()
 
-    async def head_status(self, info: ClusterInfo) -> dict[str, Any]:
+    async def head_status(self, info: ClusterInfo) -> StatusReply:
         """What runs on the head (Ray, the agent), and whether the agent stopped the
         cluster on its own (`autostopped`, with its reason)."""
         return await node_helper.call(
-            self._runner_for(info.head), "status",
-            {"dir": NodeLayout(info.head.runtime_dir).run_dir}, timeout_s=30,
+            self._runner_for(info.head),
+            StatusRequest(dir=NodeLayout(info.head.runtime_dir).run_dir), timeout_s=30,
         )
 
     async def stop(self, info: ClusterInfo) -> None:
@@ -468,8 +476,8 @@ class RuntimeManager:
         # Never installed (a launch cut short): nothing of ours runs there.
         with contextlib.suppress(node_helper.RuntimeMissing):
             await node_helper.call(
-                self._runner_for(node), "stop",
-                {"dir": NodeLayout(node.runtime_dir).run_dir, "parts": parts},
+                self._runner_for(node),
+                StopRequest(dir=NodeLayout(node.runtime_dir).run_dir, parts=parts),
                 timeout_s=90,
             )
 
@@ -477,7 +485,8 @@ class RuntimeManager:
         async def clean(node: NodeInfo) -> None:
             with contextlib.suppress(node_helper.RuntimeMissing):  # never installed
                 await node_helper.call(
-                    self._runner_for(node), "cleanup",
-                    {"paths": [node.runtime_dir], "ray_temp_keys": [ray_temp_key(cloud_name)]})
+                    self._runner_for(node),
+                    CleanupRequest(paths=[node.runtime_dir],
+                                   ray_temp_keys=[ray_temp_key(cloud_name)]))
 
         await on_each(info.nodes, clean)

@@ -1,19 +1,37 @@
-"""Calls into `clusterd.agent.node` on a node, through its runner: JSON in on stdin, JSON out."""
+"""Calls into `clusterd.agent.node` on a node, through its runner: JSON in on stdin, JSON out.
+
+`call` sends a typed request (node_shared/node_commands.py) and reads its typed reply; the
+node helper reads and writes the same types. The bucket commands (s3-*) still take plain
+objects: `call_json`.
+"""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.node_shared.node_commands import BadRequest, Message, Request
 from clusterd.runtime.runner import CommandRunner
+
+R = TypeVar("R", bound=Message)
 
 
 class RuntimeMissing(ProtocolError):
     """The node has no runtime installed (yet): nothing of ours runs there."""
 
 
-async def call(
+async def call(runner: CommandRunner, request: Request[R], *, timeout_s: float = 120) -> R:
+    """Run the request's command on the runner's node; its reply, typed."""
+    reply = await call_json(runner, request.command, request.to_dict(), timeout_s=timeout_s)
+    try:
+        return request.read_reply(reply)
+    except BadRequest as exc:
+        raise ProtocolError(ErrorCode.PROVIDER_ERROR,
+                            f"{request.command} on {runner.node_name}: {exc}") from None
+
+
+async def call_json(
     runner: CommandRunner, command: str, params: dict[str, Any], *, timeout_s: float = 120
 ) -> dict[str, Any]:
     result = await runner.run(

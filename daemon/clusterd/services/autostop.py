@@ -105,7 +105,7 @@ class AutostopService:
                 info = await agent.idle_info()
         except (ProtocolError, TimeoutError):
             return None  # the refresh loop finds out what is wrong
-        return time.time() - info.idle_since if info.idle_since > 0 else None
+        return None if info.idle_since is None else time.time() - info.idle_since
 
     async def _check_one(self, record: ClusterRecord) -> None:
         assert record.autostop_minutes is not None

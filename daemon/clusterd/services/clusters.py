@@ -18,7 +18,6 @@ import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError
 from clusterd import log
-from clusterd.agent.wire import WAIT_FOR_TO_PB
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
@@ -40,6 +39,7 @@ from clusterd.provision.launcher import (
 )
 from clusterd.requests import RunningRequest
 from clusterd.runtime.agent_access import AgentAccess
+from clusterd.runtime.agent_types import AutostopSetting, as_wait_for
 from clusterd.runtime.manager import RuntimeManager
 from clusterd.services.common import (
     announce_warnings,
@@ -466,11 +466,9 @@ class ClusterService:
                                           None if setting is None else setting.down)
         if record.status == ClusterStatus.UP:
             agent = await self._access.client(record)
-            if setting is None:
-                await agent.set_autostop(-1, False, WAIT_FOR_TO_PB["jobs_and_ssh"])
-            else:
-                await agent.set_autostop(setting.idle_minutes, setting.down,
-                                         WAIT_FOR_TO_PB[setting.wait_for])
+            await agent.set_autostop(
+                AutostopSetting(None) if setting is None else AutostopSetting(
+                    setting.idle_minutes, setting.down, as_wait_for(setting.wait_for)))
         if announce:
             text = "autostop cancelled" if setting is None else (
                 f"autostop set: {'tear down' if setting.down else 'stop'} after "

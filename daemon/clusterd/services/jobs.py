@@ -12,18 +12,18 @@ import anyio
 
 from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError, exit_code_for_job
 from clusterd import log
-from clusterd.agent import containers
-from clusterd.agent.v1 import agent_pb2 as pb
-from clusterd.agent.wire import status_from_pb
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, LockMode
+from clusterd.node_shared import containers
+from clusterd.node_shared.node_commands import ContainerRuntimeRequest, GitCheckoutRequest
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.requests import RunningRequest
 from clusterd.rsync import Progress, ProgressHook
 from clusterd.runtime import node_helper
 from clusterd.runtime.agent_access import AgentAccess
+from clusterd.runtime.agent_types import Job, JobSpec, NodeResources
 from clusterd.runtime.manager import RunnerFactory
 from clusterd.services.common import (
     announce_warnings,
@@ -47,15 +47,15 @@ Emit = Callable[[str, dict[str, Any]], Awaitable[None]]
 RESUME_WINDOW_S = 60.0
 
 
-def job_to_wire(job: pb.Job) -> dict[str, Any]:
+def job_to_wire(job: Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "name": job.name,
         "user": job.user,
-        "status": str(status_from_pb(job.status)),
+        "status": str(job.status),
         "submitted_at": job.submitted_at,
-        "started_at": job.started_at or None,
-        "ended_at": job.ended_at or None,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
         "resources": job.resources_display,
         "num_nodes": job.num_nodes,
         "log_dir": job.log_dir,
@@ -69,24 +69,25 @@ class FinishedJobs:
     """Finished jobs' wire maps, made once: a finished job never changes again, and a queue
     of thousands of jobs otherwise converted every one on each call. Keyed by task id (it
     names the cluster and the submission time: a job id alone comes again on a new cluster
-    of the same name)."""
+    of the same name), and made again for a job other than the one it was made from (the
+    agent client hands the same object back for a finished job: mostly an identity check)."""
 
     LIMIT = 50_000
 
     def __init__(self) -> None:
-        self._maps: dict[str, dict[str, Any]] = {}
+        self._maps: dict[str, tuple[Job, dict[str, Any]]] = {}
 
-    def wire(self, job: pb.Job) -> dict[str, Any]:
-        status = status_from_pb(job.status)
-        if not status.is_terminal or not job.task_id:
+    def wire(self, job: Job) -> dict[str, Any]:
+        if not job.status.is_terminal or not job.task_id:
             return job_to_wire(job)
         found = self._maps.get(job.task_id)
-        if found is None or found["status"] != status or \
-                found["ended_at"] != (job.ended_at or None):
-            if len(self._maps) >= self.LIMIT:
-                self._maps.clear()
-            found = self._maps[job.task_id] = job_to_wire(job)
-        return found
+        if found is not None and (found[0] is job or found[0] == job):
+            return found[1]
+        if len(self._maps) >= self.LIMIT:
+            self._maps.clear()
+        made = job_to_wire(job)
+        self._maps[job.task_id] = (job, made)
+        return made
 
 
 class JobService:
@@ -165,14 +166,14 @@ class JobService:
         await self._sync_files(request, info, task)
         await self._mount_buckets(request, record, info, task, bucket_regions)
         resources = task.resources
-        spec = pb.JobSpec(
+        spec = JobSpec(
             name=task.name or "",
             setup=setup or "",
             run=run or ":",
             envs=task.envs,
             secrets=task.secrets,
             num_nodes=task.num_nodes,
-            resources=pb.NodeResources(
+            resources=NodeResources(
                 cpus=resources.job_cpus,
                 gpus=resources.accelerator_count,
                 memory_gb=resources.memory_gb or 0,
@@ -196,13 +197,13 @@ class JobService:
     async def _require_container_runtime(self, info: ClusterInfo, image: str) -> None:
         """docker:IMAGE runs only where a container runtime answers: on every node."""
         async def check(node: NodeInfo) -> None:
-            found = await node_helper.call(self._runner_for(node), "container-runtime", {},
+            found = await node_helper.call(self._runner_for(node), ContainerRuntimeRequest(),
                                            timeout_s=60)
-            if not found.get("runtime"):
+            if not found.runtime:
                 raise ProtocolError(
                     ErrorCode.INVALID_TASK,
                     f"resources.image_id: docker:{image} runs the job in a container, and "
-                    f"{node.node_id} has no container runtime that answers: {found.get('why')}",
+                    f"{node.node_id} has no container runtime that answers: {found.why}",
                     "install docker or podman on the nodes, or drop image_id to run on the "
                     "node itself")
 
@@ -237,10 +238,9 @@ class JobService:
                 for node in info.nodes:
                     runner = self._runner_for(node)
                     if isinstance(task.workdir, GitWorkdir):
-                        group.start_soon(node_helper.call, runner, "git-checkout", {
-                            "url": task.workdir.url, "ref": task.workdir.ref,
-                            "dest": node.workdir, "token": token,
-                        })
+                        group.start_soon(node_helper.call, runner, GitCheckoutRequest(
+                            url=task.workdir.url, ref=task.workdir.ref, dest=node.workdir,
+                            token=token))
                     elif task.workdir:
                         group.start_soon(functools.partial(
                             runner.sync_dir, task.workdir, node.workdir,
@@ -365,7 +365,8 @@ class JobService:
                     deadline = None
                     current = message.job_id
                     if message.final:
-                        status = status_from_pb(message.status)
+                        status = message.status
+                        assert status is not None  # the agent client sets it on a final one
                         reason = message.failure_reason
                         if not reason and status.is_terminal and \
                                 status != JobStatus.SUCCEEDED:  # an agent older than the field

@@ -317,14 +317,14 @@ class RefreshService:
         around), or did it die?"""
         info = await self._clusters.cluster_info(record)
         head = await self._runtime.head_status(info)
-        marker: dict[str, Any] | None = head.get("autostopped")
+        marker: dict[str, Any] | None = head.autostopped
         if marker and record.status != ClusterStatus.STOPPED:
             await self._requests.start(
                 "autostop", record.name, {"cluster": record.name, "by": "agent"},
                 lambda r: self._settle_self_stop(r, record.name, marker),
             )
             return record.status, record.status_reason
-        if not head["ray"]["alive"]:
+        if not head.ray.alive:
             return ClusterStatus.INIT, "the Ray head is not running"
         return ClusterStatus.INIT, f"agent not healthy: {error.message}"
 

@@ -15,6 +15,7 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import on_each
+from clusterd.node_shared.node_commands import WritePrivateRequest
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.aws.ec2 import CredentialsLifetime
 from clusterd.runtime import node_helper
@@ -267,8 +268,8 @@ class StorageService:
 
         async def credentials(node: NodeInfo) -> None:
             path = node_credentials_path(node)
-            await node_helper.call(self._runner_for(node), "write-private",
-                                   {"path": path, "token": text})
+            await node_helper.call(self._runner_for(node),
+                                   WritePrivateRequest(path=path, token=text))
             params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": path}
 
         await on_each(info.nodes, credentials)
@@ -326,7 +327,7 @@ class StorageService:
     async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
                        params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         try:
-            return await node_helper.call(self._runner_for(node), command, params,
+            return await node_helper.call_json(self._runner_for(node), command, params,
                                           timeout_s=timeout_s)
         except ProtocolError as exc:
             raise StorageError(ErrorCode.PROVIDER_ERROR,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
-from clusterd.agent import containers
+from clusterd.node_shared import containers
 from clusterd.redact import SECRET_ENV_NAMES
 from clusterd.safe_yaml import YAMLProblem, count_documents, read_regular_file, safe_load
 from clusterd.tasks import fields
