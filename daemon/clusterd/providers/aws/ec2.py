@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from clusterctl.protocol import clipped
 from clusterd import log
 from clusterd.providers.aws.errors import classify, error_code
 from clusterd.providers.aws.images import IMAGE_NAMES, ImageKind
@@ -164,13 +165,13 @@ class EC2Api:
             error = ProvisionError(f"{first.message} (still throttled after {exc.tries} "
                                    f"tries over {exc.waited_s:.0f} s)", first.scope, first.hint)
             logger.info("aws call failed", operation=operation, region=region,
-                        error=error.message[:200],
+                        error=clipped(error.message, 200),
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         except Exception as exc:
             error = classify(exc, f"aws/{region}")
             logger.info("aws call failed", operation=operation, region=region,
-                        error=error.message[:200],
+                        error=clipped(error.message, 200),
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         return result
