@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -176,15 +176,11 @@ def storage_service(aws: object, db: Database,
                     daemon: str, wheelhouse_dir: Path) -> StorageService:
     """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
     assert isinstance(aws, AWSProvider)
-    api = aws.api
-
-    async def s3_client(region: str) -> Any:
-        return await api.client("s3", region)
-
-    return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
-                          runner_for, api.frozen_credentials, api.default_region, daemon,
+    store = aws.object_store()
+    return StorageService(S3Buckets(store.s3_client, store.default_region), BucketRegistry(db),
+                          runner_for, store.credentials, store.default_region, daemon,
                           NodeRclone(wheelhouse_dir), ClusterMounts(db),
-                          lifetime=api.credentials_lifetime)
+                          lifetime=store.lifetime)
 
 
 class Daemon:

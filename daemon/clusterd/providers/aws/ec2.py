@@ -50,6 +50,18 @@ class CredentialsLifetime:
     expires_at: datetime.datetime | None
 
 
+@dataclasses.dataclass(frozen=True)
+class ObjectStoreAccess:
+    """What bucket storage needs of the AWS provider, from the same session as its EC2 calls
+    (credentials, region, endpoints): storage asks for this, never for the provider's API."""
+
+    s3_client: Callable[[str], Awaitable[Any]]  # an S3 client for a region
+    default_region: Callable[[], Awaitable[str]]
+    # (access key, secret key, session token or None) as resolved now, or None.
+    credentials: Callable[[], Awaitable[tuple[str, str, str | None] | None]]
+    lifetime: Callable[[], Awaitable[CredentialsLifetime | None]]
+
+
 class EC2Api:
     def __init__(self, timeout_s: Callable[[], float], backoff: Backoff = DEFAULT_BACKOFF, *,
                  sleep: Callable[[float], Awaitable[None]] = anyio.sleep,
@@ -120,6 +132,15 @@ class EC2Api:
         else us-east-1."""
         session = await self._get_session()
         return str(session.get_config_variable("region") or "us-east-1")
+
+    def object_store(self) -> ObjectStoreAccess:
+        """S3 through this session (see ObjectStoreAccess)."""
+
+        async def s3_client(region: str) -> Any:
+            return await self.client("s3", region)
+
+        return ObjectStoreAccess(s3_client, self.default_region, self.frozen_credentials,
+                                 self.credentials_lifetime)
 
     async def client(self, service: str, region: str) -> Any:
         key = (service, region)

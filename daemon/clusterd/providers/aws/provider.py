@@ -30,7 +30,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
-from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
+from clusterd.providers.aws.ec2 import EC2Api, Instance, ObjectStoreAccess, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
 from clusterd.providers.aws.images import default_image_kind
 from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
@@ -107,6 +107,11 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
                    context.daemon_id, on_foreign=context.on_foreign,
                    on_progress=context.on_progress)
+
+    def object_store(self) -> ObjectStoreAccess:
+        """What bucket storage needs: S3 clients, region and credentials of this provider's
+        own session."""
+        return self.api.object_store()
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
