@@ -201,11 +201,11 @@ class Daemon:
         self.providers = build_providers(
             ProviderContext(settings.state_dir, settings.runtime_dir, settings.config_dir,
                             self.ssh, self.config.get, daemon_id(settings.state_dir),
-                            self._recorded, on_foreign=self._announce_foreign,
+                            self._recorded, settings, on_foreign=self._announce_foreign,
                             on_progress=self._tell_request,
                             on_note=self._provider_note),
             # Benchmarks only (see providers/loadtest.py).
-            test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
+            test_providers=settings.test_providers.split(","))
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,
