@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -36,6 +36,39 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip a test that cannot run here; but under CI=true, where scripts/test installs all
+    the suite needs, fail it: a missing tool there is a broken set-up, not a reason to pass."""
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: scripts/test installs it)", pytrace=False)
+    pytest.skip(reason)
+
+
+def needs_tool(tool: str, package: str) -> str:
+    """The path of `tool`, which Debian's `package` has (scripts/test installs it); see
+    `missing` for a machine without it."""
+    found = shutil.which(tool)
+    if found is None:
+        missing(f"{tool} is not installed (Debian package {package})")
+    return found
+
+
+def autostop_pass_after(daemon: Daemon, moment: float) -> list[str] | None:
+    """The clusters checked by the first pass of the daemon's autostop loop that began after
+    `moment` (a time.time()), None before there was one. Once there was, every decision that
+    pass made (an autostop fired) is among the cluster's events: a test that must see no
+    autostop waits for this instead of sleeping."""
+    for line in daemon.log().splitlines():
+        if '"autostop pass"' not in line:
+            continue
+        entry = json.loads(line)
+        if entry.get("event") == "autostop pass" and entry["began"] > moment:
+            return list(entry["checked"])
+    return None
 
 
 def read_until(process: subprocess.Popen[str], needle: str, timeout: float) -> str:
@@ -353,9 +386,7 @@ def busybox_image(name: str, tools: tuple[str, ...] = ("sh", "cat", "echo", "ls"
     with Dockerfile `changes` (e.g. "USER 65534"). Yields the environment podman needs
     (CONTAINERS_CONF); the image is removed afterwards."""
     if not (shutil.which("podman") and shutil.which("runc") and Path("/bin/busybox").exists()):
-        import pytest
-
-        pytest.skip("needs podman, runc and busybox-static (scripts/test installs them)")
+        missing("needs podman, runc and busybox-static (scripts/test installs them)")
     root = short_tempdir("cdpod-")
     conf = root / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
