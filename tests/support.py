@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -57,18 +57,30 @@ def needs_tool(tool: str, package: str) -> str:
     return found
 
 
-def autostop_pass_after(daemon: Daemon, moment: float) -> list[str] | None:
-    """The clusters checked by the first pass of the daemon's autostop loop that began after
-    `moment` (a time.time()), None before there was one. Once there was, every decision that
-    pass made (an autostop fired) is among the cluster's events: a test that must see no
-    autostop waits for this instead of sleeping."""
+class AutostopPass(NamedTuple):
+    began: float  # time.time() when the pass began
+    checked: list[str]  # the clusters it checked
+
+
+def autostop_pass_after(daemon: Daemon, moment: float) -> AutostopPass | None:
+    """The first pass of the daemon's autostop loop that began after `moment` (a
+    time.time()), None before there was one. Once there was, every decision that pass made
+    (an autostop fired: an event "autostop due ...") is among the cluster's events: a test
+    that must see no autostop waits for this instead of sleeping."""
     for line in daemon.log().splitlines():
         if '"autostop pass"' not in line:
             continue
         entry = json.loads(line)
         if entry.get("event") == "autostop pass" and entry["began"] > moment:
-            return list(entry["checked"])
+            return AutostopPass(entry["began"], list(entry["checked"]))
     return None
+
+
+def autostops_fired(events: list[dict[str, Any]]) -> list[str]:
+    """The reasons of the autostops the daemon fired, among a cluster's events (setting or
+    cancelling autostop is an event of that kind too)."""
+    return [e["reason"] for e in events
+            if e["kind"] == "autostop" and e["reason"].startswith("autostop due")]
 
 
 def read_until(process: subprocess.Popen[str], needle: str, timeout: float) -> str:

@@ -16,6 +16,7 @@ import pytest
 from tests.support import (
     Daemon,
     autostop_pass_after,
+    autostops_fired,
     managed_job,
     managed_job_log,
     pid_alive,
@@ -133,11 +134,11 @@ def test_autostop_waits_for_jobs_then_for_none(fast_daemon: Daemon, tmp_path: Pa
     assert result.returncode == 0 and "after 0.02 idle minutes" in result.stdout
     # Were the job not running, the deadline would be 1.2 s after the cluster went idle, so
     # by set_at + 1.2 s at the latest: a pass that began after that has seen it busy.
-    checked = wait_for(lambda: autostop_pass_after(fast_daemon, set_at + 1.2), 30,
-                       "an autostop pass past the deadline")
-    assert "busy" in checked
+    later = wait_for(lambda: autostop_pass_after(fast_daemon, set_at + 1.2), 30,
+                     "an autostop pass past the deadline")
+    assert "busy" in later.checked
     assert status_of(fast_daemon, "busy") == "UP"
-    assert not [e for e in events(fast_daemon, "busy") if e["kind"] == "autostop"]
+    assert autostops_fired(events(fast_daemon, "busy")) == []
     gate.touch()
     wait_for(lambda: status_of(fast_daemon, "busy") == "STOPPED", 60, "autostop after the job")
     start = fast_daemon.ctl("start", "busy")
@@ -153,10 +154,10 @@ def test_autostop_cancel_and_down(fast_daemon: Daemon) -> None:
     launch(fast_daemon, "keep", "-i", "0.05")
     launched = time.time()  # idle since before this: the deadline was 3 s after at the latest
     assert fast_daemon.ctl("autostop", "keep", "--cancel").returncode == 0
-    checked = wait_for(lambda: autostop_pass_after(fast_daemon, launched + 3), 30,
-                       "an autostop pass past the cancelled deadline")
-    assert "keep" not in checked
-    assert not [e for e in events(fast_daemon, "keep") if e["kind"] == "autostop"]
+    later = wait_for(lambda: autostop_pass_after(fast_daemon, launched + 3), 30,
+                     "an autostop pass past the cancelled deadline")
+    assert "keep" not in later.checked
+    assert autostops_fired(events(fast_daemon, "keep")) == []
     cluster = fast_daemon.cluster("keep")
     assert cluster is not None and cluster["status"] == "UP"
     assert cluster["autostop_minutes"] is None

@@ -480,9 +480,9 @@ def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> No
         assert ctl(bed, "autostop", "watch", "-i", "0.02", "--down").returncode == 0
         # The agent samples sessions every 5 s; were the session not counted, 1.2 s of
         # idleness would do: a pass that began after both has seen the cluster busy.
-        checked = wait_for(lambda: autostop_pass_after(daemon, set_at + 5 + 1.2), 30,
-                           "an autostop pass past the deadline")
-        assert "watch" in checked
+        later = wait_for(lambda: autostop_pass_after(daemon, set_at + 5 + 1.2), 30,
+                         "an autostop pass past the deadline")
+        assert "watch" in later.checked
         cluster = daemon.cluster("watch")
         assert cluster is not None and cluster["autostop_deadline"] is None  # busy
     finally:
