@@ -16,7 +16,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
@@ -36,6 +36,51 @@ def wait_for(predicate: Any, timeout: float, what: str, interval: float = 0.05) 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
         time.sleep(interval)
+
+
+def missing(reason: str) -> NoReturn:
+    """Skip a test that cannot run here; but under CI=true, where scripts/test installs all
+    the suite needs, fail it: a missing tool there is a broken set-up, not a reason to pass."""
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: scripts/test installs it)", pytrace=False)
+    pytest.skip(reason)
+
+
+def needs_tool(tool: str, package: str) -> str:
+    """The path of `tool`, which Debian's `package` has (scripts/test installs it); see
+    `missing` for a machine without it."""
+    found = shutil.which(tool)
+    if found is None:
+        missing(f"{tool} is not installed (Debian package {package})")
+    return found
+
+
+class AutostopPass(NamedTuple):
+    began: float  # time.time() when the pass began
+    checked: list[str]  # the clusters it checked
+
+
+def autostop_pass_after(daemon: Daemon, moment: float) -> AutostopPass | None:
+    """The first pass of the daemon's autostop loop that began after `moment` (a
+    time.time()), None before there was one. Once there was, every decision that pass made
+    (an autostop fired: an event "autostop due ...") is among the cluster's events: a test
+    that must see no autostop waits for this instead of sleeping."""
+    for line in daemon.log().splitlines():
+        if '"autostop pass"' not in line:
+            continue
+        entry = json.loads(line)
+        if entry.get("event") == "autostop pass" and entry["began"] > moment:
+            return AutostopPass(entry["began"], list(entry["checked"]))
+    return None
+
+
+def autostops_fired(events: list[dict[str, Any]]) -> list[str]:
+    """The reasons of the autostops the daemon fired, among a cluster's events (setting or
+    cancelling autostop is an event of that kind too)."""
+    return [e["reason"] for e in events
+            if e["kind"] == "autostop" and e["reason"].startswith("autostop due")]
 
 
 def read_until(process: subprocess.Popen[str], needle: str, timeout: float) -> str:
@@ -353,9 +398,7 @@ def busybox_image(name: str, tools: tuple[str, ...] = ("sh", "cat", "echo", "ls"
     with Dockerfile `changes` (e.g. "USER 65534"). Yields the environment podman needs
     (CONTAINERS_CONF); the image is removed afterwards."""
     if not (shutil.which("podman") and shutil.which("runc") and Path("/bin/busybox").exists()):
-        import pytest
-
-        pytest.skip("needs podman, runc and busybox-static (scripts/test installs them)")
+        missing("needs podman, runc and busybox-static (scripts/test installs them)")
     root = short_tempdir("cdpod-")
     conf = root / "containers.conf"
     conf.write_text(CONTAINERS_CONF)

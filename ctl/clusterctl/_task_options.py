@@ -8,6 +8,7 @@ import sys
 
 from clusterctl import protocol
 from clusterctl._fail import fail
+from clusterctl._text import clipped
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
@@ -55,7 +56,7 @@ def _refuse_what_is_no_task(entry: list[str]) -> None:
     """A task file with words after it, or a directory, is neither a task nor a command
     anyone meant: refused, rather than run on the nodes as a command that fails there."""
     first = entry[0]
-    shown = first if len(first) <= 40 else first[:37] + "..."
+    shown = clipped(first, 40)
     if first.endswith(YAML_SUFFIXES) and len(entry) > 1:
         rest = " ".join(entry[1:])
         fail(f"{shown} is a task file, and a task file takes no arguments "

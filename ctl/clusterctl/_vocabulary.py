@@ -7,6 +7,7 @@ from __future__ import annotations
 import enum
 
 from clusterctl import _exit_codes
+from clusterctl._text import clipped
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:
@@ -168,7 +169,12 @@ def exit_code_for_managed_job(status: ManagedJobStatus | str | None) -> ExitCode
 
 
 class ProtocolError(Exception):
-    """A frame or message that breaks the protocol. Carries the code sent back to the peer."""
+    """The daemon's general user-facing error, not only a frame that breaks the protocol: any
+    failure a request ends with (a bad frame or argument, a cluster not found, a launch that
+    found no capacity, a lock timeout, ...). It carries what the reply's error carries (see
+    docs/protocol.md): a stable `ErrorCode`, a message and a hint; `to_wire` is that error.
+    The name is historical (renaming it touches nearly every module); `RequestError` names the
+    same class for new code. Clients see it as `clusterctl.ClusterdError`."""
 
     def __init__(self, code: ErrorCode, message: str, hint: str = "") -> None:
         super().__init__(message)
@@ -180,9 +186,11 @@ class ProtocolError(Exception):
         return {"code": str(self.code), "message": self.message, "hint": self.hint}
 
 
+RequestError = ProtocolError
+
+
 def shown(value: Any, limit: int = 80) -> str:
     """`repr` of a value from the wire, cut to `limit` characters: what a peer sends is echoed
     in errors and logs, never whole."""
     text = value if isinstance(value, BaseException) else repr(value)
-    text = str(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(str(text), limit)

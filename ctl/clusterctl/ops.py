@@ -3,6 +3,8 @@ sends. Part of clusterctl.protocol, which re-exports every name: import them fro
 
 from __future__ import annotations
 
+from clusterctl._text import clipped
+
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
 if TYPE_CHECKING:  # (the daemon's checks of what clients send import it where they run)
     from typing import Any, ClassVar, TypeVar
@@ -416,7 +418,7 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
     types_by_name, required = _schema(cls)
     unknown = sorted(str(k) for k in raw if k not in types_by_name)
     if unknown:
-        listed = ", ".join(k if len(k) <= 40 else k[:37] + "..." for k in unknown[:5])
+        listed = ", ".join(clipped(k, 40) for k in unknown[:5])
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise protocol_error(
             "INVALID_ARGUMENT",

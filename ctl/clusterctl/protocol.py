@@ -38,6 +38,7 @@ from clusterctl._limits import REPLY_LIMITS as REPLY_LIMITS
 from clusterctl._limits import REQUEST_LIMITS as REQUEST_LIMITS
 from clusterctl._limits import DecodeLimits as DecodeLimits
 from clusterctl._limits import TooManyItems, unpack
+from clusterctl._text import clipped as clipped
 from clusterctl.ops import OPS as OPS
 from clusterctl.ops import SECRET_FIELDS as SECRET_FIELDS
 from clusterctl.ops import WAIT_FOR_CHOICES as WAIT_FOR_CHOICES
@@ -83,6 +84,7 @@ if TYPE_CHECKING:
     from clusterctl._vocabulary import JobStatus as JobStatus
     from clusterctl._vocabulary import ManagedJobStatus as ManagedJobStatus
     from clusterctl._vocabulary import ProtocolError as ProtocolError
+    from clusterctl._vocabulary import RequestError as RequestError
     from clusterctl._vocabulary import exit_code_for_job as exit_code_for_job
     from clusterctl._vocabulary import exit_code_for_managed_job as exit_code_for_managed_job
     from clusterctl._vocabulary import shown as shown
@@ -92,8 +94,8 @@ if TYPE_CHECKING:
 # they load on first use (PEP 562); `from clusterctl.protocol import ErrorCode` works as ever.
 _VOCABULARY = frozenset({
     "NOT_FOUND_CODES", "ClusterStatus", "ErrorCode", "ExitCode", "JobStatus",
-    "ManagedJobStatus", "ProtocolError", "exit_code_for_job", "exit_code_for_managed_job",
-    "shown",
+    "ManagedJobStatus", "ProtocolError", "RequestError", "exit_code_for_job",
+    "exit_code_for_managed_job", "shown",
 })
 
 

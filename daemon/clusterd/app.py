@@ -16,7 +16,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import anyio
 import anyio.abc
@@ -176,15 +176,11 @@ def storage_service(aws: object, db: Database,
                     daemon: str, wheelhouse_dir: Path) -> StorageService:
     """Buckets go through the aws provider's session (its credentials, region, endpoints)."""
     assert isinstance(aws, AWSProvider)
-    api = aws.api
-
-    async def s3_client(region: str) -> Any:
-        return await api.client("s3", region)
-
-    return StorageService(S3Buckets(s3_client, api.default_region), BucketRegistry(db),
-                          runner_for, api.frozen_credentials, api.default_region, daemon,
+    store = aws.object_store()
+    return StorageService(S3Buckets(store.s3_client, store.default_region), BucketRegistry(db),
+                          runner_for, store.credentials, store.default_region, daemon,
                           NodeRclone(wheelhouse_dir), ClusterMounts(db),
-                          lifetime=api.credentials_lifetime)
+                          lifetime=store.lifetime)
 
 
 class Daemon:
@@ -205,11 +201,11 @@ class Daemon:
         self.providers = build_providers(
             ProviderContext(settings.state_dir, settings.runtime_dir, settings.config_dir,
                             self.ssh, self.config.get, daemon_id(settings.state_dir),
-                            self._recorded, on_foreign=self._announce_foreign,
+                            self._recorded, settings, on_foreign=self._announce_foreign,
                             on_progress=self._tell_request,
                             on_note=self._provider_note),
             # Benchmarks only (see providers/loadtest.py).
-            test_providers=os.environ.get("CLUSTERD_TEST_PROVIDERS", "").split(","))
+            test_providers=settings.test_providers.split(","))
         self.runtime = RuntimeManager(
             self.runner_for,
             self.access,

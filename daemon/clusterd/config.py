@@ -6,21 +6,30 @@ import dataclasses
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 from clusterctl import paths
 
 
-def _float_env(name: str, default: float, maximum: float = 1e9) -> float:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
+def setting(default: Any, env: str, *, maximum: float = 1e9) -> Any:
+    """A field of Settings: its default and the environment variable that overrides it,
+    written once (here) and read by `Settings.from_env`. Numbers must be from 0 to `maximum`;
+    a bool is set by "1"."""
+    return dataclasses.field(default=default, metadata={"env": env, "maximum": maximum})
+
+
+def _from_env(name: str, value: str, default: Any, maximum: float) -> Any:
+    if isinstance(default, bool):
+        return value == "1"
+    if isinstance(default, str):
+        return value
     try:
         number = float(value)
     except ValueError:
         raise SystemExit(f"clusterd: {name}={value!r} is not a number") from None
     if not math.isfinite(number) or number < 0 or number > maximum:
         raise SystemExit(f"clusterd: {name}={value!r} must be a number from 0 to {maximum:g}")
-    return number
+    return int(number) if isinstance(default, int) else number
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,46 +38,59 @@ class Settings:
     runtime_dir: Path
     state_dir: Path
     config_dir: Path
-    log_level: str = "info"
+    log_level: str = setting("info", "CLUSTERD_LOG_LEVEL")
     # How long a request may wait for a cluster's lock before it fails with LOCK_TIMEOUT.
-    lock_timeout_s: float = 1800.0
+    lock_timeout_s: float = setting(1800.0, "CLUSTERD_LOCK_TIMEOUT")
     # After this long waiting, a request tells its client what it is blocked by.
-    blocked_notice_s: float = 1.0
+    blocked_notice_s: float = setting(1.0, "CLUSTERD_BLOCKED_NOTICE")
     # Bound on in-flight request handling during shutdown before they are cancelled.
     shutdown_grace_s: float = 3.0
     # Object store of Ray on local clusters, in bytes (Ray's minimum is 75 MB).
-    local_object_store_bytes: int = 200 * 1024 * 1024
+    local_object_store_bytes: int = setting(200 * 1024 * 1024, "CLUSTERD_LOCAL_OBJECT_STORE_BYTES")
     # How long to wait for a cluster's runtime (Ray + agent) to come up.
-    runtime_start_timeout_s: float = 120.0
+    runtime_start_timeout_s: float = setting(120.0, "CLUSTERD_RUNTIME_START_TIMEOUT")
     # The refresh loop's period (each cycle waits this ± 10 %).
-    refresh_interval_s: float = 30.0
+    refresh_interval_s: float = setting(30.0, "CLUSTERD_REFRESH_INTERVAL")
     # How often autostop deadlines are checked: a timer fires at most this late.
-    autostop_check_s: float = 5.0
+    autostop_check_s: float = setting(5.0, "CLUSTERD_AUTOSTOP_CHECK")
     # How long past an autostop deadline, with no daemon in reach, an agent waits before it
     # stops its cluster on its own.
-    agent_autostop_grace_s: float = 300.0
+    agent_autostop_grace_s: float = setting(300.0, "CLUSTERD_AGENT_AUTOSTOP_GRACE")
     # `launch --retry-until-up`: the first wait between rounds, growing 1.5x up to the cap.
-    retry_gap_s: float = 10.0
-    retry_max_gap_s: float = 300.0
+    retry_gap_s: float = setting(10.0, "CLUSTERD_RETRY_GAP")
+    retry_max_gap_s: float = setting(300.0, "CLUSTERD_RETRY_MAX_GAP")
     # How long new nodes may take to run and answer SSH before the attempt counts as failed.
-    provision_wait_s: float = 900.0
+    provision_wait_s: float = setting(900.0, "CLUSTERD_PROVISION_WAIT")
     # A client connection with no request in flight for this long is closed.
-    idle_timeout_s: float = 600.0
+    idle_timeout_s: float = setting(600.0, "CLUSTERD_IDLE_TIMEOUT")
     # Client connections served at once (0: derived from the open-files limit); more are
     # told TOO_MANY_CONNECTIONS and closed.
-    max_connections: int = 0
+    max_connections: int = setting(0, "CLUSTERD_MAX_CONNECTIONS")
     # Records the daemon keeps of finished requests (`requests --all`); older ones go.
-    request_retention: int = 5_000
+    request_retention: int = setting(5_000, "CLUSTERD_REQUEST_RETENTION")
     # Job records (with their logs) each cluster's agent keeps; older finished ones go.
-    agent_job_retention: int = 1_000
+    agent_job_retention: int = setting(1_000, "CLUSTERD_AGENT_JOB_RETENTION")
     # A task's copy (workdir, file mount) sending more than this is warned of (refused under
     # --strict).
-    sync_warn_bytes: int = 1_000_000_000
+    sync_warn_bytes: int = setting(1_000_000_000, "CLUSTERD_SYNC_WARN_BYTES", maximum=1e15)
     # Where a node with no usable Python gets a uv-managed CPython (node_platform.PythonSource):
     # a mirror of python-build-standalone's releases (uv's --mirror), or a JSON list of
     # downloads with their digests (uv's --python-downloads-json-url). Empty: uv's default.
-    python_mirror: str = ""
-    python_downloads_json_url: str = ""
+    python_mirror: str = setting("", "CLUSTERD_PYTHON_MIRROR")
+    python_downloads_json_url: str = setting("", "CLUSTERD_PYTHON_DOWNLOADS_JSON_URL")
+    # Runtime wheelhouses kept here instead of under the state directory: one shared by
+    # several daemons, or made before the daemon runs somewhere without the package index.
+    shared_wheelhouse_dir: str = setting("", "CLUSTERD_WHEELHOUSE_DIR")
+    # A catalog in SkyPilot's CSV format (DIR/aws/vms.csv), before the config's catalog_dir.
+    catalog_dir: str = setting("", "CLUSTERD_CATALOG_DIR")
+    # The image of Kubernetes pods where neither the task nor the config names one (a test
+    # bed's `exec` sets it).
+    kubernetes_image: str = setting("", "CLUSTERD_KUBERNETES_IMAGE")
+    # Benchmarks only: providers made for them (comma-separated; see providers/loadtest.py),
+    # and the load-test provider's zones and whether every zone is out of stock.
+    test_providers: str = setting("", "CLUSTERD_TEST_PROVIDERS")
+    loadtest_zones: int = setting(1, "CLUSTERD_LOADTEST_ZONES")
+    loadtest_stockout: bool = setting(False, "CLUSTERD_LOADTEST_STOCKOUT")
 
     @property
     def db_path(self) -> Path:
@@ -76,10 +98,10 @@ class Settings:
 
     @property
     def wheelhouse_dir(self) -> Path:
-        """Where runtime wheelhouses are kept (CLUSTERD_WHEELHOUSE_DIR: one shared by several
-        daemons, or made before the daemon runs somewhere without the package index)."""
-        shared = os.environ.get("CLUSTERD_WHEELHOUSE_DIR")
-        return Path(shared) if shared else self.state_dir / "wheelhouse"
+        """Where runtime wheelhouses are kept (see shared_wheelhouse_dir)."""
+        if self.shared_wheelhouse_dir:
+            return Path(self.shared_wheelhouse_dir)
+        return self.state_dir / "wheelhouse"
 
     @property
     def never_copied(self) -> tuple[tuple[str, str], ...]:
@@ -96,6 +118,8 @@ class Settings:
 
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
+        """Every setting's default, overridden by its environment variable if that is set
+        and not empty, then by `overrides` (flags) that are not None."""
         # Absolute now: the daemon's directory becomes / before the socket is made.
         socket_path = Path(paths.socket_path()).absolute()
         values: dict[str, object] = {
@@ -103,28 +127,12 @@ class Settings:
             "runtime_dir": socket_path.parent,
             "state_dir": Path(paths.state_dir()),
             "config_dir": Path(paths.config_dir()),
-            "log_level": os.environ.get("CLUSTERD_LOG_LEVEL", "info"),
-            "lock_timeout_s": _float_env("CLUSTERD_LOCK_TIMEOUT", 1800.0),
-            "blocked_notice_s": _float_env("CLUSTERD_BLOCKED_NOTICE", 1.0),
-            "local_object_store_bytes": int(
-                _float_env("CLUSTERD_LOCAL_OBJECT_STORE_BYTES", 200 * 1024 * 1024)
-            ),
-            "runtime_start_timeout_s": _float_env("CLUSTERD_RUNTIME_START_TIMEOUT", 120.0),
-            "refresh_interval_s": _float_env("CLUSTERD_REFRESH_INTERVAL", 30.0),
-            "autostop_check_s": _float_env("CLUSTERD_AUTOSTOP_CHECK", 5.0),
-            "agent_autostop_grace_s": _float_env("CLUSTERD_AGENT_AUTOSTOP_GRACE", 300.0),
-            "retry_gap_s": _float_env("CLUSTERD_RETRY_GAP", 10.0),
-            "retry_max_gap_s": _float_env("CLUSTERD_RETRY_MAX_GAP", 300.0),
-            "provision_wait_s": _float_env("CLUSTERD_PROVISION_WAIT", 900.0),
-            "idle_timeout_s": _float_env("CLUSTERD_IDLE_TIMEOUT", 600.0),
-            "max_connections": int(_float_env("CLUSTERD_MAX_CONNECTIONS", 0)),
-            "request_retention": int(_float_env("CLUSTERD_REQUEST_RETENTION", 5_000)),
-            "agent_job_retention": int(_float_env("CLUSTERD_AGENT_JOB_RETENTION", 1_000)),
-            "sync_warn_bytes": int(_float_env("CLUSTERD_SYNC_WARN_BYTES", 1_000_000_000,
-                                                      maximum=1e15)),
-            "python_mirror": os.environ.get("CLUSTERD_PYTHON_MIRROR", ""),
-            "python_downloads_json_url": os.environ.get("CLUSTERD_PYTHON_DOWNLOADS_JSON_URL",
-                                                        ""),
         }
+        for field in dataclasses.fields(cls):
+            name = field.metadata.get("env")
+            raw = os.environ.get(name) if name else None
+            if name and raw:
+                values[field.name] = _from_env(name, raw, field.default,
+                                               field.metadata["maximum"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]

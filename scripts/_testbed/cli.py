@@ -244,7 +244,8 @@ def add_k8s_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 
 
 def check_k8s_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    from _testbed.k8s.commands import NETNS_RE, check_counts
+    from _testbed.common.host import NETNS_RE
+    from _testbed.k8s.commands import check_counts
 
     cmd = args.k8s_command
     if cmd == "up":
@@ -329,7 +330,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def check_ec2_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
-    from _testbed.ec2.host_setup import NETNS_RE
+    from _testbed.common.host import NETNS_RE
     from _testbed.ec2.regions import check_regions
 
     regions: list[str] = []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
-import os
 import re
 import shutil
 import signal
@@ -16,9 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.support import CLUSTERCTL, Daemon
+from tests.support import CLUSTERCTL, Daemon, missing
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -181,11 +178,9 @@ def chromium(profile: Path) -> Iterator[Any]:
     """Debian's headless Chromium through its own chromedriver: an explicit Service, so
     selenium-manager never looks for (or downloads) a browser; flags that keep it off the
     network (there is none here but loopback)."""
-    missing = browser_missing()
-    if missing:
-        if os.environ.get("CI"):  # scripts/test installs them: missing there is a failure
-            raise AssertionError(missing)
-        pytest.skip(missing)
+    absent = browser_missing()
+    if absent:
+        missing(absent)  # scripts/test installs them: under CI=true, a failure
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 

@@ -25,7 +25,7 @@ import yaml
 from tests.e2e.ec2bed import EC2Bed, running
 from tests.e2e.k8sbed import K8sBed
 from tests.e2e.test_failover import attempts, launch
-from tests.support import Daemon, short_tempdir, wait_for
+from tests.support import Daemon, needs_tool, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.ec2, pytest.mark.k8s, pytest.mark.ray]
 
@@ -33,8 +33,7 @@ pytestmark = [pytest.mark.ec2, pytest.mark.k8s, pytest.mark.ray]
 @contextlib.contextmanager
 def api_relay(ec2: EC2Bed, k8s: K8sBed) -> Iterator[None]:
     """The Kubernetes API server at its kubeconfig address inside the EC2 bed's namespace."""
-    if not shutil.which("socat"):
-        pytest.skip("socat (the Kubernetes bed installs it) is missing")
+    needs_tool("socat", "socat")
     kubeconfig = yaml.safe_load(Path(k8s.env["KUBECONFIG"]).read_text())
     server = urlsplit(kubeconfig["clusters"][0]["cluster"]["server"])
     assert server.hostname == "127.0.0.1" and server.port

@@ -60,7 +60,7 @@ def tokens(k8s: K8sBed) -> dict[str, int]:
     bed's controller counts them)."""
     done = subprocess.run(
         [sys.executable, "-c", "import json, sys; sys.path.insert(0, sys.argv[1]); "
-         "from _testbed.ec2.control import request; "
+         "from _testbed.common.control import request; "
          "print(json.dumps(request(sys.argv[2], 'token_stats')))",
          str(Path(TESTBED).parent), str(k8s.dir / "control.sock")],
         capture_output=True, text=True, timeout=30)

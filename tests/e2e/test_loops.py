@@ -15,6 +15,8 @@ import pytest
 
 from tests.support import (
     Daemon,
+    autostop_pass_after,
+    autostops_fired,
     managed_job,
     managed_job_log,
     pid_alive,
@@ -127,10 +129,16 @@ def test_autostop_waits_for_jobs_then_for_none(fast_daemon: Daemon, tmp_path: Pa
     job = fast_daemon.ctl("exec", "busy", "-d", "--",
                           f"while [ ! -e {gate} ]; do sleep 0.1; done")
     assert job.returncode == 0
+    set_at = time.time()
     result = fast_daemon.ctl("autostop", "busy", "-i", "0.02", "--wait-for", "jobs")
     assert result.returncode == 0 and "after 0.02 idle minutes" in result.stdout
-    time.sleep(4)  # well past 1.2 s of idle time, were the job not running
+    # Were the job not running, the deadline would be 1.2 s after the cluster went idle, so
+    # by set_at + 1.2 s at the latest: a pass that began after that has seen it busy.
+    later = wait_for(lambda: autostop_pass_after(fast_daemon, set_at + 1.2), 30,
+                     "an autostop pass past the deadline")
+    assert "busy" in later.checked
     assert status_of(fast_daemon, "busy") == "UP"
+    assert autostops_fired(events(fast_daemon, "busy")) == []
     gate.touch()
     wait_for(lambda: status_of(fast_daemon, "busy") == "STOPPED", 60, "autostop after the job")
     start = fast_daemon.ctl("start", "busy")
@@ -144,8 +152,12 @@ def test_autostop_waits_for_jobs_then_for_none(fast_daemon: Daemon, tmp_path: Pa
 
 def test_autostop_cancel_and_down(fast_daemon: Daemon) -> None:
     launch(fast_daemon, "keep", "-i", "0.05")
+    launched = time.time()  # idle since before this: the deadline was 3 s after at the latest
     assert fast_daemon.ctl("autostop", "keep", "--cancel").returncode == 0
-    time.sleep(6)
+    later = wait_for(lambda: autostop_pass_after(fast_daemon, launched + 3), 30,
+                     "an autostop pass past the cancelled deadline")
+    assert "keep" not in later.checked
+    assert autostops_fired(events(fast_daemon, "keep")) == []
     cluster = fast_daemon.cluster("keep")
     assert cluster is not None and cluster["status"] == "UP"
     assert cluster["autostop_minutes"] is None
@@ -160,8 +172,10 @@ def test_deadline_that_fell_due_while_the_daemon_was_down_fires_at_start(daemon:
     daemon.stop()
     daemon.start(extra_env={"CLUSTERD_AUTOSTOP_CHECK": "3600"})  # it must not fire early
     launch(daemon, "sleepy", "-i", "0.05")
+    launched = time.time()  # idle since before this: the deadline is 3 s after at the latest
     assert daemon.stop() == 0
-    time.sleep(5)  # the 3 s deadline passes with no daemon (and well before the agent's own)
+    # The deadline passes with no daemon (and well before the agent's own, 300 s later).
+    time.sleep(max(0.0, launched + 3.5 - time.time()))
     daemon.start(extra_env=FAST)
     wait_for(lambda: status_of(daemon, "sleepy") == "STOPPED", 30, "the overdue autostop")
 

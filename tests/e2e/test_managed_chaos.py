@@ -540,8 +540,11 @@ def run_chaos(ec2: EC2Bed, daemon: Daemon) -> None:
         ec2.clear_faults()
         chaos.settle()
         finished = chaos.now()
-        # The bed: nothing of ours left, and never two launches of one job alive at once.
-        time.sleep(1.5)
+        # The bed: nothing of ours left, and never two launches of one job alive at once;
+        # the watcher's last word is a sample (or a failed one) begun after the end.
+        tried = watch.samples + len(watch.errors)
+        wait_for(lambda: watch.samples + len(watch.errors) >= tried + 2, 60,
+                 "the bed watcher's samples after the end")
     finally:
         watch.close()
     figures = dict(chaos.figures, jobs=JOBS, seconds=round(finished),

@@ -29,7 +29,7 @@ from tests.e2e.sshbed import (
     restart_agent,
     ssh_bed,
 )
-from tests.support import make_git_repo, other_user, pid_alive, wait_for
+from tests.support import autostop_pass_after, make_git_repo, other_user, pid_alive, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -476,8 +476,13 @@ def test_an_open_ssh_session_keeps_the_cluster_from_autostopping(bed: Bed) -> No
         wait_for(lambda: subprocess.run(["pgrep", "-f", f"^sshd: {PREFIX}1@pts/"],
                                         capture_output=True).returncode == 0, 30,
                  "the session to be up")
+        set_at = time.time()
         assert ctl(bed, "autostop", "watch", "-i", "0.02", "--down").returncode == 0
-        time.sleep(8)  # the agent samples sessions every 5 s; 1.2 s of idleness would do
+        # The agent samples sessions every 5 s; were the session not counted, 1.2 s of
+        # idleness would do: a pass that began after both has seen the cluster busy.
+        later = wait_for(lambda: autostop_pass_after(daemon, set_at + 5 + 1.2), 30,
+                         "an autostop pass past the deadline")
+        assert "watch" in later.checked
         cluster = daemon.cluster("watch")
         assert cluster is not None and cluster["autostop_deadline"] is None  # busy
     finally:

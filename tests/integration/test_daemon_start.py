@@ -17,7 +17,15 @@ import psutil
 import pytest
 
 from clusterctl import Client, ClusterdError, PingArgs
-from tests.support import CLUSTERCTL, Daemon, make_env, pid_alive, short_tempdir, wait_for
+from tests.support import (
+    CLUSTERCTL,
+    Daemon,
+    make_env,
+    needs_tool,
+    pid_alive,
+    short_tempdir,
+    wait_for,
+)
 
 
 @pytest.fixture
@@ -98,9 +106,7 @@ def test_socket_activation_uses_the_passed_fd(env: dict[str, str]) -> None:
 
 
 def test_systemd_socket_activate_tool(env: dict[str, str]) -> None:
-    tool = shutil.which("systemd-socket-activate")
-    if tool is None:
-        pytest.skip("systemd-socket-activate is not installed")
+    tool = needs_tool("systemd-socket-activate", "systemd")
     path = socket_path(env)
     path.parent.mkdir(mode=0o700, parents=True)
     # The tool passes its children no environment but what -E names.

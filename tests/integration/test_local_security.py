@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,8 +27,11 @@ from tests.support import (
 
 # The attacker's listener: plain system Python (it cannot read root's venv), recording every
 # byte a client sends it.
+# Records whatever any connection sends. Told to stop (its stdin closed), it first reads every
+# connection still waiting to be accepted, then exits 0: once it has, the record holds all that
+# clients which have exited sent (what they sent is in the socket before they exit).
 LISTENER = textwrap.dedent("""
-    import os, socket, sys
+    import os, selectors, socket, sys
     record = open(sys.argv[2], "wb", buffering=0)
     if sys.argv[1].startswith("fd:"):
         server = socket.socket(fileno=int(sys.argv[1][3:]))
@@ -38,13 +40,8 @@ LISTENER = textwrap.dedent("""
         server.bind(sys.argv[1])
         os.chmod(sys.argv[1], 0o777)
     server.listen(8)
-    open(sys.argv[2] + ".ready", "w").close()
-    server.settimeout(30)
-    while True:
-        try:
-            conn, _ = server.accept()
-        except OSError:
-            break
+
+    def take(conn):
         conn.settimeout(5)
         try:
             while data := conn.recv(65536):
@@ -52,6 +49,24 @@ LISTENER = textwrap.dedent("""
         except OSError:
             pass
         conn.close()
+
+    selector = selectors.DefaultSelector()
+    selector.register(server, selectors.EVENT_READ)
+    selector.register(sys.stdin, selectors.EVENT_READ)
+    open(sys.argv[2] + ".ready", "w").close()
+    while ready := {key.fileobj for key, _ in selector.select(timeout=30)}:
+        if server in ready:
+            take(server.accept()[0])
+        else:  # stdin closed: stop, after the connections still in the backlog
+            server.setblocking(False)
+            while True:
+                try:
+                    conn = server.accept()[0]
+                except BlockingIOError:
+                    sys.exit(0)
+                conn.setblocking(True)
+                take(conn)
+    sys.exit(1)  # no word to stop in 30 s
 """)
 
 
@@ -123,7 +138,7 @@ def _serve_as(attacker: OtherUser, where: str, record: Path,
     process = subprocess.Popen(
         ["setpriv", f"--reuid={attacker.uid}", f"--regid={attacker.gid}", "--init-groups",
          "/usr/bin/python3", "-c", LISTENER, where, str(record)],
-        pass_fds=fds, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        pass_fds=fds, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={"PATH": "/usr/bin:/bin"},
     )
     wait_for(lambda: Path(f"{record}.ready").exists() or process.poll() is not None, 15,
@@ -133,8 +148,14 @@ def _serve_as(attacker: OtherUser, where: str, record: Path,
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.kill()
-    process.wait(10)
+    """Stop the listener once it has recorded all that was sent to it."""
+    assert process.stdin is not None
+    process.stdin.close()
+    try:
+        process.wait(10)
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_client_sends_nothing_to_a_socket_in_a_planted_dir(
@@ -151,9 +172,9 @@ def test_client_sends_nothing_to_a_socket_in_a_planted_dir(
         assert result.returncode == 1
         assert f"{planted} belongs to {attacker.name}" in result.stderr
         assert "hint:" in result.stderr
-        time.sleep(0.5)
     finally:
         _stop(listener)
+    assert listener.returncode == 0  # it read every connection made to it: none sent a byte
     assert record.read_bytes() == b""
 
 
@@ -178,9 +199,9 @@ def test_client_checks_whom_it_talks_to_before_sending(root: Path, attacker: Oth
                                  "true"], env=env, capture_output=True, text=True, timeout=30)
         assert result.returncode == 1
         assert f"is served by a process of uid {attacker.uid}" in result.stderr
-        time.sleep(0.5)
     finally:
         _stop(listener)
+    assert listener.returncode == 0  # it read every connection made to it: none sent a byte
     assert record.read_bytes() == b""
 
 

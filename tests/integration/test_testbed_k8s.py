@@ -512,7 +512,6 @@ find .clusterd ! -user sky | wc -l""")
 def test_an_ec2_bed_alongside(bed: Bed) -> None:
     """Both beds up at once (a failover from aws to kubernetes runs them together), each in
     its own namespace; the EC2 bed's down leaves this one as it was."""
-    pytest.importorskip("moto")
     ec2_dir, netns = bed.dir.parent / "ec2", f"cdk8s-ec2-{os.getpid()}"
 
     def ec2(*args: str) -> subprocess.CompletedProcess[str]:

@@ -92,8 +92,7 @@ def test_offers_are_cheapest_first_and_region_bound(catalog: Catalog) -> None:
     assert "(offered in: " in str(nowhere.value) and "us-east-1" in str(nowhere.value)
 
 
-def test_a_user_catalog_in_skypilots_layout_replaces_ours(tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_user_catalog_in_skypilots_layout_replaces_ours(tmp_path: Path) -> None:
     aws = tmp_path / "aws"
     aws.mkdir()
     (aws / "vms.csv").write_text(
@@ -103,8 +102,7 @@ def test_a_user_catalog_in_skypilots_layout_replaces_ours(tmp_path: Path,
         "1.25,us-east-1,use1-az1\n"
         "x9.big,Z100,2.0,16.0,64.0,,,,us-east-1,use1-az2\n"  # no price at all: skipped
         "x9.small,,,2.0,4.0,,0.1,,eu-west-1,euw1-az1\n")
-    monkeypatch.setenv("CLUSTERD_CATALOG_DIR", str(tmp_path))
-    catalog = load_catalog()
+    catalog = load_catalog(tmp_path)
     assert set(catalog.specs) == {"x9.big", "x9.small"}
     choice = catalog.choose(want(accelerators="Z100:2", use_spot=True))
     assert [(o.zone_id, o.spot_price) for o in choice.offers] == [("use1-az1", 1.25)]

@@ -4,23 +4,22 @@ what moto's EC2 computes (the endpoint the tests and the test bed use)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import asyncssh
-import pytest
 from moto.ec2.utils import public_key_fingerprint, public_key_parse, select_hash_algorithm
 
 from clusterd.providers.aws.network import key_pair_fingerprints, same_fingerprint
+from tests.support import needs_tool
 
 
 def ed25519_public() -> str:
     return asyncssh.generate_private_key("ssh-ed25519").export_public_key().decode().strip()
 
 
-@pytest.mark.skipif(not shutil.which("ssh-keygen"), reason="needs ssh-keygen (openssh-client)")
 def test_the_sha256_form_is_openssh_s(tmp_path: Path) -> None:
+    needs_tool("ssh-keygen", "openssh-client")
     public = ed25519_public()
     (tmp_path / "key.pub").write_text(public + "\n")
     listed = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", str(tmp_path / "key.pub")],

@@ -13,10 +13,11 @@ import pytest
 from kubernetes_asyncio import client
 
 from clusterctl.protocol import ProtocolError
+from clusterd.config import Settings
 from clusterd.nodes import NodeStatus
 from clusterd.providers.base import ClusterRequest
 from clusterd.providers.kubernetes.pods import lost, node_status
-from clusterd.providers.kubernetes.provider import IMAGE_ENV, KubernetesProvider
+from clusterd.providers.kubernetes.provider import KubernetesProvider
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.keys import DaemonKey
 from clusterd.tasks.spec import Resources
@@ -118,24 +119,28 @@ def test_bad_config_values_name_their_key(tmp_path: Path, text: str, key: str) -
     assert f": {key}: " in refused.value.message
 
 
-def image_of(tmp_path: Path, config_text: str, image_id: str | None = None) -> str:
-    """The image the provider gives a cluster's pods under this config."""
+def image_of(tmp_path: Path, config_text: str, image_id: str | None = None,
+             default_image: str = "") -> str:
+    """The image the provider gives a cluster's pods under this config (and the settings'
+    CLUSTERD_KUBERNETES_IMAGE, `default_image`)."""
     config = parse(tmp_path / "config.yaml", config_text)
     provider = KubernetesProvider(lambda: config, cast(SSHConnections, None),
-                                  DaemonKey(tmp_path / "ssh"), "clusterd-0123", tmp_path)
+                                  DaemonKey(tmp_path / "ssh"), "clusterd-0123", tmp_path,
+                                  default_image=default_image)
     request = ClusterRequest("c", "c-1", 1, Resources(image_id=image_id))
     return provider._image(request)
 
 
 def test_the_image_comes_from_the_config_the_environment_or_the_task(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(IMAGE_ENV, raising=False)
+    monkeypatch.setenv("CLUSTERD_KUBERNETES_IMAGE", "bed/node:1")
     # None set: Python's own slim image of the daemon's minor (the runtime needs that minor;
     # the pod's start script installs sshd, rsync and sudo).
     minor = f"{sys.version_info.major}.{sys.version_info.minor}"
     assert image_of(tmp_path, "") == f"docker.io/library/python:{minor}-slim"
     # A machine's default (a test bed's `exec` sets it), below what the config says.
-    monkeypatch.setenv(IMAGE_ENV, "bed/node:1")
-    assert image_of(tmp_path, "") == "bed/node:1"
-    assert image_of(tmp_path, "kubernetes:\n  image: mine/node:2\n") == "mine/node:2"
-    assert image_of(tmp_path, "", "docker:task/node:3") == "task/node:3"
+    bed = Settings.from_env(socket_path=tmp_path / "s", runtime_dir=tmp_path,
+                            state_dir=tmp_path, config_dir=tmp_path).kubernetes_image
+    assert image_of(tmp_path, "", default_image=bed) == "bed/node:1"
+    assert image_of(tmp_path, "kubernetes:\n  image: mine/node:2\n", None, bed) == "mine/node:2"
+    assert image_of(tmp_path, "", "docker:task/node:3", bed) == "task/node:3"

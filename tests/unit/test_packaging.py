@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import filecmp
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support import needs_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -34,9 +35,7 @@ def test_console_scripts_are_installed() -> None:
 
 @pytest.mark.parametrize("unit", ["clusterd.service", "clusterd.socket"])
 def test_systemd_units_verify(unit: str, tmp_path: Path) -> None:
-    analyze = shutil.which("systemd-analyze")
-    if analyze is None:
-        pytest.skip("systemd-analyze is not installed")
+    analyze = needs_tool("systemd-analyze", "systemd")
     # Verify a copy whose ExecStart points at this venv's clusterd, as the README's steps do.
     for name in ("clusterd.service", "clusterd.socket"):
         text = (ROOT / "systemd" / name).read_text()

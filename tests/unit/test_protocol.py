@@ -270,3 +270,18 @@ def test_job_status_is_terminal() -> None:
         JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.FAILED_SETUP,
         JobStatus.FAILED_DRIVER, JobStatus.CANCELLED,
     }
+
+
+def test_clipped_keeps_what_fits_and_cuts_the_rest_to_the_limit() -> None:
+    assert protocol.clipped("abc", 3) == "abc"
+    assert protocol.clipped("abcd", 3) == "..."
+    assert protocol.clipped("x" * 500, 200) == "x" * 197 + "..."
+    assert len(protocol.clipped("y" * 1000, 40)) == 40
+    assert protocol.shown("z" * 100, 10) == "'zzzzzz..."
+
+
+def test_request_error_is_the_general_error_by_its_other_name() -> None:
+    assert protocol.RequestError is protocol.ProtocolError
+    error = protocol.RequestError(protocol.ErrorCode.CLUSTER_NOT_FOUND, "no such cluster", "h")
+    assert error.to_wire() == {"code": "CLUSTER_NOT_FOUND", "message": "no such cluster",
+                               "hint": "h"}

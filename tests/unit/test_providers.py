@@ -10,6 +10,7 @@ import pytest
 
 from clusterctl import protocol
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.config import Settings
 from clusterd.nodes import SSHTarget
 from clusterd.providers.base import ProviderContext, ProviderDefaults
 from clusterd.providers.local import LocalProvider
@@ -30,7 +31,9 @@ def context(tmp_path: Path, recorded: dict[str, list[tuple[str, Any]]] | None = 
         state_dir=tmp_path / "state", runtime_dir=tmp_path / "run", config_dir=tmp_path / "config",
         connections=SSHConnections(HostKeyStore(tmp_path / "known_hosts")),
         config=lambda: UserConfig(tmp_path / "config.yaml"), daemon_id="clusterd-test",
-        recorded=lambda provider: (recorded or {}).get(provider, []))
+        recorded=lambda provider: (recorded or {}).get(provider, []),
+        settings=Settings(tmp_path / "run" / "s.sock", tmp_path / "run", tmp_path / "state",
+                          tmp_path / "config"))
 
 
 def test_the_daemon_offers_each_listed_provider_once_in_the_listed_preference(

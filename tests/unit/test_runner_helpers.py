@@ -105,25 +105,32 @@ def test_skypilot_env_fractional_gpus_and_single_node() -> None:
 
 def test_kill_tagged_processes_finds_a_job_by_its_environment() -> None:
     import os
-    import time
+    import select
 
     from clusterd.agent.node_tasks import JOB_TAG, kill_tagged_processes
 
     def spawn(tag: str) -> subprocess.Popen[bytes]:
-        # A session of its own, as a daemonized child of a job would have.
-        return subprocess.Popen(["sleep", "300"], env={**os.environ, JOB_TAG: tag},
+        # A session of its own, as a daemonized child of a job would have; `cat` echoes.
+        return subprocess.Popen(["cat"], env={**os.environ, JOB_TAG: tag},
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 start_new_session=True)
 
     mine, other = spawn("sky-test_job_1"), spawn("sky-test_job_2")
     try:
         assert kill_tagged_processes("sky-test_job_1") == 1
         assert mine.wait(10) is not None
-        time.sleep(0.1)
-        assert other.poll() is None  # another job's process is left alone
+        # Another job's process is left alone: it still echoes. A signal sent to it before
+        # kill_tagged_processes returned would be acted on before its read of this returns.
+        assert other.stdin is not None and other.stdout is not None
+        other.stdin.write(b"still here\n")
+        other.stdin.flush()
+        assert select.select([other.stdout], [], [], 10)[0], "no echo in 10 s"
+        assert other.stdout.readline() == b"still here\n"
+        assert other.poll() is None
     finally:
         for process in (mine, other):
             process.kill()
-            process.wait()
+            process.communicate()
 
 
 def test_status_names_the_address_a_running_head_really_serves() -> None:

@@ -13,11 +13,11 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
+# moto and boto3 are dev dependencies (pyproject.toml): missing, the test fails, never skips.
+import boto3
+import botocore.exceptions as botocore
+import moto
 from _testbed.ec2 import client_tokens
-
-moto = pytest.importorskip("moto")
-boto3 = pytest.importorskip("boto3")
-botocore = pytest.importorskip("botocore.exceptions")
 
 
 @pytest.fixture

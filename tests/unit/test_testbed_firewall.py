@@ -4,7 +4,6 @@ answers, turned into nftables rules; checked by nft itself in a throwaway namesp
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 from _testbed.ec2.firewall import Member, members_of, ruleset
+
+from tests.support import needs_tool
 
 A, B, C = "i-0aaaaaaaaaaaaaaaa", "i-0bbbbbbbbbbbbbbbb", "i-0cccccccccccccccc"
 CLUSTER, WEB = "sg-cluster", "sg-web"
@@ -79,9 +80,11 @@ def test_members_come_from_the_api_and_stopped_instances_are_none() -> None:
     assert members_of(answer) == [Member(A, "127.1.1.4", (CLUSTER, WEB))]
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("unshare"),
-                    reason="nft checks a ruleset as root, in a namespace of its own")
 def test_nft_accepts_what_it_is_given() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("nft checks a ruleset as root, in a namespace of its own")
+    needs_tool("nft", "nftables")
+    needs_tool("unshare", "util-linux")
     script = ruleset(
         [Member(A, "127.1.1.4", (CLUSTER,)), Member(B, "127.4.1.4", (CLUSTER,))],
         {CLUSTER: [tcp(22, 22, "0.0.0.0/0"), members(CLUSTER),

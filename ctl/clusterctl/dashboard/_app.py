@@ -136,9 +136,7 @@ async def lifecycle_action(request: web.Request) -> web.Response:
     args: protocol.OpArgs = {"stop": protocol.StopArgs, "start": protocol.StartArgs,
                              "down": protocol.DownArgs}[verb](cluster=name)
     taken: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_follow_action(board, args, verb, name, taken))
-    board.actions.add(task)
-    task.add_done_callback(board.actions.discard)
+    board.spawn(_follow_action(board, args, verb, name, taken))
     try:
         async with asyncio.timeout(ACTION_START_TIMEOUT_S):
             request_id = await asyncio.shield(taken)
@@ -274,7 +272,7 @@ def make_runner(board: Dashboard) -> web.AppRunner:
 
 async def _stop_live(app: web.Application) -> None:
     board: Dashboard = app["board"]
-    for task in [*board.live_tasks, *board.actions]:
+    for task in board.live_tasks:
         task.cancel()
 
 
@@ -307,14 +305,10 @@ async def serve(socket_path: str, sock: socket.socket, started: Callable[[Guard]
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        async with asyncio.TaskGroup() as group:
-            feeds = [group.create_task(board.overview.run()),
-                     group.create_task(board.events.run())]
+        async with board.running():
             await web.SockSite(runner, sock).start()
             started(guard)
             await stop.wait()
-            for task in feeds:
-                task.cancel()
     finally:
         with contextlib.suppress(Exception):
             await runner.cleanup()

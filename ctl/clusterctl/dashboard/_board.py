@@ -6,7 +6,10 @@ A module of its own so that none of those imports another back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
+from collections.abc import AsyncIterator, Coroutine
 from importlib import resources as package_files
 from typing import Any
 
@@ -21,6 +24,7 @@ from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
 from ._security import Guard
 from ._views import environment
 
+LOG = logging.getLogger("clusterctl.dashboard")
 NAME = re.compile(r"^[a-zA-Z]([-_.a-zA-Z0-9]*[a-zA-Z0-9])?$")
 
 
@@ -34,9 +38,36 @@ class Dashboard:
         self.events = EventsFeed(link, self.overview)
         self.notices = Notices()
         self.templates = environment()
-        self.actions: set[asyncio.Task[None]] = set()
+        # The handlers of open live streams: aiohttp's tasks, not ours; cancelled at shutdown
+        # so that the server does not wait out its shutdown timeout on them.
         self.live_tasks: set[asyncio.Task[Any]] = set()
+        self._group: asyncio.TaskGroup | None = None
         self._assets: dict[str, bytes] = {}
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        """The dashboard's background work (its feeds, the actions it follows) as tasks of
+        one group: leaving this block cancels them all and waits for them to end."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                self._group = group
+                group.create_task(self.overview.run())
+                group.create_task(self.events.run())
+                try:
+                    yield
+                finally:
+                    self._group = None
+                raise _Stopping  # the feeds never end on their own: this stops them
+        except* _Stopping:
+            pass
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` in the dashboard's task group (see `running`). A failure of `work` is
+        logged, not raised: one action gone wrong must not stop the dashboard."""
+        if self._group is None:
+            work.close()
+            raise RuntimeError("the dashboard is not running")
+        self._group.create_task(_logged(work))
 
     def render(self, name: str, **values: Any) -> str:
         return self.templates.get_template(name).render(**values)
@@ -59,6 +90,17 @@ class Dashboard:
                 files = package_files.files("clusterctl.dashboard") / "static" / name
                 self._assets[name] = files.read_bytes()
         return self._assets[name]
+
+
+async def _logged(work: Coroutine[Any, Any, None]) -> None:
+    try:
+        await work
+    except Exception:
+        LOG.exception("a background task of the dashboard failed")
+
+
+class _Stopping(Exception):
+    """Raised in the dashboard's task group to cancel what it still runs (feeds, actions)."""
 
 
 def cluster_name(request: web.Request) -> str:

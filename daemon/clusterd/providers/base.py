@@ -19,6 +19,7 @@ import anyio
 import anyio.abc
 
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.config import Settings
 from clusterd.nodes import ClusterInfo, NodeInfo, SSHTarget
 from clusterd.tasks.spec import Resources
 
@@ -200,6 +201,7 @@ class ProviderContext:
     # (cluster name, provider handle) of every recorded cluster of the provider named that
     # has a handle, oldest first.
     recorded: Callable[[str], list[tuple[str, ProviderHandle]]]
+    settings: Settings  # the daemon's settings (a provider's own: catalog_dir, ...)
     on_foreign: ForeignReport | None = None
     # A line for the user of the request being served, if any (a call waiting out the cloud's
     # throttling, say): (message, phase).

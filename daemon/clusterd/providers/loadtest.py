@@ -12,7 +12,6 @@ them and fails, having made nothing, so the engine's decisions are what is measu
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, ClassVar
 
 import anyio
@@ -64,8 +63,7 @@ class LoadTestProvider(ProviderDefaults[LoadTestHandle]):
 
     @classmethod
     def build(cls, context: ProviderContext) -> LoadTestProvider:
-        return cls(int(os.environ.get("CLUSTERD_LOADTEST_ZONES", "1")),
-                   os.environ.get("CLUSTERD_LOADTEST_STOCKOUT") == "1")
+        return cls(context.settings.loadtest_zones, context.settings.loadtest_stockout)
 
     def _nodes(self, cloud_name: str, handle: LoadTestHandle) -> list[NodeInfo]:
         count = handle.nodes

@@ -15,6 +15,7 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterator
 
+from clusterctl.protocol import clipped
 from clusterd.providers.base import (
     BlockScope,
     ClusterRequest,
@@ -203,7 +204,7 @@ def format_table(attempts: list[Attempt]) -> str:
 
 def _first_line(text: str, limit: int = 200) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[: limit - 3] + "..."
+    return clipped(line, limit)
 
 
 def _difference(tried: Placement, upcoming: Placement) -> str:

@@ -237,7 +237,7 @@ class Handlers:
         rows = [{**row, "provider": name} for name, catalog in catalogs
                 for row in catalog.accelerator_rows(args.name)]
         if args.name and not rows:
-            shown = args.name if len(args.name) <= 40 else args.name[:37] + "..."
+            shown = protocol.clipped(args.name, 40)
             known = dict.fromkeys(n for _, catalog in catalogs
                                   for n in catalog.accelerator_names())
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,

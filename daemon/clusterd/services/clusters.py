@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import anyio
 
-from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError
+from clusterctl.protocol import ClusterStatus, ErrorCode, LaunchArgs, ProtocolError, clipped
 from clusterd import log
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
@@ -695,7 +695,7 @@ def brief(message: str, limit: int = 300) -> str:
     if not lines:
         return ""
     text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(text, limit)
 
 
 def _not_where_it_lives(record: ClusterRecord, error: ProtocolError) -> ProtocolError:

@@ -12,7 +12,7 @@ import time
 
 import anyio
 
-from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterctl.protocol import ErrorCode, ProtocolError, clipped
 from clusterd import log
 from clusterd.providers.base import Orphan
 from clusterd.providers.registry import ProviderRegistry
@@ -45,7 +45,7 @@ class OrphanWatch:
                         found[orphan.cloud_name] = orphan
             except (ProtocolError, TimeoutError) as exc:
                 failed.add(name)
-                logger.info("cannot look for orphans", provider=name, error=str(exc)[:200])
+                logger.info("cannot look for orphans", provider=name, error=clipped(str(exc), 200))
 
         async with anyio.create_task_group() as group:
             for provider in self._providers.all():

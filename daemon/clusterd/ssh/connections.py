@@ -25,6 +25,7 @@ from clusterd import log
 from clusterd.commands import CommandResult
 from clusterd.concurrency import first_error
 from clusterd.nodes import SSHTarget
+from clusterd.ssh.errors import CONNECT_ERRORS, TRANSPORT_ERRORS, cannot_connect, connection_lost
 from clusterd.ssh.host_keys import HostKeyStore, KnownKeys, fingerprint
 
 logger = log.get("clusterd.ssh")
@@ -89,15 +90,6 @@ def stopped_if_abandoned(process: asyncssh.SSHClientProcess[Any]) -> Iterator[No
                 process.send_signal("TERM")
         process.close()
         raise
-
-
-def connection_lost(target: SSHTarget, exc: BaseException) -> ProtocolError:
-    reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-    return ProtocolError(
-        ErrorCode.NODE_UNREACHABLE,
-        f"lost the connection to {target}: {reason}",
-        "it is retried on the next request; check the host if it keeps happening",
-    )
 
 
 class SSHConnections:
@@ -176,7 +168,7 @@ class SSHConnections:
                 ErrorCode.PROVIDER_ERROR,
                 f"{name or target}: command did not finish within {timeout_s:.0f} s",
             ) from None
-        except (OSError, asyncssh.Error) as exc:
+        except TRANSPORT_ERRORS as exc:
             await self.drop(target)
             raise connection_lost(target, exc) from None
         # No exit status means the remote side died by a signal or dropped the channel.
@@ -240,19 +232,8 @@ class SSHConnections:
                 conn = await asyncssh.connect(target.host, **options)
         except asyncssh.HostKeyNotVerifiable:
             raise await self._refused_key(target, bool(pinned), user) from None
-        except asyncssh.PermissionDenied as exc:
-            raise ProtocolError(
-                ErrorCode.NODE_UNREACHABLE,
-                f"{target} refused our key: {exc.reason}",
-                "check user and identity_file in ssh_node_pools.yaml",
-            ) from None
-        except (OSError, asyncssh.Error, TimeoutError) as exc:
-            reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
-            raise ProtocolError(
-                ErrorCode.NODE_UNREACHABLE,
-                f"cannot reach {target}: {reason}",
-                "check that the host is up and its sshd listens on that port",
-            ) from None
+        except CONNECT_ERRORS as exc:
+            raise cannot_connect(target, exc) from None
         key = conn.get_server_host_key()
         first = False
         by_authority = user is not None and bool(user) and key is not None and not any(

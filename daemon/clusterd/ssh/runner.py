@@ -33,12 +33,8 @@ from clusterd.commands import (
 )
 from clusterd.concurrency import first_error
 from clusterd.nodes import SSHTarget
-from clusterd.ssh.connections import (
-    NodeConnection,
-    SSHConnections,
-    connection_lost,
-    stopped_if_abandoned,
-)
+from clusterd.ssh.connections import NodeConnection, SSHConnections, stopped_if_abandoned
+from clusterd.ssh.errors import connection_lost, mapped
 
 logger = log.get("clusterd.ssh.runner")
 
@@ -110,14 +106,12 @@ class SSHRunner:
     ) -> CommandResult:
         path = f"{REMOTE_TMP}/cmd-{secrets.token_hex(8)}.sh"
         node = await self._node()
-        try:
-            async with node.channel() as conn, conn.start_sftp_client() as sftp:
-                await sftp.makedirs(REMOTE_TMP, exist_ok=True)
-                async with sftp.open(path, "w") as script:
-                    await script.write(command + "\n")
-        except (OSError, asyncssh.Error) as exc:
-            await self._connections.drop(self.target)
-            raise connection_lost(self.target, exc) from None
+        async with (mapped(lambda exc: connection_lost(self.target, exc),
+                           drop=lambda: self._connections.drop(self.target)),
+                    node.channel() as conn, conn.start_sftp_client() as sftp):
+            await sftp.makedirs(REMOTE_TMP, exist_ok=True)
+            async with sftp.open(path, "w") as script:
+                await script.write(command + "\n")
         return await self._exec(
             f"bash {shlex.quote(path)}; status=$?; rm -f {shlex.quote(path)}; exit $status",
             input, timeout_s,

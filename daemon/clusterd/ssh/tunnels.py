@@ -23,6 +23,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.nodes import SSHTarget
 from clusterd.ssh.connections import NodeConnection, SSHConnections
+from clusterd.ssh.errors import mapped
 
 logger = log.get("clusterd.tunnels")
 
@@ -107,15 +108,15 @@ class TunnelManager:
         path = self.path_for(cloud_name)
         path.unlink(missing_ok=True)
         node = await self._connections.get(target)
-        try:
-            listener = await node.conn.forward_local_path(str(path), remote_path)
-        except (OSError, asyncssh.Error) as exc:
-            await self._connections.drop(target)
-            raise ProtocolError(
+        def unreachable(exc: BaseException) -> ProtocolError:
+            return ProtocolError(
                 ErrorCode.AGENT_UNREACHABLE,
                 f"cannot open a tunnel to the agent of {cluster}: {exc}",
                 f"`clusterctl launch -c {cluster}` repairs the runtime",
-            ) from None
+            )
+
+        async with mapped(unreachable, drop=lambda: self._connections.drop(target)):
+            listener = await node.conn.forward_local_path(str(path), remote_path)
         os.chmod(path, 0o600)
         logger.info("tunnel opened", cluster=cluster, socket=str(path), remote=remote_path)
         return Tunnel(cluster, path, target, remote_path, node, listener, time.time(),

@@ -8,7 +8,7 @@ import string
 from collections.abc import Mapping
 from typing import Any
 
-from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterctl.protocol import ErrorCode, ProtocolError, clipped
 
 
 class TaskError(ProtocolError):
@@ -24,8 +24,7 @@ def kind(value: Any) -> str:
 
 
 def shown(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clipped(repr(value), limit)
 
 
 def local_path(value: str, cwd: str) -> str:

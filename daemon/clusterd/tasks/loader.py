@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError
+from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, ProtocolError, clipped
 from clusterd.node_shared import containers
 from clusterd.redact import SECRET_ENV_NAMES
 from clusterd.safe_yaml import YAMLProblem, count_documents, read_regular_file, safe_load
@@ -188,7 +188,7 @@ def _check_fields(raw: Mapping[Any, Any], prefix: str, source: str,
 
 
 def _shown_path(path: str) -> str:
-    return path if len(path) <= 80 else path[:77] + "..."
+    return clipped(path, 80)
 
 
 def _optional_str(raw: Mapping[Any, Any], key: str, source: str,

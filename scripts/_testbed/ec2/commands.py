@@ -33,8 +33,16 @@ from _testbed.common import (
     warn,
     write_file,
 )
+from _testbed.common.control import request
+from _testbed.common.host import (
+    EC2_BEDS,
+    NETNS_RE,
+    create_netns,
+    delete_netns,
+    netns_exists,
+    netns_pids,
+)
 from _testbed.ec2 import disk, host_setup, images, runtime_image
-from _testbed.ec2.control import request
 from _testbed.ec2.layout import (
     API_URL,
     CLUSTERD_YAML,
@@ -113,7 +121,7 @@ def cmd_up(args: argparse.Namespace, regions: list[str]) -> int:
         "--no-wheelhouse skips it")
 
     os.makedirs(os.path.dirname(paths.dir), exist_ok=True)
-    reg_lock = lock_dir(host_setup.registry_dir())  # users, sudoers, registry
+    reg_lock = lock_dir(EC2_BEDS.ensure_dir())  # users, sudoers, registry
     lock = lock_parent(paths.dir)
     try:
         if os.path.islink(paths.dir):
@@ -198,13 +206,13 @@ def ensure_runtime_image(paths: BedPaths, state: dict[str, Any], build: bool,
 
 def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool,
                image_roots: bool = False) -> dict[str, Any]:
-    if not host_setup.NETNS_RE.match(netns):
+    if not NETNS_RE.match(netns):
         raise Failure(f"--netns {netns!r} is not a usable namespace name")
-    others = host_setup.live_beds()
+    others = EC2_BEDS.live_beds()
     if netns in others and others[netns] != paths.dir:
         raise Failure(f"network namespace {netns} belongs to the EC2 test bed in {others[netns]}",
                       hint="use another --netns")
-    if host_setup.netns_exists(netns) and netns not in others:
+    if netns_exists(netns) and netns not in others:
         raise Failure(f"network namespace {netns} exists and is not a test bed's",
                       hint="use another --netns")
     # Record what we are about to make before making it, so `down` can always clean up.
@@ -212,7 +220,7 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool,
     state: dict[str, Any] = {"version": 1, "dir": paths.dir, "netns": netns, "regions": regions,
                              "controller_pid": None, "iam": iam, "image_roots": image_roots}
     save_state(paths, state)
-    host_setup.register(paths, netns)
+    EC2_BEDS.register(paths.dir, netns)
 
     host_setup.ensure_node_user()
     ensure_run_sshd()
@@ -220,7 +228,7 @@ def create_bed(paths: BedPaths, netns: str, regions: list[str], iam: bool,
     write_client_files(paths, regions[0])
     for sub in ("instances",):
         os.makedirs(os.path.join(paths.dir, sub), mode=0o755, exist_ok=True)
-    host_setup.create_netns(netns)
+    create_netns(netns)
 
     with open(paths.controller_log, "ab") as lf:
         lf.write(f"--- testbed: starting the controller at "
@@ -301,11 +309,11 @@ def print_summary(paths: BedPaths, state: dict[str, Any]) -> None:
 
 def cmd_down(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
-    reg_lock = lock_dir(host_setup.registry_dir())
+    reg_lock = lock_dir(EC2_BEDS.ensure_dir())
     lock = lock_parent(paths.dir) if os.path.isdir(os.path.dirname(paths.dir)) else None
     try:
         state = load_state(paths) if os.path.isdir(paths.dir) else None
-        netns = (state or {}).get("netns") or host_setup.registered_netns(paths.dir)
+        netns = (state or {}).get("netns") or EC2_BEDS.registered_netns(paths.dir)
         if state is None and not os.path.isdir(paths.dir) and netns is None:
             log(f"no EC2 test bed in {paths.dir}; nothing to do")
             return 0
@@ -345,20 +353,20 @@ def teardown(paths: BedPaths, state: dict[str, Any], keep: tuple[str, ...] = ())
                     os.kill(npid, signal.SIGKILL)  # the node's PID 1 dies, and its namespace
     if netns:
         for _ in range(5):  # whatever else runs in the namespace (daemons started by `exec`)
-            pids = host_setup.netns_pids(netns)
+            pids = netns_pids(netns)
             if not pids:
                 break
             kill_pids(pids)
-        left = host_setup.netns_pids(netns)
+        left = netns_pids(netns)
         if left:
             errors.append(f"processes {left} in namespace {netns} would not die")
         else:
             try:
-                host_setup.delete_netns(netns)
+                delete_netns(netns)
             except Failure as e:
                 errors.append(str(e))
-        host_setup.unregister(netns)
-    if not host_setup.live_beds().keys() - {netns}:
+        EC2_BEDS.unregister(netns)
+    if not EC2_BEDS.live_beds().keys() - {netns}:
         errors += host_setup.remove_node_user()
     if errors:
         raise Failure("down did not finish (kept " + paths.dir + " so it can be retried):\n  "

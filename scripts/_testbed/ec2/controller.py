@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from _testbed.common import assert_loopback
+from _testbed.common.control import ControlServer, RequestError
 from _testbed.ec2 import accounts, addresses, client_tokens, iam_auth, images, network, renumber
 from _testbed.ec2 import regions as bed_regions
-from _testbed.ec2.control import ControlServer, RequestError
 from _testbed.ec2.firewall import Firewall
 from _testbed.ec2.imds import ImdsServer, Instance, Metadata
 from _testbed.ec2.layout import (

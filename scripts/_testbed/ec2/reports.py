@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from _testbed.common import Failure, log
+from _testbed.common.control import request
 from _testbed.ec2.commands import controller_pid, require_bed
-from _testbed.ec2.control import request
 from _testbed.ec2.layout import BedPaths, load_state
 
 

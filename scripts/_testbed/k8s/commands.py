@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import time
 from typing import Any
@@ -22,8 +21,16 @@ from _testbed.common import (
     wait_reaped,
     warn,
 )
-from _testbed.ec2 import host_setup as ec2_host
-from _testbed.ec2.control import request
+from _testbed.common.control import request
+from _testbed.common.host import (
+    EC2_BEDS,
+    K8S_BEDS,
+    NETNS_RE,
+    delete_netns,
+    mounts_under,
+    netns_exists,
+    netns_pids,
+)
 from _testbed.k8s import build, components, host, images, nodes, pki, render, runtime_image
 from _testbed.k8s.layout import (
     ADMIN_USER,
@@ -44,7 +51,6 @@ from _testbed.k8s.layout import (
     wheelhouse_dir,
 )
 
-NETNS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
 HIDDEN_IN_NODES = ("/var/lib", "/var/log", "/run", "/var/run")  # each node has its own
 SERVICE_ACCOUNT_TIMEOUT_S = 60.0
 
@@ -122,7 +128,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     version_dir, node_image, node_archive, runtime = ensure_cached(args.runtime_image,
                                                                    not args.no_wheelhouse)
     lock = bed_lock(paths, create=True)  # the bed's first, then the registry's, always
-    reg_lock = lock_dir(host.registry_dir())
+    reg_lock = lock_dir(K8S_BEDS.ensure_dir())
     try:
         state = load_state(paths) if os.path.isdir(paths.dir) else None
         if state is not None and args.netns and args.netns != state["netns"]:
@@ -153,7 +159,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             del state["runtime_image"]
         os.makedirs(paths.dir, mode=0o755, exist_ok=True)
         save_state(paths, state)  # before making anything: `down` can always clean up
-        host.register(paths, netns)
+        K8S_BEDS.register(paths.dir, netns)
         os.close(reg_lock)  # the bed is registered: other beds may come and go meanwhile
         reg_lock = -1
         archives = [os.path.join(version_dir, "images", "pause.tar"), node_archive]
@@ -172,12 +178,12 @@ def cmd_up(args: argparse.Namespace) -> int:
 def claim_netns(paths: BedPaths, netns: str) -> None:
     if not NETNS_RE.match(netns):
         raise Failure(f"--netns {netns!r} is not a usable namespace name")
-    mine = host.live_beds()
-    theirs = ec2_host.live_beds()
+    mine = K8S_BEDS.live_beds()
+    theirs = EC2_BEDS.live_beds()
     if (netns in mine and mine[netns] != paths.dir) or netns in theirs:
         raise Failure(f"network namespace {netns} belongs to another test bed "
                       f"({mine.get(netns) or theirs.get(netns)})", hint="use another --netns")
-    if ec2_host.netns_exists(netns) and netns not in mine:
+    if netns_exists(netns) and netns not in mine:
         raise Failure(f"network namespace {netns} exists and is not a test bed's",
                       hint="use another --netns")
 
@@ -339,10 +345,10 @@ def print_summary(paths: BedPaths, state: dict[str, Any], timings: dict[str, flo
 def cmd_down(args: argparse.Namespace) -> int:
     paths = BedPaths(os.path.abspath(args.dir))
     lock = bed_lock(paths)
-    reg_lock = lock_dir(host.registry_dir())
+    reg_lock = lock_dir(K8S_BEDS.ensure_dir())
     try:
         state = load_state(paths) if os.path.isdir(paths.dir) else None
-        netns = (state or {}).get("netns") or host.registered_netns(paths.dir)
+        netns = (state or {}).get("netns") or K8S_BEDS.registered_netns(paths.dir)
         if state is None and not os.path.isdir(paths.dir) and netns is None:
             log(f"no Kubernetes test bed in {paths.dir}; nothing to do")
             return 0
@@ -371,27 +377,27 @@ def teardown(paths: BedPaths, state: dict[str, Any]) -> None:
             components.stop(pid, paths)
     if netns:
         for _ in range(5):
-            pids = ec2_host.netns_pids(netns)
+            pids = netns_pids(netns)
             if not pids:
                 break
             kill_pids(pids)
-        left = ec2_host.netns_pids(netns)
+        left = netns_pids(netns)
         if left:
             errors.append(f"processes {left} in namespace {netns} would not die")
         errors += host.remove_cgroups(netns)
         if not left:
             try:
-                ec2_host.delete_netns(netns)
+                delete_netns(netns)
             except Failure as e:
                 errors.append(str(e))
-        host.unregister(netns)
-    if not set(host.live_beds()) - {netns}:
+        K8S_BEDS.unregister(netns)
+    if not set(K8S_BEDS.live_beds()) - {netns}:
         errors += host.restore_kernel_settings()
     if errors:
         raise Failure("down did not finish (kept " + paths.dir + " so it can be retried):\n  "
                       + "\n  ".join(errors))
     if os.path.isdir(paths.dir):
-        mounted = ec2_host.mounts_under(paths.dir)
+        mounted = mounts_under(paths.dir)
         if mounted:
             raise Failure(f"{paths.dir} has mounts under it ({', '.join(mounted)}); "
                           "not deleting it")

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from _testbed.common import KILLED, Failure, kill_pids, pid_alive, proc_cmdline, read_text
-from _testbed.ec2.control import request
+from _testbed.common.control import request
 from _testbed.k8s.layout import (
     APISERVER_PORT,
     APISERVER_URL,

@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from _testbed.ec2.control import ControlServer, RequestError
+from _testbed.common.control import ControlServer, RequestError
 from _testbed.k8s.layout import ADMIN_USER, API_PORT, APISERVER_PORT, LOOPBACK, BedPaths
 from _testbed.k8s.pki import tokens_of
 from _testbed.k8s.proxy import ApiProxy, Faults

@@ -18,7 +18,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
     __file__)))))
 
-from _testbed.ec2.control import Failure, request
+from _testbed.common.control import Failure, request
 from _testbed.k8s.layout import DEFAULT_TOKEN_TTL_S, TOKEN_TTL_ENV, BedPaths
 
 

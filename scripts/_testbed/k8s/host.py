@@ -1,8 +1,8 @@
 """What the Kubernetes bed changes on the machine outside its directory, and how each is undone:
 
 - its network namespace (lo, one bridge; per-namespace settings and an nftables guard in it);
-- the registry of live beds in /run/clusterd-testbed/k8s (several may be up, with other
-  --dir/--netns; what they share goes when the last one does);
+- the registry of live beds in /run/clusterd-testbed/k8s (common/host.py's K8S_BEDS: several
+  may be up, with other --dir/--netns; what they share goes when the last one does);
 - the global kernel settings the kubelet rewrites (saved before the first kubelet of any bed
   starts, restored when the last bed goes down);
 - cgroup directories, one root per node, /sys/fs/cgroup/<hierarchy>/clusterd-testbed-k8s.NETNS.
@@ -18,71 +18,15 @@ import os
 import subprocess
 
 from _testbed.common import Failure, read_text, run, write_file
-from _testbed.ec2.host_setup import create_netns, netns_exists
-from _testbed.k8s.layout import BED_IP, BRIDGE, CGROUP_PREFIX, REGISTRY, SUBNET, BedPaths
+from _testbed.common.host import K8S_BEDS, K8S_SAVED_SETTINGS, create_netns
+from _testbed.k8s.layout import BED_IP, BRIDGE, CGROUP_PREFIX, SUBNET
 
 # The kubelet's container manager sets these (pkg/kubelet/cm: setupKernelTunables).
 KERNEL_SETTINGS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic",
                    "kernel/panic_on_oops", "kernel/keys/root_maxkeys",
                    "kernel/keys/root_maxbytes")
-SAVED_SETTINGS = os.path.join(REGISTRY, "kernel-settings.json")
+SAVED_SETTINGS = os.path.join(K8S_BEDS.directory, K8S_SAVED_SETTINGS)
 GUARD_TABLE = "clusterd_k8s_guard"
-
-
-# ---------------------------------------------------------------------------- registry
-
-
-def registry_dir() -> str:
-    os.makedirs(REGISTRY, mode=0o755, exist_ok=True)
-    return REGISTRY
-
-
-def register(paths: BedPaths, netns: str) -> None:
-    write_file(os.path.join(registry_dir(), f"{netns}.json"),
-               json.dumps({"dir": paths.dir, "netns": netns}) + "\n", 0o644)
-
-
-def unregister(netns: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(REGISTRY, f"{netns}.json"))
-
-
-def live_beds() -> dict[str, str]:
-    """{netns: dir} of the registered beds whose directory still names that namespace."""
-    out: dict[str, str] = {}
-    try:
-        names = [n for n in os.listdir(REGISTRY) if n.endswith(".json") and
-                 n != os.path.basename(SAVED_SETTINGS)]
-    except FileNotFoundError:
-        return out
-    for name in names:
-        path = os.path.join(REGISTRY, name)
-        try:
-            entry = json.loads(read_text(path) or "")
-            state = json.loads(read_text(os.path.join(entry["dir"], "state.json")) or "")
-            if state.get("netns") == entry["netns"] == name[:-5]:
-                out[entry["netns"]] = entry["dir"]
-                continue
-        except (ValueError, KeyError, TypeError, OSError):
-            pass
-        if not netns_exists(name[:-5]):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-    return out
-
-
-def registered_netns(d: str) -> str | None:
-    """The namespace the registry has for the bed in d (even one whose state file is gone)."""
-    try:
-        names = sorted(os.listdir(REGISTRY))
-    except FileNotFoundError:
-        return None
-    for name in names:
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            entry = json.loads(read_text(os.path.join(REGISTRY, name)) or "")
-            if entry.get("dir") == d:
-                return str(entry["netns"])
-    return None
 
 
 # ---------------------------------------------------------------------------- kernel settings
@@ -100,7 +44,7 @@ def save_kernel_settings() -> dict[str, str]:
         saved: dict[str, str] = json.loads(text)
         return saved
     saved = {name: read_setting(name) for name in KERNEL_SETTINGS}
-    write_file(os.path.join(registry_dir(), os.path.basename(SAVED_SETTINGS)),
+    write_file(os.path.join(K8S_BEDS.ensure_dir(), K8S_SAVED_SETTINGS),
                json.dumps(saved, indent=2) + "\n", 0o644)
     return saved
 

@@ -79,7 +79,6 @@ NODE_USER = "sky"  # the node image's login user (uid 1000, passwordless sudo)
 STATE_FILE = "state.json"
 CONTROLLER_MODULE = "_testbed.k8s.controller"
 NODE_INIT_MODULE = "_testbed.k8s.node_init"
-REGISTRY = "/run/clusterd-testbed/k8s"  # NETNS.json per live bed, and the kernel settings
 CGROUP_PREFIX = "clusterd-testbed-k8s"  # /sys/fs/cgroup/<h>/clusterd-testbed-k8s.NETNS/NODE
 
 

@@ -11,7 +11,7 @@ import shutil
 from typing import Any
 
 from _testbed.common import Failure, log
-from _testbed.ec2.control import request
+from _testbed.common.control import request
 from _testbed.k8s import components, nodes
 from _testbed.k8s.commands import admin_api
 from _testbed.k8s.layout import (

@@ -17,7 +17,6 @@ import dataclasses
 import functools
 import io
 import math
-import os
 from collections.abc import Iterable
 from importlib import resources as package_resources
 from pathlib import Path
@@ -308,9 +307,9 @@ def _asked(want: Resources) -> str:
 
 
 def catalog_path(catalog_dir: Path | None) -> Path | None:
-    """The user's catalog file, if one is configured: CLUSTERD_CATALOG_DIR, else the
-    config's catalog_dir; DIR/aws/vms.csv as in SkyPilot's catalog layout."""
-    directory = os.environ.get("CLUSTERD_CATALOG_DIR") or catalog_dir
+    """The user's catalog file, if one is configured (Settings.catalog_dir, else the
+    config's catalog_dir): DIR/aws/vms.csv as in SkyPilot's catalog layout."""
+    directory = catalog_dir
     if not directory:
         return None
     base = Path(directory).expanduser()

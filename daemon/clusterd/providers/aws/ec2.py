@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 
+from clusterctl.protocol import clipped
 from clusterd import log
 from clusterd.providers.aws.errors import classify, error_code
 from clusterd.providers.aws.images import IMAGE_NAMES, ImageKind
@@ -47,6 +48,18 @@ class CredentialsLifetime:
 
     method: str  # botocore's name for the provider: "assume-role", "sso", "env", ...
     expires_at: datetime.datetime | None
+
+
+@dataclasses.dataclass(frozen=True)
+class ObjectStoreAccess:
+    """What bucket storage needs of the AWS provider, from the same session as its EC2 calls
+    (credentials, region, endpoints): storage asks for this, never for the provider's API."""
+
+    s3_client: Callable[[str], Awaitable[Any]]  # an S3 client for a region
+    default_region: Callable[[], Awaitable[str]]
+    # (access key, secret key, session token or None) as resolved now, or None.
+    credentials: Callable[[], Awaitable[tuple[str, str, str | None] | None]]
+    lifetime: Callable[[], Awaitable[CredentialsLifetime | None]]
 
 
 class EC2Api:
@@ -120,6 +133,15 @@ class EC2Api:
         session = await self._get_session()
         return str(session.get_config_variable("region") or "us-east-1")
 
+    def object_store(self) -> ObjectStoreAccess:
+        """S3 through this session (see ObjectStoreAccess)."""
+
+        async def s3_client(region: str) -> Any:
+            return await self.client("s3", region)
+
+        return ObjectStoreAccess(s3_client, self.default_region, self.frozen_credentials,
+                                 self.credentials_lifetime)
+
     async def client(self, service: str, region: str) -> Any:
         key = (service, region)
         found = self._clients.get(key)
@@ -164,13 +186,13 @@ class EC2Api:
             error = ProvisionError(f"{first.message} (still throttled after {exc.tries} "
                                    f"tries over {exc.waited_s:.0f} s)", first.scope, first.hint)
             logger.info("aws call failed", operation=operation, region=region,
-                        error=error.message[:200],
+                        error=clipped(error.message, 200),
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         except Exception as exc:
             error = classify(exc, f"aws/{region}")
             logger.info("aws call failed", operation=operation, region=region,
-                        error=error.message[:200],
+                        error=clipped(error.message, 200),
                         seconds=round(time.monotonic() - started, 2))
             raise error from None
         return result

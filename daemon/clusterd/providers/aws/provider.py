@@ -22,6 +22,7 @@ import secrets
 import socket
 import time
 from collections.abc import Awaitable, Callable, Collection
+from pathlib import Path
 from typing import Any, ClassVar
 
 import anyio
@@ -30,7 +31,7 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
-from clusterd.providers.aws.ec2 import EC2Api, Instance, tag_value
+from clusterd.providers.aws.ec2 import EC2Api, Instance, ObjectStoreAccess, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
 from clusterd.providers.aws.images import default_image_kind
 from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
@@ -91,8 +92,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, api: EC2Api | None = None,
                  on_foreign: ForeignReport | None = None,
-                 on_progress: Callable[[str, str], Awaitable[None]] | None = None) -> None:
+                 on_progress: Callable[[str, str], Awaitable[None]] | None = None,
+                 catalog_dir: str = "") -> None:
         self._config = config
+        self._catalog_dir = catalog_dir  # the settings' CLUSTERD_CATALOG_DIR: before the config's
         self._connections = connections
         self._key = key
         self.managed_by = managed_by
@@ -106,14 +109,20 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     def build(cls, context: ProviderContext) -> AWSProvider:
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
                    context.daemon_id, on_foreign=context.on_foreign,
-                   on_progress=context.on_progress)
+                   on_progress=context.on_progress, catalog_dir=context.settings.catalog_dir)
+
+    def object_store(self) -> ObjectStoreAccess:
+        """What bucket storage needs: S3 clients, region and credentials of this provider's
+        own session."""
+        return self.api.object_store()
 
     def _aws(self) -> AWSConfig:
         return self._config().aws
 
     def catalog(self) -> Catalog:
         try:
-            return load_catalog(self._config().catalog_dir)
+            return load_catalog(Path(self._catalog_dir) if self._catalog_dir
+                                else self._config().catalog_dir)
         except (OSError, ValueError) as exc:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, str(exc),
                                 "fix catalog_dir in the config, or unset "

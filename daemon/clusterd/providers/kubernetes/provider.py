@@ -12,7 +12,6 @@ stopped: `stop` is refused, and autostop means down.
 from __future__ import annotations
 
 import dataclasses
-import os
 import shlex
 import sys
 from collections.abc import Callable
@@ -62,7 +61,6 @@ SSH_ATTEMPT_S = 20.0
 CHECK_TIMEOUT_S = 15.0
 # The pods' image where the config names none: a setting of the daemon's environment, so a
 # machine (a test bed, a CI runner) can give every daemon started there its image.
-IMAGE_ENV = "CLUSTERD_KUBERNETES_IMAGE"
 # Where neither names one: Python's official slim image (Debian) of the daemon's own minor,
 # which clusterd's runtime needs; the pod's start script installs sshd, rsync and sudo.
 DEFAULT_IMAGE = f"docker.io/library/python:{sys.version_info.major}.{sys.version_info.minor}-slim"
@@ -79,8 +77,10 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
 
     def __init__(self, config: Callable[[], UserConfig], connections: SSHConnections,
                  key: DaemonKey, managed_by: str, runtime_dir: Path,
-                 on_note: ForeignReport | None = None) -> None:
+                 on_note: ForeignReport | None = None, default_image: str = "") -> None:
         self._on_note = on_note
+        # Below the config's image: the settings' CLUSTERD_KUBERNETES_IMAGE (a test bed's).
+        self._default_image = default_image.strip()
         self._config = config
         self._connections = connections
         self._key = key
@@ -91,7 +91,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     @classmethod
     def build(cls, context: ProviderContext) -> KubernetesProvider:
         return cls(context.config, context.connections, DaemonKey(context.state_dir / "ssh"),
-                   context.daemon_id, context.runtime_dir, context.on_note)
+                   context.daemon_id, context.runtime_dir, context.on_note,
+                   context.settings.kubernetes_image)
 
     def _k8s(self) -> KubernetesConfig:
         return self._config().kubernetes
@@ -215,7 +216,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
         if image_id:
             raise ProvisionError(f"resources.image_id: {image_id!r} is no container image; "
                                  "on Kubernetes it is docker:IMAGE", BlockScope.FATAL)
-        return self._k8s().image or os.environ.get(IMAGE_ENV, "").strip() or DEFAULT_IMAGE
+        return self._k8s().image or self._default_image or DEFAULT_IMAGE
 
     async def create(self, request: ClusterRequest, placement: Placement) -> KubernetesHandle:
         context = placement.region or ""

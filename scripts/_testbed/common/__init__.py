@@ -1,5 +1,9 @@
 """Helpers both test beds use: messages, commands, files, locks, processes (from /proc), Linux
-users, sshd configuration, keys and loopback port checks. Standard library only."""
+users, sshd configuration, keys and loopback port checks. Standard library only.
+
+What else the EC2 and the Kubernetes beds share is in this package too, so that neither
+imports the other's internals: `control` (a bed controller's control socket) and `host` (the
+network namespace, mount checks and the registries of live beds)."""
 
 from __future__ import annotations
 
@@ -401,7 +405,7 @@ DEBOOTSTRAP_TIMEOUT_S = 1200.0
 def debian_mirror() -> str:
     """The machine's Debian mirror (not its security one): debootstrap takes any suite of
     Debian's archive from it."""
-    from _testbed.k8s.apt import machine_sources
+    from _testbed.common.apt_sources import machine_sources
 
     for stanza in machine_sources():
         uris = stanza.get("URIs", "")

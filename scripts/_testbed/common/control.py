@@ -1,5 +1,5 @@
-"""The controller's control socket (DIR/control.sock, mode 0600): one JSON request line
-{"op": NAME, ...arguments} in, one JSON reply line out ({"ok": true, ...} or
+"""A bed controller's control socket (both beds': DIR/control.sock, mode 0600): one JSON
+request line {"op": NAME, ...arguments} in, one JSON reply line out ({"ok": true, ...} or
 {"ok": false, "error": MESSAGE, "hint": HINT}). A Unix socket path works across network
 namespaces, so the command line outside the bed's namespace talks to the controller inside it.
 Standard library only."""
@@ -17,7 +17,7 @@ from typing import Any
 
 from _testbed.common import Failure
 
-log = logging.getLogger("testbed.ec2.control")
+log = logging.getLogger("testbed.control")
 
 MAX_LINE = 1 << 20
 Handler = Callable[[str, dict[str, Any]], dict[str, Any]]
