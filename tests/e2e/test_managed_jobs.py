@@ -276,7 +276,7 @@ def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
             "  if [ \"$SKYPILOT_MANAGED_JOB_ATTEMPT\" = 1 ]; then sleep 900; fi\n")
     job_id = submit(daemon, task, "pair")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 900)
-    assert running_now["status"] == "RUNNING", running_now
+    assert running_now["status"] == "RUNNING", (running_now, daemon.log()[-6000:])
     cluster = running_now["cluster"]
     wait_for(lambda: log_of(daemon, job_id).count("attempt=1") == 2, 300,
              "both ranks of attempt 1 to print", interval=1)
