@@ -79,10 +79,6 @@ class Engine(Generic[KeyT, IntentT, SeenT]):
         self._drivers: dict[KeyT, anyio.CancelScope] = {}
         self._locks: dict[KeyT, anyio.Lock] = {}
 
-    @property
-    def running(self) -> bool:
-        return self._group is not None
-
     async def run(self, resume: Iterable[KeyT], *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Drive the objects of `resume` (those unfinished when the daemon started), then
