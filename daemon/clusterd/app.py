@@ -28,6 +28,7 @@ from clusterctl.protocol import ProtocolError
 from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
+from clusterd.control import NodeLinks
 from clusterd.heap import Heap
 from clusterd.locks import ClusterLocks
 from clusterd.loop_watch import LoopWatch
@@ -246,7 +247,8 @@ class Daemon:
         self.managed = ManagedJobController(
             self.managed_store, self.store, self.clusters, self.jobs, self.providers,
             self.access, self.requests, settings.state_dir / "managed-jobs",
-            Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s))
+            Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s),
+            links=NodeLinks(self.ssh))
         self.loop_watch = LoopWatch()
         self.heap = Heap()
         self.handlers = Handlers(

@@ -11,6 +11,7 @@ import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -275,7 +276,7 @@ def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
             "  if [ \"$SKYPILOT_MANAGED_JOB_ATTEMPT\" = 1 ]; then sleep 900; fi\n")
     job_id = submit(daemon, task, "pair")
     running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 900)
-    assert running_now["status"] == "RUNNING", running_now
+    assert running_now["status"] == "RUNNING", (running_now, daemon.log()[-6000:])
     cluster = running_now["cluster"]
     wait_for(lambda: log_of(daemon, job_id).count("attempt=1") == 2, 300,
              "both ranks of attempt 1 to print", interval=1)
@@ -283,10 +284,16 @@ def test_a_partitioned_worker_of_a_two_node_job_is_recovered(ec2: EC2Bed,
     assert len(nodes) == 2
     worker = next(n for n in nodes if n["tags"]["clusterd-node-role"] == "worker")
     with LiveInstances(ec2, cluster) as sampled:
+        cut_at = time.monotonic()
         assert ec2.testbed("partition", worker["id"]).returncode == 0
         try:
             recovering = wait_status(daemon, job_id, {"RECOVERING"} | FINAL, 120)
+            seen_after = time.monotonic() - cut_at
             assert recovering["status"] == "RECOVERING", recovering
+            # The daemon's own SSH connection to the worker says so (control/links.py),
+            # well before Ray's health checks would (about a minute).
+            assert seen_after <= 30, (seen_after, recovering)
+            assert "SSH" in recovering["status_reason"], recovering
             done = wait_status(daemon, job_id, FINAL, 900)
         finally:
             ec2.testbed("heal", worker["id"])  # gone by now, or back for its teardown

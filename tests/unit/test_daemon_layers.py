@@ -30,6 +30,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # Buckets: their records, S3, and what nodes do with them.
     {"clusterd.storage"},
     {"clusterd.provision"},
+    # The controller engine: what every desired-state controller runs on.
+    {"clusterd.control"},
     # Managed jobs drive the services (their records are state of their own).
     {"clusterd.services", "clusterd.managed"},
     {"clusterd.server"},

@@ -14,9 +14,12 @@ name never changes, a job can never own two clusters.
 The job's log is copied, as it streams, into one local file per job (so it outlives the
 clusters); each attempt starts with a marker line. The daemon's own log lines about the job
 (everything its driver does) are teed into another (`joblog`), for `jobs logs --controller`.
-The stream is also the fastest sign of the job's end; a poll of the provider's node states
-and the agent's health (every few seconds, and at once when the stream breaks) is the sign
-of a cluster lost under it.
+The stream is also the fastest sign of the job's end; a poll of the provider's node states,
+the daemon's own SSH connections to the nodes and the agent's health (every few seconds, and
+at once when the stream breaks) is the sign of a cluster lost under it.
+
+The drivers run on the controller engine (clusterd.control): the controller is its
+`Controller` for managed jobs, whose decisions are the pure functions of steps.py.
 """
 
 from __future__ import annotations
@@ -36,10 +39,30 @@ from clusterctl import protocol
 from clusterctl.protocol import ClusterStatus, ErrorCode, JobStatus, ProtocolError
 from clusterctl.protocol import ManagedJobStatus as S
 from clusterd import log
+from clusterd.control import (
+    Action,
+    Controller,
+    Engine,
+    NodeLinks,
+    RestartPacer,
+    RetryGaps,
+    is_throttling,
+)
 from clusterd.managed.joblog import JobLogFiles
 from clusterd.managed.logstream import Emit, JobLogStreams
 from clusterd.managed.poll import HealthPoll, cluster_health
 from clusterd.managed.recovery import RecoveryPolicy, policy_from_yaml
+from clusterd.managed.steps import (
+    USER_FAILURES,
+    Finish,
+    Launch,
+    Recover,
+    Restart,
+    Submit,
+    Watch,
+    after_attempt,
+    next_action,
+)
 from clusterd.managed.store import (
     ManagedJobRecord,
     ManagedJobStore,
@@ -52,7 +75,7 @@ from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
 from clusterd.services.clusters import ClusterService, brief
 from clusterd.services.jobs import JobService
-from clusterd.state.clusters import ClusterStore
+from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.loader import load_task
 from clusterd.tasks.overrides import apply_overrides
 from clusterd.tasks.spec import TaskSpec
@@ -64,7 +87,6 @@ logger = log.get("clusterd.managed")
 PRECHECK_CODES = frozenset({ErrorCode.INVALID_TASK, ErrorCode.INVALID_ARGUMENT,
                             ErrorCode.UNSUPPORTED, ErrorCode.INVALID_NAME,
                             ErrorCode.MANAGED_CLUSTER})
-USER_FAILURES = {JobStatus.FAILED: S.FAILED, JobStatus.FAILED_SETUP: S.FAILED_SETUP}
 # Consecutive failed agent health checks after which the cluster counts as lost.
 AGENT_STRIKES = 3
 # Times in a row the job's log stream may fail to be followed again (one poll apart) before
@@ -85,11 +107,12 @@ class Timing:
     step_timeout_s: float = 1800.0  # a launch, submission or teardown, at most
 
 
-class ManagedJobController:
+class ManagedJobController(Controller[int, ManagedJobRecord, ClusterRecord | None]):
     def __init__(self, store: ManagedJobStore, cluster_store: ClusterStore,
                  clusters: ClusterService, jobs: JobService, providers: ProviderRegistry,
                  access: AgentAccess, requests: RequestManager, log_dir: Path,
-                 timing: Timing = Timing()) -> None:
+                 timing: Timing = Timing(), *, links: NodeLinks | None = None,
+                 pacer: RestartPacer | None = None) -> None:
         self._store = store
         self._cluster_store = cluster_store
         self._clusters = clusters
@@ -100,8 +123,9 @@ class ManagedJobController:
         self._log_dir = log_dir
         self._files = JobLogFiles(log_dir)
         self._timing = timing
-        self._group: anyio.abc.TaskGroup | None = None
-        self._drivers: dict[int, anyio.CancelScope] = {}
+        self._links = links
+        self._engine: Engine[int, ManagedJobRecord, ClusterRecord | None] = Engine(
+            self, "managed-job", pacer)
         self._changed: dict[int, anyio.Event] = {}
         # Secret values live here only (never on disk): a relaunch after a daemon restart
         # cannot have them, and says so (see _task).
@@ -118,12 +142,8 @@ class ManagedJobController:
         self._log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         log.tee("managed_job", self._tee)
         try:
-            async with anyio.create_task_group() as group:
-                self._group = group
-                for record in self._store.active():
-                    self._spawn(record.id)
-                task_status.started()
-                await anyio.sleep_forever()
+            await self._engine.run([r.id for r in self._store.active()],
+                                   task_status=task_status)
         finally:
             log.tee("managed_job", None)
 
@@ -133,12 +153,9 @@ class ManagedJobController:
             self._files.append_controller_line(job_id, line)
 
     def _spawn(self, job_id: int) -> None:
-        if self._group is None:
+        if not self._engine.spawn(job_id):
             raise ProtocolError(ErrorCode.SHUTTING_DOWN, "the managed-jobs controller is not "
                                 "running", "retry in a moment")
-        if job_id not in self._drivers:
-            self._drivers[job_id] = anyio.CancelScope()
-            self._group.start_soon(self._drive, job_id, name=f"managed-job-{job_id}")
 
     async def submit(self, task: TaskSpec, submitted: SubmittedTask) -> ManagedJobRecord:
         name = redact_urls(task.name or (submitted.command or "job").split()[0])
@@ -164,10 +181,8 @@ class ManagedJobController:
                 await self._store.set_status(record.id, S.CANCELLING, "cancel requested")
             cancelled.append(record.id)
             self._poke(record.id)
-            scope = self._drivers.get(record.id)
-            if scope is not None:
-                scope.cancel()  # the driver tears the cluster down, then ends CANCELLED
-            else:
+            # The driver tears the cluster down, then ends CANCELLED.
+            if not self._engine.cancel(record.id):
                 self._spawn(record.id)
         return {"cancelled": cancelled, "already_finished": already}
 
@@ -228,65 +243,54 @@ class ManagedJobController:
         the job ends."""
         return await self._streams.controller(job_id, follow, tail, emit)
 
-    # -- the driver -----------------------------------------------------------------------
+    # -- the driver (the engine's Controller) ----------------------------------------------
 
-    async def _drive(self, job_id: int) -> None:
-        # The driver was started from the submitting client's call and got a copy of its
-        # context: it is not that call's work (its log lines, its request's progress).
+    def enter(self, key: int) -> None:
+        # Not the submitting call's work (its log lines, its request's progress).
         structlog.contextvars.clear_contextvars()
-        structlog.contextvars.bind_contextvars(managed_job=job_id)
+        structlog.contextvars.bind_contextvars(managed_job=key)
         current_request.set(None)
-        scope = self._drivers[job_id]
-        try:
-            with scope:
-                try:
-                    await self._steps(job_id)
-                except Exception as exc:  # a bug must end the job visibly, not the daemon
-                    logger.exception("managed job driver failed", managed_job=job_id)
-                    await self._end(job_id, S.FAILED_CONTROLLER,
-                                    f"controller error: {type(exc).__name__}: {brief(str(exc))}")
-            # Here only when the steps returned or cancel() called them off.
-            record = self.require(job_id)
-            if record.status == S.CANCELLING:
-                await self._end(job_id, S.CANCELLED, "cancelled by the user")
-        finally:
-            self._drivers.pop(job_id, None)
-            self._poke(job_id)
 
-    async def _steps(self, job_id: int) -> None:
-        while True:
-            record = self.require(job_id)
-            if record.status.is_final:
-                return
-            if record.ending is not None:
-                status, _, reason = record.ending.partition(" ")
-                await self._end(job_id, S(status), reason)
-                return
-            if record.status == S.CANCELLING:
-                return
-            cluster = self._cluster_store.get(record.cluster)
-            if cluster is not None and cluster.owner != owner_tag(job_id):
-                # Made by the user under the job's name after the job was recorded (a race
-                # with `launch`): never reused, cancelled or torn down by the job.
-                await self._end(job_id, S.FAILED_PRECHECKS,
-                                f"cluster {record.cluster} was made by someone else, not this "
-                                "job: it is left alone; submit the job again for a new name")
-                return
-            up = cluster is not None and cluster.status == ClusterStatus.UP
-            if record.agent_job_id is not None:  # an attempt runs
-                if up or (cluster is not None and cluster.status == ClusterStatus.INIT):
-                    # A refresh that found the agent slow once (a daemon just started, a
-                    # loaded machine) made the cluster INIT: the watch's own checks say
-                    # whether it is lost, as they do for a cluster that is UP.
-                    await self._watch(record)
-                else:
-                    await self._lost(record, "its cluster was found gone" if cluster is None
-                                     else f"its cluster is {cluster.status}")
-            elif not up:
-                if not await self._launch(record):
-                    return
-            else:
-                await self._submit(record)
+    def intent(self, key: int) -> ManagedJobRecord | None:
+        record = self.require(key)
+        return None if record.status.is_final else record
+
+    async def observe(self, intent: ManagedJobRecord) -> ClusterRecord | None:
+        return self._cluster_store.get(intent.cluster)
+
+    def step(self, intent: ManagedJobRecord, observed: ClusterRecord | None
+             ) -> Action | None:
+        return next_action(intent, observed)
+
+    async def act(self, intent: ManagedJobRecord, action: Action) -> None:
+        match action:
+            case Finish(status, reason):
+                await self._end(intent.id, status, reason)
+            case Recover(why):
+                await self._lost(intent, why)
+            case Launch():
+                await self._launch(intent)
+            case Submit():
+                await self._submit(intent)
+            case Watch():
+                await self._watch(intent)
+            case Restart(restarts, reason):
+                await self._store.set_status(intent.id, S.RECOVERING, reason,
+                                             user_restarts=restarts, agent_job_id=None)
+            case _:
+                raise TypeError(f"not a managed job's action: {action!r}")
+
+    async def failed(self, key: int, error: Exception) -> None:
+        logger.error("managed job driver failed", managed_job=key, exc_info=error)
+        await self._end(key, S.FAILED_CONTROLLER,
+                        f"controller error: {type(error).__name__}: {brief(str(error))}")
+
+    async def settle(self, key: int) -> None:
+        if self.require(key).status == S.CANCELLING:
+            await self._end(key, S.CANCELLED, "cancelled by the user")
+
+    def released(self, key: int) -> None:
+        self._poke(key)
 
     async def _task(self, record: ManagedJobRecord) -> TaskSpec | None:
         """The job's task with its secrets and URL credentials; None (and the job ended) if a
@@ -316,6 +320,9 @@ class ManagedJobController:
         self._tasks[record.id] = task
         return task
 
+    def _gaps(self) -> RetryGaps:
+        return RetryGaps(self._timing.retry_gap_s, self._timing.retry_max_gap_s)
+
     def _policy(self, record: ManagedJobRecord) -> RecoveryPolicy:
         return policy_from_yaml(record.task.yaml_text, record.task.source)
 
@@ -343,7 +350,7 @@ class ManagedJobController:
             return False
         if record.status == S.PENDING:
             record = await self._store.set_status(record.id, S.STARTING, "launching a cluster")
-        gap = self._timing.retry_gap_s
+        gaps = self._gaps()
         failures = 0
         # The first relaunch round avoids where the job was just lost, as its strategy says
         # (recovery.py); if that finds nothing, the next tries everywhere.
@@ -370,7 +377,10 @@ class ManagedJobController:
                         record.id, f"{reason}; trying everywhere, where it was lost too")
                     steering = None
                     continue
-                if not recovering and exc.code == ErrorCode.RESOURCES_UNAVAILABLE:
+                # Throttled everywhere is no lack of capacity: the job waits it out.
+                throttled = is_throttling(exc)
+                if (not recovering and exc.code == ErrorCode.RESOURCES_UNAVAILABLE
+                        and not throttled):
                     await self._end(record.id, S.FAILED_NO_RESOURCE, reason)
                     return False
                 failures += 1
@@ -383,11 +393,11 @@ class ManagedJobController:
                 # Never given up silently: the job waits, showing why, until capacity comes
                 # back or it is cancelled.
                 record = self.require(record.id)
+                gap = gaps.next(throttled)
                 text = f"{reason}; trying again in {gap:.0f} s"
                 await self._store.update(record.id, status_reason=text)
                 await self._store.add_event(record.id, text)
                 await anyio.sleep(gap)
-                gap = min(gap * 1.5, self._timing.retry_max_gap_s)
                 if self._cluster_store.get(record.cluster) is not None:
                     await self._down(record, "removing what the failed launch left")
                 continue
@@ -510,37 +520,15 @@ class ManagedJobController:
                                "error")
         end = found["end"]
         status = JobStatus(end["status"])
-        reason = end.get("failure_reason") or ""
-        if status == JobStatus.SUCCEEDED:
-            await self._end(record.id, S.SUCCEEDED, f"attempt {record.attempts} succeeded")
-        elif status == JobStatus.CANCELLED:
-            await self._end(record.id, S.CANCELLED, "its job was cancelled on the cluster")
-        elif status in USER_FAILURES:
-            # A node lost under a running job fails its ranks (Ray's NodeDiedError) and can
-            # end the attempt before a health check sees the loss: the cluster is asked
-            # first, and a lost cluster is a recovery, not the user's failure.
-            lost, _ = await self._health(record)
-            if lost is not None:
-                await self._lost(record, f"attempt {record.attempts} {status} ({reason}) "
-                                         f"and {lost}")
-                return
-            policy = self._policy(record)
-            text = f"attempt {record.attempts} {status}" + (f": {reason}" if reason else "")
-            if policy.may_restart(record.user_restarts):
-                restarts = record.user_restarts + 1
-                await self._store.set_status(
-                    record.id, S.RECOVERING,
-                    f"{text}; restart {restarts} of {policy.max_restarts_on_errors} "
-                    "(max_restarts_on_errors)", user_restarts=restarts, agent_job_id=None)
-            else:
-                await self._end(record.id, USER_FAILURES[status], text)
-        else:  # FAILED_DRIVER: the agent or Ray failed under the job, not the user's code
-            await self._lost(record, f"attempt {record.attempts} {status}: {reason}")
+        # Only a user failure needs the cluster asked (see after_attempt).
+        lost = (await self._health(record))[0] if status in USER_FAILURES else None
+        await self.act(record, after_attempt(record, status, end.get("failure_reason") or "",
+                                             lost, self._policy(record)))
 
     async def _health(self, record: ManagedJobRecord) -> tuple[str | None, bool]:
         """(why the cluster counts as lost, or None; whether its agent answered)."""
         return await cluster_health(self._cluster_store.get(record.cluster), self._providers,
-                                    self._access)
+                                    self._access, self._links)
 
     async def _lost(self, record: ManagedJobRecord, why: str) -> None:
         """The cluster is lost: torn down; the next step relaunches it.
@@ -573,7 +561,7 @@ class ManagedJobController:
         teardown is forced (`--purge`: cleanup failures become warnings). A lost cluster is
         discarded: cloud nodes are terminated without being reached first. Only a cluster
         the job made is torn down: one of that name made by anyone else is left alone."""
-        gap = self._timing.retry_gap_s
+        gaps = self._gaps()
         failures = 0
         while (cluster := self._cluster_store.get(record.cluster)) is not None \
                 and cluster.owner == owner_tag(record.id):
@@ -585,10 +573,10 @@ class ManagedJobController:
                                       reason=why, call_off=True, discard=discard))
             except ProtocolError as exc:
                 failures += 1
+                gap = gaps.next(is_throttling(exc))
                 text = f"teardown of {record.cluster} failed: {brief(exc.message)}"
                 await self._store.add_event(record.id, f"{text}; trying again in {gap:.0f} s")
                 await anyio.sleep(gap)
-                gap = min(gap * 1.5, self._timing.retry_max_gap_s)
 
     async def _end(self, job_id: int, status: S, reason: str) -> None:
         """The job ends: its final status is recorded as `ending` first, then the cluster

@@ -1,12 +1,17 @@
 """A managed job's health checks: what each looks at (`cluster_health`), and their pace (a
 poll every few seconds, cut short when something else, the job's log stream breaking, says
-the cluster may be gone)."""
+the cluster may be gone).
+
+Each looks, in order, at the provider's node states, the daemon's own SSH connections to the
+nodes (a partitioned node shows there within about 30 s: control/links.py), then the agent
+and Ray's count of live nodes (about a minute for a partition)."""
 
 from __future__ import annotations
 
 import anyio
 
 from clusterctl.protocol import ClusterStatus, ProtocolError
+from clusterd.control import NodeLinks
 from clusterd.nodes import NodeStatus
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.runtime.agent_access import AgentAccess
@@ -35,7 +40,8 @@ class HealthPoll:
 
 
 async def cluster_health(cluster: ClusterRecord | None, providers: ProviderRegistry,
-                         access: AgentAccess) -> tuple[str | None, bool]:
+                         access: AgentAccess, links: NodeLinks | None = None
+                         ) -> tuple[str | None, bool]:
     """(why the job's cluster counts as lost, or None; whether its agent answered)."""
     if cluster is None:
         return "its cluster was found gone", False
@@ -56,6 +62,10 @@ async def cluster_health(cluster: ClusterRecord | None, providers: ProviderRegis
             return (f"node {bad[0].node_id} is {bad[0].status}"
                     + (" (preempted?)" if cluster.launched_resources
                        and cluster.launched_resources.get("spot") else ""), False)
+        if links is not None:
+            cut_off = await links.cut_off(n.ssh for n in nodes if n.ssh is not None)
+            if cut_off is not None:
+                return cut_off, False
     try:
         with anyio.fail_after(10):
             agent = await access.client(cluster)

@@ -6,13 +6,22 @@ when they die. Each carries a bound on concurrent channels below OpenSSH's MaxSe
 Host keys are checked as host_keys.py says; a key met for the first time is announced
 (`on_new_host_key`) with its fingerprint. A torn-down cluster's connections are dropped
 (`forget`), with the pinned keys of cloud instances (their ids are never reused).
+
+The pool also keeps its own view of each node (`link`): whether the connection is up, and if
+it was lost, why and since when. That is the daemon's evidence about a node, besides what the
+provider and Ray say: a node cut off from the network stops answering keepalives well before
+Ray's health checks give up on it. A controller that wants to hear of that soon tightens the
+keepalive of the nodes it watches (`watch`), so only those pay for the extra packets.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
+import functools
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +43,7 @@ CHANNELS_PER_CONNECTION = 8
 CONNECT_TIMEOUT_S = 15.0
 CONNECT_ATTEMPTS = 4
 KEEPALIVE_INTERVAL_S = 15.0
+KEEPALIVE_COUNT_MAX = 3
 WINDOW_BYTES = 8 * 1024 * 1024
 MAX_PACKET_BYTES = 256 * 1024
 # AES-GCM first (asyncssh's default puts ChaCha20-Poly1305 first): OpenSSL's AES-GCM is one
@@ -69,6 +79,41 @@ class NodeConnection:
             yield self.conn
 
 
+class LinkState(enum.StrEnum):
+    UP = "up"  # a live connection
+    LOST = "lost"  # the last connection died under us (not closed by the daemon)
+    NONE = "none"  # no connection made by this daemon, or closed by it (a teardown, a drop)
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """The daemon's own view of its connection to one node."""
+
+    state: LinkState
+    reason: str = ""  # why it was lost
+    since: float = 0.0  # when it was lost (time.monotonic())
+    # Lost because the node stopped answering keepalives (not a reset or a close by it): it
+    # was silent for keepalive interval x (count max + 1).
+    silent: bool = False
+
+
+class _LinkWatch(asyncssh.SSHClient):
+    """Tells the pool when its connection dies under it (asyncssh's client callback)."""
+
+    def __init__(self, on_lost: Callable[[asyncssh.SSHClientConnection, Exception], None]
+                 ) -> None:
+        self._on_lost = on_lost
+        self._conn: asyncssh.SSHClientConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHClientConnection) -> None:
+        self._conn = conn
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # None: closed by us (a drop, a teardown), which is no news about the node.
+        if exc is not None and self._conn is not None:
+            self._on_lost(self._conn, exc)
+
+
 def expand_proxy_command(target: SSHTarget) -> str:
     """OpenSSH's tokens in a ProxyCommand: %h host, %p port, %r user, %% a percent sign."""
     assert target.proxy_command is not None
@@ -98,9 +143,43 @@ class SSHConnections:
         self._host_keys = host_keys
         self._connections: dict[SSHTarget, NodeConnection] = {}
         self._connecting: dict[SSHTarget, anyio.Lock] = {}
+        self._lost: dict[SSHTarget, Link] = {}
+        # (interval, count max) for nodes a controller watches (see `watch`).
+        self._keepalive: dict[SSHTarget, tuple[float, int]] = {}
         self.on_new_host_key = on_new_host_key
 
-    async def get(self, target: SSHTarget) -> NodeConnection:
+    def link(self, target: SSHTarget) -> Link:
+        """What the daemon's own connection to the node says of it. Never blocks."""
+        node = self._connections.get(target)
+        if node is not None and node.alive:
+            return Link(LinkState.UP)
+        return self._lost.get(target, Link(LinkState.NONE))
+
+    def watch(self, target: SSHTarget, interval_s: float, count_max: int) -> None:
+        """Keep the node's connection (this one, and every one made again) alive with
+        keepalives every `interval_s`: a node silent for interval_s * (count_max + 1) has its
+        connection closed, and `link` says LOST, silent. Idempotent; `forget` ends it."""
+        if self._keepalive.get(target) == (interval_s, count_max):
+            return
+        self._keepalive[target] = (interval_s, count_max)
+        node = self._connections.get(target)
+        if node is not None and node.alive:
+            node.conn.set_keepalive(interval_s, count_max)
+
+    def _connection_lost(self, target: SSHTarget, conn: asyncssh.SSHClientConnection,
+                         exc: Exception) -> None:
+        node = self._connections.get(target)
+        if node is None or node.conn is not conn:
+            return  # an older connection, or one still being made (its caller hears of it)
+        # asyncssh says so only in its message ("Server not responding to keepalive").
+        silent = isinstance(exc, asyncssh.ConnectionLost) and "keepalive" in str(exc)
+        reason = getattr(exc, "reason", None) or str(exc) or type(exc).__name__
+        self._lost[target] = Link(LinkState.LOST, reason, time.monotonic(), silent)
+        logger.info("ssh connection lost", node=str(target), reason=reason)
+
+    async def get(self, target: SSHTarget, attempts: int = CONNECT_ATTEMPTS
+                  ) -> NodeConnection:
+        """The node's live connection, made if there is none (tried `attempts` times)."""
         existing = self._connections.get(target)
         if existing is not None and existing.alive:
             return existing
@@ -109,10 +188,11 @@ class SSHConnections:
             existing = self._connections.get(target)
             if existing is not None and existing.alive:
                 return existing
-            conn, key, first = await self._connect(target)
+            conn, key, first = await self._connect(target, attempts)
             node = NodeConnection(target, conn, anyio.Semaphore(CHANNELS_PER_CONNECTION),
                                   key, first)
             self._connections[target] = node
+            self._lost.pop(target, None)
             if first and self.on_new_host_key is not None and (
                     await self.on_new_host_key(target, key)):
                 node.first_contact = False  # announced
@@ -177,15 +257,15 @@ class SSHConnections:
         stderr = done.stderr if isinstance(done.stderr, bytes) else b""
         return CommandResult(code, stdout, stderr)
 
-    async def _connect(self, target: SSHTarget
+    async def _connect(self, target: SSHTarget, attempts: int
                        ) -> tuple[asyncssh.SSHClientConnection, str, bool]:
         delay = 0.5
-        for attempt in range(1, CONNECT_ATTEMPTS + 1):
+        for attempt in range(1, attempts + 1):
             try:
                 return await self._connect_once(target)
             except ProtocolError as exc:
                 if exc.code in (ErrorCode.HOST_KEY_MISMATCH, ErrorCode.HOST_KEY_UNKNOWN) or (
-                        attempt == CONNECT_ATTEMPTS):
+                        attempt == attempts):
                     raise
                 logger.info("ssh connect failed; retrying", node=str(target),
                             attempt=attempt, error=exc.message)
@@ -209,13 +289,16 @@ class SSHConnections:
             known_hosts = ([], [], [])  # nothing is known, and nothing may be trusted
         else:
             known_hosts = None  # first contact: trusted, then pinned and announced
+        keepalive = self._keepalive.get(target, (KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT_MAX))
         options: dict[str, Any] = {
             "port": target.port,
             "username": target.user,
             "client_keys": [target.identity_file] if target.identity_file else (),
             "known_hosts": known_hosts,
-            "keepalive_interval": KEEPALIVE_INTERVAL_S,
-            "keepalive_count_max": 3,
+            "keepalive_interval": keepalive[0],
+            "keepalive_count_max": keepalive[1],
+            "client_factory": functools.partial(
+                _LinkWatch, functools.partial(self._connection_lost, target)),
             "agent_path": None,
             "config": None,
             "connect_timeout": CONNECT_TIMEOUT_S,
@@ -282,6 +365,8 @@ class SSHConnections:
         instances (known by their ids, which are never reused)."""
         for target in targets:
             await self.drop(target)
+            self._lost.pop(target, None)
+            self._keepalive.pop(target, None)
             if target.host_key_alias:
                 self._host_keys.forget(target.key_name, target.port)
 
