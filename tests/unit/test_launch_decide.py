@@ -10,10 +10,10 @@ import pytest
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd.providers.base import Placement
-from clusterd.provision.plan import FINAL, LaunchRequest, Observed, Step, decide
+from clusterd.provision.plan import FINAL, LaunchRequest, Observed, Step, autostop_for, decide
 from clusterd.state.clusters import ClusterRecord
 from clusterd.state.handles import ClusterHandle
-from clusterd.tasks.spec import TaskSpec
+from clusterd.tasks.spec import Autostop, Resources, TaskSpec
 from tests.scripted_provider import ScriptedHandle
 
 PLACE = Placement("scripted", "r1", "r1-a", "s.node", 4, 16)
@@ -91,3 +91,13 @@ def test_every_path_ends_in_a_final_step() -> None:
                 waited=observed.waited or step == Step.WAIT,
                 runtime="healthy" if step == Step.CHECK_RUNTIME else observed.runtime)
             assert len(steps) <= 2
+
+
+def test_the_autostop_a_launch_sets_is_its_flags_over_the_tasks_own() -> None:
+    task = TaskSpec(resources=Resources(autostop=Autostop(10)))
+    assert autostop_for(None, False, TaskSpec()) is None
+    assert autostop_for(5, False, task) == Autostop(5)
+    # A managed job's launch (no flags) keeps the task's, as a user's does.
+    assert autostop_for(None, False, task) == Autostop(10)
+    assert autostop_for(None, True, task) == Autostop(10, down=True)
+    assert autostop_for(None, True, TaskSpec()) == Autostop(0, down=True)

@@ -19,7 +19,7 @@ from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord
 from clusterd.state.db import Database
 from clusterd.state.handles import ClusterHandle
-from clusterd.tasks.spec import TaskSpec
+from clusterd.tasks.spec import Autostop, TaskSpec
 from tests.scripted_provider import Instance, ScriptedHandle, Services, build_services
 
 pytestmark = pytest.mark.anyio
@@ -246,3 +246,10 @@ async def test_down_calls_off_a_launch_in_progress_which_removes_what_it_made(
         await bed.clusters.down(bed.request("down"), "c", purge=False, call_off=True)
         gate.set()
     assert bed.store.get("c") is None and bed.provider.instances == {}
+
+
+async def test_a_launch_sets_its_autostop_in_the_record_and_the_agent(bed: Services) -> None:
+    await bed.clusters.launch(bed.request(), launch(autostop=Autostop(5, down=True)))
+    record = bed.store.get("c")
+    assert record is not None and record.autostop_minutes == 5 and record.autostop_down
+    assert bed.runtime.autostops == [("c", Autostop(5, down=True))]

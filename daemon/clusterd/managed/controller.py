@@ -47,7 +47,7 @@ from clusterd.managed.store import (
     owner_tag,
 )
 from clusterd.providers.registry import ProviderRegistry
-from clusterd.provision.plan import LaunchRequest
+from clusterd.provision.plan import LaunchRequest, autostop_for
 from clusterd.redact import redact_urls
 from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
@@ -359,6 +359,7 @@ class ManagedJobController:
                 await self._store.add_event(record.id, f"relaunching: {steering.describe()}")
             try:
                 launch = LaunchRequest(name, launch_task, Infra.parse(infra) if infra else None,
+                                       autostop=autostop_for(None, False, launch_task),
                                        steering=steering, owner=owner_tag(record.id))
                 await self._request("launch", name, shown,
                                     functools.partial(self._clusters.launch, launch=launch))
