@@ -253,3 +253,18 @@ async def test_a_launch_sets_its_autostop_in_the_record_and_the_agent(bed: Servi
     record = bed.store.get("c")
     assert record is not None and record.autostop_minutes == 5 and record.autostop_down
     assert bed.runtime.autostops == [("c", Autostop(5, down=True))]
+
+
+async def test_nodes_not_up_in_time_fail_over_and_each_attempt_is_removed(
+        db: Database, tmp_path: Path) -> None:
+    bed = await build_services(db, tmp_path, wait_timeout_s=0.05)
+    bed.provider.delay("wait", 30)
+    with pytest.raises(ProtocolError) as caught:
+        await bed.clusters.launch(bed.request(), launch())
+    assert caught.value.code == ErrorCode.RESOURCES_UNAVAILABLE
+    assert "not up within" in caught.value.message
+    calls = [(call, zone) for call, _, zone in bed.provider.calls]
+    # Each attempt removes what it made; then the failed launch sweeps its last intent.
+    assert calls == [(call, zone) for zone in ("r1-a", "r1-b", "r2-a")
+                     for call in ("create", "wait", "terminate")] + [("terminate", "r2-a")]
+    assert bed.provider.instances == {} and bed.store.get("c") is None
