@@ -60,6 +60,7 @@ from clusterd.server.stream import BufferedSocketStream
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.jobs import JobService
+from clusterd.services.node_runtime import NodeRuntime
 from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
 from clusterd.ssh.config_files import SSHConfigWriter
@@ -230,7 +231,8 @@ class Daemon:
             self.store, self.providers, wait_timeout_s=settings.provision_wait_s,
             retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s)
         self.clusters = ClusterService(
-            self.store, self.locks, self.providers, self.runtime, self.access, self.jobs,
+            self.store, self.locks, self.providers, NodeRuntime(self.runtime, self.access),
+            self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
             forget_nodes=self.ssh.forget, storage=self.storage,
         )

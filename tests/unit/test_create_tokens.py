@@ -12,8 +12,9 @@ import pytest
 from clusterd.providers.base import ClusterRequest, Placement
 from clusterd.providers.loadtest import LoadTestHandle, LoadTestProvider
 from clusterd.providers.registry import ProviderRegistry
-from clusterd.provision.failover import Attempt, Option
+from clusterd.provision.failover import Option
 from clusterd.provision.launcher import Provisioner
+from clusterd.provision.plan import LaunchPlan
 from clusterd.requests import RunningRequest
 from clusterd.state import ClusterStore, Database
 from clusterd.state.clusters import ClusterRecord, ClusterStatus
@@ -54,11 +55,7 @@ async def launch(db: Database, handle: ClusterHandle) -> Recording:
     provisioner = Provisioner(store, ProviderRegistry([provider]), wait_timeout_s=10,
                               retry_gap_s=1, retry_max_gap_s=1)
     request = ClusterRequest("c", "c-0a1b2c", 1, Resources())
-    options: tuple[list[Option], list[Attempt]] = ([Option(PLACE, request)], [])
-
-    async def plan() -> tuple[list[Option], list[Attempt]]:
-        return options
-
+    plan = LaunchPlan("c", "c-0a1b2c", 1, False, only=Option(PLACE, request))
     running = RunningRequest(RequestRecord(1, "launch", "c", {}, "RUNNING", now))
     await provisioner.provision(running, record, plan)
     return provider

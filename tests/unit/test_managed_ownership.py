@@ -16,8 +16,9 @@ from clusterctl.protocol import ManagedJobStatus as S
 from clusterd.agent.in_memory import split
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore, SubmittedTask, owner_tag
+from clusterd.provision.plan import refuse_other_owner
 from clusterd.requests import RequestManager
-from clusterd.services.common import check_name, refuse_other_owner
+from clusterd.services.common import check_name
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.db import MIGRATIONS, Database
 from clusterd.state.requests import RequestStore

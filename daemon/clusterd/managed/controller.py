@@ -70,6 +70,7 @@ from clusterd.managed.store import (
     owner_tag,
 )
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.provision.plan import LaunchRequest, autostop_for
 from clusterd.redact import redact_urls
 from clusterd.requests import RequestManager, RunningRequest, current_request
 from clusterd.runtime.agent_access import AgentAccess
@@ -78,7 +79,7 @@ from clusterd.services.jobs import JobService
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.loader import load_task
 from clusterd.tasks.overrides import apply_overrides
-from clusterd.tasks.spec import TaskSpec
+from clusterd.tasks.spec import Infra, TaskSpec
 
 logger = log.get("clusterd.managed")
 
@@ -356,17 +357,19 @@ class ManagedJobController(Controller[int, ManagedJobRecord, ClusterRecord | Non
         # (recovery.py); if that finds nothing, the next tries everywhere.
         steering = self._policy(record).steering(record.placed) if recovering else None
         name = record.cluster
-        args = protocol.LaunchArgs(cluster=record.cluster, infra=record.task.infra)
+        infra = record.task.infra
+        # What `clusterctl requests` shows of it: the launch a user would have asked for.
+        shown = protocol.to_wire(protocol.LaunchArgs(cluster=name, infra=infra))
         launch_task = dataclasses.replace(task, run=None, setup=None)
         while True:
             if steering is not None:
                 await self._store.add_event(record.id, f"relaunching: {steering.describe()}")
             try:
-                await self._request("launch", name, protocol.to_wire(args),
-                                    functools.partial(self._clusters.launch, name=name,
-                                                      args=args, task=launch_task,
-                                                      steering=steering,
-                                                      owner=owner_tag(record.id)))
+                launch = LaunchRequest(name, launch_task, Infra.parse(infra) if infra else None,
+                                       autostop=autostop_for(None, False, launch_task),
+                                       steering=steering, owner=owner_tag(record.id))
+                await self._request("launch", name, shown,
+                                    functools.partial(self._clusters.launch, launch=launch))
             except ProtocolError as exc:
                 reason = f"launch failed: {brief(exc.message)}"
                 if exc.code in PRECHECK_CODES:

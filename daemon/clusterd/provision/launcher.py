@@ -18,7 +18,6 @@ import dataclasses
 import secrets
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -27,22 +26,19 @@ from clusterd import log
 from clusterd.faults import fault_point
 from clusterd.providers.base import (
     BlockScope,
-    Placement,
     Provider,
     ProviderHandle,
     ProvisionError,
 )
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.failover import Attempt, Failover, Option, Steering, format_table
+from clusterd.provision.plan import LaunchPlan, Where, where
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.handles import ClusterHandle
 from clusterd.tasks.spec import Resources
 
 logger = log.get("clusterd.provision")
-
-Plan = Callable[[], Awaitable[tuple[list[Option], list[Attempt]]]]
-
 
 @dataclasses.dataclass(frozen=True)
 class Provisioned:
@@ -75,15 +71,16 @@ class Provisioner:
                 "provider_seconds": round(self.provider_seconds, 3)}
 
     async def provision(
-        self, request: RunningRequest, record: ClusterRecord, plan: Plan, *,
+        self, request: RunningRequest, record: ClusterRecord, plan: LaunchPlan, *,
         first: tuple[list[Option], list[Attempt]] | None = None,
         retry_until_up: bool = False, steering: Steering | None = None,
     ) -> Provisioned:
         """Nodes for `record`, from the first option that works (`plan` gives the options
-        of each round; `first`, if given, is its answer for round one; `steering` orders and
+        of each round; `first`, if given, is its first round already; `steering` orders and
         narrows round one for a relaunch)."""
         gap = self._retry_gap_s
-        options, refusals = first if first is not None else await plan()
+        options, refusals = first if first is not None else await plan.round(
+            self._providers)
         failover = Failover(options, refusals, steering)
         resumed = _resumed_token(record)
         while True:
@@ -92,7 +89,7 @@ class Provisioner:
                 provider = self._providers.get(option.placement.provider)
                 # Fresh for every attempt but the one resuming at the intent: a token that
                 # was on a resource once is readable by anyone who can list them.
-                token = resumed.pop(_where(option.placement), None) or secrets.token_urlsafe(24)
+                token = resumed.pop(where(option.placement), None) or secrets.token_urlsafe(24)
                 outcome = await self._attempt(request, record, provider, option, failover,
                                               decided, token)
                 if isinstance(outcome, Provisioned):
@@ -106,7 +103,7 @@ class Provisioner:
             await self._store.add_event(record.name, "provision", text, request.id)
             await anyio.sleep(gap)
             gap = min(gap * 1.5, self._retry_max_gap_s)
-            failover.new_round(*await plan())
+            failover.new_round(*await plan.round(self._providers))
 
     async def wait_for_nodes(self, record: ClusterRecord, provider: Provider,
                              handle: ProviderHandle) -> tuple[ClusterRecord, ProviderHandle]:
@@ -230,33 +227,10 @@ def no_placement(name: str, attempts: list[Attempt]) -> ProtocolError:
     )
 
 
-def placement_of(record: ClusterRecord) -> Placement:
-    """Where a cluster lives (as its record says it was placed)."""
-    return Placement.from_view(record.launched_resources or {})
-
-
-def _where(placement: Placement) -> tuple[str, str | None, str | None, str | None]:
-    return placement.provider, placement.region, placement.zone, placement.instance_type
-
-
-def _resumed_token(record: ClusterRecord) -> dict[tuple[str, str | None, str | None,
-                                                        str | None], str]:
+def _resumed_token(record: ClusterRecord) -> dict[Where, str]:
     """The create token of an attempt the daemon left before its create answered, by where
     it was creating (resumed there, the create knows what it made then)."""
     handle = record.handle
     if handle.provider is not None or handle.intent is None or not handle.create_token:
         return {}
-    return {_where(handle.intent): handle.create_token}
-
-
-def intent_first(options: list[Option], intent: Placement | None,
-                 record: ClusterRecord) -> list[Option]:
-    """A launch resuming goes first where the interrupted one was creating nodes (they are
-    reused there, not leaked)."""
-    if intent is None:
-        return options
-    where = _where(intent)
-    first = [o for o in options if _where(o.placement) == where]
-    if not first and options:
-        first = [Option(intent, options[0].request)]
-    return first + [o for o in options if o not in first]
+    return {where(handle.intent): handle.create_token}

@@ -4,7 +4,7 @@ never cares which.
 
 A runtime recorded by a clusterd from before agents had a token (and, on remote heads, a
 private Unix socket instead of a loopback port) is reported as AGENT_VERSION_MISMATCH: a
-re-launch replaces it (see ClusterService._runtime_health)."""
+re-launch replaces it (see services/node_runtime.py NodeRuntime.health)."""
 
 from __future__ import annotations
 

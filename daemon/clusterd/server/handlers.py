@@ -18,6 +18,7 @@ from clusterd.managed.store import ManagedJobStore
 from clusterd.packing import Columns
 from clusterd.providers.base import Provider
 from clusterd.providers.registry import ProviderRegistry
+from clusterd.provision.plan import LaunchRequest, autostop_for
 from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
@@ -32,7 +33,7 @@ from clusterd.storage.service import StorageService
 from clusterd.tasks import fields
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task
 from clusterd.tasks.overrides import apply_overrides
-from clusterd.tasks.spec import Autostop, TaskSpec
+from clusterd.tasks.spec import Autostop, Infra, TaskSpec
 
 from .connection import Call
 from .managed_handlers import ManagedHandlers
@@ -291,7 +292,8 @@ class Handlers:
             task = await _load(args)
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
-            lambda r: self._clusters.launch(r, name, args, task),
+            # Built inside the request: a bad --infra fails the request, as it always has.
+            lambda r: self._clusters.launch(r, _launch_request(name, args, task)),
         )
         return await self._follow_then_stream(call, request, args.detach)
 
@@ -396,3 +398,10 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
         raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: {task.warnings[0]}",
                             fields.STRICT_HINT)
     return apply_overrides(task, num_nodes=args.num_nodes, name=args.name, cpus=args.cpus)
+
+
+def _launch_request(name: str, args: protocol.LaunchArgs, task: TaskSpec) -> LaunchRequest:
+    """The wire's launch, typed for the service (the edge where LaunchArgs stops)."""
+    return LaunchRequest(name, task, infra=Infra.parse(args.infra) if args.infra else None,
+                         autostop=autostop_for(args.idle_minutes, args.down, task),
+                         retry_until_up=args.retry_until_up, strict=args.strict)

@@ -7,7 +7,7 @@ import re
 import secrets
 from collections.abc import Collection, Iterable
 
-from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError, shown
+from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError, clipped, shown
 from clusterd.providers.base import Provider, ProviderHandle, infra_label
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
@@ -53,22 +53,6 @@ def require_cluster(store: ClusterStore, name: str) -> ClusterRecord:
             f"{name} TASK` to create it",
         )
     return record
-
-
-def refuse_other_owner(record: ClusterRecord | None, owner: str | None) -> None:
-    """A launch (`owner` None: the user's; else a managed job's tag) may use an existing
-    cluster only if the same owner made it: a name clash never lets one take the other's."""
-    if record is None or record.owner == owner:
-        return
-    if record.owner is None:
-        raise ProtocolError(
-            ErrorCode.MANAGED_CLUSTER,
-            f"cluster {record.name} exists and {owner} did not make it: it is left alone",
-            "a managed job uses only a cluster it made; submit the job again for a new name")
-    raise ProtocolError(
-        ErrorCode.MANAGED_CLUSTER,
-        f"cluster {record.name} was made by {record.owner} and only it may launch there",
-        "pick another cluster name, or cancel that managed job (its cluster goes with it)")
 
 
 def require_up(record: ClusterRecord) -> ClusterRecord:
@@ -200,3 +184,12 @@ def _shortfall(record: ClusterRecord, wanted: Resources) -> str | None:
             return (f"the task asks for {wanted.accelerator}:{wanted.accelerator_count:g} per "
                     f"node; {record.name}'s nodes have {has}")
     return None
+
+
+def brief(message: str, limit: int = 300) -> str:
+    """An error fit for an event: its first line and, when a log tail follows, its last."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return clipped(text, limit)
