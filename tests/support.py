@@ -20,6 +20,11 @@ from typing import Any, NamedTuple, NoReturn
 
 VENV_BIN = Path(sys.executable).parent
 CLUSTERCTL = str(VENV_BIN / "clusterctl")
+# Prefix for a command a test will Ctrl-C (SIGINT): a shell runs background jobs with SIGINT
+# ignored, the ignoring is inherited through exec, and Python then installs no
+# KeyboardInterrupt handler, so the suite started in the background (`scripts/test &`) saw
+# clusterctl shrug off every Ctrl-C. GNU env resets it to the default before the exec.
+CTRL_C_ABLE = ("env", "--default-signal=INT")
 
 
 def short_tempdir(prefix: str) -> Path:
@@ -205,8 +210,8 @@ class Daemon:
 
     def popen_ctl(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [CLUSTERCTL, *args], env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, cwd=self.root, start_new_session=True,
+            [*CTRL_C_ABLE, CLUSTERCTL, *args], env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, cwd=self.root, start_new_session=True,
         )
 
     def status(self) -> list[dict[str, Any]]:

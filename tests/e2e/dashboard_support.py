@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support import CLUSTERCTL, Daemon, missing
+from tests.support import CLUSTERCTL, CTRL_C_ABLE, Daemon, missing
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -121,7 +121,7 @@ def start_dashboard(daemon: Daemon, *extra: str, env: dict[str, str] | None = No
                     browser: bool = False) -> Dashboard:
     """`clusterctl dashboard`, running; with `browser`, it opens its link too ($BROWSER)."""
     process = subprocess.Popen(
-        [CLUSTERCTL, "dashboard", *([] if browser else ["--no-browser"]), *extra],
+        [*CTRL_C_ABLE, CLUSTERCTL, "dashboard", *([] if browser else ["--no-browser"]), *extra],
         env=env or daemon.env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=daemon.root,
         start_new_session=True,
