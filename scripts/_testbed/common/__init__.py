@@ -40,6 +40,11 @@ def log(msg: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def progress(msg: str) -> None:
+    """A step of long work, on stderr: for commands whose stdout is their answer (--json)."""
+    print(msg, file=sys.stderr, flush=True)
+
+
 def warn(msg: str) -> None:
     print(f"testbed: warning: {msg}", file=sys.stderr, flush=True)
 

@@ -27,7 +27,7 @@ import time
 from typing import Any
 from urllib.parse import urlparse
 
-from _testbed.common import Failure, debian_mirror, debootstrap, log, run
+from _testbed.common import Failure, debian_mirror, debootstrap, log, progress, run
 from _testbed.k8s import components, nodes
 from _testbed.k8s.commands import bed_lock
 from _testbed.k8s.images import SUITE, oci_archive
@@ -57,7 +57,9 @@ def ensure_plain_image(images_dir: str) -> tuple[str, str, str]:
     rootfs = os.path.join(work, "rootfs")
     os.makedirs(work)
     start = time.monotonic()
-    log(f"building the plain image {name} (debootstrap {SUITE}: python3, no sshd; once) ...")
+    # Progress on stderr: `plain-image --json` prints its answer, and only that, on stdout.
+    progress(f"building the plain image {name} (debootstrap {SUITE}: python3, no sshd; once) "
+             "...")
     debootstrap(SUITE, rootfs, PACKAGES, mirror)
     for rel in ("var/lib/apt/lists", "var/cache/apt/archives"):  # as images ship: no lists
         d = os.path.join(rootfs, rel)
@@ -72,8 +74,8 @@ def ensure_plain_image(images_dir: str) -> tuple[str, str, str]:
         "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                 "LANG=C.UTF-8"], "WorkingDir": "/"})
     shutil.rmtree(work, ignore_errors=True)
-    log(f"plain image {name} built in {time.monotonic() - start:.0f}s "
-        f"({os.path.getsize(archive) >> 20} MB)")
+    progress(f"plain image {name} built in {time.monotonic() - start:.0f}s "
+             f"({os.path.getsize(archive) >> 20} MB)")
     return name, archive, host
 
 
