@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import shutil
+import time
 from typing import Any
 
 from _testbed.common import Failure, log
@@ -180,6 +181,25 @@ def cmd_fault(args: argparse.Namespace) -> int:
     return 0
 
 
+QUOTA_SETTLE_TIMEOUT_S = 60.0
+
+
+def _enforced_quota(api: Any, path: str) -> dict[str, Any]:
+    """The quota once the quota controller has copied its spec into its status: admission
+    enforces only `status.hard`, so right after a change pods would still pass the old rules.
+    A cloud's quota was set long before a user's launch; waiting here makes the bed's the same."""
+    deadline = time.monotonic() + QUOTA_SETTLE_TIMEOUT_S
+    while True:
+        quota: dict[str, Any] = json.loads(api.ok("GET", path))
+        if (quota.get("status") or {}).get("hard") == quota["spec"]["hard"]:
+            return quota
+        if time.monotonic() > deadline:
+            raise Failure(f"the quota controller did not take up {QUOTA_NAME}'s new limits in "
+                          f"{QUOTA_SETTLE_TIMEOUT_S:.0f}s",
+                          hint="is kube-controller-manager up? scripts/testbed k8s status")
+        time.sleep(0.2)
+
+
 def cmd_quota(args: argparse.Namespace) -> int:
     """Show or set the hard limits of the quota context's ResourceQuota."""
     paths = _paths(args)
@@ -194,7 +214,7 @@ def cmd_quota(args: argparse.Namespace) -> int:
         hard["limits.cpu"] = None  # a merge patch's null removes it
     if hard:
         api.ok("PATCH", path, {"spec": {"hard": hard}}, "application/merge-patch+json")
-    quota = json.loads(api.ok("GET", path))
+    quota = _enforced_quota(api, path)
     got = {"context": QUOTA_CONTEXT, "namespace": namespace, "name": QUOTA_NAME,
            "hard": quota["spec"]["hard"], "used": (quota.get("status") or {}).get("used", {})}
     if args.json:
