@@ -354,6 +354,7 @@ def insert_waiting_jobs(db_path: Path, count: int, task_yaml: str, cwd: Path) ->
     ran, one attempt and one recovery behind them, no cluster now)."""
     from clusterctl.protocol import ManagedJobStatus
     from clusterd.managed.store import ManagedJobRecord, SubmittedTask, cluster_name_for
+    from clusterd.providers.base import Placement
 
     now = time.time()
     task = SubmittedTask.storable(yaml_text=task_yaml, source="waiting.yaml", cwd=str(cwd),
@@ -373,8 +374,8 @@ def insert_waiting_jobs(db_path: Path, count: int, task_yaml: str, cwd: Path) ->
                     cluster=cluster, task_id=f"sky-managed-bench-{job_id}_{cluster}",
                     submitted_at=now, status_updated_at=now, status_reason=reason,
                     attempts=1, recoveries=1, started_at=now, run_seconds=1.0,
-                    placed={"provider": "aws", "region": "us-east-1", "zone": "us-east-1a",
-                            "instance_type": "c6i.large", "spot": True})
+                    placed=Placement("aws", "us-east-1", "us-east-1a", "c6i.large", 2, 4,
+                                     spot=True))
                 rows.append(record.to_row())
             columns = list(rows[0])
             db.executemany(f"INSERT INTO managed_jobs ({', '.join(columns)}) VALUES "

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterd.runtime.manager import ray_temp_key
+from clusterd.runtime.ray_node import ray_temp_key
 from tests.support import CLUSTERCTL, Daemon, make_git_repo, wait_for
 
 pytestmark = pytest.mark.ray

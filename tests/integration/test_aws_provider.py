@@ -42,6 +42,7 @@ from clusterd.ssh.host_keys import HostKeyStore
 from clusterd.ssh.keys import DaemonKey
 from clusterd.storage.service import temporary_credentials_warning
 from clusterd.tasks.loader import parse_resources
+from clusterd.tasks.spec import ResourceRequest
 from clusterd.user_config import UserConfig, parse
 from tests.integration.moto_server import (
     IN_NETNS,
@@ -530,7 +531,8 @@ async def test_the_daemon_tells_the_user_once_and_keeps_an_event(
         await daemon.store.load()
         cloud_name, now = "mine-c0ffee", time.time()
         await daemon.store.insert(ClusterRecord(
-            "mine", "aws", cloud_name, ClusterStatus.UP, 1, {}, "", now, now), "test", None)
+            "mine", "aws", cloud_name, ClusterStatus.UP, 1, ResourceRequest(), "", now, now),
+            "test", None)
         theirs = foreign_instance(moto, "us-east-1", cloud_name)
         request = RunningRequest(await daemon.request_store.create("down", "mine", {}))
         token = current_request.set(request)

@@ -20,7 +20,7 @@ from clusterd.state import ClusterStore, Database
 from clusterd.state.clusters import ClusterRecord, ClusterStatus
 from clusterd.state.handles import ClusterHandle
 from clusterd.state.requests import RequestRecord
-from clusterd.tasks.spec import Resources
+from clusterd.tasks.spec import ResourceRequest, Resources
 
 pytestmark = pytest.mark.anyio
 
@@ -48,8 +48,8 @@ async def launch(db: Database, handle: ClusterHandle) -> Recording:
     store = ClusterStore(db)
     await store.load()
     now = time.time()
-    record = ClusterRecord("c", "loadtest", "c-0a1b2c", ClusterStatus.INIT, 1, {}, "h", now,
-                           now, handle=handle)
+    record = ClusterRecord("c", "loadtest", "c-0a1b2c", ClusterStatus.INIT, 1,
+                           ResourceRequest(), "h", now, now, handle=handle)
     await store.insert(record, "test", None)
     provider = Recording(db)
     provisioner = Provisioner(store, ProviderRegistry([provider]), wait_timeout_s=10,

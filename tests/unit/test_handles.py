@@ -28,6 +28,7 @@ from clusterd.ssh.tunnels import TunnelManager, TunnelState
 from clusterd.state import ClusterStore, Database
 from clusterd.state.db import dumps
 from clusterd.state.handles import ClusterHandle, RuntimeHandle
+from clusterd.state.resources import placement_json
 
 pytestmark = pytest.mark.anyio
 
@@ -266,5 +267,5 @@ def test_the_handle_for_an_intent_is_what_the_intent_read_as_a_handle_was(
                                      ).handle_for_intent("c-1", p),
         "loadtest": lambda p: LoadTestProvider().handle_for_intent("c-1", p),
     }
-    decoded = ProviderHandle.decode(intent.provider, intent.resources_view())
+    decoded = ProviderHandle.decode(intent.provider, placement_json(intent))
     assert providers[intent.provider](intent) == decoded

@@ -13,7 +13,7 @@ from clusterd.providers.base import Placement
 from clusterd.provision.plan import FINAL, LaunchRequest, Observed, Step, autostop_for, decide
 from clusterd.state.clusters import ClusterRecord
 from clusterd.state.handles import ClusterHandle
-from clusterd.tasks.spec import Autostop, Resources, TaskSpec
+from clusterd.tasks.spec import Autostop, ResourceRequest, Resources, TaskSpec
 from tests.scripted_provider import ScriptedHandle
 
 PLACE = Placement("scripted", "r1", "r1-a", "s.node", 4, 16)
@@ -24,7 +24,7 @@ REQUEST = LaunchRequest("c", TaskSpec())
 def cluster(status: ClusterStatus = ClusterStatus.UP, handle: ClusterHandle = NODES,
             ever_up: bool = True, owner: str | None = None) -> ClusterRecord:
     now = time.time()
-    return ClusterRecord("c", "scripted", "c-000000", status, 2, {}, "h", now, now,
+    return ClusterRecord("c", "scripted", "c-000000", status, 2, ResourceRequest(), "h", now, now,
                          handle=handle, ever_up=ever_up, owner=owner)
 
 

@@ -19,7 +19,7 @@ from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord
 from clusterd.state.db import Database
 from clusterd.state.handles import ClusterHandle
-from clusterd.tasks.spec import Autostop, TaskSpec
+from clusterd.tasks.spec import Autostop, ResourceRequest, TaskSpec
 from tests.scripted_provider import Instance, ScriptedHandle, Services, build_services
 
 pytestmark = pytest.mark.anyio
@@ -62,7 +62,7 @@ async def test_new_fails_over_to_the_next_zone_and_keeps_only_what_landed(
     bed.provider.fail("r1-a", BlockScope.ZONE)
     record = await up(bed, nodes=2)
     assert creates(bed) == ["r1-a", "r1-b"]
-    assert record.launched_resources and record.launched_resources["zone"] == "r1-b"
+    assert record.launched_resources and record.launched_resources.zone == "r1-b"
     assert [i.zone for i in bed.provider.instances.values()] == ["r1-b"]
     assert [(name, len(nodes)) for name, nodes, _, _ in bed.runtime.ups] == [("c", 2)]
     assert record.ever_up and record.owner is None
@@ -177,8 +177,9 @@ async def test_a_recreate_without_capacity_keeps_the_cluster_as_it_was(bed: Serv
 async def interrupted(bed: Services, handle: ClusterHandle) -> None:
     """A record as a daemon killed mid-launch left it."""
     now = time.time()
-    await bed.store.insert(ClusterRecord("c", "scripted", "c-0a1b2c", ClusterStatus.INIT, 1,
-                                         {}, "h", now, now, handle=handle), "test", None)
+    record = ClusterRecord("c", "scripted", "c-0a1b2c", ClusterStatus.INIT, 1, ResourceRequest(),
+                           "h", now, now, handle=handle)
+    await bed.store.insert(record, "test", None)
 
 
 PLACE = Placement("scripted", "r1", "r1-b", "s.node", 4, 16, price_per_hour=1.1)

@@ -20,7 +20,7 @@ from clusterd.managed.store import (
     cluster_name_for,
     owner_tag,
 )
-from clusterd.providers.base import BlockScope
+from clusterd.providers.base import BlockScope, Placement
 from clusterd.server.managed_handlers import requested_resources
 from clusterd.state.db import Database
 from clusterd.tasks.loader import load_task
@@ -172,7 +172,7 @@ def test_a_bad_recovery_policy_is_refused_by_name(value: object) -> None:
 
 
 def test_each_strategy_steers_a_relaunch_away_from_where_the_job_was_lost() -> None:
-    lost = {"provider": "aws", "region": "us-east-1", "zone": "us-east-1b", "spot": True}
+    lost = Placement("aws", "us-east-1", "us-east-1b", "m6i.large", 2, 8, spot=True)
     failover = parse_policy("failover").steering(lost)
     assert failover is not None and failover.first_region == ("aws", "us-east-1")
     assert [(p.zone, s) for p, s in failover.avoid] == [("us-east-1b", BlockScope.ZONE)]
@@ -180,7 +180,7 @@ def test_each_strategy_steers_a_relaunch_away_from_where_the_job_was_lost() -> N
     assert eager is not None and eager.first_region is None
     assert [(p.region, s) for p, s in eager.avoid] == [("us-east-1", BlockScope.REGION)]
     # A Kubernetes context has no zones: it stays first, not skipped.
-    pods = parse_policy(None).steering({"provider": "kubernetes", "region": "ctx"})
+    pods = parse_policy(None).steering(Placement("kubernetes", "ctx", None, None, 1, 1))
     assert pods is not None and pods.avoid == () and pods.first_region == ("kubernetes", "ctx")
     assert RecoveryPolicy().steering(None) is None
 

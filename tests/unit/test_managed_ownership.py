@@ -22,6 +22,7 @@ from clusterd.services.common import check_name
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.state.db import MIGRATIONS, Database
 from clusterd.state.requests import RequestStore
+from clusterd.tasks.spec import ResourceRequest
 
 pytestmark = pytest.mark.anyio
 
@@ -29,7 +30,8 @@ pytestmark = pytest.mark.anyio
 def cluster(name: str, owner: str | None) -> ClusterRecord:
     now = time.time()
     return ClusterRecord(name=name, provider="local", cloud_name=f"{name}-abc",
-                         status=ClusterStatus.UP, num_nodes=1, requested_resources={},
+                         status=ClusterStatus.UP, num_nodes=1,
+                         requested_resources=ResourceRequest(),
                          config_hash="h", created_at=now, status_updated_at=now, owner=owner)
 
 

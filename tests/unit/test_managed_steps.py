@@ -24,6 +24,7 @@ from clusterd.managed.steps import (
 )
 from clusterd.managed.store import ManagedJobRecord, SubmittedTask, owner_tag
 from clusterd.state.clusters import ClusterRecord
+from clusterd.tasks.spec import ResourceRequest
 
 
 def job(status: S = S.PENDING, **fields: Any) -> ManagedJobRecord:
@@ -38,7 +39,7 @@ def cluster(status: ClusterStatus = ClusterStatus.UP, owner: str | None = owner_
             ) -> ClusterRecord:
     now = time.time()
     return ClusterRecord(name="mj-7-train", provider="local", cloud_name="c", status=status,
-                         num_nodes=1, requested_resources={}, config_hash="h",
+                         num_nodes=1, requested_resources=ResourceRequest(), config_hash="h",
                          created_at=now, status_updated_at=now, owner=owner)
 
 

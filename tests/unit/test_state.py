@@ -13,12 +13,14 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from clusterctl.protocol import ClusterStatus
+from clusterd.providers.base import Placement
 from clusterd.providers.local import LocalHandle
 from clusterd.state import ClusterRecord, ClusterStore, Database, RequestStore
 from clusterd.state.clusters import ClusterEvent
 from clusterd.state.db import MIGRATIONS, SCHEMA_VERSION, SchemaTooNew
 from clusterd.state.handles import ClusterHandle, RuntimeHandle
 from clusterd.state.requests import RequestState
+from clusterd.tasks.spec import Infra, ResourceRequest, Resources
 
 pytestmark = pytest.mark.anyio
 
@@ -45,7 +47,8 @@ def make_record(name: str = "dev", created_at: float = 1000.0, **fields: object)
         "cloud_name": f"{name}-abc123",
         "status": ClusterStatus.INIT,
         "num_nodes": 2,
-        "requested_resources": {"cpus": 4.0, "infra": "local", "ports": ["22"]},
+        "requested_resources": ResourceRequest(Resources(Infra("local"), cpus=4.0,
+                                                         ports=("22",))),
         "config_hash": "0123456789abcdef",
         "created_at": created_at,
         "status_updated_at": created_at,
@@ -266,7 +269,8 @@ async def test_records_persist_across_store_instances(db_path: Path) -> None:
     store = ClusterStore(first_db)
     await store.insert(make_record("dev"), "created", None)
     await store.set_status("dev", ClusterStatus.UP, "ready", None,
-                           launched_resources={"cpus": 4.0}, launched_at=1001.5,
+                           launched_resources=Placement("local", None, None, None, 4.0, 16.0),
+                           launched_at=1001.5,
                            handle=ClusterHandle(provider=LocalHandle("/state/local/dev-abc123")))
     await store.update("dev", autostop_minutes=5.0, autostop_wait_for="jobs")
     await store.insert(make_record("other", 999.0), "created", None)

@@ -197,7 +197,7 @@ class ManagedJobController(Controller[int, ManagedJobRecord, ClusterRecord | Non
 
     def view(self, record: ManagedJobRecord) -> dict[str, Any]:
         now = time.time()
-        placed = record.placed or {}
+        placed = record.placed
         return {
             "job_id": record.id, "name": record.name, "status": str(record.status),
             "status_reason": record.status_reason, "cluster": record.cluster,
@@ -207,11 +207,10 @@ class ManagedJobController(Controller[int, ManagedJobRecord, ClusterRecord | Non
             "job_seconds": round(record.job_seconds(now), 1),
             "attempts": record.attempts, "recoveries": record.recoveries,
             "user_restarts": record.user_restarts,
-            "infra": "/".join(str(placed[k]) for k in ("provider", "region", "zone")
-                              if placed.get(k)) or None,
+            "infra": placed.infra if placed is not None else None,
             # Asked for, then what it got once placed: "1x[CPU:2, spot] m6i.large".
             "resources": " ".join(p for p in (record.task.resources,
-                                              placed.get("instance_type")) if p) or None,
+                                              placed and placed.instance_type) if p) or None,
         }
 
     def queue(self, include_finished: bool) -> dict[str, Any]:
@@ -405,10 +404,8 @@ class ManagedJobController(Controller[int, ManagedJobRecord, ClusterRecord | Non
                     await self._down(record, "removing what the failed launch left")
                 continue
             cluster = self._cluster_store.get(record.cluster)
-            placed = dict(cluster.launched_resources or {}) if cluster else {}
-            await self._store.update(record.id, placed={
-                k: placed.get(k) for k in ("provider", "region", "zone", "instance_type",
-                                           "spot")})
+            await self._store.update(
+                record.id, placed=cluster.launched_resources if cluster else None)
             return True
 
     async def _submit(self, record: ManagedJobRecord) -> None:

@@ -61,7 +61,7 @@ async def cluster_health(cluster: ClusterRecord | None, providers: ProviderRegis
         if bad:
             return (f"node {bad[0].node_id} is {bad[0].status}"
                     + (" (preempted?)" if cluster.launched_resources
-                       and cluster.launched_resources.get("spot") else ""), False)
+                       and cluster.launched_resources.spot else ""), False)
         if links is not None:
             cut_off = await links.cut_off(n.ssh for n in nodes if n.ssh is not None)
             if cut_off is not None:

@@ -40,12 +40,12 @@ class RecoveryPolicy:
         """Whether a user failure after `restarts_so_far` retries is retried once more."""
         return restarts_so_far < self.max_restarts_on_errors
 
-    def steering(self, lost: dict[str, Any] | None) -> Steering | None:
-        """How a relaunch after losing the cluster placed at `lost` (its placement's view:
-        provider, region, zone) orders its first round; None with nothing to go on."""
-        if not lost or not lost.get("provider"):
+    def steering(self, lost: Placement | None) -> Steering | None:
+        """How a relaunch after losing the cluster placed at `lost` (by its provider, region
+        and zone) orders its first round; None with nothing to go on."""
+        if lost is None:
             return None
-        where = Placement(lost["provider"], lost.get("region"), lost.get("zone"), None, 0, 0)
+        where = Placement(lost.provider, lost.region, lost.zone, None, 0, 0)
         if self.strategy == Strategy.EAGER_NEXT_REGION:
             return Steering(avoid=((where, BlockScope.REGION),))
         # A provider without zones (a Kubernetes context) is not skipped: it is its region.

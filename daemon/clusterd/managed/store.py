@@ -15,8 +15,10 @@ from typing import Any
 
 from clusterctl.protocol import ManagedJobStatus
 from clusterd.managed import transitions
+from clusterd.providers.base import Placement
 from clusterd.redact import redact_envs, redact_task_yaml, redact_urls
 from clusterd.state.db import Database, dumps, loads
+from clusterd.state.resources import placement_from_text, placement_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +94,7 @@ class ManagedJobRecord:
     # The final status the job takes once its cluster is gone ("STATUS reason"); set before
     # the teardown, so a daemon killed during it finishes the teardown on restart.
     ending: str | None = None
-    placed: dict[str, Any] | None = None  # where it runs now (provider, region, zone)
+    placed: Placement | None = None  # where its cluster is now (as that cluster's record says)
     started_at: float | None = None
     ended_at: float | None = None
     run_started_at: float | None = None  # the current attempt RUNNING since
@@ -102,7 +104,7 @@ class ManagedJobRecord:
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         row["status"] = str(self.status)
         row["task"] = dumps(self.task.to_json())
-        row["placed"] = None if self.placed is None else dumps(self.placed)
+        row["placed"] = None if self.placed is None else placement_text(self.placed)
         return row
 
     @classmethod
@@ -110,7 +112,7 @@ class ManagedJobRecord:
         values = dict(row)
         values["status"] = ManagedJobStatus(values["status"])
         values["task"] = SubmittedTask.from_json(loads(values["task"]) or {})
-        values["placed"] = loads(values["placed"])
+        values["placed"] = placement_from_text(values["placed"])
         return cls(**values)
 
     def job_seconds(self, now: float | None = None) -> float:

@@ -68,17 +68,6 @@ class Placement:
     def describe(self) -> str:
         return f"{self.infra} ({self.instance_type})" if self.instance_type else self.infra
 
-    def resources_view(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_view(cls, view: dict[str, Any]) -> Placement:
-        """A placement from its `resources_view` (keys it does not have are ignored)."""
-        return cls(**{k: v for k, v in view.items() if k in _PLACEMENT_FIELDS})
-
-
-_PLACEMENT_FIELDS = frozenset(f.name for f in dataclasses.fields(Placement))
-
 
 @dataclasses.dataclass(frozen=True)
 class ClusterRequest:

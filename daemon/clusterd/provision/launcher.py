@@ -128,7 +128,7 @@ class Provisioner:
         placement = option.placement
         await request.progress(f"creating nodes on {placement.describe()}", "provision")
         record = await self._store.update(
-            record.name, provider=provider.name, launched_resources=placement.resources_view(),
+            record.name, provider=provider.name, launched_resources=placement,
             handle=ClusterHandle(intent=placement, create_token=token))
         self.attempts += 1
         started = time.monotonic()

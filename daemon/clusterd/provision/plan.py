@@ -26,7 +26,7 @@ from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import Candidate, candidates, plan
 from clusterd.provision.failover import Attempt, Option, Steering
 from clusterd.state.clusters import ClusterRecord
-from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec, choices_from_view
+from clusterd.tasks.spec import Autostop, Infra, Resources, TaskSpec
 
 # How a cluster's runtime answered: "other version" is an agent of another clusterd.
 Health = Literal["healthy", "other version", "unhealthy"]
@@ -159,8 +159,11 @@ def decide(request: LaunchRequest | None, record: ClusterRecord | None,
 
 
 def placement_of(record: ClusterRecord) -> Placement:
-    """Where a cluster lives (as its record says it was placed)."""
-    return Placement.from_view(record.launched_resources or {})
+    """Where a cluster lives (as its record says it was placed): for a cluster that was UP,
+    which a launch placed."""
+    if record.launched_resources is None:
+        raise ValueError(f"cluster {record.name} was never placed")
+    return record.launched_resources
 
 
 Where = tuple[str, str | None, str | None, str | None]
@@ -209,10 +212,9 @@ class LaunchPlan:
     @classmethod
     def resume(cls, record: ClusterRecord) -> LaunchPlan:
         """Where the record's own request may go, the interrupted attempt's place first."""
-        base = Resources.from_view(record.requested_resources)
-        choices, ordered = choices_from_view(record.requested_resources)
+        requested = record.requested_resources
         return cls(record.name, record.cloud_name, record.num_nodes, record.autostop_down,
-                   choices=choices or (base,), ordered=ordered,
+                   choices=requested.options(), ordered=requested.ordered,
                    resume_at=record.handle.intent)
 
     @classmethod
@@ -220,7 +222,7 @@ class LaunchPlan:
         """The cluster's missing nodes, where it lives and nowhere else."""
         placement = placement_of(record)
         resources = dataclasses.replace(
-            Resources.from_view(record.requested_resources),
+            record.requested_resources.resources,
             infra=Infra(placement.provider, placement.region, placement.zone))
         request = ClusterRequest(record.name, record.cloud_name, record.num_nodes, resources,
                                  autostop_down=record.autostop_down,

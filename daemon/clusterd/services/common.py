@@ -8,7 +8,7 @@ import secrets
 from collections.abc import Collection, Iterable
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError, clipped, shown
-from clusterd.providers.base import Provider, ProviderHandle, infra_label
+from clusterd.providers.base import Provider, ProviderHandle
 from clusterd.requests import RunningRequest
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks import fields
@@ -139,7 +139,8 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, honoured: Collection[s
     if not fits:
         raise ProtocolError(ErrorCode.CLUSTER_MISMATCH, str(shortfalls[0]),
                             "launch a new cluster with what the task needs under another name")
-    have = str((record.launched_resources or {}).get("accelerator") or "").lower()
+    placed = record.launched_resources
+    have = ((placed.accelerator if placed else None) or "").lower()
     wanted = next((r for r in fits if have and (r.accelerator or "").lower() == have), fits[0])
     warnings, refusals = fields.on_provider(wanted, record.provider, honoured, strict)
     if refusals:
@@ -153,23 +154,23 @@ def fit_to_cluster(record: ClusterRecord, task: TaskSpec, honoured: Collection[s
 
 
 def _where(record: ClusterRecord) -> str:
-    placed = record.launched_resources or {}
-    return infra_label(record.provider, placed.get("region"), placed.get("zone"))
+    placed = record.launched_resources
+    return placed.infra if placed is not None else record.provider
 
 
 def _lives_in(infra: Infra, record: ClusterRecord) -> bool:
     """Whether the cluster is where `infra` points (each part it names, if the record says)."""
-    placed = record.launched_resources or {}
+    placed = record.launched_resources
     return all(asked is None or known is None or asked == known for asked, known in (
-        (infra.provider, record.provider), (infra.region, placed.get("region")),
-        (infra.zone, placed.get("zone"))))
+        (infra.provider, record.provider), (infra.region, placed and placed.region),
+        (infra.zone, placed and placed.zone)))
 
 
 def _shortfall(record: ClusterRecord, wanted: Resources) -> str | None:
     """What a node of the cluster lacks of what `wanted` asks for (None: nothing), by the
     record of what its nodes were placed with."""
-    have = record.launched_resources or {}
-    cpus, memory = have.get("cpus"), have.get("memory_gb")
+    have = record.launched_resources
+    cpus, memory = (have.cpus, have.memory_gb) if have is not None else (None, None)
     if wanted.cpus is not None and cpus and wanted.cpus > cpus:
         return (f"the task asks for {wanted.cpus:g} CPUs per node; {record.name}'s nodes have "
                 f"{cpus:g}")
@@ -177,7 +178,8 @@ def _shortfall(record: ClusterRecord, wanted: Resources) -> str | None:
         return (f"the task asks for {wanted.memory_gb:g} GB of memory per node; "
                 f"{record.name}'s nodes have {memory:.1f}")
     if wanted.accelerator:
-        name, count = have.get("accelerator"), float(have.get("accelerator_count") or 0)
+        name, count = ((have.accelerator, float(have.accelerator_count)) if have is not None
+                       else (None, 0.0))
         if (not name or str(name).lower() != wanted.accelerator.lower()
                 or wanted.accelerator_count > count):
             has = f"{name}:{count:g}" if name else "no accelerators"

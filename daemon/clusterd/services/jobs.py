@@ -406,9 +406,9 @@ class JobService:
 
 def _where(record: ClusterRecord, cloud: str) -> dict[str, str]:
     """SKYPILOT_CLUSTER_INFO's place: `cloud` as SkyPilot names the provider."""
-    placed = record.launched_resources or {}
+    placed = record.launched_resources
     return {
         "cloud": cloud,
-        "region": str(placed.get("region") or ""),
-        "zone": str(placed.get("zone") or ""),
+        "region": (placed and placed.region) or "",
+        "zone": (placed and placed.zone) or "",
     }

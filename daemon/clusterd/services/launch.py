@@ -257,7 +257,7 @@ class LaunchSteps:
             cloud_name=plan.cloud_name,
             status=ClusterStatus.INIT,
             num_nodes=task.num_nodes,
-            requested_resources=task.requested_view(),
+            requested_resources=task.request(),
             config_hash=task.config_hash(),
             created_at=now,
             status_updated_at=now,

@@ -13,7 +13,6 @@ from typing import Any
 
 from clusterd.locks import ClusterLocks
 from clusterd.packing import Packed
-from clusterd.providers.base import infra_label
 from clusterd.services.common import require_cluster
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 
@@ -49,7 +48,7 @@ class StatusViews:
                 "busy": [h.describe() for h in holders]}
 
     def _record_view(self, record: ClusterRecord, verbose: bool) -> dict[str, Any]:
-        resources = record.launched_resources or {}
+        placed = record.launched_resources
         view: dict[str, Any] = {
             "name": record.name,
             "provider": record.provider,
@@ -57,15 +56,15 @@ class StatusViews:
             "status": str(record.status),
             "status_reason": record.status_reason,
             "num_nodes": record.num_nodes,
-            "cpus": resources.get("cpus"),
-            "memory_gb": resources.get("memory_gb"),
-            "instance_type": resources.get("instance_type"),
-            "region": resources.get("region"),
-            "zone": resources.get("zone"),
-            "spot": bool(resources.get("spot")),
+            "cpus": placed and placed.cpus,
+            "memory_gb": placed and placed.memory_gb,
+            "instance_type": placed and placed.instance_type,
+            "region": placed and placed.region,
+            "zone": placed and placed.zone,
+            "spot": bool(placed and placed.spot),
             # What the catalog says the cluster costs while it runs (all nodes), if it knows.
-            "price_per_hour": (round(resources["price_per_hour"] * record.num_nodes, 4)
-                               if resources.get("price_per_hour") else None),
+            "price_per_hour": (round(placed.price_per_hour * record.num_nodes, 4)
+                               if placed and placed.price_per_hour else None),
             "launched_at": record.launched_at,
             "autostop_minutes": record.autostop_minutes,
             "autostop_down": record.autostop_down,
@@ -76,7 +75,7 @@ class StatusViews:
         }
         if verbose:  # what only -v shows is the bulk of a reply of many views
             view.update({
-                "resources": record.requested_resources,
+                "resources": record.requested_resources.view(),
                 "status_updated_at": record.status_updated_at,
                 "cloud_name": record.cloud_name,
                 "hosts": [str(h) for h in (record.handle.provider.held_hosts()
@@ -103,8 +102,8 @@ class StatusViews:
 
 def _infra_text(record: ClusterRecord) -> str:
     """Where the cluster is (as placed: provider/region/zone), else where it was asked for."""
-    placed = record.launched_resources or {}
-    if placed.get("provider"):
-        return infra_label(placed["provider"], placed.get("region"), placed.get("zone"))
-    infra = record.requested_resources.get("infra")
-    return str(infra) if infra and infra != "*" else record.provider
+    placed = record.launched_resources
+    if placed is not None:
+        return placed.infra
+    asked = str(record.requested_resources.resources.infra)
+    return asked if asked != "*" else record.provider

@@ -18,9 +18,17 @@ import anyio.lowlevel
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from clusterctl.protocol import ClusterStatus
+from clusterd.providers.base import Placement
 from clusterd.redact import redact_urls
 from clusterd.state.db import Database, dumps, loads
 from clusterd.state.handles import ClusterHandle
+from clusterd.state.resources import (
+    placement_from_text,
+    placement_text,
+    request_from_text,
+    request_text,
+)
+from clusterd.tasks.spec import ResourceRequest
 
 # Bound on the events table; the oldest beyond it are pruned on start and every so often.
 EVENT_RETENTION = 20_000
@@ -38,12 +46,13 @@ class ClusterRecord:
     cloud_name: str  # the name the provider knows it by; recorded before any create call
     status: ClusterStatus
     num_nodes: int
-    requested_resources: dict[str, Any]
+    requested_resources: ResourceRequest
     config_hash: str
     created_at: float
     status_updated_at: float
     status_reason: str = ""
-    launched_resources: dict[str, Any] | None = None
+    # Where the current (or last) launch attempt put it, and what its nodes have.
+    launched_resources: Placement | None = None
     handle: ClusterHandle = dataclasses.field(default_factory=ClusterHandle)
     autostop_minutes: float | None = None
     autostop_down: bool = False
@@ -80,9 +89,9 @@ class ClusterRecord:
     def to_row(self) -> dict[str, Any]:
         row = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         row["status"] = str(self.status)
-        row["requested_resources"] = dumps(self.requested_resources)
+        row["requested_resources"] = request_text(self.requested_resources)
         row["launched_resources"] = (
-            None if self.launched_resources is None else dumps(self.launched_resources)
+            None if self.launched_resources is None else placement_text(self.launched_resources)
         )
         handle = self.handle.to_json()
         row["handle"] = None if handle is None else dumps(handle)
@@ -94,8 +103,8 @@ class ClusterRecord:
     def from_row(cls, row: Any) -> ClusterRecord:
         values = dict(row)
         values["status"] = ClusterStatus(values["status"])
-        values["requested_resources"] = loads(values["requested_resources"]) or {}
-        values["launched_resources"] = loads(values["launched_resources"])
+        values["requested_resources"] = request_from_text(values["requested_resources"])
+        values["launched_resources"] = placement_from_text(values["launched_resources"])
         values["handle"] = ClusterHandle.from_json(loads(values["handle"]), values["provider"])
         values["autostop_down"] = bool(values["autostop_down"])
         values["ever_up"] = bool(values["ever_up"])

@@ -15,6 +15,7 @@ from typing import Any
 from clusterd.nodes import SSHTarget
 from clusterd.providers.base import Placement, ProviderHandle
 from clusterd.ssh.tunnels import TunnelState
+from clusterd.state.resources import load_placement, placement_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ class ClusterHandle:
         """The column's JSON object (None, a NULL column, when there is nothing to keep)."""
         data: dict[str, Any] = {}
         if self.intent is not None:
-            data["intent"] = self.intent.resources_view()
+            data["intent"] = placement_json(self.intent)
         if self.create_token is not None:
             data["create_token"] = self.create_token
         if self.provider is not None:
@@ -101,7 +102,7 @@ class ClusterHandle:
         intent, runtime, tunnel = data.get("intent"), data.get("runtime"), data.get("tunnel")
         recorded = data.get("provider")
         return cls(
-            intent=Placement.from_view(intent) if intent else None,
+            intent=load_placement(intent),
             create_token=data.get("create_token"),
             provider=ProviderHandle.decode(provider, recorded) if recorded else None,
             runtime=RuntimeHandle.from_json(runtime) if runtime else None,

@@ -109,10 +109,33 @@ class Resources:
 _RESOURCE_FIELDS = frozenset(f.name for f in dataclasses.fields(Resources))
 
 
-def choices_from_view(view: dict[str, Any]) -> tuple[tuple[Resources, ...], bool]:
-    """The alternatives a record's requested resources hold (see TaskSpec.requested_view)."""
-    return (tuple(Resources.from_view(v) for v in view.get("choices") or ()),
-            bool(view.get("choices_ordered")))
+@dataclasses.dataclass(frozen=True)
+class ResourceRequest:
+    """What a cluster was asked for, as its record keeps it: the task's resources and its
+    alternatives (SkyPilot's `any_of` / `ordered`), each already merged over them."""
+
+    resources: Resources = dataclasses.field(default_factory=Resources)
+    choices: tuple[Resources, ...] = ()
+    ordered: bool = False  # the choices in the user's order, not cheapest first
+
+    def options(self) -> tuple[Resources, ...]:
+        """What the cluster can run on: its alternatives, or its one set of resources."""
+        return self.choices or (self.resources,)
+
+    def view(self) -> dict[str, Any]:
+        """As `status -v` shows it, the config hash covers it and the record stores it."""
+        view = self.resources.provisioning_view()
+        if self.choices:
+            view["choices"] = [r.provisioning_view() for r in self.choices]
+            view["choices_ordered"] = self.ordered
+        return view
+
+    @classmethod
+    def from_view(cls, view: dict[str, Any]) -> ResourceRequest:
+        """The inverse of `view` (keys it does not know are ignored)."""
+        return cls(Resources.from_view(view),
+                   tuple(Resources.from_view(v) for v in view.get("choices") or ()),
+                   bool(view.get("choices_ordered")))
 
 
 def _num(value: float) -> str:
@@ -170,17 +193,13 @@ class TaskSpec:
         """What the task can run on: its alternatives, or its one set of resources."""
         return self.resource_choices or (self.resources,)
 
-    def requested_view(self) -> dict[str, Any]:
+    def request(self) -> ResourceRequest:
         """The resources asked for, as a cluster record keeps them."""
-        view = self.resources.provisioning_view()
-        if self.resource_choices:
-            view["choices"] = [r.provisioning_view() for r in self.resource_choices]
-            view["choices_ordered"] = self.choices_ordered
-        return view
+        return ResourceRequest(self.resources, self.resource_choices, self.choices_ordered)
 
     def config_hash(self) -> str:
         """Identifies the cluster this task needs: same hash, same nodes, nothing to provision."""
-        view = {"num_nodes": self.num_nodes, "resources": self.requested_view()}
+        view = {"num_nodes": self.num_nodes, "resources": self.request().view()}
         return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()[:16]
 
     def public_view(self) -> dict[str, Any]:
