@@ -127,6 +127,62 @@ def connect_ray(address: str, timeout_s: float) -> None:
             time.sleep(0.25)  # started beside the head's Ray: it may be moments away
 
 
+async def _stop_runtime(args: argparse.Namespace, scheduler: Scheduler, reason: str,
+                        down: bool) -> None:
+    """What autostop does: end every job, then stop Ray on every node (and shut the nodes
+    down when the provider asked for that)."""
+    write_marker(args.state_dir, reason, down)
+    await scheduler.cancel([], cancel_all=True, reason=reason)
+    with anyio.move_on_after(30):
+        await scheduler.drain()
+    if not args.node_run_dir:
+        return
+    head = ray.get_runtime_context().get_node_id()
+    workers = [n for n in await scheduler.nodes() if n.node_id != head]
+    for worker in workers:  # their raylets die under the tasks: no answer to wait for
+        node_tasks.pinned(node_tasks.stop_node_ray, worker.node_id).remote(
+            args.node_run_dir, args.shutdown_nodes)
+    await anyio.sleep(5 if workers else 0)
+    await anyio.to_thread.run_sync(
+        node.stop, StopRequest(dir=os.path.expanduser(args.node_run_dir), parts=["ray"]))
+    if args.shutdown_nodes:
+        logger.warning("shutting the head node down")
+        await anyio.to_thread.run_sync(node.schedule_shutdown, 1.0)
+
+
+async def _keep_jobs_bounded(store: JobStore, hub: LogHub, retention: int) -> None:
+    """Every minute: forget (and delete the logs of) the oldest finished jobs beyond the
+    retention setting, so a long-lived cluster's head does not fill up."""
+    while True:
+        removed = await store.prune(max(1, retention))
+        for job_id in removed:
+            await anyio.to_thread.run_sync(hub.remove, job_id)
+        if removed:
+            logger.info("forgot old jobs", count=len(removed), oldest_kept=min(
+                (j.job_id for j in store.all()), default=None))
+        await anyio.sleep(JOB_PRUNE_S)
+
+
+async def _listen(args: argparse.Namespace, store: JobStore, hub: LogHub,
+                  scheduler: Scheduler, contact: ContactClock,
+                  autostop: AutostopState) -> grpc.aio.Server:
+    """The agent's gRPC services on its Unix socket (this user's alone), started."""
+    nonces = NonceBook(ttl_s=args.nonce_ttl)
+    server = grpc.aio.server(interceptors=[TokenGuard(args.token, nonces)],
+                             options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
+    pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
+    pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
+    pb_grpc.add_HealthServiceServicer_to_server(
+        HealthService(scheduler, contact, args.token, nonces), server)
+    socket_path: Path = args.socket_path
+    socket_path.unlink(missing_ok=True)
+    if server.add_insecure_port(f"unix:{socket_path}") == 0:
+        raise SystemExit(f"clusterd-agent: cannot listen on {socket_path}")
+    await server.start()
+    os.chmod(socket_path, 0o600)
+    return server
+
+
 async def serve(args: argparse.Namespace) -> None:
     state_dir: Path = args.state_dir
     store = JobStore(state_dir / "jobs.db")
@@ -146,52 +202,13 @@ async def serve(args: argparse.Namespace) -> None:
     stopped_on_our_own = anyio.Event()
 
     async def stop_runtime(reason: str, down: bool) -> None:
-        write_marker(state_dir, reason, down)
-        await scheduler.cancel([], cancel_all=True, reason=reason)
-        with anyio.move_on_after(30):
-            await scheduler.drain()
-        if args.node_run_dir:
-            head = ray.get_runtime_context().get_node_id()
-            workers = [n for n in await scheduler.nodes() if n.node_id != head]
-            for worker in workers:  # their raylets die under the tasks: no answer to wait for
-                node_tasks.pinned(node_tasks.stop_node_ray, worker.node_id).remote(
-                    args.node_run_dir, args.shutdown_nodes)
-            await anyio.sleep(5 if workers else 0)
-            await anyio.to_thread.run_sync(
-                node.stop, StopRequest(dir=os.path.expanduser(args.node_run_dir), parts=["ray"]))
-            if args.shutdown_nodes:
-                logger.warning("shutting the head node down")
-                await anyio.to_thread.run_sync(node.schedule_shutdown, 1.0)
+        await _stop_runtime(args, scheduler, reason, down)
         stopped_on_our_own.set()
+
     failed = await scheduler.fail_in_progress(RESTART_REASON)
     if failed:
         logger.warning("failed jobs left over from a previous agent", job_ids=failed)
-
-    async def keep_jobs_bounded() -> None:
-        """Every minute: forget (and delete the logs of) the oldest finished jobs beyond the
-        retention setting, so a long-lived cluster's head does not fill up."""
-        while True:
-            removed = await store.prune(max(1, args.job_retention))
-            for job_id in removed:
-                await anyio.to_thread.run_sync(hub.remove, job_id)
-            if removed:
-                logger.info("forgot old jobs", count=len(removed), oldest_kept=min(
-                    (j.job_id for j in store.all()), default=None))
-            await anyio.sleep(JOB_PRUNE_S)
-
-    nonces = NonceBook(ttl_s=args.nonce_ttl)
-    server = grpc.aio.server(interceptors=[TokenGuard(args.token, nonces)],
-                             options=SERVER_OPTIONS, maximum_concurrent_rpcs=MAX_CONCURRENT_RPCS)
-    pb_grpc.add_JobsServiceServicer_to_server(JobsService(store, hub, scheduler, contact), server)
-    pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
-    pb_grpc.add_HealthServiceServicer_to_server(
-        HealthService(scheduler, contact, args.token, nonces), server)
-    socket_path: Path = args.socket_path
-    socket_path.unlink(missing_ok=True)
-    if server.add_insecure_port(f"unix:{socket_path}") == 0:
-        raise SystemExit(f"clusterd-agent: cannot listen on {socket_path}")
-    await server.start()
-    os.chmod(socket_path, 0o600)
+    server = await _listen(args, store, hub, scheduler, contact, autostop)
     logger.info("agent serving", listen=args.listen, pid=os.getpid())
     if args.ready_file is not None:
         args.ready_file.write_text(str(os.getpid()))
@@ -200,7 +217,7 @@ async def serve(args: argparse.Namespace) -> None:
         async with anyio.create_task_group() as group:
             await group.start(scheduler.run)
             group.start_soon(autostop.sample_ssh_sessions)
-            group.start_soon(keep_jobs_bounded)
+            group.start_soon(_keep_jobs_bounded, store, hub, args.job_retention)
             group.start_soon(autostop.enforce, args.autostop_grace,
                              min(10.0, max(1.0, args.autostop_grace / 4)), stop_runtime)
 
@@ -218,7 +235,7 @@ async def serve(args: argparse.Namespace) -> None:
                 await server.stop(grace=1.0)
             group.cancel_scope.cancel()
     await store.close()
-    socket_path.unlink(missing_ok=True)
+    args.socket_path.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> None:
