@@ -317,12 +317,12 @@ touch {venv}/only-here""")
 def test_nothing_but_loopback_is_reachable(bed: Bed) -> None:
     got = bed.py("""
 import socket, errno
-s = socket.socket(); s.settimeout(5); t = time.monotonic()
+s = socket.socket(); s.settimeout(5)
 try:
     s.connect(("192.0.2.1", 80)); out("connected")
-except OSError as e:
-    out([e.errno == errno.ENETUNREACH, time.monotonic() - t])""")
-    assert got[0] is True and got[1] < 1.0
+except OSError as e:  # no route: refused at once (a timeout has no errno)
+    out(e.errno == errno.ENETUNREACH)""")
+    assert got is True
 
 
 # ---------------------------------------------------------------------------- nodes
