@@ -29,6 +29,7 @@ from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.control import NodeLinks
+from clusterd.control.restart import RestartPacer
 from clusterd.heap import Heap
 from clusterd.locks import ClusterLocks
 from clusterd.loop_watch import LoopWatch
@@ -250,7 +251,9 @@ class Daemon:
             self.managed_store, self.store, self.clusters, self.jobs, self.providers,
             self.access, self.requests, settings.state_dir / "managed-jobs",
             Timing(retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s),
-            links=NodeLinks(self.ssh))
+            links=NodeLinks(self.ssh),
+            pacer=RestartPacer(limit=max(1, settings.restart_limit),
+                               spread_max_s=settings.restart_spread_max_s))
         self.loop_watch = LoopWatch()
         self.heap = Heap()
         self.handlers = Handlers(

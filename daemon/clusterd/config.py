@@ -59,6 +59,10 @@ class Settings:
     # `launch --retry-until-up`: the first wait between rounds, growing 1.5x up to the cap.
     retry_gap_s: float = setting(10.0, "CLUSTERD_RETRY_GAP")
     retry_max_gap_s: float = setting(300.0, "CLUSTERD_RETRY_MAX_GAP")
+    # After a daemon restart, unfinished managed jobs are brought back this many at a time,
+    # their starts spread over up to this many seconds (control/restart.py).
+    restart_limit: int = setting(8, "CLUSTERD_RESTART_LIMIT", maximum=10_000)
+    restart_spread_max_s: float = setting(30.0, "CLUSTERD_RESTART_SPREAD_MAX")
     # How long new nodes may take to run and answer SSH before the attempt counts as failed.
     provision_wait_s: float = setting(900.0, "CLUSTERD_PROVISION_WAIT")
     # A client connection with no request in flight for this long is closed.

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 
 import anyio
 
-# Resumed objects brought back at once.
+# Resumed objects brought back at once (the daemon's CLUSTERD_RESTART_LIMIT).
 RESTART_LIMIT = 8
 # The start of each is spread over up to this many seconds per object, capped at SPREAD_MAX_S:
-# 200 jobs start within the first 30 s, 3 within 0.75 s.
+# 200 jobs start within the first 30 s, 3 within 0.75 s (CLUSTERD_RESTART_SPREAD_MAX).
 SPREAD_PER_OBJECT_S = 0.25
 SPREAD_MAX_S = 30.0
 
