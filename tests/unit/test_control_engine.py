@@ -12,10 +12,15 @@ from collections.abc import Mapping
 import anyio
 import anyio.lowlevel
 import pytest
+from botocore.exceptions import ClientError
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.control import Action, Controller, Engine, RestartPacer, RetryGaps, is_throttling
+from clusterd.providers.aws import errors as aws_errors
 from clusterd.providers.aws.throttle import Backoff
+from clusterd.providers.base import ProvisionError
+from clusterd.provision.failover import Attempt
+from clusterd.provision.launcher import NoPlacement
 
 pytestmark = pytest.mark.anyio
 
@@ -248,8 +253,24 @@ def test_throttled_failures_wait_at_least_a_jittered_exponential_backoff() -> No
     assert len(set(seen)) > 10, "controllers throttled together must not retry together"
 
 
-def test_throttling_is_told_by_the_providers_error_code() -> None:
-    assert is_throttling(ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE,
-                                       "no place: us-east-1: RequestLimitExceeded: slow down"))
+def _aws_refusal(code: str) -> ProvisionError:
+    return aws_errors.classify(ClientError({"Error": {"Code": code, "Message": "no"},
+                                            "ResponseMetadata": {"HTTPStatusCode": 503}},
+                                           "RunInstances"), "aws/us-east-1")
+
+
+def _attempt(error: ProvisionError) -> Attempt:
+    return Attempt("aws/us-east-1", "m5.large", error.message, str(error.scope),
+                   throttled=error.throttled)
+
+
+def test_throttling_is_told_by_the_providers_error_not_by_its_text() -> None:
+    throttled, no_capacity = _aws_refusal("RequestLimitExceeded"), _aws_refusal(
+        "InsufficientInstanceCapacity")
+    assert is_throttling(throttled) and not is_throttling(no_capacity)
+    # Failover's summary carries it when any place refused for the rate, not for capacity.
+    assert is_throttling(NoPlacement("c", [_attempt(no_capacity), _attempt(throttled)]))
+    assert not is_throttling(NoPlacement("c", [_attempt(no_capacity)]))
+    # A message that only names the code (a task's echo, a user's cluster name) is not one.
     assert not is_throttling(ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE,
-                                           "InsufficientInstanceCapacity"))
+                                           "no place: us-east-1: RequestLimitExceeded"))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 
 from clusterctl.protocol import ProtocolError
-from clusterd.providers.aws.throttle import THROTTLING_CODES, Backoff
+from clusterd.providers.aws.throttle import Backoff
 
 # Above a provider's own retries of each call (which ride out minutes of throttling): the
 # controller's retries back off from tens of seconds to a few minutes.
@@ -21,10 +21,10 @@ THROTTLE_BACKOFF = Backoff(base_s=20.0, cap_s=300.0)
 
 
 def is_throttling(error: ProtocolError) -> bool:
-    """Whether the action failed because the provider limited the request rate. Providers
-    name the cloud's error code in their message (see aws/errors.py), the only place it
-    survives failover's summary."""
-    return any(code in error.message for code in THROTTLING_CODES)
+    """Whether the action failed because the provider limited the request rate: a
+    provider's ProvisionError says so, and so does failover's summary (launcher.NoPlacement)
+    when any attempt was refused for it."""
+    return bool(getattr(error, "throttled", False))
 
 
 class RetryGaps:

@@ -202,11 +202,16 @@ class ProviderContext:
 
 
 class ProvisionError(ProtocolError):
-    def __init__(self, message: str, scope: BlockScope, hint: str = "") -> None:
+    def __init__(self, message: str, scope: BlockScope, hint: str = "", *,
+                 throttled: bool = False) -> None:
         code = ErrorCode.RESOURCES_UNAVAILABLE if scope != BlockScope.FATAL else (
             ErrorCode.PROVIDER_ERROR)
         super().__init__(code, message, hint)
         self.scope = scope
+        # The provider limited this account's request rate (after riding it out call by
+        # call): no lack of capacity, and every controller meets it at once
+        # (control/retry.py spreads their retries out).
+        self.throttled = throttled
 
 
 class AcceleratorCatalog(Protocol):

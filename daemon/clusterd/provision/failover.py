@@ -46,6 +46,7 @@ class Attempt:
     reason: str
     scope: str | None  # what it blocked: zone, region, provider, fatal; None for success
     seconds: float = 0.0
+    throttled: bool = False  # the provider limited the request rate (ProvisionError.throttled)
 
     def to_wire(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -170,7 +171,7 @@ class Failover:
         self.blocklist.add(option.placement, error.scope)
         self.history.append(Attempt(option.placement.infra, resources_of(option),
                                     error.message, str(error.scope),
-                                    round(time.monotonic() - started, 3)))
+                                    round(time.monotonic() - started, 3), error.throttled))
         line = f"{option.describe()}: {_first_line(error.message)}"
         if error.scope == BlockScope.FATAL:
             return line

@@ -213,18 +213,23 @@ class Provisioner:
 
 
 def _unavailable(name: str, failover: Failover) -> ProtocolError:
-    return no_placement(name, failover.history)
+    return NoPlacement(name, failover.history)
 
 
-def no_placement(name: str, attempts: list[Attempt]) -> ProtocolError:
+class NoPlacement(ProtocolError):
     """RESOURCES_UNAVAILABLE, with the table of every attempt: where, what, and why not."""
-    count = len(attempts)
-    return ProtocolError(
-        ErrorCode.RESOURCES_UNAVAILABLE,
-        f"no place could run {name} ({count} attempt{'s' if count != 1 else ''}):\n"
-        + format_table(attempts),
-        "ask for other resources or regions, or keep trying with --retry-until-up",
-    )
+
+    def __init__(self, name: str, attempts: list[Attempt]) -> None:
+        count = len(attempts)
+        super().__init__(
+            ErrorCode.RESOURCES_UNAVAILABLE,
+            f"no place could run {name} ({count} attempt{'s' if count != 1 else ''}):\n"
+            + format_table(attempts),
+            "ask for other resources or regions, or keep trying with --retry-until-up",
+        )
+        # Some place refused for the request rate, not for capacity: worth waiting out.
+        self.throttled = any(attempt.throttled for attempt in attempts)
+
 
 
 def _resumed_token(record: ClusterRecord) -> dict[Where, str]:

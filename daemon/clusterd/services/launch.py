@@ -22,7 +22,7 @@ from clusterd.providers.base import Provider, ProviderHandle, ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.candidates import candidates
 from clusterd.provision.failover import Attempt, Option
-from clusterd.provision.launcher import Provisioned, Provisioner, no_placement
+from clusterd.provision.launcher import NoPlacement, Provisioned, Provisioner
 from clusterd.provision.plan import (
     FINAL,
     LaunchPlan,
@@ -246,7 +246,7 @@ class LaunchSteps:
             await request.progress(f"{refusal.infra} ({refusal.resources}): "
                                    f"{refusal.reason.splitlines()[0]} — not trying it", "failover")
         if not first[0] and not launch.retry_until_up:
-            raise no_placement(name, first[1])
+            raise NoPlacement(name, first[1])
         shared = [w for w in first[0][0].warnings
                   if all(w in option.warnings for option in first[0])] if first[0] else []
         await warn([*task.warnings, *shared])

@@ -71,7 +71,7 @@ def classify(error: BaseException, where: str = "aws") -> ProvisionError:
         if code in THROTTLING_CODES:
             return ProvisionError(text, BlockScope.REGION,
                                   "AWS is limiting this account's request rate in this region; "
-                                  "retry later, or ask AWS for a higher limit")
+                                  "retry later, or ask AWS for a higher limit", throttled=True)
         if code == "IdempotentParameterMismatch":
             return ProvisionError(text, BlockScope.FATAL,
                                   "a resumed launch asked EC2 for other instances than the "

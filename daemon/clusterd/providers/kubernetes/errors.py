@@ -96,7 +96,8 @@ def classify(error: BaseException, context: str) -> ProvisionError:
         if error.status == 404:
             return ProvisionError(text, BlockScope.REGION,
                                   "the context's namespace may not exist")
-        return ProvisionError(text, BlockScope.REGION)
+        # 429 here: still limited after api.py's retries (API Priority and Fairness).
+        return ProvisionError(text, BlockScope.REGION, throttled=error.status == 429)
     if isinstance(error, ConfigException):
         return ProvisionError(f"{where}: the kubeconfig cannot be used: {error}",
                               BlockScope.REGION, "check KUBECONFIG or ~/.kube/config")
