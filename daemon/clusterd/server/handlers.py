@@ -264,6 +264,11 @@ class Handlers:
             raise ProtocolError(ErrorCode.REQUEST_NOT_FOUND,
                                 f"request {args.request_id} does not exist",
                                 "see `clusterctl requests --all`")
+        # As when it was followed live: its request event, the steps it kept, its outcome.
+        await call.emit("request", {"request_id": record.id, "op": record.op,
+                                    "cluster": record.cluster})
+        for name, data in record.steps or ():
+            await call.emit(name, data)
         return _ended(record)
 
     async def nodes(self, call: Call, args: protocol.NodesArgs) -> dict[str, Any]:
