@@ -240,6 +240,15 @@ class NodesArgs(OpArgs):
     cluster: str
 
 
+class NodeUsageArgs(OpArgs):
+    """An UP cluster's nodes' recent CPU, memory and GPU use, as its agent sampled it (the
+    last hour at most); with ``since`` (Unix seconds), only samples newer than that."""
+
+    op = "node_usage"
+    cluster: str
+    since: float = 0.0
+
+
 class JobsLaunchArgs(TaskArgs):
     """Submit a managed job: it gets a cluster of its own (named ``mj-ID-NAME``), is
     recovered when that cluster is lost, and the cluster is torn down when the job ends.
@@ -329,6 +338,7 @@ OPS: dict[str, type[OpArgs]] = {
         ShowGpusArgs,
         FollowRequestArgs,
         NodesArgs,
+        NodeUsageArgs,
         JobsLaunchArgs,
         JobsQueueArgs,
         JobsLogsArgs,
