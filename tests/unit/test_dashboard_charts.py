@@ -73,6 +73,8 @@ def test_the_timeline_draws_statuses_phases_jobs_and_marks() -> None:
     # The stopped span runs to now; bars stay inside the drawing.
     xs = [float(x) for x in re.findall(r'<rect x="([\d.]+)"', svg)]
     assert xs and min(xs) >= 80 and max(xs) <= 1000
+    # An axis of clock times: a tick every 2 minutes over these 600 s.
+    assert len(re.findall(r'class="tl-tick"', svg)) == 5
 
 
 def test_a_torn_down_cluster_s_timeline_ends_at_its_teardown_and_text_is_escaped() -> None:

@@ -259,8 +259,8 @@ def _marks(scale: _Scale, y: float, events: Iterable[dict[str, Any]]) -> list[st
 
 def _axis(scale: _Scale, bottom: float) -> str:
     span = scale.end - scale.start
-    step = next((s for s in (60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400, 7 * 86400)
-                 if span / s <= 6), 30 * 86400)
+    step = next((s for s in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600,
+                             3 * 3600, 6 * 3600, 86400, 7 * 86400) if span / s <= 8), 30 * 86400)
     first = (int(scale.start) // step + 1) * step
     ticks = []
     for t in range(first, int(scale.end) + 1, step):
