@@ -141,6 +141,12 @@ def _jobs() -> Any:
     return clusterctl._jobs_cli
 
 
+def _ssh() -> Any:
+    import clusterctl._ssh_cli  # only when `ssh` runs
+
+    return clusterctl._ssh_cli
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -167,6 +173,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                  _autostop_options),
     "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
              lambda sub: _jobs().add_options(sub)),
+    "ssh": ("a login shell (or a command) on a cluster's node, through your own ssh",
+            lambda sub: _ssh().add_options(sub)),
     "storage": ("buckets clusterd made for file_mounts: ls, delete",
                 lambda sub: _storage().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
@@ -181,7 +189,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     action's parser (see _Verbs). Below the top their default is SUPPRESS: argparse copies
     everything a verb's parser parsed over what the top parsed, and a default there would
     undo `--socket S status`."""
-    unset = {} if top else {"default": argparse.SUPPRESS}
+    unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     group = parser if top else parser.add_argument_group(
         "clusterctl's options (also accepted before the command)")
     group.add_argument("--version", action="version", version=f"clusterctl {__version__}")

@@ -398,6 +398,12 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     return _jobs_cli.main(client, args)
 
 
+def cmd_ssh(client: Client, args: argparse.Namespace) -> int:
+    from clusterctl import _ssh_cli  # only when `ssh` runs
+
+    return _ssh_cli.main(client, args)
+
+
 def cmd_storage(client: Client, args: argparse.Namespace) -> int:
     from clusterctl import _storage_cli  # only when `storage` runs
 
@@ -420,6 +426,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "autostop": cmd_autostop,
     "show-gpus": cmd_show_gpus,
     "jobs": cmd_jobs,
+    "ssh": cmd_ssh,
     "storage": cmd_storage,
 }
 
