@@ -147,6 +147,12 @@ def _ssh() -> Any:
     return clusterctl._ssh_cli
 
 
+def _completion() -> Any:
+    import clusterctl._completion  # only when `completion` runs
+
+    return clusterctl._completion
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -177,6 +183,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
             lambda sub: _ssh().add_options(sub)),
     "storage": ("buckets clusterd made for file_mounts: ls, delete",
                 lambda sub: _storage().add_options(sub)),
+    "completion": ("print a shell completion script (bash, zsh, fish) for clusterctl",
+                   lambda sub: _completion().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),

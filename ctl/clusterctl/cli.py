@@ -448,6 +448,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from clusterctl.dashboard import main as dashboard
 
         sys.exit(dashboard(args))
+    if args.verb == "completion":  # a script made from the parser; a client only for names
+        from clusterctl._completion import main as completion
+        from clusterctl._parser import build_parser
+
+        _exit(completion(args, build_parser))
     autostart = False if args.no_autostart else None
 
     def announce(log_path: Any) -> None:
