@@ -1,11 +1,14 @@
 """`clusterctl ssh` on the ssh test bed: the system's ssh, with the options the daemon gives
 over the socket, reaches the head (or a worker) as the node's user, checks the key the daemon
 pinned, passes stdin, stdout and the exit code through, and needs no `Include` in the ssh
-config it reads (this test's ssh runs as root, whose ~/.ssh/config names no cluster)."""
+config it reads (this test's ssh runs as root, whose ~/.ssh/config names no cluster). And a
+shell's completion offers the cluster's name, which it asks the daemon for."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +62,15 @@ def test_a_cluster_that_does_not_exist(bed: Bed) -> None:
     result = bed.daemon.ctl("ssh", "nosuch", "--", "true")
     assert result.returncode == 102
     assert "cluster nosuch does not exist" in result.stderr
+
+
+def test_bash_completes_the_clusters_name(bed: Bed, pair: str, tmp_path: Path) -> None:
+    names = bed.daemon.ctl("completion", "--cluster-names")
+    assert (names.returncode, names.stdout) == (0, f"{pair}\n"), names.stderr
+    script = tmp_path / "clusterctl.bash"
+    script.write_text(bed.daemon.ctl("completion", "bash").stdout)
+    code = (f"source {script}; COMP_WORDS=(clusterctl ssh {pair[:2]}); COMP_CWORD=2; "
+            "_clusterctl; echo \"${COMPREPLY[*]}\"")
+    offered = subprocess.run(["bash", "-c", code], env=bed.daemon.env, capture_output=True,
+                             text=True, timeout=60)
+    assert offered.stdout == f"{pair}\n", offered.stderr
