@@ -250,8 +250,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     asked with no verb, lists them all."""
     parser = _Parser(
         prog="clusterctl", description="Run tasks on your clusters through clusterd.",
-        epilog="Exit codes: 0 ok, 100 job failed, 101 not finished, 102 not found, "
-               "103 cancelled, 1 error.",
+        epilog="clusterctl's own options (--socket, --no-autostart, --version) may also "
+               "follow the command. Exit codes: 0 ok, 100 job failed, 101 not finished, "
+               "102 not found, 103 cancelled, 1 error, 2 usage. Shell completion: "
+               "clusterctl completion --help.",
     )
     _global_options(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
