@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from clusterctl import _argv_cache
 from clusterctl._ssh_cli import ssh_argv
+from clusterctl.cli import parse
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.services.ssh_access import ssh_access
@@ -97,3 +99,14 @@ def test_a_local_cluster_has_nothing_to_ssh_to(writer: SSHConfigWriter) -> None:
     assert "runs on this machine" in refused.value.message
     assert "/state/dev/sky_workdir" in refused.value.hint
     assert "clusterctl exec dev -- CMD" in refused.value.hint
+
+
+def test_an_ssh_command_line_is_never_kept(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A command typed for a remote shell may hold anything (a token in an export): it is
+    parsed each time, never kept at rest by the parse cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    words = ["ssh", "dev", "--", "export", "API_KEY=s3cret;", "./run"]
+    _argv_cache.keep(words, parse(words))
+    assert _argv_cache.recall(words) is None
+    assert not (tmp_path / "clusterd" / _argv_cache.FILE_NAME).exists()
