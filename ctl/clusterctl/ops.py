@@ -240,6 +240,15 @@ class NodesArgs(OpArgs):
     cluster: str
 
 
+class SSHArgs(OpArgs):
+    """How to reach an UP cluster's node with OpenSSH as the daemon does (`clusterctl ssh`):
+    node 0 is the head, N the Nth worker. Nothing is connected; the client runs ssh."""
+
+    op = "ssh"
+    cluster: str
+    node: int = 0
+
+
 class JobsLaunchArgs(TaskArgs):
     """Submit a managed job: it gets a cluster of its own (named ``mj-ID-NAME``), is
     recovered when that cluster is lost, and the cluster is torn down when the job ends.
@@ -329,6 +338,7 @@ OPS: dict[str, type[OpArgs]] = {
         ShowGpusArgs,
         FollowRequestArgs,
         NodesArgs,
+        SSHArgs,
         JobsLaunchArgs,
         JobsQueueArgs,
         JobsLogsArgs,

@@ -106,6 +106,7 @@ class Handlers:
             protocol.ShowGpusArgs.op: self.show_gpus,
             protocol.FollowRequestArgs.op: self.follow_request,
             protocol.NodesArgs.op: self.nodes,
+            protocol.SSHArgs.op: self.ssh,
             protocol.JobsLaunchArgs.op: self.jobs_launch,
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
@@ -269,6 +270,10 @@ class Handlers:
     async def nodes(self, call: Call, args: protocol.NodesArgs) -> dict[str, Any]:
         record = require_cluster(self._store, args.cluster)
         return {"cluster": record.name, "nodes": await node_views(self._providers, record)}
+
+    async def ssh(self, call: Call, args: protocol.SSHArgs) -> dict[str, Any]:
+        check_range("node", args.node, 0, MAX_NUM_NODES - 1)
+        return await self._clusters.ssh_access(args.cluster, args.node)
 
     # -- long-running ops -----------------------------------------------------------------
 
