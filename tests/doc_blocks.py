@@ -29,6 +29,9 @@ MARKER = re.compile(r"^<!--\s*doc-test:\s*(?P<word>\S+)\s*(?P<argument>.*?)\s*--
 FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>[\w+-]*)\s*$")
 # Where one simple command ends and the next begins, as shlex's punctuation_chars splits them.
 OPERATORS = frozenset({"&&", "||", ";", "|", "&", "(", ")", ";;"})
+# Redirections (`> FILE`, `< FILE`): they and their target
+# are taken out of the command's arguments.
+REDIRECTIONS = frozenset({">", ">>", "<", "<<", ">&", "&>", ">|"})
 PROGRAMS = frozenset({"clusterctl", "clusterd"})
 ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
@@ -130,7 +133,14 @@ def invocations(script: str) -> list[tuple[str, list[str]]]:
         lexer.whitespace_split = True
         lexer.commenters = "#"
         command: list[str] = []
+        redirected = False
         for word in [*lexer, ";"]:
+            if redirected:  # a redirection's target is no argument of the command
+                redirected = False
+                continue
+            if word in REDIRECTIONS:
+                redirected = True
+                continue
             if word not in OPERATORS:
                 command.append(word)
                 continue
