@@ -9,11 +9,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from tests.e2e.k8sbed import TESTBED
 from tests.support import Daemon, running_daemon
+from tests.work_units import BedGroupScheduling
 
 
 @pytest.fixture
@@ -63,32 +65,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     terminalreporter.write_line(f"{sum(_module_seconds.values()):8.1f}s in all")
 
 
-# scripts/test runs the suite on two workers (pytest-xdist, --dist loadgroup). A module is
-# one unit of work, so its module fixtures are made once; the modules of one shared bed are
-# one unit too, so each worker does not make a bed of its own (and two beds of a kind do not
-# start at once). The EC2 bed's modules come first: the longest unit starts at once.
-BED_GROUPS = (("k8s", "k8s-bed"), ("ec2", "ec2-bed"), ("chaos", "ec2-bed"),
-              ("ec2_images", "ec2-bed"))
-
-
-def _work_group(items: list[pytest.Item]) -> str:
-    for marker, group in BED_GROUPS:
-        if any(item.get_closest_marker(marker) for item in items):
-            return group
-    module = items[0].module if isinstance(items[0], pytest.Function) else None
-    if module is not None and hasattr(module, "ssh_bed"):
-        return "ssh-bed"  # its hosts' users and port are fixed (tests/e2e/sshbed.py)
-    return items[0].nodeid.split("::", 1)[0]
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    by_module: dict[str, list[pytest.Item]] = {}
-    for item in items:
-        by_module.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
-    for module_items in by_module.values():
-        group = _work_group(module_items)
-        for item in module_items:
-            item.add_marker(pytest.mark.xdist_group(group))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> BedGroupScheduling:
+    """scripts/test's workers take whole modules, and a shared bed's modules together."""
+    return BedGroupScheduling(config, log)
 
 
 # What a marker's tests need built before the first test: (the command, what it builds).

@@ -8,7 +8,8 @@ fingerprint of the code that parsed it (each module's size and mtime, clusterctl
 Python's), and a later run with the same words and the same code takes the kept result.
 A command line that failed to parse or asked for help or the version (argparse exits) is never
 kept, nor one whose values msgpack would not give back as they were, nor `dashboard` (a
-server: its start is not worth a cached parse), nor one that may carry a secret (`--secret`,
+server: its start is not worth a cached parse) or `ssh` (its connection is; and a command
+typed for a remote shell may hold anything), nor one that may carry a secret (`--secret`,
 `GIT_TOKEN`, a URL with credentials in it): secrets are never at rest, and a parse is not
 worth the risk.
 
@@ -36,7 +37,7 @@ from clusterctl._version import __version__
 
 FILE_NAME = "argv.msgpack"
 MAX_LINES = 64  # the most recent command lines parsed, not every one ever typed
-NOT_KEPT_VERBS = ("dashboard",)
+NOT_KEPT_VERBS = ("dashboard", "ssh")
 # Words that make a command line one never kept (see _may_carry_a_secret).
 SECRET_WORDS = ("--secret", "GIT_TOKEN")
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))

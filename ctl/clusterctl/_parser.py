@@ -141,6 +141,18 @@ def _jobs() -> Any:
     return clusterctl._jobs_cli
 
 
+def _ssh() -> Any:
+    import clusterctl._ssh_cli  # only when `ssh` runs
+
+    return clusterctl._ssh_cli
+
+
+def _completion() -> Any:
+    import clusterctl._completion  # only when `completion` runs
+
+    return clusterctl._completion
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -167,18 +179,54 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                  _autostop_options),
     "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
              lambda sub: _jobs().add_options(sub)),
+    "ssh": ("a login shell (or a command) on a cluster's node, through your own ssh",
+            lambda sub: _ssh().add_options(sub)),
     "storage": ("buckets clusterd made for file_mounts: ls, delete",
                 lambda sub: _storage().add_options(sub)),
+    "completion": ("print a shell completion script (bash, zsh, fish) for clusterctl",
+                   lambda sub: _completion().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),
 }
 
 
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """clusterctl's own options, which people type after the verb as often as before it
+    (`clusterctl status --socket S`): on the top-level parser, and on every verb's and
+    action's parser (see _Verbs). Below the top their default is SUPPRESS: argparse copies
+    everything a verb's parser parsed over what the top parsed, and a default there would
+    undo `--socket S status`."""
+    unset: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
+    group = parser if top else parser.add_argument_group(
+        "clusterctl's options (also accepted before the command)")
+    group.add_argument("--version", action="version", version=f"clusterctl {__version__}")
+    group.add_argument("--socket", **unset,
+                       help="clusterd's control socket (default: "
+                            "$XDG_RUNTIME_DIR/clusterd/clusterd.sock, or $CLUSTERD_SOCKET)")
+    group.add_argument("--no-autostart", action="store_true", **unset,
+                       help="do not start clusterd when none answers "
+                            "(or set CLUSTERD_NO_AUTOSTART=1)")
+
+
+class _Verbs(argparse._SubParsersAction):  # type: ignore[type-arg]
+    """Verbs (and a verb's actions, as `jobs launch`): each parser made gets clusterctl's
+    own options, once, here, whoever adds the verb."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = super().add_parser(name, **kwargs)
+        _global_options(parser, top=False)
+        return parser
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser, told the terminal's width: by itself each formatter asks shutil,
     and importing shutil was 5 ms of every run (a formatter is made for each argument added,
-    not only for --help). Subparsers are of this class too."""
+    not only for --help). Subparsers are of this class too, and their subparsers _Verbs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Verbs)
 
     def _get_formatter(self) -> argparse.HelpFormatter:
         return argparse.HelpFormatter(prog=self.prog, width=_columns() - 2)
@@ -202,15 +250,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     asked with no verb, lists them all."""
     parser = _Parser(
         prog="clusterctl", description="Run tasks on your clusters through clusterd.",
-        epilog="Exit codes: 0 ok, 100 job failed, 101 not finished, 102 not found, "
-               "103 cancelled, 1 error.",
+        epilog="clusterctl's own options (--socket, --no-autostart, --version) may also "
+               "follow the command. Exit codes: 0 ok, 100 job failed, 101 not finished, "
+               "102 not found, 103 cancelled, 1 error, 2 usage. Shell completion: "
+               "clusterctl completion --help.",
     )
-    parser.add_argument("--version", action="version", version=f"clusterctl {__version__}")
-    parser.add_argument("--socket", help="clusterd's control socket (default: "
-                        "$XDG_RUNTIME_DIR/clusterd/clusterd.sock, or $CLUSTERD_SOCKET)")
-    parser.add_argument("--no-autostart", action="store_true",
-                        help="do not start clusterd when none answers "
-                             "(or set CLUSTERD_NO_AUTOSTART=1)")
+    _global_options(parser, top=True)
     verbs = parser.add_subparsers(dest="verb", metavar="COMMAND")
     verbs.required = True
     for verb, (text, add_options) in VERBS.items():

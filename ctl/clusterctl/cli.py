@@ -398,6 +398,12 @@ def cmd_jobs(client: Client, args: argparse.Namespace) -> int:
     return _jobs_cli.main(client, args)
 
 
+def cmd_ssh(client: Client, args: argparse.Namespace) -> int:
+    from clusterctl import _ssh_cli  # only when `ssh` runs
+
+    return _ssh_cli.main(client, args)
+
+
 def cmd_storage(client: Client, args: argparse.Namespace) -> int:
     from clusterctl import _storage_cli  # only when `storage` runs
 
@@ -420,6 +426,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "autostop": cmd_autostop,
     "show-gpus": cmd_show_gpus,
     "jobs": cmd_jobs,
+    "ssh": cmd_ssh,
     "storage": cmd_storage,
 }
 
@@ -441,6 +448,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from clusterctl.dashboard import main as dashboard
 
         sys.exit(dashboard(args))
+    if args.verb == "completion":  # a script made from the parser; a client only for names
+        from clusterctl._completion import main as completion
+        from clusterctl._parser import build_parser
+
+        _exit(completion(args, build_parser))
     autostart = False if args.no_autostart else None
 
     def announce(log_path: Any) -> None:

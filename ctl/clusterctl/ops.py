@@ -249,6 +249,15 @@ class NodeUsageArgs(OpArgs):
     since: float = 0.0
 
 
+class SSHArgs(OpArgs):
+    """How to reach an UP cluster's node with OpenSSH as the daemon does (`clusterctl ssh`):
+    node 0 is the head, N the Nth worker. Nothing is connected; the client runs ssh."""
+
+    op = "ssh"
+    cluster: str
+    node: int = 0
+
+
 class JobsLaunchArgs(TaskArgs):
     """Submit a managed job: it gets a cluster of its own (named ``mj-ID-NAME``), is
     recovered when that cluster is lost, and the cluster is torn down when the job ends.
@@ -339,6 +348,7 @@ OPS: dict[str, type[OpArgs]] = {
         FollowRequestArgs,
         NodesArgs,
         NodeUsageArgs,
+        SSHArgs,
         JobsLaunchArgs,
         JobsQueueArgs,
         JobsLogsArgs,

@@ -63,6 +63,7 @@ from clusterctl.ops import PingArgs as PingArgs
 from clusterctl.ops import QueueArgs as QueueArgs
 from clusterctl.ops import RequestsArgs as RequestsArgs
 from clusterctl.ops import ShowGpusArgs as ShowGpusArgs
+from clusterctl.ops import SSHArgs as SSHArgs
 from clusterctl.ops import StartArgs as StartArgs
 from clusterctl.ops import StatusArgs as StatusArgs
 from clusterctl.ops import StopArgs as StopArgs

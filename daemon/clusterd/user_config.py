@@ -23,7 +23,7 @@ settings carry over:
       image_pull_policy: IfNotPresent
       autoscaler: gke                   # or karpenter, coreweave, generic: pods may wait
                                         # for nodes it adds (provision_timeout then 600)
-      pod_config: {spec: {tolerations: [...]}}   # merged into every pod (see README)
+      pod_config: {spec: {tolerations: [...]}}   # merged into every pod (docs/kubernetes.md)
       ephemeral_storage: 4Gi            # local disk each pod asks for (runtime, workdir)
       ephemeral_storage_limit: 50Gi     # and may use at most (default: no limit)
 
@@ -76,7 +76,7 @@ IGNORED_AWS_KEYS = {"security_group_name", "remote_identity", "specific_reservat
 class ConfigError(ProtocolError):
     def __init__(self, path: Path, key: str, message: str) -> None:
         super().__init__(ErrorCode.INVALID_ARGUMENT, f"{path}: {key}: {message}",
-                         "fix the configuration file (see README: Configuration)")
+                         "fix the configuration file (see docs/providers.md: Configuration)")
 
 
 @dataclasses.dataclass(frozen=True)

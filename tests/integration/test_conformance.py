@@ -357,6 +357,17 @@ def test_new_ops_check_their_arguments(daemon: Daemon) -> None:
     assert error_of(reply) == "MANAGED_JOB_NOT_FOUND" and "424242" in reply["error"]["message"]
 
 
+def test_the_ssh_op_checks_its_arguments(daemon: Daemon) -> None:
+    client = Raw(daemon.socket)
+    assert "ssh" in client.hello()["ops"]
+    assert error_of(client.call(1, "ssh", {})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(2, "ssh", {"cluster": "dev", "node": "1"})) == "INVALID_ARGUMENT"
+    assert error_of(client.call(3, "ssh", {"cluster": "dev", "node": -1})) == "INVALID_ARGUMENT"
+    reply = client.call(4, "ssh", {"cluster": "ghost"})
+    assert error_of(reply) == "CLUSTER_NOT_FOUND" and "ghost" in reply["error"]["message"]
+    still_serving(daemon)
+
+
 def frames_until_reply(client: Raw, request_id: int) -> tuple[list[dict[str, Any]],
                                                                 dict[str, Any]]:
     events = []

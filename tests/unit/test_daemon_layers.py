@@ -6,7 +6,9 @@ and `clusterd.commands` hold what the SSH layer and the providers share)."""
 
 from __future__ import annotations
 
-from tests.import_graph import ROOT, cycles, import_graph
+import ast
+
+from tests.import_graph import ROOT, cycles, import_graph, module_name
 
 PACKAGE = ROOT / "daemon" / "clusterd"
 GENERATED = ("agent/v1",)
@@ -44,6 +46,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
 # imported (`python -m clusterd.agent.node`), and their typed requests live in node_shared.
 AGENT = "clusterd.agent"
 AGENT_DOORS = frozenset({"clusterd.runtime.agent_client"})
+# ... and the node helper's one door: it sends typed requests (node_shared/node_commands.py).
+NODE_HELPER_DOOR = "clusterd.runtime.node_helper"
 # What the node program takes of the daemon's package: what it shares with the daemon, and
 # three helpers of no one layer (logging, SQLite, URL redaction). All shipped with it, and
 # kept Python 3.10 code (test_node_python.py).
@@ -121,4 +125,23 @@ def test_the_agent_imports_only_what_is_shipped_with_it() -> None:
                    if _within(module, AGENT) for imported in imports
                    if not any(_within(imported, allowed) for allowed in AGENT_MAY_IMPORT))
     assert graph["clusterd.agent.node"], "the import graph was not read"
+    assert found == []
+
+
+def test_only_the_node_helper_client_runs_the_node_helper() -> None:
+    """The daemon runs `python -m clusterd.agent.node` in one place, which takes typed
+    requests only: no module names that program, or the untyped call beneath (`_call_json`)."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = module_name(path, PACKAGE)
+        if module == NODE_HELPER_DOOR or _within(module, AGENT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            named = (node.id if isinstance(node, ast.Name) else
+                     node.attr if isinstance(node, ast.Attribute) else
+                     node.name if isinstance(node, ast.alias) else
+                     node.value if isinstance(node, ast.Constant) else None)
+            if named in ("call_json", "_call_json", f"{AGENT}.node"):
+                found.append(f"{module}:{node.lineno}: {named}")  # type: ignore[attr-defined]
+    assert (PACKAGE / "runtime" / "node_helper.py").exists(), "the door moved: follow it"
     assert found == []

@@ -10,19 +10,27 @@ from typing import Any
 
 import pytest
 
-from clusterd.agent import node
+from clusterd.agent import bucket_mount, node
 from clusterd.node_shared.node_commands import (
     TYPED_REQUESTS,
     BadRequest,
+    BucketCopyRequest,
+    BucketFlushRequest,
+    BucketMountRequest,
+    BucketUnmountRequest,
     GitCheckoutRequest,
     ProcessState,
+    RcloneRequest,
     ReadTokenReply,
+    Request,
     StartAgentRequest,
     StartRayRequest,
     StatusReply,
     StatusRequest,
     WritePrivateRequest,
 )
+from clusterd.storage.service import bucket_request
+from clusterd.tasks.spec import BucketMount
 
 
 def test_every_typed_request_has_its_command_on_the_node() -> None:
@@ -96,3 +104,89 @@ def test_every_request_and_reply_is_a_frozen_dataclass() -> None:
         for kind in (request, request.reply_type):
             assert dataclasses.is_dataclass(kind)
             assert kind.__dataclass_params__.frozen, kind  # type: ignore[attr-defined]
+
+
+# -- the bucket commands --------------------------------------------------------------------------
+
+BUCKET_REQUESTS: list[Request[Any]] = [
+    BucketCopyRequest(bucket="b", dest="~/data", prefix="p/q", region="eu-west-1",
+                      endpoint_url="http://127.0.0.1:5000", credentials_file="~/c"),
+    BucketMountRequest(bucket="b", dest="/ckpt", mode="MOUNT_CACHED", state="~/m",
+                       rclone="~/bin/rclone"),
+    RcloneRequest(rclone="~/bin/rclone"),
+    BucketFlushRequest(state="~/m", timeout=5.0, stalled_grace=1.0),
+    BucketUnmountRequest(state="~/m", keep=True, flush_timeout=3.0),
+]
+
+
+@pytest.mark.parametrize("request_", BUCKET_REQUESTS, ids=lambda r: r.command)
+def test_a_bucket_request_crosses_as_a_plain_object_and_comes_back_equal(
+        request_: Request[Any]) -> None:
+    sent = json.loads(json.dumps(request_.to_dict()))
+    assert type(request_).from_dict(sent) == request_
+    assert type(request_).from_dict({**sent, "from_a_newer_daemon": [1]}) == request_
+
+
+@pytest.mark.parametrize(("kind", "given", "missing"), [
+    (BucketCopyRequest, {"bucket": "b"}, "dest"),
+    (BucketMountRequest, {"bucket": "b", "dest": "d", "mode": "MOUNT"}, "state"),
+    (BucketFlushRequest, {"timeout": 1}, "state"),
+    (BucketUnmountRequest, {"keep": True}, "state"),
+])
+def test_a_bucket_request_missing_a_field_names_it(kind: type[Request[Any]],
+                                                   given: dict[str, Any], missing: str) -> None:
+    with pytest.raises(BadRequest, match=f"{kind.__name__}: missing {missing}$"):
+        kind.from_dict(given)
+
+
+def test_the_bucket_requests_keep_the_field_names_of_the_plain_objects_before() -> None:
+    """A node with an older helper reads a newer daemon's request by these names (and a
+    newer helper an older daemon's): what the daemon sent as plain objects."""
+    mount = BucketMount("/ckpt", "b", "p", "MOUNT")
+    copy = bucket_request(BucketCopyRequest, mount, {"b": "us-east-2"}, "~/c")
+    shared = {"bucket": "b", "prefix": "p", "dest": "/ckpt", "region": "us-east-2",
+              "endpoint_url": None, "credentials_file": "~/c"}
+    assert copy.to_dict() == shared
+    mounted = bucket_request(BucketMountRequest, mount, {}, None, mode="MOUNT", state="~/m",
+                             rclone="~/r")
+    assert mounted.to_dict() == {**shared, "region": None, "credentials_file": None,
+                                 "mode": "MOUNT", "state": "~/m", "rclone": "~/r"}
+    assert set(BucketFlushRequest(state="s").to_dict()) == {"state", "timeout", "stalled_grace"}
+    assert set(BucketUnmountRequest(state="s").to_dict()) == {
+        "state", "keep", "flush_timeout", "stalled_grace"}
+
+
+def test_the_helper_answers_the_bucket_commands_with_their_replies(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no rclone of this machine's
+    state = str(tmp_path / "mounts")
+    assert run_helper(capsys, "s3-flush", {"state": state}) == (0, {"flushed": []})
+    assert run_helper(capsys, "s3-unmount", {"state": state}) == (0, {"unmounted": []})
+    old, new = tmp_path / "old-rclone", tmp_path / "new-rclone"
+    for path, version in ((old, "1.60.1"), (new, "1.68.2")):
+        path.write_text(f"#!/bin/sh\necho 'rclone v{version}'\n")
+        path.chmod(0o755)
+    code, reply = run_helper(capsys, "s3-rclone", {"rclone": str(new)})
+    assert (code, reply["path"], reply["found"]) == (0, str(new), "1.68")
+    code, reply = run_helper(capsys, "s3-rclone", {"rclone": str(old)})
+    assert (code, reply["path"], reply["found"]) == (0, None, "1.60")
+    code, reply = run_helper(capsys, "s3-copy", {"bucket": "b", "prefix": ""})
+    assert (code, reply) == (1, {"error": "BucketCopyRequest: missing dest"})
+
+
+def test_a_mount_record_of_the_file_format_before_is_read_and_written_back_alike(
+        tmp_path: Path) -> None:
+    """`mounts.json` as helpers wrote it with plain objects: a node upgraded in place still
+    finds (and can remount) its mounts; a record not readable is left out, not fatal."""
+    params = {"bucket": "b", "prefix": "", "dest": "/ckpt", "region": None,
+              "endpoint_url": None, "credentials_file": None, "mode": "MOUNT",
+              "state": str(tmp_path), "rclone": None}
+    before = {"dest": "/ckpt", "remote": ":s3:b", "mode": "MOUNT", "params": params,
+              "pid": 1, "create_time": 0.0, "rc_socket": "/tmp/x/rc.sock", "log": "/l"}
+    (tmp_path / "mounts.json").write_text(json.dumps([before, {"dest": "/half"}]))
+    (record,) = bucket_mount._records(tmp_path)
+    assert record.params == BucketMountRequest(bucket="b", dest="/ckpt", mode="MOUNT",
+                                               state=str(tmp_path))
+    bucket_mount._save(tmp_path, [record])
+    assert json.loads((tmp_path / "mounts.json").read_text()) == [before]

@@ -18,22 +18,22 @@ import time
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from clusterd.agent.helper_error import HelperError
+from clusterd.node_shared.node_commands import BucketCopyReply, BucketCopyRequest, BucketObjects
+
 THREADS = 16
 RANGE_BYTES = 8 * 1024 * 1024  # objects larger than this are fetched in ranges at once
 READ_BYTES = 1024 * 1024
 CREDENTIALS_WAIT_S = 60.0
 
 
-class CopyError(Exception):
+class CopyError(HelperError):
     pass
 
 
-def wait_for_credentials(params: dict[str, Any], timeout_s: float = CREDENTIALS_WAIT_S
-                         ) -> None:
-    """Without a credentials file the node's come from its instance profile, which EC2 may
-    serve only some seconds after it was associated: wait for them (bounded)."""
-    if params.get("credentials_file"):
-        return
+def wait_for_credentials(timeout_s: float = CREDENTIALS_WAIT_S) -> None:
+    """The node's credentials (no credentials file was sent) come from its instance profile,
+    which EC2 may serve only some seconds after it was associated: wait for them (bounded)."""
     import botocore.session
 
     deadline = time.monotonic() + timeout_s
@@ -44,19 +44,19 @@ def wait_for_credentials(params: dict[str, Any], timeout_s: float = CREDENTIALS_
         time.sleep(1.0)
 
 
-def _client(params: dict[str, Any]) -> Any:
+def _client(where: BucketObjects) -> Any:
     import botocore.session
     from botocore.config import Config
 
-    if params.get("credentials_file"):
+    if where.credentials_file:
         os.environ["AWS_SHARED_CREDENTIALS_FILE"] = str(
-            Path(params["credentials_file"]).expanduser())
+            Path(where.credentials_file).expanduser())
         os.environ["AWS_EC2_METADATA_DISABLED"] = "true"
-    wait_for_credentials(params)
+    else:
+        wait_for_credentials()
     session = botocore.session.get_session()
     return session.create_client(
-        "s3", region_name=params.get("region") or None,
-        endpoint_url=params.get("endpoint_url") or None,
+        "s3", region_name=where.region or None, endpoint_url=where.endpoint_url or None,
         config=Config(max_pool_connections=THREADS * 2,
                       retries={"mode": "standard", "max_attempts": 5},
                       connect_timeout=10, read_timeout=120))
@@ -129,17 +129,18 @@ def _fetch_range(client: Any, bucket: str, key: str, fd: int, start: int, end: i
         raise CopyError(f"s3://{bucket}/{key}: got {offset - start} of {end - start} bytes")
 
 
-def copy(params: dict[str, Any]) -> dict[str, Any]:
-    """Copy s3://bucket/prefix to `dest` (a directory; or a file when the prefix is one
-    object's key). Returns how many objects and bytes were fetched and skipped."""
+def copy(request: BucketCopyRequest) -> BucketCopyReply:
+    """Node helper `s3-copy`: copy s3://bucket/prefix to `dest` (a directory; or a file when
+    the prefix is one object's key). Says how many objects and bytes were fetched and
+    skipped."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = str(params["bucket"]), str(params.get("prefix") or "")
-    dest = Path(str(params["dest"])).expanduser()
+    bucket, prefix = request.bucket, request.prefix or ""
+    dest = Path(request.dest).expanduser()
     url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
     client: Any = None
     try:
-        client = _client(params)
+        client = _client(request)
         listed = _listing(client, bucket, prefix)
         single = [o for o in listed if prefix and o["Key"] == prefix]
         if single and len(listed) == 1:  # the prefix names one object: a file
@@ -184,4 +185,4 @@ def copy(params: dict[str, Any]) -> dict[str, Any]:
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
-    return {"objects": len(todo), "bytes": fetched, "skipped": len(work) - len(todo)}
+    return BucketCopyReply(objects=len(todo), bytes=fetched, skipped=len(work) - len(todo))

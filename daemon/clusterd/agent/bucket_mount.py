@@ -17,16 +17,19 @@ and no other user of the node can connect (over TCP any local user could, and a 
 password reads the user's AWS credentials and writes any file as them). Without a password
 rclone refuses its dangerous methods anyway; `vfs/stats` is all a flush asks. Unix sockets
 for the rc came with rclone 1.63 (RC_UNIX_SOCKET_SINCE): an older rclone on the node is not
-used; the daemon then sends one (param `rclone`), or the mount fails saying which it found.
+used; the daemon then sends one (the request's `rclone`), or the mount fails saying which it
+found.
 
-Each mount is recorded in `<state>/mounts.json` (its rclone's pid and start time, its
-remote-control socket): unmount and flush find them there, and a mount asked for again is left
-as it is while its rclone lives.
+Each mount is recorded in `<state>/mounts.json` (a MountRecord: its rclone's pid and start
+time, its remote-control socket, the request that made it): unmount and flush find them there,
+a mount asked for again is left as it is while its rclone lives, and `remount` makes it again
+from its request.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -40,8 +43,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from clusterd.agent.bucket_copy import CopyError, wait_for_credentials
+from clusterd.agent.bucket_copy import wait_for_credentials
+from clusterd.agent.helper_error import HelperError
 from clusterd.agent.processes import find, terminate_tree
+from clusterd.node_shared.node_commands import (
+    BadRequest,
+    BucketFlushReply,
+    BucketFlushRequest,
+    BucketMountReply,
+    BucketMountRequest,
+    BucketUnmountReply,
+    BucketUnmountRequest,
+    Message,
+    RcloneReply,
+    RcloneRequest,
+)
 
 MOUNT_WAIT_S = 30.0
 FLUSH_POLL_S = 0.5
@@ -54,34 +70,57 @@ RC_UNIX_SOCKET_SINCE = (1, 63)
 RC_TIMEOUT_S = 10.0
 
 
-class MountError(Exception):
+class MountError(HelperError):
     pass
+
+
+@dataclasses.dataclass(frozen=True)
+class MountRecord(Message):
+    """One mount in `<state>/mounts.json` (this module's own file, read as a message: a
+    record lacking a field is left out whole, and one a newer helper wrote may carry more)."""
+
+    dest: str
+    remote: str  # rclone's `:s3:bucket/prefix`
+    mode: str
+    params: BucketMountRequest  # what made it: `remount` makes it again from this
+    pid: int  # its rclone's, with the start time that tells a recycled pid apart
+    create_time: float
+    rc_socket: str | None = None  # None: an older clusterd's, whose rc was on TCP
+    log: str = ""
+
+    @classmethod
+    def _nested(cls, values: dict[str, Any]) -> dict[str, Any]:
+        return {**values, "params": BucketMountRequest.from_dict(values["params"])}
 
 
 def _records_path(state: Path) -> Path:
     return state / "mounts.json"
 
 
-def _records(state: Path) -> list[dict[str, Any]]:
+def _records(state: Path) -> list[MountRecord]:
     try:
-        found: list[dict[str, Any]] = json.loads(_records_path(state).read_text())
+        found = json.loads(_records_path(state).read_text())
     except (OSError, ValueError):
         return []
-    return found
+    records = []
+    for record in found if isinstance(found, list) else []:
+        with contextlib.suppress(BadRequest):  # not one of ours: nothing to act on
+            records.append(MountRecord.from_dict(record))
+    return records
 
 
-def _save(state: Path, records: list[dict[str, Any]]) -> None:
+def _save(state: Path, records: list[MountRecord]) -> None:
     state.mkdir(parents=True, exist_ok=True)
     path = _records_path(state)
     partial = path.with_suffix(".tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        json.dump(records, f)
+        json.dump([record.to_dict() for record in records], f)
     os.replace(partial, path)
 
 
-def _alive(record: dict[str, Any]) -> bool:
-    return find(int(record["pid"]), float(record["create_time"])) is not None
+def _alive(record: MountRecord) -> bool:
+    return find(record.pid, record.create_time) is not None
 
 
 def _fusermount() -> str:
@@ -111,54 +150,55 @@ def rclone_version(path: str) -> tuple[int, int] | None:
     return (int(found[1]), int(found[2])) if found else None
 
 
-def usable_rclone(params: dict[str, Any]) -> dict[str, Any]:
+def usable_rclone(request: RcloneRequest) -> RcloneReply:
     """Node helper `s3-rclone`: which rclone a mount would use here, if any: the one the
     daemon sent (`rclone`), else the node's own if it is recent enough."""
-    sent = params.get("rclone")
-    candidates = [str(Path(str(sent)).expanduser())] if sent else []
+    sent = request.rclone
+    candidates = [str(Path(sent).expanduser())] if sent else []
     candidates += [found for found in (shutil.which("rclone"),) if found]
     seen: str | None = None
     for candidate in candidates:
         version = rclone_version(candidate)
         if version is not None and version >= RC_UNIX_SOCKET_SINCE:
-            return {"path": candidate, "found": f"{version[0]}.{version[1]}",
-                    "machine": os.uname().machine}
+            return RcloneReply(path=candidate, found=f"{version[0]}.{version[1]}",
+                               machine=os.uname().machine)
         if version is not None and seen is None:
             seen = f"{version[0]}.{version[1]}"
-    return {"path": None, "found": seen, "machine": os.uname().machine}
+    return RcloneReply(path=None, found=seen, machine=os.uname().machine)
 
 
-def _rclone(params: dict[str, Any]) -> str:
-    found = usable_rclone(params)
-    if found["path"] is None:
+def _rclone(sent: str | None) -> str:
+    found = usable_rclone(RcloneRequest(rclone=sent))
+    if found.path is None:
         since = ".".join(map(str, RC_UNIX_SOCKET_SINCE))
-        what = f"rclone {found['found']}" if found["found"] else "no rclone"
+        what = f"rclone {found.found}" if found.found else "no rclone"
         raise MountError(f"this node has {what}; a bucket mount needs rclone {since} or "
                          "later (its remote control on a private Unix socket) and clusterd "
                          "could not send one; install rclone " + since + "+ from rclone.org "
                          "on the node, or use mode: COPY")
-    return str(found["path"])
+    return found.path
 
 
-def mount(params: dict[str, Any]) -> dict[str, Any]:
-    state = Path(str(params["state"])).expanduser()
-    dest = Path(str(params["dest"])).expanduser()
-    mode = str(params["mode"])
-    remote = f":s3:{params['bucket']}" + (f"/{params['prefix']}" if params.get("prefix") else "")
+def mount(request: BucketMountRequest) -> BucketMountReply:
+    """Node helper `s3-mount`."""
+    state = Path(request.state).expanduser()
+    dest = Path(request.dest).expanduser()
+    mode = request.mode
+    remote = f":s3:{request.bucket}" + (f"/{request.prefix}" if request.prefix else "")
     records = []
     for record in _records(state):
-        if record["dest"] != str(dest):
+        if record.dest != str(dest):
             if _alive(record) or _gone(record):
                 records.append(record)
             continue
         if _alive(record) and os.path.ismount(dest):
-            if record["remote"] == remote and record["mode"] == mode:
-                return {"dest": str(dest), "already": True}
-            raise MountError(f"{dest} is already a mount of {record['remote']}")
+            if record.remote == remote and record.mode == mode:
+                return BucketMountReply(dest=str(dest), already=True)
+            raise MountError(f"{dest} is already a mount of {record.remote}")
         _release(record)  # its rclone died (the node rebooted, or it was killed): anew
     _save(state, records)
     check_fuse()
-    rclone = _rclone(params)
+    rclone = _rclone(request.rclone)
     if os.path.ismount(dest):
         raise MountError(f"{dest} is already a mount point")
     dest.mkdir(parents=True, exist_ok=True)
@@ -170,21 +210,18 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
     env = {**os.environ, "RCLONE_S3_PROVIDER": "AWS", "RCLONE_S3_ENV_AUTH": "true",
            "RCLONE_S3_NO_CHECK_BUCKET": "true",
            "RCLONE_CONFIG": str(state / "rclone.conf")}  # an empty config of its own
-    if params.get("region"):
-        env["RCLONE_S3_REGION"] = str(params["region"])
-    if params.get("endpoint_url"):
+    if request.region:
+        env["RCLONE_S3_REGION"] = request.region
+    if request.endpoint_url:
         # Another endpoint than AWS's own (an S3-compatible store, a test bed): rclone's
         # "Other" provider addresses it by path (bucket.host names resolve nowhere there).
-        env["RCLONE_S3_ENDPOINT"] = str(params["endpoint_url"])
+        env["RCLONE_S3_ENDPOINT"] = request.endpoint_url
         env["RCLONE_S3_PROVIDER"] = "Other"
-    if params.get("credentials_file"):
-        env["AWS_SHARED_CREDENTIALS_FILE"] = str(Path(params["credentials_file"]).expanduser())
+    if request.credentials_file:
+        env["AWS_SHARED_CREDENTIALS_FILE"] = str(Path(request.credentials_file).expanduser())
         env["AWS_EC2_METADATA_DISABLED"] = "true"
     else:
-        try:  # rclone would mount without them, and fail at the first read
-            wait_for_credentials(params)
-        except CopyError as exc:
-            raise MountError(str(exc)) from None
+        wait_for_credentials()  # rclone would mount without them, and fail at the first read
     # A fresh 0700 directory (mkdtemp: its name cannot be foreseen, so nobody plants it),
     # short enough for a socket path wherever the state lives.
     rc_dir = tempfile.mkdtemp(prefix="clusterd-rc-")
@@ -205,10 +242,9 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
                                    stderr=subprocess.STDOUT, start_new_session=True,
                                    close_fds=True, env=env)
     found = find(process.pid, None)
-    record = {"dest": str(dest), "remote": remote, "mode": mode, "params": params,
-              "pid": process.pid,
-              "create_time": found.create_time() if found else 0.0,
-              "rc_socket": rc_socket, "log": str(log_path)}
+    record = MountRecord(dest=str(dest), remote=remote, mode=mode, params=request,
+                         pid=process.pid, create_time=found.create_time() if found else 0.0,
+                         rc_socket=rc_socket, log=str(log_path))
     _save(state, [*records, record])
     deadline = time.monotonic() + MOUNT_WAIT_S
     while not os.path.ismount(dest):
@@ -219,12 +255,12 @@ def mount(params: dict[str, Any]) -> dict[str, Any]:
             _save(state, records)
             raise MountError(f"rclone could not mount {remote} on {dest}:\n{_tail(log_path)}")
         time.sleep(0.1)
-    return {"dest": str(dest), "already": False}
+    return BucketMountReply(dest=str(dest), already=False)
 
 
-def _gone(record: dict[str, Any]) -> bool:
+def _gone(record: MountRecord) -> bool:
     """A record whose rclone died but whose mount point is still held (a dead FUSE mount)."""
-    return os.path.ismount(record["dest"])
+    return os.path.ismount(record.dest)
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -245,11 +281,11 @@ class _UnixHTTPConnection(http.client.HTTPConnection):
         self.sock.connect(self._path)
 
 
-def _rc(record: dict[str, Any], command: str) -> dict[str, Any]:
-    if "rc_socket" not in record:  # a mount of an older clusterd's, on TCP: not asked
+def _rc(record: MountRecord, command: str) -> dict[str, Any]:
+    if record.rc_socket is None:  # a mount of an older clusterd's, on TCP: not asked
         raise OSError("its rclone has no private remote control (mounted by an older "
                       "clusterd; unmount and mount again)")
-    connection = _UnixHTTPConnection(record["rc_socket"])
+    connection = _UnixHTTPConnection(record.rc_socket)
     try:
         connection.request("POST", f"/{command}", body=b"{}",
                            headers={"Content-Type": "application/json"})
@@ -265,24 +301,25 @@ def _rc(record: dict[str, Any], command: str) -> dict[str, Any]:
     return reply
 
 
-def upload_state(record: dict[str, Any]) -> tuple[int, int]:
+def upload_state(record: MountRecord) -> tuple[int, int]:
     """(uploads in progress, uploads queued) of one mount's rclone."""
     cache = _rc(record, "vfs/stats").get("diskCache") or {}
     return int(cache.get("uploadsInProgress", 0)), int(cache.get("uploadsQueued", 0))
 
 
-def _last_error(record: dict[str, Any]) -> str:
+def _last_error(record: MountRecord) -> str:
     """The last ERROR line of the mount's rclone log, without its timestamp."""
-    lines = [line for line in _tail(Path(record.get("log", "")), 200).splitlines()
+    lines = [line for line in _tail(Path(record.log), 200).splitlines()
              if " ERROR : " in line]
     return lines[-1].split(" ERROR : ", 1)[1] if lines else "no error logged"
 
 
-def flush(params: dict[str, Any]) -> dict[str, Any]:
-    """Wait until every mount has uploaded what was written to it."""
-    state = Path(str(params["state"])).expanduser()
-    deadline = time.monotonic() + float(params.get("timeout", 3600))
-    grace = float(params.get("stalled_grace", STALLED_GRACE_S))
+def flush(request: BucketFlushRequest) -> BucketFlushReply:
+    """Node helper `s3-flush` (and the agent, at a job's end): wait until every mount has
+    uploaded what was written to it."""
+    state = Path(request.state).expanduser()
+    deadline = time.monotonic() + request.timeout
+    grace = request.stalled_grace
     flushed = []
     for record in _records(state):
         if not _alive(record):
@@ -292,7 +329,7 @@ def flush(params: dict[str, Any]) -> dict[str, Any]:
             try:
                 uploading, queued = upload_state(record)
             except OSError as exc:
-                raise MountError(f"cannot ask rclone of {record['dest']} about its uploads: "
+                raise MountError(f"cannot ask rclone of {record.dest} about its uploads: "
                                  f"{exc}") from None
             if uploading + queued == 0:
                 break
@@ -303,60 +340,60 @@ def flush(params: dict[str, Any]) -> dict[str, Any]:
             # the whole timeout.
             stalled_since = (stalled_since or now) if uploading == 0 else None
             if stalled_since is not None and now - stalled_since > grace:
-                raise MountError(f"{record['dest']}: {queued} file(s) could not be uploaded "
-                                 f"to {record['remote'].removeprefix(':s3:')}: "
+                raise MountError(f"{record.dest}: {queued} file(s) could not be uploaded "
+                                 f"to {record.remote.removeprefix(':s3:')}: "
                                  f"{_last_error(record)}")
             if now > deadline:
-                raise MountError(f"{record['dest']}: {uploading + queued} upload(s) still "
+                raise MountError(f"{record.dest}: {uploading + queued} upload(s) still "
                                  "pending")
             time.sleep(FLUSH_POLL_S)
-        flushed.append(record["dest"])
-    return {"flushed": flushed}
+        flushed.append(record.dest)
+    return BucketFlushReply(flushed=flushed)
 
 
-def unmount_all(params: dict[str, Any]) -> dict[str, Any]:
-    """Unmount every recorded mount (lazily if busy) and stop its rclone, each flushed first
-    (bounded) so nothing written is lost. With `keep`, the records stay (a node being
-    stopped: `remount` brings them back when it starts)."""
-    state = Path(str(params["state"])).expanduser()
+def unmount_all(request: BucketUnmountRequest) -> BucketUnmountReply:
+    """Node helper `s3-unmount`: unmount every recorded mount (lazily if busy) and stop its
+    rclone, each flushed first (bounded) so nothing written is lost. With `keep`, the records
+    stay (a node being stopped: `remount` brings them back when it starts)."""
+    state = Path(request.state).expanduser()
     if not _records_path(state).exists():
-        return {"unmounted": []}
+        return BucketUnmountReply(unmounted=[])
     with contextlib.suppress(MountError):
-        flush({"state": str(state), "timeout": float(params.get("flush_timeout", 300)),
-               "stalled_grace": float(params.get("stalled_grace", 20))})
+        flush(BucketFlushRequest(state=str(state), timeout=request.flush_timeout,
+                                 stalled_grace=request.stalled_grace))
     unmounted = []
     records = _records(state)
     for record in records:
         _release(record)
-        unmounted.append(record["dest"])
-    _save(state, records if params.get("keep") else [])
-    return {"unmounted": unmounted}
+        unmounted.append(record.dest)
+    _save(state, records if request.keep else [])
+    return BucketUnmountReply(unmounted=unmounted)
 
 
-def remount(params: dict[str, Any]) -> dict[str, Any]:
-    """Mount again every recorded mount whose rclone is gone (the node was stopped and
-    started, or rebooted)."""
-    state = Path(str(params["state"])).expanduser()
+def remount(state_dir: str) -> list[str]:
+    """Mount again every mount recorded in `state_dir` whose rclone is gone (the node was
+    stopped and started, or rebooted); the mount points mounted again."""
+    state = Path(state_dir).expanduser()
     again: list[str] = []
     if not _records_path(state).exists():
-        return {"remounted": again}
+        return again
     for record in _records(state):
-        if _alive(record) and os.path.ismount(record["dest"]):
+        if _alive(record) and os.path.ismount(record.dest):
             continue
-        if mount(record["params"])["already"] is False:
-            again.append(record["dest"])
-    return {"remounted": again}
+        if mount(record.params).already is False:
+            again.append(record.dest)
+    return again
 
 
-def _release(record: dict[str, Any]) -> None:
+def _release(record: MountRecord) -> None:
     """Unmount (lazily if busy) and stop the mount's rclone."""
-    dest = record["dest"]
+    dest = record.dest
     if os.path.ismount(dest):
         fusermount = _fusermount()
         done = subprocess.run([fusermount, "-u", dest], capture_output=True, timeout=30)
         if done.returncode != 0:
             subprocess.run([fusermount, "-u", "-z", dest], capture_output=True, timeout=30)
     if _alive(record):
-        terminate_tree(int(record["pid"]), float(record["create_time"]), grace_s=10)
-    if record.get("rc_socket"):
-        shutil.rmtree(os.path.dirname(record["rc_socket"]), ignore_errors=True)
+        terminate_tree(record.pid, record.create_time, grace_s=10)
+    if record.rc_socket:
+        shutil.rmtree(os.path.dirname(record.rc_socket), ignore_errors=True)

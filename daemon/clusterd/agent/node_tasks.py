@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from clusterd.agent import usage
 from clusterd.agent.processes import stop_processes, terminate_tree
 from clusterd.node_shared import containers
-from clusterd.node_shared.node_commands import StopRequest
+from clusterd.node_shared.node_commands import BucketFlushRequest, StopRequest
 
 READ_BYTES = 64 * 1024
 # While output keeps coming, chunks grow up to this: each chunk crosses Ray as an object, so
@@ -207,7 +207,7 @@ def _flush_bucket_mounts(state: str, timeout_s: float) -> dict[str, Any]:
     """Wait until this node's bucket mounts have uploaded what was written to them."""
     from clusterd.agent import bucket_mount
 
-    return bucket_mount.flush({"state": state, "timeout": timeout_s})
+    return bucket_mount.flush(BucketFlushRequest(state=state, timeout=timeout_s)).to_dict()
 
 
 flush_bucket_mounts = ray.remote(num_cpus=0, max_retries=0)(_flush_bucket_mounts)

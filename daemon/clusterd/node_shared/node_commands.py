@@ -244,8 +244,103 @@ class GitCheckoutRequest(Request[GitCheckoutReply], command="git-checkout",
     timeout: float = 600.0
 
 
+# -- buckets: COPY and mounts (agent/bucket_copy.py, agent/bucket_mount.py) --------------------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BucketObjects(Message):
+    """What every bucket command on a node reads: which objects (s3://bucket/prefix), where
+    they go on the node, and how the node reaches S3. Its fields sit flat in each request's
+    JSON object, as the plain objects that came before had them."""
+
+    bucket: str
+    dest: str  # a path on the node (`~` is its home)
+    prefix: str = ""  # "" is the whole bucket
+    region: str | None = None
+    endpoint_url: str | None = None  # None: AWS's own
+    # A credentials file the daemon wrote for this cluster; None: the node's own (an instance
+    # profile). A path, not a secret: the keys themselves go by WritePrivateRequest.
+    credentials_file: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketCopyReply(Message):
+    objects: int  # fetched
+    bytes: int
+    skipped: int  # already whole on the node
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BucketCopyRequest(BucketObjects, Request[BucketCopyReply], command="s3-copy",
+                        reply=BucketCopyReply):
+    """COPY s3://bucket/prefix to dest (a directory, or a file when the prefix is one key)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketMountReply(Message):
+    dest: str
+    already: bool  # mounted before, as asked: left as it is
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BucketMountRequest(BucketObjects, Request[BucketMountReply], command="s3-mount",
+                         reply=BucketMountReply):
+    """MOUNT or MOUNT_CACHED s3://bucket/prefix on dest (an empty directory), by rclone."""
+
+    mode: str  # MOUNT or MOUNT_CACHED
+    state: str  # the node's mounts directory: their records, caches and logs
+    rclone: str | None = None  # one the daemon sent; None: the node's own
+
+
+@dataclasses.dataclass(frozen=True)
+class RcloneReply(Message):
+    path: str | None  # the rclone a mount would run; None: none usable here
+    found: str | None  # the version of one too old, when none is usable
+    machine: str  # the node's (uname -m): which build to send it
+
+
+@dataclasses.dataclass(frozen=True)
+class RcloneRequest(Request[RcloneReply], command="s3-rclone", reply=RcloneReply):
+    """Which rclone a mount would use: the one sent (`rclone`), else the node's if recent."""
+
+    rclone: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketFlushReply(Message):
+    flushed: list[str]  # the mount points
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketFlushRequest(Request[BucketFlushReply], command="s3-flush",
+                         reply=BucketFlushReply):
+    """Wait until every mount has uploaded what was written to it."""
+
+    state: str
+    timeout: float = 3600.0
+    # Uploads queued with none in progress this long are failing: said, not waited out.
+    stalled_grace: float = 60.0
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketUnmountReply(Message):
+    unmounted: list[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketUnmountRequest(Request[BucketUnmountReply], command="s3-unmount",
+                           reply=BucketUnmountReply):
+    """Unmount every mount (each flushed first, bounded) and stop its rclone."""
+
+    state: str
+    keep: bool = False  # keep the records: a stopped node's start mounts them again
+    flush_timeout: float = 300.0
+    stalled_grace: float = 20.0
+
+
 TYPED_REQUESTS: tuple[type[Request[Any]], ...] = (
     StatusRequest, StopRequest, StartRayRequest, StartAgentRequest, WritePrivateRequest,
     ReadTokenRequest, CleanupRequest, FreePortsRequest, ContainerRuntimeRequest,
-    GitCheckoutRequest,
+    GitCheckoutRequest, BucketCopyRequest, BucketMountRequest, RcloneRequest,
+    BucketFlushRequest, BucketUnmountRequest,
 )

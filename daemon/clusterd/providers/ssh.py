@@ -98,7 +98,8 @@ class SSHProvider(ProviderDefaults[SSHHandle]):
         pools = self.pools()
         if not pools:
             raise ProvisionError(f"no ssh node pools are defined in {self.pools_path}",
-                                 BlockScope.PROVIDER, "write one (see README), then retry")
+                                 BlockScope.PROVIDER,
+                                 "write one (see docs/providers.md), then retry")
         if name is None:
             if len(pools) == 1:
                 return next(iter(pools.values()))

@@ -50,7 +50,7 @@ class PoolFileError(ProtocolError):
     def __init__(self, path: Path, field: str, message: str) -> None:
         super().__init__(
             ErrorCode.INVALID_ARGUMENT, f"{path}: {field}: {message}",
-            "see the ssh_node_pools.yaml format in README",
+            "see the ssh_node_pools.yaml format in docs/providers.md",
         )
 
 

@@ -1,8 +1,7 @@
 """Calls into `clusterd.agent.node` on a node, through its runner: JSON in on stdin, JSON out.
 
 `call` sends a typed request (node_shared/node_commands.py) and reads its typed reply; the
-node helper reads and writes the same types. The bucket commands (s3-*) still take plain
-objects: `call_json`.
+node helper reads and writes the same types. Nothing else runs the node helper.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ class RuntimeMissing(ProtocolError):
 
 async def call(runner: CommandRunner, request: Request[R], *, timeout_s: float = 120) -> R:
     """Run the request's command on the runner's node; its reply, typed."""
-    reply = await call_json(runner, request.command, request.to_dict(), timeout_s=timeout_s)
+    reply = await _call_json(runner, request.command, request.to_dict(), timeout_s=timeout_s)
     try:
         return request.read_reply(reply)
     except BadRequest as exc:
@@ -31,7 +30,7 @@ async def call(runner: CommandRunner, request: Request[R], *, timeout_s: float =
                             f"{request.command} on {runner.node_name}: {exc}") from None
 
 
-async def call_json(
+async def _call_json(
     runner: CommandRunner, command: str, params: dict[str, Any], *, timeout_s: float = 120
 ) -> dict[str, Any]:
     result = await runner.run(

@@ -110,6 +110,7 @@ class Handlers:
             protocol.FollowRequestArgs.op: self.follow_request,
             protocol.NodesArgs.op: self.nodes,
             protocol.NodeUsageArgs.op: self.node_usage,
+            protocol.SSHArgs.op: self.ssh,
             protocol.JobsLaunchArgs.op: self.jobs_launch,
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
@@ -284,6 +285,10 @@ class Handlers:
         if self._usage is None:
             raise ProtocolError(ErrorCode.UNSUPPORTED, "this clusterd samples no node use")
         return await self._usage.node_usage(args.cluster, args.since)
+
+    async def ssh(self, call: Call, args: protocol.SSHArgs) -> dict[str, Any]:
+        check_range("node", args.node, 0, MAX_NUM_NODES - 1)
+        return await self._clusters.ssh_access(args.cluster, args.node)
 
     # -- long-running ops -----------------------------------------------------------------
 

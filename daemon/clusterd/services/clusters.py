@@ -20,10 +20,11 @@ from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.launcher import Provisioner
 from clusterd.provision.plan import LaunchRequest, refuse_other_owner
 from clusterd.requests import RunningRequest
-from clusterd.services.common import brief, require_cluster
+from clusterd.services.common import brief, require_cluster, require_up
 from clusterd.services.jobs import JobService
 from clusterd.services.launch import LaunchSteps, Warnings
 from clusterd.services.node_runtime import Runtime
+from clusterd.services.ssh_access import ssh_access
 from clusterd.services.status_views import StatusViews
 from clusterd.services.teardown import Precheck, Teardown
 from clusterd.ssh.config_files import SSHConfigWriter
@@ -147,6 +148,11 @@ class ClusterService:
 
     async def cluster_info(self, record: ClusterRecord) -> ClusterInfo:
         return await self._jobs.cluster_info(record)
+
+    async def ssh_access(self, name: str, node: int) -> dict[str, Any]:
+        """How to reach node `node` of the UP cluster `name` with OpenSSH (see ssh_access)."""
+        record = require_up(require_cluster(self._store, name))
+        return ssh_access(record, await self.cluster_info(record), node, self._ssh_config)
 
     def provision_stats(self) -> dict[str, float]:
         return self._provisioner.stats()

@@ -1,7 +1,8 @@
 """`ssh CLUSTER` and `ssh CLUSTER-worker1`: an OpenSSH config file per cluster, included from
 ~/.ssh/config, with the same host keys the daemon checks (its pins, then the user's own
-known_hosts). Removed on down. Values are quoted; one that could break out of its line (a
-newline, a quote) is refused, never written."""
+known_hosts). Removed on down. `clusterctl ssh` gets the same options over the socket (op
+`ssh`), and works whether or not the file is included. Values are quoted; one that could break
+out of its line (a newline, a quote) is refused, never written."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 from pathlib import Path
 
 from clusterctl._private import ensure_private_dir
-from clusterd.nodes import NodeInfo
+from clusterd.nodes import NodeInfo, SSHTarget
 
 
 def quoted(value: str) -> str:
@@ -17,6 +18,35 @@ def quoted(value: str) -> str:
     if any(c in value for c in '"\n\r\0'):
         raise ValueError(f"{value[:80]!r} cannot be written to an ssh config file")
     return f'"{value}"'
+
+
+def alias(cluster: str, index: int) -> str:
+    """What `ssh` calls a cluster's node: the cluster's name for its head, NAME-workerN for
+    the others."""
+    return cluster if index == 0 else f"{cluster}-worker{index}"
+
+
+def host_options(target: SSHTarget, known_hosts: Path) -> list[str]:
+    """OpenSSH options that reach `target` as the daemon does (its address, user, key, proxy)
+    and check its host key against the same files, as ssh_config lines ("Keyword value"):
+    the body of a Host block, or `ssh -o LINE` each (ssh parses both alike)."""
+    lines = [
+        f"HostName {quoted(target.host)}",
+        f"Port {int(target.port)}",
+        f"User {quoted(target.user)}",
+        f"UserKnownHostsFile {quoted(str(known_hosts))} "
+        f"{quoted(os.path.expanduser('~/.ssh/known_hosts'))}",
+        "StrictHostKeyChecking yes",
+    ]
+    if target.host_key_alias:
+        lines.append(f"HostKeyAlias {quoted(target.host_key_alias)}")
+    if target.proxy_command:
+        # The rest of the line is the command, as written (quotes would be its own).
+        quoted(target.proxy_command)  # no newline: it cannot end the line early
+        lines.append(f"ProxyCommand {target.proxy_command}")
+    if target.identity_file:
+        lines += [f"IdentityFile {quoted(target.identity_file)}", "IdentitiesOnly yes"]
+    return lines
 
 
 class SSHConfigWriter:
@@ -28,31 +58,16 @@ class SSHConfigWriter:
     def include_line(self) -> str:
         return f"Include {self.directory}/*"
 
+    def options(self, target: SSHTarget) -> list[str]:
+        """`target`'s Host block, as `ssh -o` options (see host_options)."""
+        return host_options(target, self._known_hosts)
+
     def write(self, cluster: str, nodes: list[NodeInfo]) -> None:
-        blocks = []
-        for index, node in enumerate(nodes):
-            if node.ssh is None:
-                continue
-            alias = cluster if index == 0 else f"{cluster}-worker{index}"
-            lines = [
-                f"Host {alias}",
-                f"  HostName {quoted(node.ssh.host)}",
-                f"  Port {int(node.ssh.port)}",
-                f"  User {quoted(node.ssh.user)}",
-                f"  UserKnownHostsFile {quoted(str(self._known_hosts))} "
-                f"{quoted(os.path.expanduser('~/.ssh/known_hosts'))}",
-                "  StrictHostKeyChecking yes",
-            ]
-            if node.ssh.host_key_alias:
-                lines.append(f"  HostKeyAlias {quoted(node.ssh.host_key_alias)}")
-            if node.ssh.proxy_command:
-                # The rest of the line is the command, as written (quotes would be its own).
-                quoted(node.ssh.proxy_command)  # no newline: it cannot end the line early
-                lines.append(f"  ProxyCommand {node.ssh.proxy_command}")
-            if node.ssh.identity_file:
-                lines += [f"  IdentityFile {quoted(node.ssh.identity_file)}",
-                          "  IdentitiesOnly yes"]
-            blocks.append("\n".join(lines))
+        blocks = [
+            "\n".join([f"Host {alias(cluster, index)}",
+                       *(f"  {line}" for line in self.options(node.ssh))])
+            for index, node in enumerate(nodes) if node.ssh is not None
+        ]
         if not blocks:
             return
         ensure_private_dir(str(self.directory))

@@ -63,7 +63,7 @@ class UploadReport:
 # this account that the credentials have no rights on: the message names both.
 REFUSED = ("no permission to {d} bucket {b}: it belongs to another AWS account, or the "
            "credentials clusterd uses lack s3 rights on it",
-           "check the bucket's name; the rights clusterd needs are in README's AWS policy "
+           "check the bucket's name; the rights clusterd needs are in its AWS policy "
            "(docs/aws-iam-policy.json); `clusterctl check` shows whose credentials it uses")
 
 

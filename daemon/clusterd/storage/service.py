@@ -8,14 +8,22 @@ from __future__ import annotations
 import datetime
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.concurrency import on_each
-from clusterd.node_shared.node_commands import WritePrivateRequest
+from clusterd.node_shared.node_commands import (
+    BucketCopyRequest,
+    BucketMountRequest,
+    BucketObjects,
+    Message,
+    RcloneRequest,
+    Request,
+    WritePrivateRequest,
+)
 from clusterd.nodes import ClusterInfo, NodeInfo
 from clusterd.providers.aws.ec2 import CredentialsLifetime
 from clusterd.runtime import node_helper
@@ -28,6 +36,8 @@ from clusterd.storage.s3 import S3Buckets, StorageError
 from clusterd.tasks.spec import BucketMount
 
 logger = log.get("clusterd.storage")
+B = TypeVar("B", bound=BucketObjects)
+R = TypeVar("R", bound=Message)
 
 Progress = Callable[[str], Awaitable[None]]
 # (access key, secret key, session token or None) of the daemon's own AWS credentials.
@@ -39,9 +49,13 @@ MOUNT_TIMEOUT_S = 120.0
 Grant = Callable[[tuple[str, ...]], Awaitable[bool]]
 
 
-def _where(mount: BucketMount, regions: dict[str, str]) -> dict[str, Any]:
-    return {"bucket": mount.bucket, "prefix": mount.prefix, "dest": mount.remote,
-            "region": regions.get(mount.bucket)}
+def bucket_request(kind: type[B], mount: BucketMount, regions: dict[str, str],
+                   credentials_file: str | None, **more: Any) -> B:
+    """The node helper's request `kind` for the mount's objects, on a node that reads S3 with
+    `credentials_file` (None: its instance profile); `more`: the fields of that kind alone."""
+    return kind(bucket=mount.bucket, prefix=mount.prefix, dest=mount.remote,
+                region=regions.get(mount.bucket), endpoint_url=s3_endpoint(),
+                credentials_file=credentials_file, **more)
 
 
 def credentials_file_text(credentials: Credentials) -> str:
@@ -217,13 +231,13 @@ class StorageService:
         if not mounts:
             return
         buckets = tuple(dict.fromkeys(m.bucket for m in mounts))
-        params: dict[str, dict[str, Any]] = {}  # node id -> what every helper call takes
+        # Node id -> the credentials file its helper reads (None: its instance profile's).
+        credentials: dict[str, str | None] = {}
         if await grant(buckets):
             await progress(f"the nodes' instance profile grants {', '.join(buckets)}")
-            for node in info.nodes:
-                params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": None}
+            credentials = dict.fromkeys((node.node_id for node in info.nodes), None)
         else:
-            await self._send_credentials(info, params)
+            await self._send_credentials(info, credentials)
             lifetime = await self._lifetime() if self._lifetime is not None else None
             if lifetime is not None:
                 text = temporary_credentials_warning(lifetime, len(info.nodes),
@@ -231,7 +245,7 @@ class StorageService:
                 logger.warning("temporary credentials sent to nodes", method=lifetime.method,
                                expires_at=str(lifetime.expires_at))
                 await progress(f"warning: {text}")
-        await self._copy_and_mount(info, mounts, regions, params, progress)
+        await self._copy_and_mount(info, mounts, regions, credentials, progress)
 
     async def remember(self, cluster: str, mounts: tuple[BucketMount, ...]) -> None:
         """The cluster's nodes have these mounts now (what `restore` gives a new node)."""
@@ -257,7 +271,7 @@ class StorageService:
                          progress)
 
     async def _send_credentials(self, info: ClusterInfo,
-                                params: dict[str, dict[str, Any]]) -> None:
+                                sent: dict[str, str | None]) -> None:
         found = await self._credentials()
         if found is None:
             raise StorageError(ErrorCode.PROVIDER_ERROR,
@@ -270,12 +284,12 @@ class StorageService:
             path = node_credentials_path(node)
             await node_helper.call(self._runner_for(node),
                                    WritePrivateRequest(path=path, token=text))
-            params[node.node_id] = {"endpoint_url": s3_endpoint(), "credentials_file": path}
+            sent[node.node_id] = path
 
         await on_each(info.nodes, credentials)
 
     async def _copy_and_mount(self, info: ClusterInfo, mounts: tuple[BucketMount, ...],
-                              regions: dict[str, str], params: dict[str, dict[str, Any]],
+                              regions: dict[str, str], credentials: dict[str, str | None],
                               progress: Progress) -> None:
         copies = [m for m in mounts if m.mode == "COPY"]
         if copies:
@@ -285,9 +299,10 @@ class StorageService:
 
             async def copy(node: NodeInfo) -> None:
                 for mount in copies:
-                    reply = await self._on_node(node, mount, "s3-copy", {
-                        **params[node.node_id], **_where(mount, regions)}, COPY_TIMEOUT_S)
-                    fetched.append(int(reply.get("bytes", 0)))
+                    request = bucket_request(BucketCopyRequest, mount, regions,
+                                             credentials[node.node_id])
+                    reply = await self._on_node(node, mount, request, COPY_TIMEOUT_S)
+                    fetched.append(reply.bytes)
 
             await on_each(info.nodes, copy)
             await progress(f"copied {sum(fetched) / 1e6:.1f} MB to {len(info.nodes)} node(s)")
@@ -298,9 +313,10 @@ class StorageService:
             async def mount_all(node: NodeInfo) -> None:
                 rclone = await self._rclone_on(node, mounted[0], progress)
                 for mount in mounted:
-                    await self._on_node(node, mount, "s3-mount", {
-                        **params[node.node_id], **_where(mount, regions), "mode": mount.mode,
-                        "state": node_mounts_dir(node), "rclone": rclone}, MOUNT_TIMEOUT_S)
+                    request = bucket_request(BucketMountRequest, mount, regions,
+                                             credentials[node.node_id], mode=mount.mode,
+                                             state=node_mounts_dir(node), rclone=rclone)
+                    await self._on_node(node, mount, request, MOUNT_TIMEOUT_S)
 
             await on_each(info.nodes, mount_all)
 
@@ -308,15 +324,14 @@ class StorageService:
         """The rclone the node's mounts run: one clusterd sent before, or the node's own if
         it can serve its remote control on a Unix socket, else one sent now."""
         sent = node_rclone_path(node)
-        found = await self._on_node(node, mount, "s3-rclone", {"rclone": sent}, 60)
-        if found.get("path"):
-            return str(found["path"])
-        machine = str(found.get("machine"))
+        found = await self._on_node(node, mount, RcloneRequest(rclone=sent), 60)
+        if found.path:
+            return found.path
         try:
-            binary = await self._node_rclone.ensure(machine)
+            binary = await self._node_rclone.ensure(found.machine)
         except ProtocolError as exc:
-            had = (f"rclone {found['found']}, too old for a private mount"
-                   if found.get("found") else "no rclone")
+            had = (f"rclone {found.found}, too old for a private mount"
+                   if found.found else "no rclone")
             raise StorageError(exc.code, f"file_mounts.{mount.remote}: {node.node_id} has "
                                f"{had}, and clusterd has no rclone to send it: "
                                f"{exc.message}", exc.hint) from None
@@ -324,11 +339,10 @@ class StorageService:
         await self._runner_for(node).put_path(str(binary), sent, timeout_s=MOUNT_TIMEOUT_S * 5)
         return sent
 
-    async def _on_node(self, node: NodeInfo, mount: BucketMount, command: str,
-                       params: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    async def _on_node(self, node: NodeInfo, mount: BucketMount, request: Request[R],
+                       timeout_s: float) -> R:
         try:
-            return await node_helper.call_json(self._runner_for(node), command, params,
-                                          timeout_s=timeout_s)
+            return await node_helper.call(self._runner_for(node), request, timeout_s=timeout_s)
         except ProtocolError as exc:
             raise StorageError(ErrorCode.PROVIDER_ERROR,
                                f"file_mounts.{mount.remote}: {mount.mode} of {mount.url} on "
