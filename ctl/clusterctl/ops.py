@@ -240,6 +240,15 @@ class NodesArgs(OpArgs):
     cluster: str
 
 
+class NodeUsageArgs(OpArgs):
+    """An UP cluster's nodes' recent CPU, memory and GPU use, as its agent sampled it (the
+    last hour at most); with ``since`` (Unix seconds), only samples newer than that."""
+
+    op = "node_usage"
+    cluster: str
+    since: float = 0.0
+
+
 class SSHArgs(OpArgs):
     """How to reach an UP cluster's node with OpenSSH as the daemon does (`clusterctl ssh`):
     node 0 is the head, N the Nth worker. Nothing is connected; the client runs ssh."""
@@ -338,6 +347,7 @@ OPS: dict[str, type[OpArgs]] = {
         ShowGpusArgs,
         FollowRequestArgs,
         NodesArgs,
+        NodeUsageArgs,
         SSHArgs,
         JobsLaunchArgs,
         JobsQueueArgs,

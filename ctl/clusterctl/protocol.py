@@ -57,6 +57,7 @@ from clusterctl.ops import JobsQueueArgs as JobsQueueArgs
 from clusterctl.ops import LaunchArgs as LaunchArgs
 from clusterctl.ops import LogsArgs as LogsArgs
 from clusterctl.ops import NodesArgs as NodesArgs
+from clusterctl.ops import NodeUsageArgs as NodeUsageArgs
 from clusterctl.ops import OpArgs as OpArgs
 from clusterctl.ops import PingArgs as PingArgs
 from clusterctl.ops import QueueArgs as QueueArgs

@@ -64,6 +64,7 @@ from clusterd.services.jobs import JobService
 from clusterd.services.node_runtime import NodeRuntime
 from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
+from clusterd.services.usage import UsageService
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore
@@ -262,6 +263,7 @@ class Daemon:
             strict_by_default=self._strict_by_default, managed=self.managed,
             managed_store=self.managed_store, storage=self.storage,
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
+            usage=UsageService(self.store, self.access),
         )
         self._server_name = f"clusterd/{__version__}"
 

@@ -25,6 +25,40 @@ from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 logger = log.get("clusterd.requests")
 
 MAX_BUFFERED_EVENTS = 2000
+# What a finished request keeps of its events (see StepLog): its first and its last steps.
+KEPT_STEPS_EACH_END = 200
+KEPT_EVENTS = frozenset({"progress", "blocked", "job"})
+
+
+class StepLog:
+    """The events a request keeps once it is over (steps, waits, the job it submitted): the
+    first and the last `each_end` of them, with a step in between saying how many were left
+    out; a retry loop of days still leaves a record of bounded size."""
+
+    def __init__(self, each_end: int = KEPT_STEPS_EACH_END) -> None:
+        self._each_end = each_end
+        self._first: list[list[Any]] = []
+        self._last: deque[list[Any]] = deque(maxlen=each_end)
+        self._left_out = 0
+
+    def add(self, name: str, data: dict[str, Any]) -> None:
+        if name not in KEPT_EVENTS:
+            return
+        if len(self._first) < self._each_end:
+            self._first.append([name, data])
+            return
+        if len(self._last) == self._each_end:
+            self._left_out += 1
+        self._last.append([name, data])
+
+    def steps(self) -> list[list[Any]]:
+        middle: list[list[Any]] = []
+        if self._left_out:
+            elapsed = self._last[0][1].get("elapsed", 0) if self._last else 0
+            middle = [["progress", {"phase": "", "elapsed": elapsed, "message":
+                                    f"({self._left_out} steps left out)"}]]
+        return [*self._first, *middle, *self._last]
+
 
 
 class RunningRequest:
@@ -45,6 +79,7 @@ class RunningRequest:
         self.error: ProtocolError | None = None
         self.cancel_scope = anyio.CancelScope()
         self._warned: set[str] = set()
+        self.steps = StepLog()
 
     # -- used by the work -----------------------------------------------------------------
 
@@ -54,6 +89,7 @@ class RunningRequest:
         elif name == "blocked":
             self.last_blocked = data.get("message")
         self._events.append((name, data))
+        self.steps.add(name, data)
         if len(self._events) > MAX_BUFFERED_EVENTS:
             self._events.popleft()
             self._base += 1
@@ -188,6 +224,7 @@ class RequestManager:
                     error_code=str(error.code) if error else None,
                     error_message=redact_urls(error.message) if error else None,
                     result=request.result,
+                    steps=request.steps.steps(),
                 )
                 del self._running[request.id]
                 request.done.set()

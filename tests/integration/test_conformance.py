@@ -384,7 +384,8 @@ def frames_until_reply(client: Raw, request_id: int) -> tuple[list[dict[str, Any
 def test_follow_a_request_another_client_started(daemon: Daemon) -> None:
     """A launch started on one connection, followed from another while it runs: its progress
     from the start, live, then its result; `requests` shows its latest step meanwhile; once it
-    has ended, following it answers from its record; its cluster's nodes are listed."""
+    has ended, following it replays the steps it kept and answers from its record; its
+    cluster's nodes are listed."""
     launcher = Raw(daemon.socket)
     launcher.hello()
     launcher.send({"type": "request", "id": 1, "op": "launch",
@@ -418,7 +419,13 @@ def test_follow_a_request_another_client_started(daemon: Daemon) -> None:
         launched = frames_until_reply(launcher, 1)[1]
         assert launched["ok"] and launched["result"]["job_id"] == result["job_id"]
 
-        again = follower.call(6, "follow_request", {"request_id": request_id})
+        # Over: its record answers, after the steps it kept (the same as were followed live).
+        follower.send({"type": "request", "id": 6, "op": "follow_request",
+                       "args": {"request_id": request_id}})
+        kept, again = frames_until_reply(follower, 6)
+        assert [(e["event"], e["data"]) for e in kept] == [
+            (e["event"], e["data"]) for e in events
+            if e["event"] in ("request", "progress", "blocked", "job")]
         assert again["ok"] and again["result"]["job_id"] == result["job_id"]
         assert again["result"]["request_id"] == request_id
 

@@ -221,8 +221,8 @@ def test_every_op_is_registered_under_its_name() -> None:
     assert set(protocol.OPS) == {
         "ping", "status", "launch", "exec", "queue", "logs", "cancel", "stop", "start",
         "down", "events", "requests", "check", "autostop", "show_gpus", "follow_request",
-        "nodes", "ssh", "jobs_launch", "jobs_queue", "jobs_logs", "jobs_events", "jobs_cancel",
-        "storage_ls", "storage_delete",
+        "nodes", "node_usage", "ssh", "jobs_launch", "jobs_queue", "jobs_logs",
+        "jobs_events", "jobs_cancel", "storage_ls", "storage_delete",
     }
     for name, cls in protocol.OPS.items():
         assert cls.op == name

@@ -13,7 +13,7 @@ from anyio import wait_all_tasks_blocked
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.redact import public_args, redact_urls
-from clusterd.requests import MAX_BUFFERED_EVENTS, RequestManager, RunningRequest
+from clusterd.requests import MAX_BUFFERED_EVENTS, RequestManager, RunningRequest, StepLog
 from clusterd.state.db import Database
 from clusterd.state.requests import RequestState, RequestStore
 
@@ -102,6 +102,13 @@ async def test_follow_replays_then_streams_live_and_ends(store: RequestStore) ->
     assert record.result == {"job_id": 3}
     assert record.error_code is None
     assert record.finished_at is not None
+    # Its steps are kept (not the log), for a page or a follower after it is over; a
+    # listing leaves them out.
+    assert [name for name, _ in record.steps or []] == ["progress", "blocked"]
+    assert record.steps and record.steps[0][1] == progress
+    assert "steps" not in record.to_wire()
+    listed = await store.recent()
+    assert listed[0].steps is None
 
 
 async def test_follow_after_done_replays_everything(store: RequestStore) -> None:
@@ -305,3 +312,34 @@ async def test_a_warning_is_said_once_per_request(store: RequestStore) -> None:
     assert said == ["warning: 2 instances left alone", "warning: 1 security group left alone"]
     other = RunningRequest(await store.create("launch", "dev", {}))
     assert await other.warn_once("2 instances left alone")
+
+
+async def test_a_failed_request_keeps_its_steps(store: RequestStore) -> None:
+    manager = RequestManager(store)
+
+    async def work(request: RunningRequest) -> dict[str, Any]:
+        await request.progress("checking where dev can run", phase="placement")
+        request.emit("job", {"cluster": "dev", "job_id": 4})
+        raise ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE, "no capacity")
+
+    async with anyio.create_task_group() as tg:
+        manager.attach(tg)
+        await manager.start("launch", "dev", {}, work)
+    (record,) = await store.recent()
+    kept = await store.get(record.id)
+    assert kept is not None and kept.status == RequestState.FAILED
+    assert [(name, data.get("message", data.get("job_id"))) for name, data in kept.steps or []
+            ] == [("progress", "checking where dev can run"), ("job", 4)]
+
+
+def test_step_log_keeps_both_ends_and_says_what_it_left_out() -> None:
+    steps = StepLog(each_end=3)
+    steps.add("log", {"data": b"never kept"})
+    for i in range(10):
+        steps.add("progress", {"message": f"step {i}", "elapsed": float(i), "phase": ""})
+    kept = [data["message"] for _, data in steps.steps()]
+    assert kept == ["step 0", "step 1", "step 2", "(4 steps left out)", "step 7", "step 8",
+                    "step 9"]
+    few = StepLog(each_end=3)
+    few.add("blocked", {"message": "busy"})
+    assert few.steps() == [["blocked", {"message": "busy"}]]

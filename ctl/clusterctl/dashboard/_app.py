@@ -22,7 +22,7 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
-from . import _live, _managed
+from . import _live, _managed, _timeline
 from ._board import Dashboard, cluster_name, json_body, json_error, log_text
 from ._daemon import DaemonLink
 from ._security import Guard
@@ -32,6 +32,7 @@ DONE_WORDS = {"stop": "stopped", "start": "started", "down": "torn down"}
 DOING_WORDS = {"stop": "Stopping", "start": "Starting", "down": "Tearing down"}
 ACTION_START_TIMEOUT_S = 30.0
 EVENTS_SHOWN = 200
+EVENTS_SHOWN_OF_CLUSTER = 50
 
 
 # -- pages ------------------------------------------------------------------------------------
@@ -52,16 +53,20 @@ async def cluster_page(request: web.Request) -> web.Response:
     try:
         status, events = await asyncio.gather(
             board.link.call(protocol.StatusArgs(clusters=[name], verbose=True)),
-            board.link.call(protocol.EventsArgs(cluster=name, limit=50)))
+            board.link.call(protocol.EventsArgs(cluster=name, limit=_timeline.EVENTS_DRAWN)))
     except ClusterdError as exc:
         return board.error_page(exc)
     cluster = status["clusters"][0]
-    jobs, nodes = await asyncio.gather(_live.jobs_of(board, cluster),
-                                       _live.nodes_of(board, name))
-    shown = list(reversed(events.get("events", [])))
+    jobs, nodes, usage = await asyncio.gather(_live.jobs_of(board, cluster),
+                                              _live.nodes_of(board, name),
+                                              _live.usage_of(board, cluster))
+    history = events.get("events", [])
+    drawn = await _timeline.draw(board.link, board.steps, history, jobs["jobs"] or [])
+    shown = list(reversed(history[-EVENTS_SHOWN_OF_CLUSTER:]))
     after = shown[0]["id"] if shown else 0
     return board.page("cluster.html", f"/live/clusters/{name}?after={after}", cluster=cluster,
-                      events=shown, nav="clusters", jobs_part=jobs, nodes_part=nodes)
+                      events=shown, nav="clusters", jobs_part=jobs, nodes_part=nodes,
+                      usage_part=usage, timeline=drawn)
 
 
 async def job_page(request: web.Request) -> web.Response:
@@ -82,11 +87,13 @@ async def job_page(request: web.Request) -> web.Response:
 
 
 async def job_log_text(request: web.Request) -> web.StreamResponse:
-    """The whole log as plain text (escape sequences removed), streamed."""
+    """The whole log as plain text (escape sequences removed), streamed; with `?download`,
+    as a file to save (`CLUSTER-job-ID.log`)."""
     name = cluster_name(request)
     job_id = int(request.match_info["job_id"])
+    saved_as = f"{name}-job-{job_id}.log" if "download" in request.query else None
     return await log_text(request, protocol.LogsArgs(cluster=name, job_id=job_id,
-                                                     follow=False))
+                                                     follow=False), saved_as)
 
 
 async def events_page(request: web.Request) -> web.Response:

@@ -22,6 +22,7 @@ from clusterctl.protocol import ErrorCode
 from . import _ansi
 from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
 from ._security import Guard
+from ._timeline import StepCache
 from ._views import environment
 
 LOG = logging.getLogger("clusterctl.dashboard")
@@ -38,6 +39,7 @@ class Dashboard:
         self.events = EventsFeed(link, self.overview)
         self.notices = Notices()
         self.templates = environment()
+        self.steps = StepCache()  # finished requests' steps, for timelines
         # The handlers of open live streams: aiohttp's tasks, not ours; cancelled at shutdown
         # so that the server does not wait out its shutdown timeout on them.
         self.live_tasks: set[asyncio.Task[Any]] = set()
@@ -133,11 +135,16 @@ async def json_body(request: web.Request) -> dict[str, Any]:
     return body
 
 
-async def log_text(request: web.Request, args: protocol.OpArgs) -> web.StreamResponse:
+async def log_text(request: web.Request, args: protocol.OpArgs,
+                   saved_as: str | None = None) -> web.StreamResponse:
     """A whole log (the `log` events of `args`' stream) as plain text, escape sequences
-    removed, streamed as it comes."""
+    removed, streamed as it comes; with `saved_as`, as a file of that name to save (the
+    name is made of a checked cluster name and numbers: nothing to quote)."""
     board: Dashboard = request.app["board"]
-    response = web.StreamResponse(headers={"Content-Type": "text/plain; charset=utf-8"})
+    headers = {"Content-Type": "text/plain; charset=utf-8"}
+    if saved_as is not None:
+        headers["Content-Disposition"] = f'attachment; filename="{saved_as}"'
+    response = web.StreamResponse(headers=headers)
     try:
         async with board.link.stream(args) as stream:
             async for event, data in stream:

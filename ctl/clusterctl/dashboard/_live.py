@@ -12,17 +12,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from aiohttp import web
+from markupsafe import Markup
 
 from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode, JobStatus
 
+from . import _timeline
 from ._ansi import AnsiToHtml
 from ._board import Dashboard, cluster_name
+from ._charts import node_charts
 from ._views import digest
 
 KEEPALIVE_S = 15.0
@@ -199,12 +203,18 @@ def _cluster_parts(name: str) -> Producer:
                 continue
             view = status["clusters"][0]
             await live.replace("summary", board.render("_cluster.html", cluster=view))
-            await live.replace("jobs", board.render("_jobs.html", cluster=view,
-                                                    **await jobs_of(board, view)))
+            jobs = await jobs_of(board, view)
+            await live.replace("jobs", board.render("_jobs.html", cluster=view, **jobs))
             if loop.time() - nodes_at >= NODES_POLL_S:
+                # The slower parts: the provider's word on the nodes, their use, and the
+                # timeline (its right edge is now: redrawn as often, not every poll).
                 nodes_at = loop.time()
                 await live.replace("nodes", board.render("_nodes.html",
                                                          **await nodes_of(board, name)))
+                await live.replace("usage", board.render("_usage.html",
+                                                         **await usage_of(board, view)))
+                await live.replace("timeline", str(await timeline_of(board, name,
+                                                                     jobs["jobs"])))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLUSTER_POLL_S):
                     while True:  # until an event of this cluster (or the timeout)
@@ -224,7 +234,34 @@ async def jobs_of(board: Dashboard, view: dict[str, Any]) -> dict[str, Any]:
         queue = await board.link.call(protocol.QueueArgs(cluster=view["name"]))
     except ClusterdError as exc:
         return {"jobs": None, "error": f"{exc.message} [{exc.code}]"}
-    return {"jobs": list(reversed(queue.get("jobs", []))), "error": ""}
+    # Newest first, as `clusterctl queue` lists them.
+    jobs = sorted(queue.get("jobs", []), key=lambda j: int(j["job_id"]), reverse=True)
+    return {"jobs": jobs, "error": ""}
+
+
+async def usage_of(board: Dashboard, view: dict[str, Any]) -> dict[str, Any]:
+    """What the usage fragment draws: each node's charts over the last hour (UP clusters)."""
+    if view["status"] != "UP":
+        return {"nodes": None, "error": f"the cluster is {view['status']}: nothing sampled"}
+    try:
+        result = await board.link.call(protocol.NodeUsageArgs(cluster=view["name"]))
+    except ClusterdError as exc:
+        return {"nodes": None, "error": f"{exc.message} [{exc.code}]"}
+    now = time.time()
+    return {"error": "", "nodes": [
+        {"ip": n.get("ip") or n.get("node_id"), "head": n.get("head"),
+         "samples": len(n.get("ts") or []), "charts": node_charts(n, now)}
+        for n in result.get("nodes", [])]}
+
+
+async def timeline_of(board: Dashboard, name: str, jobs: list[dict[str, Any]] | None
+                      ) -> Markup:
+    try:
+        events = await board.link.call(protocol.EventsArgs(cluster=name,
+                                                           limit=_timeline.EVENTS_DRAWN))
+    except ClusterdError as exc:
+        return Markup('<p class="muted">{} [{}]</p>').format(exc.message, exc.code)
+    return await _timeline.draw(board.link, board.steps, events.get("events", []), jobs or [])
 
 
 async def nodes_of(board: Dashboard, name: str) -> dict[str, Any]:

@@ -85,8 +85,10 @@ async def job_page(request: web.Request) -> web.Response:
 
 async def log_txt(request: web.Request) -> web.StreamResponse:
     """The job's whole log, across its attempts, as plain text."""
-    return await log_text(request, protocol.JobsLogsArgs(job_id=_job_id(request),
-                                                         follow=False))
+    job_id = _job_id(request)
+    saved_as = f"managed-job-{job_id}.log" if "download" in request.query else None
+    return await log_text(request, protocol.JobsLogsArgs(job_id=job_id, follow=False),
+                          saved_as)
 
 
 async def cancel_action(request: web.Request) -> web.Response:

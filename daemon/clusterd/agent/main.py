@@ -26,14 +26,14 @@ import structlog
 
 from clusterctl._private import PRIVATE_UMASK, UnsafePath, ensure_private_dir
 from clusterd import log
-from clusterd.agent import node, node_tasks, ray_start
+from clusterd.agent import node, node_tasks, ray_start, usage
 from clusterd.agent.autostop import AutostopState, ContactClock
 from clusterd.agent.autostop_marker import write_marker
 from clusterd.agent.guard import MAX_CONCURRENT_RPCS, SERVER_OPTIONS, TokenGuard
 from clusterd.agent.jobs_db import JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Scheduler
-from clusterd.agent.service import AutostopService, HealthService, JobsService
+from clusterd.agent.service import AutostopService, HealthService, JobsService, UsageService
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.node_shared.auth import NONCE_TTL_S, NonceBook
 from clusterd.node_shared.node_commands import StopRequest
@@ -163,9 +163,23 @@ async def _keep_jobs_bounded(store: JobStore, hub: LogHub, retention: int) -> No
         await anyio.sleep(JOB_PRUNE_S)
 
 
+async def _sample_usage(scheduler: Scheduler, rings: usage.UsageRings) -> None:
+    """Every interval: each node's CPU, memory and GPU use, into its ring (usage.py). The
+    first round measures CPU over a short window: it has no sample before it."""
+    window_s = usage.FIRST_WINDOW_S
+    while True:
+        for found in await scheduler.on_every_node(node_tasks.read_usage, window_s,
+                                                   timeout_s=rings.interval_s):
+            if found is not None:
+                rings.record(str(found["node_id"]), str(found["ip"]), found)
+        rings.forget_gone(time.time())
+        window_s = 0.0
+        await anyio.sleep(rings.interval_s)
+
+
 async def _listen(args: argparse.Namespace, store: JobStore, hub: LogHub,
                   scheduler: Scheduler, contact: ContactClock,
-                  autostop: AutostopState) -> grpc.aio.Server:
+                  autostop: AutostopState, rings: usage.UsageRings) -> grpc.aio.Server:
     """The agent's gRPC services on its Unix socket (this user's alone), started."""
     nonces = NonceBook(ttl_s=args.nonce_ttl)
     server = grpc.aio.server(interceptors=[TokenGuard(args.token, nonces)],
@@ -174,6 +188,7 @@ async def _listen(args: argparse.Namespace, store: JobStore, hub: LogHub,
     pb_grpc.add_AutostopServiceServicer_to_server(AutostopService(autostop, contact), server)
     pb_grpc.add_HealthServiceServicer_to_server(
         HealthService(scheduler, contact, args.token, nonces), server)
+    pb_grpc.add_UsageServiceServicer_to_server(UsageService(rings, contact), server)
     socket_path: Path = args.socket_path
     socket_path.unlink(missing_ok=True)
     if server.add_insecure_port(f"unix:{socket_path}") == 0:
@@ -208,7 +223,9 @@ async def serve(args: argparse.Namespace) -> None:
     failed = await scheduler.fail_in_progress(RESTART_REASON)
     if failed:
         logger.warning("failed jobs left over from a previous agent", job_ids=failed)
-    server = await _listen(args, store, hub, scheduler, contact, autostop)
+    rings = usage.UsageRings()
+    rings.head_node_id = ray.get_runtime_context().get_node_id()
+    server = await _listen(args, store, hub, scheduler, contact, autostop, rings)
     logger.info("agent serving", listen=args.listen, pid=os.getpid())
     if args.ready_file is not None:
         args.ready_file.write_text(str(os.getpid()))
@@ -218,6 +235,7 @@ async def serve(args: argparse.Namespace) -> None:
             await group.start(scheduler.run)
             group.start_soon(autostop.sample_ssh_sessions)
             group.start_soon(_keep_jobs_bounded, store, hub, args.job_retention)
+            group.start_soon(_sample_usage, scheduler, rings)
             group.start_soon(autostop.enforce, args.autostop_grace,
                              min(10.0, max(1.0, args.autostop_grace / 4)), stop_runtime)
 

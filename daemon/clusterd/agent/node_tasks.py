@@ -21,6 +21,7 @@ import psutil
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from clusterd.agent import usage
 from clusterd.agent.processes import stop_processes, terminate_tree
 from clusterd.node_shared import containers
 from clusterd.node_shared.node_commands import BucketFlushRequest, StopRequest
@@ -177,6 +178,16 @@ def _ssh_sessions() -> int:
 
 
 ssh_sessions = ray.remote(num_cpus=0, max_retries=0)(_ssh_sessions)
+
+
+def _read_usage(window_s: float) -> dict[str, Any]:
+    """This node's CPU, memory and GPU counters (usage.read_counters), with its Ray node id
+    and address."""
+    return {**usage.read_counters(window_s), "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address()}
+
+
+read_usage = ray.remote(num_cpus=0, max_retries=0)(_read_usage)
 
 
 def _stop_node_ray(run_dir: str, shutdown: bool = False) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from clusterd.agent.in_memory import split
 from clusterd.agent.jobs_db import Job, JobStore
 from clusterd.agent.logs import LogHub
 from clusterd.agent.scheduler import Infeasible, Scheduler
+from clusterd.agent.usage import UsageRings
 from clusterd.agent.v1 import agent_pb2 as pb
 from clusterd.agent.v1 import agent_pb2_grpc as pb_grpc
 from clusterd.agent.wire import status_to_pb
@@ -283,3 +284,24 @@ class HealthService(pb_grpc.HealthServiceServicer):
             started_at=self._started_at,
             pid=os.getpid(),
         )
+
+
+class UsageService(pb_grpc.UsageServiceServicer):
+    def __init__(self, rings: UsageRings, contact: ContactClock) -> None:
+        self._rings = rings
+        self.contact = contact
+
+    @traced
+    async def GetNodeUsage(self, request: pb.GetNodeUsageRequest, context: Any
+                           ) -> pb.GetNodeUsageResponse:
+        return pb.GetNodeUsageResponse(interval_s=self._rings.interval_s, nodes=[
+            pb.NodeUsage(node_id=node_id, ip=ip, head=head, samples=[
+                pb.UsageSample(
+                    ts=s.ts, cpu_percent=-1.0 if s.cpu_percent is None else s.cpu_percent,
+                    memory_used_bytes=s.memory_used_bytes,
+                    memory_total_bytes=s.memory_total_bytes,
+                    gpus=[pb.GpuUse(util_percent=g.util_percent,
+                                    memory_used_bytes=g.memory_used_bytes,
+                                    memory_total_bytes=g.memory_total_bytes) for g in s.gpus])
+                for s in samples])
+            for node_id, ip, head, samples in self._rings.nodes(request.since)])

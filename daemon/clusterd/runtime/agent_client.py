@@ -45,12 +45,15 @@ from clusterd.node_shared.wire import (
 )
 from clusterd.runtime.agent_types import (
     AutostopSetting,
+    GpuUse,
     Health,
     IdleInfo,
     Job,
     JobSpec,
     LogChunk,
+    NodeUsage,
     SubmittedJob,
+    UsageSample,
     WaitFor,
 )
 
@@ -138,6 +141,16 @@ def health_from_pb(health: pb.GetHealthResponse) -> Health:
         ray_nodes_alive=health.ray_nodes_alive, started_at=health.started_at, pid=health.pid,
         ray_node_ips=tuple(health.ray_node_ips),
     )
+
+
+def node_usage_from_pb(node: pb.NodeUsage) -> NodeUsage:
+    return NodeUsage(node_id=node.node_id, ip=node.ip, head=node.head, samples=tuple(
+        UsageSample(ts=s.ts, cpu_percent=s.cpu_percent if s.cpu_percent >= 0 else None,
+                    memory_used_bytes=s.memory_used_bytes,
+                    memory_total_bytes=s.memory_total_bytes,
+                    gpus=tuple(GpuUse(g.util_percent, g.memory_used_bytes,
+                                      g.memory_total_bytes) for g in s.gpus))
+        for s in node.samples))
 
 
 def request_metadata() -> tuple[tuple[str, str], ...]:
@@ -249,6 +262,7 @@ class AgentClient:
         self._jobs = pb_grpc.JobsServiceStub(self._channel)
         self._autostop = pb_grpc.AutostopServiceStub(self._channel)
         self._health = pb_grpc.HealthServiceStub(self._channel)
+        self._usage = pb_grpc.UsageServiceStub(self._channel)
 
     async def handshake(self) -> None:
         """Make the agent prove it holds the cluster's token (then check its version): until
@@ -439,6 +453,13 @@ class AgentClient:
         reply = await self._call(self._autostop.GetIdleInfo, pb.GetIdleInfoRequest())
         return IdleInfo(idle_since=reply.idle_since or None, active_jobs=reply.active_jobs,
                         ssh_sessions=reply.ssh_sessions)
+
+
+    async def node_usage(self, since: float = 0.0) -> tuple[float, list[NodeUsage]]:
+        """The time between samples, and every node's samples newer than `since`."""
+        reply = await self._call(self._usage.GetNodeUsage,
+                                 pb.GetNodeUsageRequest(since=since))
+        return reply.interval_s, [node_usage_from_pb(n) for n in reply.nodes]
 
 
 class AgentConnections:

@@ -121,3 +121,29 @@ class Health:
     started_at: float
     pid: int
     ray_node_ips: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GpuUse:
+    util_percent: float
+    memory_used_bytes: float
+    memory_total_bytes: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class UsageSample:
+    ts: float  # Unix seconds
+    cpu_percent: float | None  # None: unknown
+    memory_used_bytes: float
+    memory_total_bytes: float
+    gpus: tuple[GpuUse, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NodeUsage:
+    """A node's recent samples, oldest first."""
+
+    node_id: str
+    ip: str
+    head: bool
+    samples: tuple[UsageSample, ...]

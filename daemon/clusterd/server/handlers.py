@@ -27,6 +27,7 @@ from clusterd.services.jobs import JobService
 from clusterd.services.nodes import node_views
 from clusterd.services.orphans import OrphanWatch
 from clusterd.services.refresh import RefreshService
+from clusterd.services.usage import UsageService
 from clusterd.state.clusters import ClusterStore
 from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 from clusterd.storage.service import StorageService
@@ -74,7 +75,9 @@ class Handlers:
         managed_store: ManagedJobStore,
         storage: StorageService,
         loop_stats: Callable[[], dict[str, Any]] = dict,
+        usage: UsageService | None = None,
     ) -> None:
+        self._usage = usage
         self._loop_stats = loop_stats
         self._managed = ManagedHandlers(managed, managed_store, providers)
         self._storage = StorageHandlers(storage)
@@ -106,6 +109,7 @@ class Handlers:
             protocol.ShowGpusArgs.op: self.show_gpus,
             protocol.FollowRequestArgs.op: self.follow_request,
             protocol.NodesArgs.op: self.nodes,
+            protocol.NodeUsageArgs.op: self.node_usage,
             protocol.SSHArgs.op: self.ssh,
             protocol.JobsLaunchArgs.op: self.jobs_launch,
             **{op: handler for op, handler in self._managed.table().items()
@@ -265,11 +269,22 @@ class Handlers:
             raise ProtocolError(ErrorCode.REQUEST_NOT_FOUND,
                                 f"request {args.request_id} does not exist",
                                 "see `clusterctl requests --all`")
+        # As when it was followed live: its request event, the steps it kept, its outcome.
+        await call.emit("request", {"request_id": record.id, "op": record.op,
+                                    "cluster": record.cluster})
+        for name, data in record.steps or ():
+            await call.emit(name, data)
         return _ended(record)
 
     async def nodes(self, call: Call, args: protocol.NodesArgs) -> dict[str, Any]:
         record = require_cluster(self._store, args.cluster)
         return {"cluster": record.name, "nodes": await node_views(self._providers, record)}
+
+    async def node_usage(self, call: Call, args: protocol.NodeUsageArgs) -> dict[str, Any]:
+        check_range("since", args.since, 0, 1e11)
+        if self._usage is None:
+            raise ProtocolError(ErrorCode.UNSUPPORTED, "this clusterd samples no node use")
+        return await self._usage.node_usage(args.cluster, args.since)
 
     async def ssh(self, call: Call, args: protocol.SSHArgs) -> dict[str, Any]:
         check_range("node", args.node, 0, MAX_NUM_NODES - 1)

@@ -145,6 +145,11 @@ MIGRATIONS: tuple[str, ...] = (
         mounts TEXT NOT NULL
     );
     """,
+    # 7: a finished request keeps its steps (progress lines, waits, jobs submitted), so its
+    # page still shows how it went (see clusterd/requests.py, StepLog).
+    """
+    ALTER TABLE requests ADD COLUMN steps TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

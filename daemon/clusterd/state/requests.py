@@ -29,9 +29,20 @@ class RequestRecord:
     error_code: str | None = None
     error_message: str | None = None
     result: dict[str, Any] | None = None
+    # The request's events as [name, data] pairs (progress, blocked, job), bounded: kept so
+    # that following a finished request replays them. Left out of `to_wire` (a listing of
+    # fifty requests does not carry fifty step lists).
+    steps: list[list[Any]] | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        wire = dataclasses.asdict(self)
+        del wire["steps"]
+        return wire
+
+
+# Every column but the steps: what listings read.
+_LISTED = ("id, op, cluster, args, status, created_at, finished_at, error_code, error_message,"
+           " result")
 
 
 class RequestStore:
@@ -56,12 +67,14 @@ class RequestStore:
         error_code: str | None = None,
         error_message: str | None = None,
         result: dict[str, Any] | None = None,
+        steps: list[list[Any]] | None = None,
     ) -> None:
         await self._db.write(
             [("UPDATE requests SET status=?, finished_at=?, error_code=?, error_message=?,"
-              " result=? WHERE id=?",
+              " result=?, steps=? WHERE id=?",
               [status, time.time(), error_code, error_message,
-               None if result is None else dumps(result), request_id])]
+               None if result is None else dumps(result),
+               None if steps is None else dumps(steps), request_id])]
         )
 
     async def mark_interrupted(self) -> list[RequestRecord]:
@@ -88,7 +101,8 @@ class RequestStore:
         return int(before[0]["n"]) - int(after[0]["n"])
 
     async def recent(self, limit: int = 50) -> list[RequestRecord]:
-        rows = await self._db.fetchall("SELECT * FROM requests ORDER BY id DESC LIMIT ?", [limit])
+        rows = await self._db.fetchall(
+            f"SELECT {_LISTED} FROM requests ORDER BY id DESC LIMIT ?", [limit])
         return [self._from_row(row) for row in rows]
 
     async def get(self, request_id: int) -> RequestRecord | None:
@@ -100,4 +114,5 @@ class RequestStore:
         values = dict(row)
         values["args"] = loads(values["args"]) or {}
         values["result"] = loads(values["result"])
+        values["steps"] = loads(values.get("steps"))
         return RequestRecord(**values)

@@ -91,6 +91,36 @@
     }
   }
 
+  // -- filters: by name (a substring) and status, over the rows of a table ------------------
+
+  function applyFilters() {
+    for (const form of document.querySelectorAll("form[data-filter]")) {
+      const table = document.getElementById(form.dataset.filter);
+      const count = form.querySelector(".filter-count");
+      if (!table) { if (count) count.textContent = ""; continue; }
+      const words = form.elements.q.value.trim().toLowerCase();
+      const status = form.elements.status.value;
+      let shown = 0, rows = 0;
+      for (const row of table.querySelectorAll("tbody tr")) {
+        const named = row.querySelector("[data-name]");
+        if (!named) continue;
+        rows += 1;
+        const badge = row.querySelector("[data-status]");
+        const match = (!words || named.dataset.name.toLowerCase().includes(words))
+          && (!status || (badge && badge.dataset.status === status));
+        row.hidden = !match;
+        if (match) shown += 1;
+      }
+      if (count) count.textContent = (words || status) ? `${shown} of ${rows}` : "";
+    }
+  }
+  document.addEventListener("input", (event) => {
+    if (event.target.closest("form[data-filter]")) applyFilters();
+  });
+  document.addEventListener("submit", (event) => {
+    if (event.target.closest("form[data-filter]")) event.preventDefault();
+  }, true);
+
   // -- live updates -----------------------------------------------------------------------------
 
   function connect(url) {
@@ -104,6 +134,7 @@
       el.innerHTML = d.html;
       if (d.hash) el.dataset.hash = d.hash;
       tick();
+      applyFilters();  // a redrawn table keeps the rows it was filtered to
     });
     on("prepend", (d) => {
       const el = document.getElementById(d.id);

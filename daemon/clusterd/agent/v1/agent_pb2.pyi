@@ -345,3 +345,53 @@ class IssueNoncesResponse(_message.Message):
     nonces: _containers.RepeatedScalarFieldContainer[bytes]
     ttl_s: float
     def __init__(self, nonces: _Optional[_Iterable[bytes]] = ..., ttl_s: _Optional[float] = ...) -> None: ...
+
+class GpuUse(_message.Message):
+    __slots__ = ("util_percent", "memory_used_bytes", "memory_total_bytes")
+    UTIL_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    util_percent: float
+    memory_used_bytes: float
+    memory_total_bytes: float
+    def __init__(self, util_percent: _Optional[float] = ..., memory_used_bytes: _Optional[float] = ..., memory_total_bytes: _Optional[float] = ...) -> None: ...
+
+class UsageSample(_message.Message):
+    __slots__ = ("ts", "cpu_percent", "memory_used_bytes", "memory_total_bytes", "gpus")
+    TS_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    ts: float
+    cpu_percent: float
+    memory_used_bytes: float
+    memory_total_bytes: float
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuUse]
+    def __init__(self, ts: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., memory_used_bytes: _Optional[float] = ..., memory_total_bytes: _Optional[float] = ..., gpus: _Optional[_Iterable[_Union[GpuUse, _Mapping]]] = ...) -> None: ...
+
+class NodeUsage(_message.Message):
+    __slots__ = ("node_id", "ip", "head", "samples")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    IP_FIELD_NUMBER: _ClassVar[int]
+    HEAD_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    ip: str
+    head: bool
+    samples: _containers.RepeatedCompositeFieldContainer[UsageSample]
+    def __init__(self, node_id: _Optional[str] = ..., ip: _Optional[str] = ..., head: _Optional[bool] = ..., samples: _Optional[_Iterable[_Union[UsageSample, _Mapping]]] = ...) -> None: ...
+
+class GetNodeUsageRequest(_message.Message):
+    __slots__ = ("since",)
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    since: float
+    def __init__(self, since: _Optional[float] = ...) -> None: ...
+
+class GetNodeUsageResponse(_message.Message):
+    __slots__ = ("nodes", "interval_s")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeUsage]
+    interval_s: float
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeUsage, _Mapping]]] = ..., interval_s: _Optional[float] = ...) -> None: ...

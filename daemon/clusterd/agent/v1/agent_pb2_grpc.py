@@ -670,3 +670,75 @@ class HealthService:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class UsageServiceStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.GetNodeUsage = channel.unary_unary(
+                '/clusterd.agent.v1.UsageService/GetNodeUsage',
+                request_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageRequest.SerializeToString,
+                response_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageResponse.FromString,
+                _registered_method=True)
+
+
+class UsageServiceServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def GetNodeUsage(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_UsageServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'GetNodeUsage': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetNodeUsage,
+                    request_deserializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageRequest.FromString,
+                    response_serializer=clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'clusterd.agent.v1.UsageService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('clusterd.agent.v1.UsageService', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class UsageService:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def GetNodeUsage(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/clusterd.agent.v1.UsageService/GetNodeUsage',
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageRequest.SerializeToString,
+            clusterd_dot_agent_dot_v1_dot_agent__pb2.GetNodeUsageResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
