@@ -1,12 +1,9 @@
 """How scripts/test splits the suite over pytest-xdist's workers (tests/conftest.py installs it).
 
-A module is one unit of work: its module fixtures are made once. The modules that share one of
-the session's beds (the EC2 bed, the Kubernetes bed: tests/e2e/conftest.py; the ssh bed's fixed
-users and port: tests/e2e/sshbed.py) are one unit too: each bed is made by one worker, once.
-A module's bed is read from its source (the fixture it names), since the controller that
-schedules sees node ids only. Modules that make beds of their own (test_testbed_*,
-test_aws_iam_bed, test_ec2_images) stay units of their own: beds of a kind run side by side
-(scripts/_testbed/common/host.py keeps their registry).
+A module is one unit of work: its module fixtures are made once. The modules of the EC2 and
+Kubernetes beds are one unit together, and the ssh bed's another (see BEDS below). A module's
+bed is read from its source (the fixture or mark it names), since the controller that
+schedules sees node ids only.
 """
 
 from __future__ import annotations
@@ -18,14 +15,15 @@ from typing import Any
 
 from xdist.scheduler import LoadScopeScheduling
 
-# (group, what in a module's source says it uses that shared bed), first match wins: a module
-# on both session beds (cross-provider failover) goes with the shorter group, Kubernetes.
-SHARED_BEDS = (
-    ("k8s-bed", re.compile(r"\bk8s: K8sBed\b")),
-    ("ec2-bed", re.compile(r"\bec2: EC2Bed\b|\(ec2\)")),
-    ("ssh-bed", re.compile(r"\bssh_bed\b")),
-)
-OWN_BED = re.compile(r"\b(ec2_bed|k8s_bed)\(")
+# Every module that makes or uses an EC2 or Kubernetes bed is one unit, run in collection order
+# as the whole suite once ran in one process: beds of a kind share the machine's `ubuntu` user
+# and kernel settings (scripts/_testbed/common/host.py), and a bed going up or down while
+# another worker's bed of the kind starts is a case their registry was not shown to survive
+# (a two-worker run saw an image-root bed's nodes refuse the key). The ssh bed's fixed users
+# and port make its modules a unit of their own.
+BEDS = re.compile(r"\bk8s: K8sBed\b|\bec2: EC2Bed\b|\(ec2\)|\b(ec2_bed|k8s_bed)\(|K8S_BEDS|"
+                  r"\bpytest\.mark\.(k8s|ec2)\b")
+SSH_BED = re.compile(r"\bssh_bed\b")
 
 
 @functools.cache
@@ -34,9 +32,10 @@ def unit_of(root: Path, module: str) -> str:
         source = (root / module).read_text()
     except OSError:
         return module
-    for group, uses in SHARED_BEDS:
-        if uses.search(source) and not (group != "ssh-bed" and OWN_BED.search(source)):
-            return group
+    if BEDS.search(source):
+        return "beds"
+    if SSH_BED.search(source):
+        return "ssh-bed"
     return module
 
 
