@@ -112,7 +112,7 @@ def test_a_recalled_command_line_runs_as_a_parsed_one_without_argparse(
     assert first.returncode == 1 and "cannot reach clusterd" in first.stderr, first.stderr
     code = ("import sys; from clusterctl import _argv_cache; "
             "args = _argv_cache.recall(['queue', 'dev', '--json']); "
-            "print(args.cluster, args.json, 'argparse' in sys.modules)")
+            "print(*args.clusters, args.json, 'argparse' in sys.modules)")
     recalled = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, timeout=60)
     assert recalled.stdout.split() == ["dev", "True", "False"], recalled.stderr
