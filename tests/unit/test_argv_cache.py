@@ -118,9 +118,9 @@ def test_a_recalled_command_line_runs_as_a_parsed_one_without_argparse(
     assert recalled.stdout.split() == ["dev", "True", "False"], recalled.stderr
     # Errors are never kept: each run parses, and says the same.
     for _ in range(2):
-        bad = ctl(tmp_path, "queue")
+        bad = ctl(tmp_path, "logs")
         assert bad.returncode == 2 and "the following arguments are required" in bad.stderr
-    assert _argv_cache.recall(["queue"]) is None
+    assert _argv_cache.recall(["logs"]) is None
 
 
 @pytest.mark.parametrize("words", [
