@@ -99,15 +99,14 @@ def _cancel_options(cancel: argparse.ArgumentParser) -> None:
 
 def _many_clusters(sub: argparse.ArgumentParser, verb: str) -> None:
     """CLUSTER... with globs, -a/--all and -y/--yes (see _targets.py)."""
-    picks = {"stop": "UP and INIT", "start": "STOPPED and INIT",
-             "down": "all", "autostop": "UP"}[verb]
+    picks = {"stop": "that are UP or INIT", "start": "that are STOPPED or INIT",
+             "down": "of any status", "autostop": "that are UP"}[verb]
     sub.add_argument("clusters", nargs="*", metavar="CLUSTER",
                      help="cluster names, or shell-style patterns in quotes ('dev-*'), "
-                          f"which pick among the {picks} clusters (never a managed job's)")
-    sub.add_argument("-a", "--all", action="store_true",
-                     help=f"every cluster a pattern could pick ({picks})")
+                          f"which pick among the clusters {picks} (never a managed job's)")
+    sub.add_argument("-a", "--all", action="store_true", help=f"every cluster {picks}")
     sub.add_argument("-y", "--yes", action="store_true",
-                     help="do not ask (asked only on a terminal)")
+                     help="do not ask before acting on several (asked only on a terminal)")
 
 
 def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
@@ -182,19 +181,22 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
     "status": ("show clusters", _status_options),
-    "queue": ("show a cluster's jobs", _queue_options),
-    "logs": ("stream a job's log (default: the latest job)", _logs_options),
+    "queue": ("show clusters' jobs (default: every UP cluster's)", _queue_options),
+    "logs": ("stream a job's log (default: the latest job); --status, --sync-down",
+             _logs_options),
     "cancel": ("cancel jobs", _cancel_options),
-    "stop": ("stop clusters (keep their disks)", _lifecycle_options("stop")),
-    "start": ("start stopped clusters", _lifecycle_options("start")),
-    "down": ("tear clusters down", _lifecycle_options("down")),
+    "stop": ("stop clusters (keep their disks): names, 'patterns*' or --all",
+             _lifecycle_options("stop")),
+    "start": ("start stopped clusters: names, 'patterns*' or --all",
+              _lifecycle_options("start")),
+    "down": ("tear clusters down: names, 'patterns*' or --all", _lifecycle_options("down")),
     "events": ("show cluster events (status changes, reasons)", _events_options),
     "requests": ("show requests the daemon is working on", _requests_options),
     "check": ("show usable infra: providers, credentials, ssh node pools and their hosts",
               _check_options),
     "show-gpus": ("show accelerators on offer: instance types, counts, prices, regions",
                   _show_gpus_options),
-    "autostop": ("stop (or tear down) a cluster after it has been idle a while",
+    "autostop": ("stop (or tear down) clusters after they have been idle a while",
                  _autostop_options),
     "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
              lambda sub: _jobs().add_options(sub)),
