@@ -106,7 +106,7 @@ def _many_clusters(sub: argparse.ArgumentParser, verb: str) -> None:
                           f"which pick among the clusters {picks} (never a managed job's)")
     sub.add_argument("-a", "--all", action="store_true", help=f"every cluster {picks}")
     sub.add_argument("-y", "--yes", action="store_true",
-                     help="do not ask before acting on several (asked only on a terminal)")
+                     help="do not ask for confirmation (asked only on a terminal)")
 
 
 def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
@@ -287,6 +287,10 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def _check_many(args: argparse.Namespace) -> str | None:
     if not args.clusters and not args.all:
         return f"{args.verb}: name clusters (or patterns: 'dev-*'), or give --all"
+    from clusterctl._targets import is_pattern
+
+    if getattr(args, "orphan", False) and (args.all or any(map(is_pattern, args.clusters))):
+        return "down --orphan: name the orphans (their cloud names, as `status` lists them)"
     return None
 
 

@@ -39,6 +39,12 @@ def test_lifecycle_verbs_need_a_cluster_or_all(verb: str,
     assert "--all" in usage_error([verb], capsys)
 
 
+def test_orphans_are_named_not_matched(capsys: pytest.CaptureFixture[str]) -> None:
+    assert parse(["down", "--orphan", "cd-x-1"]).orphan
+    for words in (["-a"], ["cd-*"]):
+        assert "name the orphans" in usage_error(["down", "--orphan", *words], capsys)
+
+
 def view(name: str, status: str, managed: int | None = None) -> dict[str, Any]:
     found: dict[str, Any] = {"name": name, "status": status}
     if managed is not None:
