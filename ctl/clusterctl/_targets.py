@@ -38,14 +38,12 @@ class Targets:
         self.names: list[str] = []
         self.unmatched: list[str] = []
         self.skipped: list[str] = []
-        self.widened = False  # a pattern or --all: the user may not know what it picked
 
 
 def resolve(verb: str, words: Sequence[str], every: bool,
             clusters: Sequence[dict[str, Any]]) -> Targets:
     """`words` (names and patterns) and `every` (--all), against `clusters` (status views)."""
     targets = Targets()
-    targets.widened = every or any(is_pattern(w) for w in words)
     picked = PICKED[verb]
     eligible = []
     for cluster in clusters:
