@@ -24,3 +24,20 @@ def fail_with(error: ClusterdError) -> NoReturn:
     code = _exit_codes.NOT_FOUND if error.code in protocol.NOT_FOUND_CODES else _exit_codes.ERROR
     first, newline, rest = error.message.partition("\n")
     fail(f"{first} [{error.code}]{newline}{rest}", error.hint, code)
+
+
+def report(name: str, error: ClusterdError) -> int:
+    """One cluster's error among several (the others go on): said on stderr, named; the
+    exit code it is worth."""
+    sys.stderr.write(f"clusterctl: error: {name}: {error.message} [{error.code}]\n")
+    if error.hint:
+        sys.stderr.write(f"hint: {error.hint}\n")
+    return _exit_codes.NOT_FOUND if error.code in protocol.NOT_FOUND_CODES else _exit_codes.ERROR
+
+
+def worse(code: int, other: int) -> int:
+    """The worse of two outcomes of a command on several clusters: any error beats a
+    not-found (102 tells a script that nothing else went wrong), and either beats success."""
+    if _exit_codes.ERROR in (code, other):
+        return _exit_codes.ERROR
+    return max(code, other)

@@ -25,11 +25,21 @@ def add_options(jobs: argparse.ArgumentParser) -> None:
     launch.add_argument("-n", dest="job_name", metavar="NAME", help="the job's name")
     launch.add_argument("--infra", help="where it may run: aws, aws/REGION, aws/REGION/ZONE")
     add_task_options(launch)
-    queue = actions.add_parser("queue", help="show managed jobs")
-    queue.add_argument("--all", action="store_true", help="finished jobs too")
+    queue = actions.add_parser("queue", help="show managed jobs (newest first)")
+    finished = queue.add_mutually_exclusive_group()
+    finished.add_argument("--all", action="store_true", help="finished jobs too")
+    finished.add_argument("-s", "--skip-finished", action="store_true",
+                          help="unfinished jobs only (the default, unless --since or "
+                               "--until is given)")
+    queue.add_argument("--since", metavar="WHEN",
+                       help="jobs submitted since WHEN: a time ago (30m, 2h, 3d, 1w) or a "
+                            "local date and time (2026-12-06, '2026-12-06 14:00'); finished "
+                            "ones too, unless -s")
+    queue.add_argument("--until", metavar="WHEN", help="jobs submitted before WHEN (as --since)")
     queue.add_argument("--json", action="store_true")
     logs = actions.add_parser("logs", help="a managed job's log, across its attempts")
-    logs.add_argument("job_id", type=int)
+    logs.add_argument("job_id", type=int, nargs="?",
+                      help="the managed job (default: the newest)")
     logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
     logs.add_argument("--tail", type=int, default=0, metavar="N",
                       help="start with the last N lines (0: from the start)")
@@ -39,6 +49,25 @@ def add_options(jobs: argparse.ArgumentParser) -> None:
     cancel = actions.add_parser("cancel", help="cancel managed jobs (their clusters go too)")
     cancel.add_argument("job_ids", nargs="*", type=int)
     cancel.add_argument("-a", "--all", action="store_true", help="every unfinished job")
+    cancel.add_argument("-n", "--name", dest="cancel_name", metavar="NAME",
+                        help="the unfinished job of that name (refused if several have it)")
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What argparse cannot say of `jobs` options (a usage error, exit 2)."""
+    if args.jobs_action == "cancel" and args.cancel_name is not None and (
+            args.job_ids or args.all):
+        return "jobs cancel: -n NAME picks the job; give it without ids or --all"
+    if args.jobs_action == "queue":
+        from clusterctl._times import TimeError, parse_when
+
+        for option in ("since", "until"):
+            value = getattr(args, option)
+            try:
+                parse_when(value, now=0.0) if value else None
+            except TimeError as error:
+                return f"jobs queue --{option}: {error}"
+    return None
 
 
 def main(client: Client, args: argparse.Namespace) -> int:
@@ -49,9 +78,10 @@ def main(client: Client, args: argparse.Namespace) -> int:
         return _queue(client, args)
     if action == "logs":
         return _follow(client, logs_request(args))
-    if not args.job_ids and not args.all:
-        fail("name the managed jobs to cancel", "give job ids, or --all")
-    result = client.call(protocol.JobsCancelArgs(job_ids=args.job_ids, all=args.all))
+    if not args.job_ids and not args.all and args.cancel_name is None:
+        fail("name the managed jobs to cancel", "give job ids, --all, or -n NAME")
+    result = client.call(protocol.JobsCancelArgs(job_ids=args.job_ids, all=args.all,
+                                                 name=args.cancel_name))
     for job_id in result.get("cancelled", []):
         sys.stderr.write(f"Managed job {job_id}: cancelling (its cluster is torn down).\n")
     for job_id in result.get("already_finished", []):
@@ -93,7 +123,7 @@ def _follow(client: Client, request: protocol.OpArgs, detach: bool = False) -> i
     except KeyboardInterrupt:
         stream.detach()
         printer.finish_logs()
-        job_id = state.get("job_id", getattr(request, "job_id", "?"))
+        job_id = state.get("job_id") or getattr(request, "job_id", None) or "ID"
         printer.note(f"Detached; managed job {job_id} goes on.\n"
                      f"  logs:   clusterctl jobs logs {job_id}\n"
                      f"  cancel: clusterctl jobs cancel {job_id}")
@@ -150,12 +180,20 @@ def _duration(seconds: float | None) -> str:
 
 
 def _queue(client: Client, args: argparse.Namespace) -> int:
-    jobs = client.call(protocol.JobsQueueArgs(all=args.all)).get("jobs", [])
+    window = args.since or args.until
+    # A time window asks what was submitted then: finished jobs too, unless -s.
+    finished = args.all or (window and not args.skip_finished)
+    jobs = client.call(protocol.JobsQueueArgs(all=bool(finished))).get("jobs", [])
+    if window:
+        from clusterctl._times import submitted_within
+
+        jobs = submitted_within(jobs, args.since, args.until, time.time())
     if args.json:
         print_json(jobs)
         return _exit_codes.SUCCEEDED
     if not jobs:
-        print("No managed jobs." if args.all else
+        print("No managed jobs in that window." if window else "No managed jobs."
+              if args.all else
               "No unfinished managed jobs (finished ones too: clusterctl jobs queue --all).")
         return _exit_codes.SUCCEEDED
     headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",

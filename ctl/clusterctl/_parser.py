@@ -59,20 +59,36 @@ def _status_options(status: argparse.ArgumentParser) -> None:
                         help="ask the providers and agents for the true state first")
     status.add_argument("-v", "--verbose", action="store_true")
     status.add_argument("--json", action="store_true")
+    one = status.add_mutually_exclusive_group()
+    one.add_argument("--ip", action="store_true",
+                     help="print the head node's IP only (of the one cluster named)")
+    one.add_argument("--endpoints", action="store_true",
+                     help="print the task's ports (resources.ports) as URLs, http://IP:PORT")
+    one.add_argument("--endpoint", type=int, metavar="PORT",
+                     help="print one port's URL")
 
 
 def _queue_options(queue: argparse.ArgumentParser) -> None:
-    queue.add_argument("cluster")
+    queue.add_argument("clusters", nargs="*", metavar="CLUSTER",
+                       help="whose jobs (default: every UP cluster's)")
     queue.add_argument("-s", "--skip-finished", action="store_true")
     queue.add_argument("--json", action="store_true")
 
 
 def _logs_options(logs: argparse.ArgumentParser) -> None:
     logs.add_argument("cluster")
-    logs.add_argument("job_id", nargs="?", type=int)
+    logs.add_argument("jobs", nargs="*", metavar="JOB_ID",
+                      help="the job (default: the latest); with --sync-down, several, and a "
+                           "last word that is not a number is the directory to copy to")
     logs.add_argument("--no-follow", action="store_true", help="print what is there and exit")
     logs.add_argument("--tail", type=int, default=0, metavar="N",
                       help="start with the last N lines (0: from the start)")
+    logs.add_argument("--status", action="store_true",
+                      help="print the job's status only, and exit with its code (0 succeeded, "
+                           "100 failed, 101 not finished, 103 cancelled)")
+    logs.add_argument("-s", "--sync-down", action="store_true",
+                      help="copy the jobs' logs to this machine (default directory: "
+                           "~/clusterd_logs/CLUSTER; each job's in JOB_ID/run.log there)")
 
 
 def _cancel_options(cancel: argparse.ArgumentParser) -> None:
@@ -81,17 +97,27 @@ def _cancel_options(cancel: argparse.ArgumentParser) -> None:
     cancel.add_argument("-a", "--all", action="store_true", help="cancel every active job")
 
 
+def _many_clusters(sub: argparse.ArgumentParser, verb: str) -> None:
+    """CLUSTER... with globs, -a/--all and -y/--yes (see _targets.py)."""
+    picks = {"stop": "that are UP or INIT", "start": "that are STOPPED or INIT",
+             "down": "of any status", "autostop": "that are UP"}[verb]
+    sub.add_argument("clusters", nargs="*", metavar="CLUSTER",
+                     help="cluster names, or shell-style patterns in quotes ('dev-*'), "
+                          f"which pick among the clusters {picks} (never a managed job's)")
+    sub.add_argument("-a", "--all", action="store_true", help=f"every cluster {picks}")
+    sub.add_argument("-y", "--yes", action="store_true",
+                     help="do not ask for confirmation (asked only on a terminal)")
+
+
 def _lifecycle_options(verb: str) -> Callable[[argparse.ArgumentParser], None]:
     def add(sub: argparse.ArgumentParser) -> None:
-        sub.add_argument("clusters", nargs="+")
+        _many_clusters(sub, verb)
         if verb == "down":
             sub.add_argument("-p", "--purge", action="store_true",
                              help="forget the cluster even if cleanup fails")
             sub.add_argument("--orphan", action="store_true",
                              help="the names are orphans' cloud names (see `status`): "
                                   "terminate what they left")
-        if verb in ("stop", "down"):
-            sub.add_argument("-y", "--yes", action="store_true", help="do not ask")
         if verb == "start":
             _verbose_option(sub)
     return add
@@ -107,9 +133,10 @@ def _events_options(events: argparse.ArgumentParser) -> None:
 
 
 def _autostop_options(autostop: argparse.ArgumentParser) -> None:
-    autostop.add_argument("cluster")
+    _many_clusters(autostop, "autostop")
     autostop.add_argument("-i", "--idle-minutes", type=float, metavar="MIN",
-                          help="stop after MIN idle minutes (fractions allowed)")
+                          help="stop after MIN idle minutes (fractions allowed; default: 5, "
+                               "as SkyPilot's)")
     autostop.add_argument("--down", action="store_true", help="tear down instead of stopping")
     autostop.add_argument("--wait-for", choices=protocol.WAIT_FOR_CHOICES,
                           default="jobs_and_ssh",
@@ -124,12 +151,15 @@ def _requests_options(requests: argparse.ArgumentParser) -> None:
 
 
 def _check_options(check: argparse.ArgumentParser) -> None:
+    check.add_argument("providers", nargs="*", metavar="PROVIDER",
+                       help="check only these (local, ssh, aws, kubernetes; default: all)")
     check.add_argument("--json", action="store_true")
 
 
 def _show_gpus_options(show: argparse.ArgumentParser) -> None:
-    show.add_argument("name", nargs="?", metavar="NAME",
-                      help="one accelerator (e.g. A100): its instance types and prices")
+    show.add_argument("name", nargs="?", metavar="NAME[:COUNT]",
+                      help="one accelerator (e.g. A100): its instance types and prices; "
+                           "with a count (A100:8), only those with that many")
     show.add_argument("--infra", metavar="PROVIDER",
                       help="one provider's only (kubernetes: what its nodes have and have free)")
     show.add_argument("--json", action="store_true")
@@ -163,19 +193,22 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "launch": ("create (or reuse) a cluster and run a task on it", _launch_options),
     "exec": ("run a task on an UP cluster (setup is skipped)", _exec_options),
     "status": ("show clusters", _status_options),
-    "queue": ("show a cluster's jobs", _queue_options),
-    "logs": ("stream a job's log (default: the latest job)", _logs_options),
+    "queue": ("show clusters' jobs (default: every UP cluster's)", _queue_options),
+    "logs": ("stream a job's log (default: the latest job); --status, --sync-down",
+             _logs_options),
     "cancel": ("cancel jobs", _cancel_options),
-    "stop": ("stop clusters (keep their disks)", _lifecycle_options("stop")),
-    "start": ("start stopped clusters", _lifecycle_options("start")),
-    "down": ("tear clusters down", _lifecycle_options("down")),
+    "stop": ("stop clusters (keep their disks): names, 'patterns*' or --all",
+             _lifecycle_options("stop")),
+    "start": ("start stopped clusters: names, 'patterns*' or --all",
+              _lifecycle_options("start")),
+    "down": ("tear clusters down: names, 'patterns*' or --all", _lifecycle_options("down")),
     "events": ("show cluster events (status changes, reasons)", _events_options),
     "requests": ("show requests the daemon is working on", _requests_options),
     "check": ("show usable infra: providers, credentials, ssh node pools and their hosts",
               _check_options),
     "show-gpus": ("show accelerators on offer: instance types, counts, prices, regions",
                   _show_gpus_options),
-    "autostop": ("stop (or tear down) a cluster after it has been idle a while",
+    "autostop": ("stop (or tear down) clusters after they have been idle a while",
                  _autostop_options),
     "jobs": ("managed jobs: launch, queue, logs, cancel (recovered when their cluster is lost)",
              lambda sub: _jobs().add_options(sub)),
@@ -283,4 +316,75 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         args.command_given = bool(command)
     elif extra or command:
         parser.error(f"unrecognized arguments: {' '.join([*extra, *command])}")
+    check = CHECKS.get(args.verb)
+    if check is not None:
+        problem = check(args)
+        if problem:
+            parser.error(problem)
     return args
+
+
+# -- what argparse cannot say ------------------------------------------------------------------
+# Each checks (and completes) a verb's parsed options; a problem is a usage error (exit 2).
+# They see the words only, never the environment or the clock (see _argv_cache.py).
+
+
+def _check_many(args: argparse.Namespace) -> str | None:
+    if not args.clusters and not args.all:
+        return f"{args.verb}: name clusters (or patterns: 'dev-*'), or give --all"
+    from clusterctl._targets import is_pattern
+
+    if getattr(args, "orphan", False) and (args.all or any(map(is_pattern, args.clusters))):
+        return "down --orphan: name the orphans (their cloud names, as `status` lists them)"
+    return None
+
+
+def _check_status(args: argparse.Namespace) -> str | None:
+    asked = "--ip" if args.ip else "--endpoints" if args.endpoints else (
+        "--endpoint" if args.endpoint is not None else None)
+    if asked and len(args.clusters) != 1:
+        return f"status {asked} takes one cluster"
+    if args.endpoint is not None and not 1 <= args.endpoint <= 65535:
+        return "--endpoint: a port is from 1 to 65535"
+    return None
+
+
+def _check_logs(args: argparse.Namespace) -> str | None:
+    """`jobs` into job_ids (and `job_id`: the one given, or None), and with --sync-down a
+    last word that is not a number into sync_dir."""
+    words = list(args.jobs)
+    args.sync_dir = None
+    if args.sync_down and words and not words[-1].isdigit():
+        args.sync_dir = words.pop()
+    bad = [w for w in words if not w.isdigit() or int(w) < 1]
+    if bad:
+        return f"logs: a job id is a number from 1, not {bad[0][:40]!r}"
+    args.job_ids = [int(w) for w in words]
+    if args.status and args.sync_down:
+        return "logs: give --status or --sync-down, not both"
+    if len(args.job_ids) > 1 and not args.sync_down:
+        return "logs: one job at a time (several with --sync-down)"
+    args.job_id = args.job_ids[0] if args.job_ids else None
+    return None
+
+
+def _check_show_gpus(args: argparse.Namespace) -> str | None:
+    """NAME:COUNT (SkyPilot's `A100:8`) into name and count."""
+    args.count = None
+    if args.name and ":" in args.name:
+        name, _, count = args.name.rpartition(":")
+        try:
+            args.count = float(count)
+        except ValueError:
+            return f"show-gpus: {args.name[:40]!r}: the count after ':' is a number (A100:8)"
+        if not name or not 0 < args.count < 2**31:
+            return f"show-gpus: {args.name[:40]!r}: give NAME:COUNT, a count above 0 (A100:8)"
+        args.name = name
+    return None
+
+
+CHECKS: dict[str, Callable[[argparse.Namespace], str | None]] = {
+    "stop": _check_many, "start": _check_many, "down": _check_many, "autostop": _check_many,
+    "status": _check_status, "logs": _check_logs, "show-gpus": _check_show_gpus,
+    "jobs": lambda args: _jobs().check(args),
+}

@@ -11,7 +11,7 @@ import sys
 import time
 
 from clusterctl import _argv_cache, _exit_codes, protocol
-from clusterctl._fail import fail, fail_with
+from clusterctl._fail import fail, fail_with, report, worse
 from clusterctl._render import Printer, age, table
 from clusterctl._task_options import print_json, task_args
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
@@ -88,6 +88,10 @@ def cmd_exec(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_status(client: Client, args: argparse.Namespace) -> int:
+    if args.ip or args.endpoints or args.endpoint is not None:
+        from clusterctl import _endpoints  # only for these
+
+        return _endpoints.main(client, args)
     # Columns where the daemon offers them (its hello, on connecting, says): a fifth of the
     # decoding for many clusters.
     columns = protocol.FEATURE_COLUMNS in client.server_hello.get("features", ())
@@ -147,28 +151,57 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_queue(client: Client, args: argparse.Namespace) -> int:
-    result = client.call(protocol.QueueArgs(cluster=args.cluster,
-                                            skip_finished=args.skip_finished))
-    jobs = result.get("jobs", [])
+    """One cluster's jobs (as before), or several clusters' (every UP one's, if none is
+    named) in one table with a CLUSTER column; a cluster that fails does not stop the rest."""
+    names = list(dict.fromkeys(args.clusters))
+    several = len(names) != 1
+    if not names:
+        views = protocol.views_of(client.call(protocol.StatusArgs()).get("clusters", []))
+        names = [c["name"] for c in views if c["status"] == "UP"]
+    results = client.call_many([protocol.QueueArgs(cluster=n, skip_finished=args.skip_finished)
+                                for n in names]) if names else []
+    code: int = _exit_codes.SUCCEEDED
+    jobs: list[dict[str, Any]] = []
+    for name, result in zip(names, results, strict=True):
+        if isinstance(result, ClusterdError):
+            if not several:
+                fail_with(result)
+            code = worse(code, report(name, result))
+            continue
+        jobs += [{**job, "cluster": name} for job in result.get("jobs", [])]
     if args.json:
         print_json(jobs)
-        return _exit_codes.SUCCEEDED
+        return code
+    if several and not names:
+        print("No UP clusters.")
+        return code
     headers = ["ID", "NAME", "USER", "SUBMITTED", "STARTED", "DURATION", "RESOURCES",
                "STATUS", "LOG"]
-    rows = []
-    for job in jobs:
-        started, ended = job.get("started_at"), job.get("ended_at")
-        duration = "-"
-        if started:
-            duration = age(started, until=ended or time.time(), suffix="")
-        rows.append([str(job["job_id"]), job.get("name") or "-", job.get("user") or "-",
-                     age(job.get("submitted_at")), age(started), duration,
-                     job.get("resources") or "-", job["status"], job.get("log_dir") or "-"])
-    sys.stdout.write(f"Jobs on {args.cluster}:\n" + table(headers, rows))
-    return _exit_codes.SUCCEEDED
+    rows = [_job_row(job) for job in jobs]
+    if several:
+        sys.stdout.write(table(["CLUSTER", *headers],
+                               [[job["cluster"], *row] for job, row in zip(jobs, rows,
+                                                                           strict=True)]))
+    else:
+        sys.stdout.write(f"Jobs on {names[0]}:\n" + table(headers, rows))
+    return code
+
+
+def _job_row(job: dict[str, Any]) -> list[str]:
+    started, ended = job.get("started_at"), job.get("ended_at")
+    duration = "-"
+    if started:
+        duration = age(started, until=ended or time.time(), suffix="")
+    return [str(job["job_id"]), job.get("name") or "-", job.get("user") or "-",
+            age(job.get("submitted_at")), age(started), duration,
+            job.get("resources") or "-", job["status"], job.get("log_dir") or "-"]
 
 
 def cmd_logs(client: Client, args: argparse.Namespace) -> int:
+    if args.status or args.sync_down:
+        from clusterctl import _logs_cli  # only for these
+
+        return (_logs_cli.status if args.status else _logs_cli.sync_down)(client, args)
     if args.tail < 0:
         fail("--tail must be ≥ 0")
     request = protocol.LogsArgs(cluster=args.cluster, job_id=args.job_id,
@@ -199,52 +232,10 @@ def cmd_cancel(client: Client, args: argparse.Namespace) -> int:
     return _exit_codes.SUCCEEDED
 
 
-def _confirm(question: str, assume_yes: bool) -> None:
-    if assume_yes or not sys.stdin.isatty():
-        return
-    answer = input(f"{question} [Y/n] ").strip().lower()
-    if answer not in ("", "y", "yes"):
-        fail("aborted", code=_exit_codes.ERROR)
-
-
 def cmd_lifecycle(client: Client, args: argparse.Namespace) -> int:
-    verb = args.verb
-    names = list(dict.fromkeys(args.clusters))
-    if verb in ("stop", "down"):
-        word = {"stop": "Stopping", "down": "Tearing down"}[verb]
-        _confirm(f"{word} {len(names)} cluster(s): {', '.join(names)}. Proceed?",
-                 args.yes)
-    if verb == "down":
-        requests: list[protocol.OpArgs] = [
-            protocol.DownArgs(cluster=n, purge=args.purge, orphan=args.orphan) for n in names]
-    elif verb == "stop":
-        requests = [protocol.StopArgs(cluster=n) for n in names]
-    else:
-        requests = [protocol.StartArgs(cluster=n) for n in names]
-    verbose = bool(getattr(args, "verbose", False))  # `start -v`
-    printers = [Printer(verbose) for _ in names]  # one per cluster: each has its phases
+    from clusterctl import _lifecycle_cli  # only when stop, start, down or autostop runs
 
-    def on_event(index: int, event: str, data: dict[str, Any]) -> None:
-        printers[index].event(event, data, {}, prefix=f"[{names[index]}] ")
-
-    results = client.call_many(requests, on_event=on_event)
-    code: int = _exit_codes.SUCCEEDED
-    for name, result in zip(names, results, strict=True):
-        if isinstance(result, ClusterdError):
-            sys.stderr.write(f"clusterctl: error: {name}: {result.message} [{result.code}]\n")
-            if result.hint:
-                sys.stderr.write(f"hint: {result.hint}\n")
-            not_found = result.code in protocol.NOT_FOUND_CODES
-            if code == _exit_codes.SUCCEEDED or not not_found:
-                code = _exit_codes.NOT_FOUND if not_found else _exit_codes.ERROR
-            continue
-        done = {"stop": "stopped", "start": "started", "down": "torn down"}[verb]
-        if verb == "stop" and not result.get("changed", True):
-            done = "already stopped"
-        print(f"Cluster {name} {done}.")
-    for name, printer in zip(names, printers, strict=True):
-        printer.phases(prefix=f"[{name}] ")
-    return code
+    return _lifecycle_cli.main(client, args)
 
 
 def _event_row(e: dict[str, Any]) -> list[str]:
@@ -289,22 +280,6 @@ def _follow_events(client: Client, args: argparse.Namespace) -> int:
     return _exit_codes.SUCCEEDED
 
 
-def cmd_autostop(client: Client, args: argparse.Namespace) -> int:
-    if not args.cancel and args.idle_minutes is None:
-        fail("give -i MIN, or --cancel", "e.g. clusterctl autostop dev -i 10")
-    result = client.call(protocol.AutostopArgs(
-        cluster=args.cluster, idle_minutes=args.idle_minutes, down=args.down,
-        wait_for=args.wait_for, cancel=args.cancel))
-    setting = result.get("autostop")
-    if setting is None:
-        print(f"Autostop of {args.cluster} cancelled.")
-    else:
-        action = "tear it down" if setting["down"] else "stop it"
-        print(f"{args.cluster}: will {action} after {setting['idle_minutes']:g} idle minutes "
-              f"(busy means: {setting['wait_for'].replace('_', ' ')}).")
-    return _exit_codes.SUCCEEDED
-
-
 def cmd_requests(client: Client, args: argparse.Namespace) -> int:
     result = client.call(protocol.RequestsArgs(active_only=not args.all))
     if args.json:
@@ -321,7 +296,7 @@ def cmd_requests(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_check(client: Client, args: argparse.Namespace) -> int:
-    result = client.call(protocol.CheckArgs())
+    result = client.call(protocol.CheckArgs(providers=args.providers))
     if args.json:
         print_json(result)
         return _exit_codes.SUCCEEDED
@@ -350,8 +325,8 @@ def _price(value: Any) -> str:
 
 
 def cmd_show_gpus(client: Client, args: argparse.Namespace) -> int:
-    rows = client.call(protocol.ShowGpusArgs(name=args.name, infra=args.infra)).get(
-        "accelerators", [])
+    rows = client.call(protocol.ShowGpusArgs(name=args.name, infra=args.infra,
+                                             count=args.count)).get("accelerators", [])
     if args.json:
         print_json(rows)
         return _exit_codes.SUCCEEDED
@@ -423,7 +398,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "events": cmd_events,
     "requests": cmd_requests,
     "check": cmd_check,
-    "autostop": cmd_autostop,
+    "autostop": cmd_lifecycle,
     "show-gpus": cmd_show_gpus,
     "jobs": cmd_jobs,
     "ssh": cmd_ssh,

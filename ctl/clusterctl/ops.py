@@ -202,17 +202,21 @@ class AutostopArgs(OpArgs):
 
 
 class CheckArgs(OpArgs):
-    """Which providers and ssh node pools are usable, and whether each host answers."""
+    """Which providers and ssh node pools are usable, and whether each host answers; with
+    `providers`, only those (`[]`: every one)."""
 
     op = "check"
+    providers: list[str] = []
 
 
 class ShowGpusArgs(OpArgs):
     """Accelerators in the catalogs: every instance type with one (of `name`, if given), its
-    count, size, cheapest on-demand and spot price per hour, and regions."""
+    count, size, cheapest on-demand and spot price per hour, and regions. With `count`,
+    only instance types with that many (and nodes with at least that many)."""
 
     op = "show_gpus"
     name: str | None = None
+    count: float | None = None
     infra: str | None = None  # one provider's only (kubernetes: its nodes, free and total)
 
 
@@ -278,8 +282,8 @@ class JobsQueueArgs(OpArgs):
 
 class JobsLogsArgs(OpArgs):
     """A managed job's whole log across its attempts (a marker line at each recovery), as
-    ``log`` events; with ``follow``, until the job ends. ``tail`` N > 0 starts with its last
-    N lines instead (0: from the start).
+    ``log`` events (``job_id`` None: the newest job's); with ``follow``, until the job
+    ends. ``tail`` N > 0 starts with its last N lines instead (0: from the start).
 
     With ``controller``, the daemon's own log of the job instead: its status changes and
     other findings as ``managed_job_event`` events ``{id, ts, from_status, to_status,
@@ -288,7 +292,7 @@ class JobsLogsArgs(OpArgs):
 
     op = "jobs_logs"
     streams = True
-    job_id: int
+    job_id: int | None = None  # None: the newest managed job
     follow: bool = True
     tail: int = 0
     controller: bool = False
@@ -304,11 +308,13 @@ class JobsEventsArgs(OpArgs):
 
 
 class JobsCancelArgs(OpArgs):
-    """Cancel managed jobs in any state; their clusters are torn down."""
+    """Cancel managed jobs in any state; their clusters are torn down. `name`: the one
+    unfinished job of that name (refused if several have it, as SkyPilot does)."""
 
     op = "jobs_cancel"
     job_ids: list[int] = []
     all: bool = False
+    name: str | None = None
 
 
 class StorageLsArgs(OpArgs):

@@ -69,6 +69,9 @@ class NodeInfo:
     cpus: float = 0
     gpus: float = 0
     reason: str = ""  # the provider's word on its state (a cloud's state reason), if any
+    # Its address from outside its network, where it has one apart from internal_ip (an EC2
+    # instance's public IP): what `status --ip` and `--endpoints` show.
+    external_ip: str = ""
     image: str = ""  # the machine image it runs, where the provider knows it (for messages)
     # A VM booted from an image that may lack the GPU driver (not a pod, whose GPUs come with
     # the device plugin's driver): the runtime checks the driver before Ray counts the GPUs.

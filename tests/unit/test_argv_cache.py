@@ -112,15 +112,15 @@ def test_a_recalled_command_line_runs_as_a_parsed_one_without_argparse(
     assert first.returncode == 1 and "cannot reach clusterd" in first.stderr, first.stderr
     code = ("import sys; from clusterctl import _argv_cache; "
             "args = _argv_cache.recall(['queue', 'dev', '--json']); "
-            "print(args.cluster, args.json, 'argparse' in sys.modules)")
+            "print(*args.clusters, args.json, 'argparse' in sys.modules)")
     recalled = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, timeout=60)
     assert recalled.stdout.split() == ["dev", "True", "False"], recalled.stderr
     # Errors are never kept: each run parses, and says the same.
     for _ in range(2):
-        bad = ctl(tmp_path, "queue")
+        bad = ctl(tmp_path, "logs")
         assert bad.returncode == 2 and "the following arguments are required" in bad.stderr
-    assert _argv_cache.recall(["queue"]) is None
+    assert _argv_cache.recall(["logs"]) is None
 
 
 @pytest.mark.parametrize("words", [

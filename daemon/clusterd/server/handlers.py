@@ -218,15 +218,18 @@ class Handlers:
         """Every provider's answer under its name; the keys a provider says belong at the top
         of the reply (ssh's pools file and hosts) go there."""
         found: dict[str, dict[str, Any]] = {}
+        # Those asked for (an unknown name refused by name), in the registry's order.
+        asked = {self._providers.get(name.lower()).name for name in args.providers}
+        providers = [p for p in self._providers.all() if not asked or p.name in asked]
 
         async def one(provider: Provider) -> None:
             found[provider.name] = await provider.check()
 
         async with anyio.create_task_group() as group:
-            for provider in self._providers.all():
+            for provider in providers:
                 group.start_soon(one, provider)
         result: dict[str, Any] = {"providers": {}}
-        for provider in self._providers.all():
+        for provider in providers:
             answer = dict(found[provider.name])
             for key in provider.check_top_level:
                 result[key] = answer.pop(key, None)
@@ -240,6 +243,7 @@ class Handlers:
         catalogs = [(provider.name, catalog) for provider in self._providers.all()
                     if args.infra in (None, provider.name)
                     and (catalog := await provider.accelerators()) is not None]
+        check_range("count", args.count, 0, MAX_ID)
         rows = [{**row, "provider": name} for name, catalog in catalogs
                 for row in catalog.accelerator_rows(args.name)]
         if args.name and not rows:
@@ -249,6 +253,8 @@ class Handlers:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                 f"no accelerator named {shown!r} in the catalog",
                                 f"known: {', '.join(known)}")
+        if args.count is not None:
+            rows = _with_count(rows, args.count, args.name)
         return {"accelerators": rows}
 
     async def list_requests(self, call: Call, args: protocol.RequestsArgs) -> dict[str, Any]:
@@ -376,6 +382,21 @@ class Handlers:
             result["cluster"], job_id, follow=True, tail=0, offset=None, emit=call.emit
         )
         return {**result, **streamed}
+
+
+def _with_count(rows: list[dict[str, Any]], count: float,
+                name: str | None) -> list[dict[str, Any]]:
+    """`show-gpus A100:8`: instance types with exactly that many (SkyPilot's filter), and
+    nodes (kubernetes) with at least that many; none at all is refused with the counts that
+    are there."""
+    kept = [r for r in rows if (r["count"] >= count if "node" in r else r["count"] == count)]
+    if rows and not kept:
+        counts = sorted({r["count"] for r in rows if "node" not in r})
+        shown = protocol.clipped(name or "an accelerator", 40)
+        raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                            f"no instance type with {count:g} of {shown} in the catalog",
+                            f"counts offered: {', '.join(f'{c:g}' for c in counts)}")
+    return kept
 
 
 async def _follow(call: Call, request: RunningRequest) -> dict[str, Any]:

@@ -113,15 +113,24 @@ class ManagedHandlers:
         return self._controller.queue(args.all)
 
     async def logs(self, call: Call, args: protocol.JobsLogsArgs) -> dict[str, Any]:
-        _check_id(args.job_id)
+        job_id = self._newest() if args.job_id is None else args.job_id
+        _check_id(job_id)
         if not 0 <= args.tail <= MAX_TAIL:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                 f"tail must be from 0 (all) to {MAX_TAIL} lines")
         if args.controller:
-            return await self._controller.stream_controller_log(args.job_id, args.follow,
+            return await self._controller.stream_controller_log(job_id, args.follow,
                                                                 call.emit, args.tail)
-        return await self._controller.stream_log(args.job_id, args.follow, call.emit,
-                                                 args.tail)
+        return await self._controller.stream_log(job_id, args.follow, call.emit, args.tail)
+
+    def _newest(self) -> int:
+        """The newest managed job's id (`jobs logs` without one, as `logs` takes a
+        cluster's latest job)."""
+        records = self._store.all()
+        if not records:
+            raise ProtocolError(ErrorCode.MANAGED_JOB_NOT_FOUND, "there are no managed jobs",
+                                "submit one: clusterctl jobs launch task.yaml")
+        return max(r.id for r in records)
 
     async def events(self, call: Call, args: protocol.JobsEventsArgs) -> dict[str, Any]:
         _check_id(args.job_id)
@@ -132,12 +141,35 @@ class ManagedHandlers:
         return {"job_id": args.job_id, "events": [dataclasses.asdict(e) for e in events]}
 
     async def cancel(self, call: Call, args: protocol.JobsCancelArgs) -> dict[str, Any]:
-        if not args.job_ids and not args.all:
+        if args.name is not None and (args.job_ids or args.all):
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                "name picks the job to cancel: give it without job ids or all")
+        if not args.job_ids and not args.all and args.name is None:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "name the managed jobs to cancel",
-                                "give job ids, or --all")
+                                "give job ids, --all, or -n NAME")
         for job_id in args.job_ids:
             _check_id(job_id)
+        if args.name is not None:
+            return await self._cancel_by_name(args.name)
         return await self._controller.cancel(args.job_ids, args.all)
+
+    async def _cancel_by_name(self, name: str) -> dict[str, Any]:
+        """The one unfinished job of that name. Several: refused, as SkyPilot refuses it
+        (a name is not an id: cancelling every job that shares one is `--all` by mistake)."""
+        named = [r for r in self._store.all() if r.name == name]
+        if not named:
+            raise ProtocolError(ErrorCode.MANAGED_JOB_NOT_FOUND,
+                                f"there is no managed job named {protocol.shown(name, 40)}",
+                                "see `clusterctl jobs queue --all`")
+        unfinished = [r.id for r in named if not r.status.is_final]
+        if len(unfinished) > 1:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"{len(unfinished)} unfinished managed jobs are named "
+                                f"{protocol.shown(name, 40)}: {', '.join(map(str, unfinished))}",
+                                "cancel them by id: clusterctl jobs cancel ID...")
+        if not unfinished:
+            return {"cancelled": [], "already_finished": [r.id for r in named]}
+        return await self._controller.cancel(unfinished, False)
 
 
 def _makes_cluster_name(name: str) -> bool:

@@ -25,6 +25,7 @@ def _view(node: NodeInfo, index: int) -> dict[str, Any]:
         "node_id": node.node_id,
         "role": "head" if index == 0 else "worker",
         "internal_ip": node.internal_ip,
+        "external_ip": node.external_ip or None,
         "status": str(node.status),
         "ssh": str(node.ssh) if node.ssh is not None else None,
         "cpus": node.cpus,

@@ -472,6 +472,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             reason=node.reason,
             image=node.image,
             check_gpu_driver=True,
+            external_ip="" if handle.use_internal_ips else node.public_ip or "",
         )
 
     async def cluster_info(self, cloud_name: str, handle: AWSHandle) -> ClusterInfo:
