@@ -7,6 +7,7 @@ about 15 s)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import csv
 import gzip
 import hashlib
@@ -26,7 +27,7 @@ import zstandard
 
 from clusterctl.protocol import ProtocolError
 from clusterd.commands import CommandResult
-from clusterd.runtime import slim, venv_archive
+from clusterd.runtime import build_lock, install, slim, venv_archive
 from clusterd.runtime.install import (
     BEHIND_HEAD_NICENESS,
     Wheelhouse,
@@ -41,13 +42,52 @@ from clusterd.runtime.wheelhouse import HASHED_REQUIREMENTS, SUMS, WheelhouseRef
 from tests.support import other_user, short_tempdir
 
 
+def checkout_listing() -> dict[str, float]:
+    """The checkout's top level and the mtimes of what a build in place would write."""
+    source = Path(install.__file__).resolve().parents[3]
+    return {p.name: p.stat().st_mtime for p in source.iterdir()}
+
+
 @pytest.fixture(scope="module")
 def built() -> Iterator[Wheelhouse]:
+    """Built by two daemons at once, as the suite's two workers (or a user's two state dirs)
+    do: one builds, the other waits and takes it; the checkout gets no build output (two
+    setuptools builds in one tree collided on its build/ directory)."""
     root = short_tempdir("cdwh-")
+    builds: list[str] = []
+    build_new = WheelhouseBuilder._build_new
+
+    def counted(self: WheelhouseBuilder, key: str, final: Path) -> Wheelhouse:
+        builds.append(key)
+        return build_new(self, key, final)
+
+    before = checkout_listing()
     try:
-        yield WheelhouseBuilder(root / "wheelhouse").build()
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(WheelhouseBuilder, "_build_new", counted)
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                houses = list(pool.map(lambda _: WheelhouseBuilder(root / "wheelhouse").build(),
+                                       range(2)))
+        assert len(builds) == 1, builds
+        assert houses[0].path == houses[1].path
+        assert checkout_listing() == before
+        yield houses[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_second_builder_waits_for_the_first_then_says_who_holds_it(tmp_path: Path) -> None:
+    with build_lock.one_builder(tmp_path, "k1"):
+        # the lock is the open file's: a second open in this process waits like a daemon's
+        with pytest.raises(ProtocolError) as held, build_lock.one_builder(tmp_path, "k1",
+                                                                           wait_s=0.3):
+            pass
+        with build_lock.one_builder(tmp_path, "k2", wait_s=0.3):
+            pass  # another key builds meanwhile
+    assert str(tmp_path / ".k1.lock") in held.value.message
+    assert "fuser" in held.value.hint
+    with build_lock.one_builder(tmp_path, "k1", wait_s=0.3):
+        pass  # released when its holder is done
 
 
 @pytest.fixture

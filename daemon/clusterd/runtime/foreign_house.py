@@ -25,7 +25,7 @@ from pathlib import Path
 
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.runtime import slim
+from clusterd.runtime import build_lock, slim
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.node_platform import RuntimeTarget, uv_platform
 from clusterd.runtime.pip import PIP_TIMEOUT_S, pip_run
@@ -65,6 +65,15 @@ def build(root: Path, base_key: str, package_wheel: Path, requirements: list[str
     if os.path.lexists(final):
         return ForeignHouse(final, key, tuple(sorted(integrity.verify(final).items())))
     platforms = target.platforms()  # refuses a target no wheel is made for, before fetching
+    with build_lock.one_builder(root, key):
+        if os.path.lexists(final):  # built by another daemon while we waited
+            return ForeignHouse(final, key, tuple(sorted(integrity.verify(final).items())))
+        return _build_new(root, key, final, package_wheel, requirements, target, platforms)
+
+
+def _build_new(root: Path, key: str, final: Path, package_wheel: Path,
+               requirements: list[str], target: RuntimeTarget,
+               platforms: list[str]) -> ForeignHouse:
     abi = f"cp{target.python.replace('.', '')}"
     with tempfile.TemporaryDirectory(dir=root) as scratch:
         staging = Path(scratch)

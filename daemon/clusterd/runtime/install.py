@@ -25,6 +25,7 @@ import hashlib
 import importlib.metadata
 import os
 import re
+import shutil
 import tempfile
 import time
 import zipfile
@@ -37,7 +38,7 @@ from clusterctl._version import __version__
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.commands import SKYIGNORE
-from clusterd.runtime import bytecode, foreign_house, node_binary, slim, venv_archive
+from clusterd.runtime import build_lock, bytecode, foreign_house, node_binary, slim, venv_archive
 from clusterd.runtime import wheelhouse as integrity
 from clusterd.runtime.foreign_house import ForeignHouse
 from clusterd.runtime.node_platform import (
@@ -151,6 +152,26 @@ def _installed_distribution() -> importlib.metadata.Distribution:
     return found[0] if found else importlib.metadata.distribution("clusterd")
 
 
+# What building the package from a checkout reads (pyproject.toml's packages, readme).
+CHECKOUT_BUILD_INPUTS = ("pyproject.toml", "README.md", "daemon/clusterd", "ctl/clusterctl")
+
+
+def _wheel_from_checkout(source: Path, out_dir: Path) -> None:
+    """The package's wheel, built from a copy of the checkout's sources: setuptools writes
+    build/ and *.egg-info inside the tree it builds, where two daemons building at once
+    collided (and a user's checkout would fill with build output)."""
+    with tempfile.TemporaryDirectory(prefix="clusterd-source-") as copy:
+        tree = Path(copy)
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+        for name in CHECKOUT_BUILD_INPUTS:
+            origin = source / name
+            if origin.is_dir():
+                shutil.copytree(origin, tree / name, ignore=ignore, symlinks=True)
+            elif origin.exists():
+                shutil.copy2(origin, tree / name)
+        pip_run("wheel", "--no-deps", "--wheel-dir", str(out_dir), str(tree))
+
+
 def _wheel_from_installed(out_dir: Path) -> Path:
     """This package as a wheel, zipped from its installed files (a regular install has no
     source tree to build from)."""
@@ -259,11 +280,17 @@ class WheelhouseBuilder:
         integrity.check_trusted(self._root, directory=True)
         if os.path.lexists(final):
             return Wheelhouse.of(final, integrity.verify(final))
+        with build_lock.one_builder(self._root, key):
+            if os.path.lexists(final):  # built by another daemon while we waited
+                return Wheelhouse.of(final, integrity.verify(final))
+            return self._build_new(key, final)
+
+    def _build_new(self, key: str, final: Path) -> Wheelhouse:
         with tempfile.TemporaryDirectory(dir=self._root) as scratch:
             staging = Path(scratch)
             source = _source_root()
             if source is not None:
-                pip_run("wheel", "--no-deps", "--wheel-dir", str(staging), str(source))
+                _wheel_from_checkout(source, staging)
             else:
                 _wheel_from_installed(staging)
             requirements = agent_requirements()
