@@ -67,7 +67,7 @@ def standalone_archive() -> tuple[Path, str]:
                         str(root / "bin" / f"python{minor}")], check=True, timeout=60)
         shutil.copytree(source / "lib" / f"python{minor}", root / "lib" / f"python{minor}",
                         ignore=lambda _dir, names: [n for n in names if n in _LEFT_OUT])
-        partial = target.with_suffix(".part")
+        partial = Path(scratch) / target.name  # a worker building it too has its own
         with tarfile.open(partial, "w:gz", compresslevel=1) as archive:
             archive.add(root, arcname="python")
         partial.rename(target)

@@ -89,7 +89,7 @@ def old_glibc_archive() -> tuple[Path, str]:
         shutil.copytree(built / "lib" / f"python{minor}", python / "lib" / f"python{minor}",
                         symlinks=True,
                         ignore=lambda _dir, names: [n for n in names if n in _LEFT_OUT])
-        partial = target.with_suffix(".part")
+        partial = Path(scratch) / target.name  # a worker building it too has its own
         with tarfile.open(partial, "w:gz", compresslevel=1) as archive:
             archive.add(python, arcname="python")
         os.rename(partial, target)

@@ -63,7 +63,7 @@ def test_the_job_script_is_private_while_the_job_runs(workdir: Path, image: str)
             seen = b""
             while seen.count(b"\n") < 2:  # the script's path and the user it runs as
                 kind, value = next(steps)
-                assert kind == "output", value
+                assert kind == "output", (value, seen)
                 seen += value
             path_text, uid = seen.decode().split()
             assert uid == ("0" if image == ROOT_IMAGE else "65534")

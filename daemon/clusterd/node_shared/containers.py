@@ -15,7 +15,7 @@ import subprocess
 
 DOCKER_PREFIX = "docker:"
 RUNTIMES = ("docker", "podman")
-PROBE_TIMEOUT_S = 15.0
+PROBE_TIMEOUT_S = 60.0  # a job refused for a slow probe is worse than a slow start
 # Bash where the image has it (SkyPilot's scripts assume it), else its sh.
 SHELL = 'if command -v bash >/dev/null 2>&1; then exec bash "$0"; else exec sh "$0"; fi'
 
@@ -58,8 +58,10 @@ def image_of(image_id: str | None) -> str | None:
 
 
 def find_runtime() -> tuple[str | None, str]:
-    """The first runtime on this node that answers (`docker info`, `podman info`), and if
-    none does, why (for the refusal)."""
+    """The first runtime on this node that answers (`docker version`, `podman version`: they
+    reach docker's daemon but not podman's storage, which `info` waits on while another
+    podman holds it, a tenth of a second here and seconds on a busy node), and if none does,
+    why (for the refusal)."""
     problems = []
     for name in RUNTIMES:
         path = shutil.which(name)
@@ -67,7 +69,7 @@ def find_runtime() -> tuple[str | None, str]:
             problems.append(f"no {name}")
             continue
         try:
-            done = subprocess.run([path, "info"], stdin=subprocess.DEVNULL,
+            done = subprocess.run([path, "version"], stdin=subprocess.DEVNULL,
                                   capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
             problems.append(f"{name}: {exc}")
