@@ -95,6 +95,15 @@ class EC2Bed:
         assert reply.get("ok"), reply
         return [i for rows in reply["regions"].values() for i in rows]
 
+    def node_logs(self, tail: int = 3000) -> str:
+        """The end of every node's log (its init and sshd's, which says why a login was
+        refused), for a failure's message."""
+        out = []
+        for log_file in sorted((self.dir / "instances").glob("*/node.log")):
+            text = log_file.read_text(errors="replace")
+            out.append(f"--- {log_file.parent.name}:\n{text[-tail:]}")
+        return "\n".join(out)
+
     def nodes(self) -> list[dict[str, Any]]:
         status = json.loads(self.testbed("status", "--json").stdout)
         return [i for instances in status["regions"].values() for i in instances]

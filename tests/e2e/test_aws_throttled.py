@@ -43,7 +43,8 @@ def test_concurrent_launches_ride_out_throttling(ec2: EC2Bed, daemon: Daemon) ->
                 bed_log = (ec2.dir / "controller.log").read_text(errors="replace")
                 pytest.fail(f"launch of {name} still running after {LAUNCH_TIMEOUT_S} s; the "
                             f"daemon's log ends:\n{daemon.log()[-12000:]}\nthe bed's log "
-                            f"ends:\n{bed_log[-8000:]}")
+                            f"ends:\n{bed_log[-8000:]}\nthe nodes' logs:\n"
+                            f"{ec2.node_logs()}")
 
         with concurrent.futures.ThreadPoolExecutor(len(CLUSTERS)) as pool:
             results = dict(zip(CLUSTERS, pool.map(launch, CLUSTERS), strict=True))

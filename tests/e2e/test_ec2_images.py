@@ -172,7 +172,8 @@ def two_node_job(ec2: EC2Bed, daemon: Daemon, cluster: str, image: tuple[str, st
     try:
         result = daemon.ctl("launch", "-c", cluster, "--infra", "aws/us-east-1",
                             f"{cluster}.yaml", timeout=900)
-        assert result.returncode == 0, result.stderr + daemon.log()[-3000:]
+        assert result.returncode == 0, (result.stderr + daemon.log()[-3000:]
+                                        + ec2.node_logs(1500))
         lines = sorted(result.stdout.splitlines())
         homes = [line.split(" python in ", 1)[1] for line in lines if " python in " in line]
         assert [line for line in lines if " python in " not in line] == [
