@@ -35,6 +35,7 @@ RECEIVE_BYTES = 256 * 1024
 # holds up the whole connection rather than filling memory. Give a slow consumer (a log
 # relayed to a browser) a connection of its own.
 QUEUE_FRAMES = 64
+CLOSE_TIMEOUT_S = 2.0  # to see a closed connection through (wait_closed)
 
 
 class AsyncStream:
@@ -157,8 +158,9 @@ class AsyncClient:
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            # Bounded: a daemon that stopped reading must not hold up our own shutdown.
+            with contextlib.suppress(OSError, TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
         self._fail_all(DaemonUnavailable("the connection to clusterd was closed"))
 
     # -- requests ---------------------------------------------------------------------------

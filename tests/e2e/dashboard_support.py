@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -148,9 +150,33 @@ def stop_dashboard(dashboard: Dashboard) -> int:
     try:
         return dashboard.process.wait(20)
     except subprocess.TimeoutExpired:
+        stacks = _stacks_of(dashboard.process)
         dashboard.process.kill()
         dashboard.process.wait()
-        raise AssertionError("the dashboard ignored Ctrl-C for 20 s") from None
+        raise AssertionError(f"the dashboard ignored Ctrl-C for 20 s; its threads:\n{stacks}"
+                             ) from None
+
+
+def _stacks_of(process: subprocess.Popen[str]) -> str:
+    """Every thread's stack of a running dashboard (it prints them on SIGUSR1), as it wrote
+    them to stderr, up to 5 s."""
+    assert process.stderr is not None
+    process.send_signal(signal.SIGUSR1)
+    out, deadline = "", time.monotonic() + 5
+    fd = process.stderr.fileno()
+    while time.monotonic() < deadline and "File " not in out.rsplit("Thread 0x", 1)[-1]:
+        if select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            out += chunk.decode(errors="replace")
+    # the rest of a dump written in one go is there by now, or never
+    while select.select([fd], [], [], 0.5)[0]:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        out += chunk.decode(errors="replace")
+    return out[-6000:]
 
 
 @contextlib.contextmanager

@@ -47,6 +47,8 @@ def main(args: argparse.Namespace) -> int:
     """Run the dashboard until Ctrl-C; or, if one already runs for this daemon, print (and
     open) a new link to it."""
     import asyncio
+    import faulthandler
+    import signal
 
     from clusterctl import paths
     from clusterctl._fail import fail, fail_with
@@ -100,6 +102,9 @@ def main(args: argparse.Namespace) -> int:
             _show_link("clusterd dashboard (Ctrl-C to stop):", guard.login_url(),
                        guard.code_lifetime_s, browser=not args.no_browser)
 
+        # `kill -USR1 PID` prints every thread's stack to stderr: a dashboard that does not
+        # stop or answer says where it is.
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         asyncio.run(_app.serve(socket_path, sock, started,
                                autostart=False if args.no_autostart else None))
     finally:
