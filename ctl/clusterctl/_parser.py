@@ -141,6 +141,12 @@ def _jobs() -> Any:
     return clusterctl._jobs_cli
 
 
+def _history() -> Any:
+    import clusterctl._history_cli  # only when `history` runs
+
+    return clusterctl._history_cli
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -169,6 +175,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
              lambda sub: _jobs().add_options(sub)),
     "storage": ("buckets clusterd made for file_mounts: ls, delete",
                 lambda sub: _storage().add_options(sub)),
+    "history": ("torn-down clusters, their jobs and kept logs (`logs CLUSTER JOB` reads them)",
+                lambda sub: _history().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),

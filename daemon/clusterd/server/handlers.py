@@ -13,6 +13,7 @@ import anyio
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
+from clusterd.keptlogs.store import KeptLogStore
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore
 from clusterd.packing import Columns
@@ -36,6 +37,7 @@ from clusterd.tasks.overrides import apply_overrides
 from clusterd.tasks.spec import Autostop, Infra, TaskSpec
 
 from .connection import Call
+from .history_handlers import HistoryHandlers
 from .managed_handlers import ManagedHandlers
 from .storage_handlers import StorageHandlers
 
@@ -74,8 +76,10 @@ class Handlers:
         managed_store: ManagedJobStore,
         storage: StorageService,
         loop_stats: Callable[[], dict[str, Any]] = dict,
+        kept: KeptLogStore | None = None,
     ) -> None:
         self._loop_stats = loop_stats
+        self._history = HistoryHandlers(kept)
         self._managed = ManagedHandlers(managed, managed_store, providers)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
@@ -110,6 +114,7 @@ class Handlers:
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
             **self._storage.table(),
+            **self._history.table(),
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
