@@ -33,6 +33,8 @@ from clusterd.runtime.agent_types import Job
 from clusterd.state.clusters import ClusterEvent, ClusterRecord, ClusterStore
 
 logger = log.get("clusterd.keptlogs")
+# Bytes of a log gathered before they are written to the copy.
+WRITE_BYTES = 1024 * 1024
 
 
 def kept_cluster(record: ClusterRecord) -> KeptCluster:
@@ -155,11 +157,25 @@ class LogKeeper:
         # once the job's log is closed): then the copy is complete. A running one's is read
         # up to its current end.
         ended = job.status.is_terminal
-        async for chunk in agent.tail(job.job_id, follow=ended, tail_lines=0, offset=offset):
-            if chunk.final:
-                break
-            if chunk.data:
-                await anyio.to_thread.run_sync(kept.append, directory, copy, chunk.data)
+        pending: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in agent.tail(job.job_id, follow=ended, tail_lines=0,
+                                          offset=offset):
+                if chunk.final:
+                    break
+                pending.append(chunk.data)
+                size += len(chunk.data)
+                if size >= WRITE_BYTES:  # a write (and a check of the caps) per MB
+                    await anyio.to_thread.run_sync(kept.append, directory, copy,
+                                                   b"".join(pending))
+                    pending.clear()
+                    size = 0
+        finally:
+            if pending:  # what came before a broken stream is kept: the copy stays a prefix
+                with anyio.CancelScope(shield=True):
+                    await anyio.to_thread.run_sync(kept.append, directory, copy,
+                                                   b"".join(pending))
         if ended:
             # Written after the last byte: a copy marked complete has all of the log.
             await anyio.to_thread.run_sync(kept.note_job, directory,
