@@ -124,7 +124,11 @@ class LogKeeper:
             logger.warning("last copy of job logs timed out", cluster=record.name)
 
     async def copy_round(self, record: ClusterRecord) -> bool:
-        """Copy what the cluster's jobs' logs gained; True if some job is still unfinished."""
+        """Copy what the cluster's jobs' logs gained; True if some job is still unfinished.
+        A managed job's cluster is left alone: the controller keeps its job's log already
+        (`jobs logs`, managed/joblog.py)."""
+        if record.owner is not None:
+            return False
         async with self._locks[record.name]:
             directory = await self._remember(record)
             agent = await self._access.client(record)

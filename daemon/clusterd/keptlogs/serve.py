@@ -36,8 +36,9 @@ def describe(name: str, directory: Path, job: KeptJob, store: KeptLogStore) -> s
 
 
 async def stream_kept(store: KeptLogStore, name: str, directory: Path, job_id: int | None,
-                      tail: int, emit: Emit) -> dict[str, Any]:
-    """Send the kept copy; JOB_NOT_FOUND if the cluster's copies have no such job."""
+                      tail: int, offset: int | None, emit: Emit) -> dict[str, Any]:
+    """Send the kept copy (from `offset` in it, if given: offsets are the copy's); JOB_NOT_FOUND
+    if the cluster's copies have no such job."""
     jobs = await anyio.to_thread.run_sync(store.jobs, directory)
     job = jobs.get(job_id) if job_id else (jobs[max(jobs)] if jobs else None)
     if job is None:
@@ -51,9 +52,10 @@ async def stream_kept(store: KeptLogStore, name: str, directory: Path, job_id: i
     await emit("kept_log", {"cluster": name, "job_id": job.job_id, "complete": complete,
                             "note": note})
     files = store.files(directory)
-    offset = 0
-    if tail > 0:
-        offset = await anyio.to_thread.run_sync(files.tail_start, job.job_id, tail)
+    if offset is None:
+        offset = 0
+        if tail > 0:
+            offset = await anyio.to_thread.run_sync(files.tail_start, job.job_id, tail)
     while chunk := await anyio.to_thread.run_sync(files.read, job.job_id, offset):
         offset += len(chunk)
         await emit("log", {"data": chunk, "offset": offset, "job_id": job.job_id})

@@ -162,7 +162,7 @@ class Handlers:
         check_range("offset", args.offset, 0, MAX_ID)
         return await self._jobs.stream_logs(
             args.cluster, args.job_id, follow=args.follow, tail=args.tail, offset=args.offset,
-            emit=call.emit,
+            emit=call.emit, kept=True,
         )
 
     async def events(self, call: Call, args: protocol.EventsArgs) -> dict[str, Any]:

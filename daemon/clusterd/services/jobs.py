@@ -371,6 +371,7 @@ class JobService:
         offset: int | None,
         emit: Emit,
         on_break: Callable[[], None] | None = None,
+        kept: bool = False,
     ) -> dict[str, Any]:
         """Relay a job's log as `log` events; the result carries its status and exit code.
 
@@ -378,12 +379,15 @@ class JobService:
         resumes from the last byte offset it relayed, so no line is lost or repeated.
         `on_break` is called (it must not block) once each time the stream breaks, before
         the first try to resume it: a lost connection is often the first sign of a lost node.
+        With `kept` (a user's `logs`), a cluster that is stopped or gone answers from the
+        kept copy of the job's log, if there is one; without it (the managed-jobs controller,
+        which must learn that a cluster is lost), as ever: CLUSTER_NOT_FOUND, CLUSTER_NOT_UP.
         """
         if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
-        kept = await self._kept_copies(name)
-        if kept is not None:
-            return await stream_kept(kept[0], name, kept[1], job_id, tail, emit)
+        copies = await self._kept_copies(name) if kept else None
+        if copies is not None:
+            return await stream_kept(copies[0], name, copies[1], job_id, tail, offset, emit)
         record = require_head(require_cluster(self._store, name))
         position = offset or 0
         lines = tail if offset is None else 0
