@@ -183,6 +183,12 @@ def _completion() -> Any:
     return clusterctl._completion
 
 
+def _history() -> Any:
+    import clusterctl._history_cli  # only when `history` runs
+
+    return clusterctl._history_cli
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -218,6 +224,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                 lambda sub: _storage().add_options(sub)),
     "completion": ("print a shell completion script (bash, zsh, fish) for clusterctl",
                    lambda sub: _completion().add_options(sub)),
+    "history": ("torn-down clusters, their jobs and kept logs (`logs CLUSTER JOB` reads them)",
+                lambda sub: _history().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),

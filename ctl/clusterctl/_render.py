@@ -125,6 +125,8 @@ class Printer:
             shown = f"{'' if phase in NOT_PHASES else phase:<10} " if self.verbose else ""
             self.note(f"{prefix}[{data.get('elapsed', 0):6.1f}s] {shown}"
                       f"{data.get('message', '')}")
+        elif event == "kept_log":  # the cluster is stopped or gone: this is its copy
+            self.note(f"{prefix}({data.get('note', 'kept copy')})")
         elif event == "blocked":
             self.note(f"{prefix}waiting: {data.get('message', '')}")
         elif event == "request":

@@ -385,6 +385,12 @@ def cmd_storage(client: Client, args: argparse.Namespace) -> int:
     return _storage_cli.main(client, args)
 
 
+def cmd_history(client: Client, args: argparse.Namespace) -> int:
+    from clusterctl import _history_cli  # only when `history` runs
+
+    return _history_cli.main(client, args)
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "launch": cmd_launch,
     "exec": cmd_exec,
@@ -403,6 +409,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "jobs": cmd_jobs,
     "ssh": cmd_ssh,
     "storage": cmd_storage,
+    "history": cmd_history,
 }
 
 

@@ -333,6 +333,15 @@ class StorageDeleteArgs(OpArgs):
     name: str
 
 
+class HistoryArgs(OpArgs):
+    """Torn-down clusters, newest first, with their jobs and what was kept of their logs.
+    ``cluster`` "" means every cluster's; ``limit`` bounds the rows."""
+
+    op = "history"
+    cluster: str = ""
+    limit: int = 100
+
+
 OPS: dict[str, type[OpArgs]] = {
     cls.op: cls
     for cls in (
@@ -362,6 +371,7 @@ OPS: dict[str, type[OpArgs]] = {
         JobsCancelArgs,
         StorageLsArgs,
         StorageDeleteArgs,
+        HistoryArgs,
     )
 }
 

@@ -49,6 +49,7 @@ from clusterctl.ops import DownArgs as DownArgs
 from clusterctl.ops import EventsArgs as EventsArgs
 from clusterctl.ops import ExecArgs as ExecArgs
 from clusterctl.ops import FollowRequestArgs as FollowRequestArgs
+from clusterctl.ops import HistoryArgs as HistoryArgs
 from clusterctl.ops import JobsCancelArgs as JobsCancelArgs
 from clusterctl.ops import JobsEventsArgs as JobsEventsArgs
 from clusterctl.ops import JobsLaunchArgs as JobsLaunchArgs

@@ -13,6 +13,7 @@ import anyio
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
+from clusterd.keptlogs.store import KeptLogStore
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore
 from clusterd.packing import Columns
@@ -37,6 +38,7 @@ from clusterd.tasks.overrides import apply_overrides
 from clusterd.tasks.spec import Autostop, Infra, TaskSpec
 
 from .connection import Call
+from .history_handlers import HistoryHandlers
 from .managed_handlers import ManagedHandlers
 from .storage_handlers import StorageHandlers
 
@@ -76,9 +78,11 @@ class Handlers:
         storage: StorageService,
         loop_stats: Callable[[], dict[str, Any]] = dict,
         usage: UsageService | None = None,
+        kept: KeptLogStore | None = None,
     ) -> None:
         self._usage = usage
         self._loop_stats = loop_stats
+        self._history = HistoryHandlers(kept)
         self._managed = ManagedHandlers(managed, managed_store, providers)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
@@ -115,6 +119,7 @@ class Handlers:
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
             **self._storage.table(),
+            **self._history.table(),
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -162,7 +167,7 @@ class Handlers:
         check_range("offset", args.offset, 0, MAX_ID)
         return await self._jobs.stream_logs(
             args.cluster, args.job_id, follow=args.follow, tail=args.tail, offset=args.offset,
-            emit=call.emit,
+            emit=call.emit, kept=True,
         )
 
     async def events(self, call: Call, args: protocol.EventsArgs) -> dict[str, Any]:
