@@ -62,7 +62,8 @@ class ClusterService:
                                   storage)
         self._steps = LaunchSteps(store, locks, providers, runtime, jobs, ssh_config,
                                   provisioner, self._teardown, storage)
-        self.dry_run = DryRun(store, providers, jobs)  # --dryrun: the plan, nothing made
+        # --dryrun: the plan, and nothing made.
+        self.dry_run = DryRun(store, providers, jobs.check_copies)
 
     async def launch(self, request: RunningRequest, launch: LaunchRequest) -> dict[str, Any]:
         """The cluster UP (made, started, resumed, repaired or reused: provision/plan.py

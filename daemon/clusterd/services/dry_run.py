@@ -10,7 +10,7 @@ answer is one map (docs/protocol.md, "dryrun").
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol
 
 from clusterd import rsync
 from clusterd.commands import rsync_source
@@ -20,7 +20,6 @@ from clusterd.provision.candidates import candidates
 from clusterd.provision.launcher import NoPlacement
 from clusterd.provision.plan import LaunchPlan, LaunchRequest, Observed, Step, decide
 from clusterd.services.common import cloud_name_for, fit_to_cluster, require_cluster, require_up
-from clusterd.services.jobs import JobService
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.tasks.file_sync import copies_of
 from clusterd.tasks.spec import GitWorkdir, Resources, TaskSpec
@@ -43,19 +42,25 @@ STEP_SAYS = {
 AS_RECORDED = Observed(lost_nodes=False, waited=True, runtime="healthy")
 
 
+class CopyCheck(Protocol):
+    """JobService.check_copies: refuses a copy that must not happen, warns of large ones."""
+
+    async def __call__(self, task: TaskSpec, *, strict: bool) -> list[str]: ...
+
+
 class DryRun:
     def __init__(self, store: ClusterStore, providers: ProviderRegistry,
-                 jobs: JobService) -> None:
+                 check_copies: CopyCheck) -> None:
         self._store = store
         self._providers = providers
-        self._jobs = jobs
+        self._check_copies = check_copies
 
     async def launch(self, launch: LaunchRequest) -> dict[str, Any]:
         """What `launch` would do: the step for the cluster it names, where a new one would
         go (and at what price), what it would sync. Raises what the launch would raise
         before making anything (no placement, a task the cluster cannot run, ...)."""
         name, task = launch.name, launch.task
-        warnings = [*task.warnings, *await self._jobs.check_copies(task, strict=launch.strict)]
+        warnings = [*task.warnings, *await self._check_copies(task, strict=launch.strict)]
         record = self._store.get(name)
         if record is None:
             plan = await self._new(launch)
@@ -75,7 +80,7 @@ class DryRun:
     async def exec(self, name: str, task: TaskSpec, *, strict: bool) -> dict[str, Any]:
         """What `exec` would do: the same checks, and the job it would queue."""
         record = require_up(require_cluster(self._store, name))
-        warnings = [*task.warnings, *await self._jobs.check_copies(task, strict=strict)]
+        warnings = [*task.warnings, *await self._check_copies(task, strict=strict)]
         resources, fitting = fit_to_cluster(
             record, task, self._providers.honoured_fields(record.provider), strict=strict)
         plan = _existing(record, "run", f"a job on cluster {name} (UP, on "
