@@ -21,6 +21,7 @@ from clusterd.provision.launcher import Provisioner
 from clusterd.provision.plan import LaunchRequest, refuse_other_owner
 from clusterd.requests import RunningRequest
 from clusterd.services.common import brief, require_cluster, require_up
+from clusterd.services.dry_run import DryRun
 from clusterd.services.jobs import JobService
 from clusterd.services.launch import LaunchSteps, Warnings
 from clusterd.services.node_runtime import Runtime
@@ -63,6 +64,8 @@ class ClusterService:
                                   storage, keep_logs)
         self._steps = LaunchSteps(store, locks, providers, runtime, jobs, ssh_config,
                                   provisioner, self._teardown, storage)
+        # --dryrun: the plan, and nothing made.
+        self.dry_run = DryRun(store, providers, jobs.check_copies)
 
     async def launch(self, request: RunningRequest, launch: LaunchRequest) -> dict[str, Any]:
         """The cluster UP (made, started, resumed, repaired or reused: provision/plan.py
