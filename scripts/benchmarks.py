@@ -47,6 +47,7 @@ from bench_curves import (
 )
 from bench_dashboard import bench_dashboard_logs, bench_dashboard_page
 from bench_k8s import bench_k8s_bed, bench_k8s_launch, bench_k8s_refresh
+from bench_keptlogs import bench_kept_logs
 from bench_managed import bench_managed
 from bench_ssh import bench_ssh_concurrency, bench_ssh_exec, bench_ssh_throughput
 from bench_storage import bench_storage
@@ -529,6 +530,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "curves_queue": bench_curves_queue,
     "curves_logs": bench_curves_logs,
     "curves_failover": bench_curves_failover,
+    "kept_logs": bench_kept_logs,
 }
 
 
@@ -580,7 +582,8 @@ def main() -> None:
              "per_job_kib", "jobs_per_s",
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
-             "log_bytes", "written_mb_per_s", "loop_lag_p99_ms", "loop_held", "gc")
+             "log_bytes", "written_mb_per_s", "walls", "baseline_walls", "cpu_s",
+             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

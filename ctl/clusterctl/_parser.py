@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from clusterctl import protocol
-from clusterctl._task_options import add_task_options
+from clusterctl._task_options import add_run_options, add_task_options
 from clusterctl._version import __version__
 
 TYPE_CHECKING = False  # typing, for the type checker alone: 2 ms of every clusterctl run
@@ -35,10 +35,11 @@ def _launch_options(launch: argparse.ArgumentParser) -> None:
                         metavar="MIN", help="stop the cluster after MIN idle minutes")
     launch.add_argument("--down", action="store_true",
                         help="tear the cluster down (not stop) when idle; alone: as soon as idle")
-    launch.add_argument("--retry-until-up", action="store_true",
+    launch.add_argument("-r", "--retry-until-up", action="store_true",
                         help="when no place has capacity, wait and try them all again (with a "
                              "growing gap) until the cluster is up; `down` calls it off")
     add_task_options(launch)
+    add_run_options(launch, "launch")
     _verbose_option(launch)
 
 
@@ -50,6 +51,7 @@ def _verbose_option(parser: argparse.ArgumentParser) -> None:
 def _exec_options(exec_: argparse.ArgumentParser) -> None:
     exec_.add_argument("cluster")
     add_task_options(exec_)
+    add_run_options(exec_, "exec")
     _verbose_option(exec_)
 
 
@@ -183,6 +185,12 @@ def _completion() -> Any:
     return clusterctl._completion
 
 
+def _history() -> Any:
+    import clusterctl._history_cli  # only when `history` runs
+
+    return clusterctl._history_cli
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -218,6 +226,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                 lambda sub: _storage().add_options(sub)),
     "completion": ("print a shell completion script (bash, zsh, fish) for clusterctl",
                    lambda sub: _completion().add_options(sub)),
+    "history": ("torn-down clusters, their jobs and kept logs (`logs CLUSTER JOB` reads them)",
+                lambda sub: _history().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),
@@ -314,6 +324,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         args.entrypoint = [*args.entrypoint, *extra, *command]
         # After `--`, the words are a command whatever they look like (see task_args).
         args.command_given = bool(command)
+        if getattr(args, "json", False) and not args.dryrun:  # launch, exec
+            parser.error("--json goes with --dryrun (a job's output is its log)")
     elif extra or command:
         parser.error(f"unrecognized arguments: {' '.join([*extra, *command])}")
     check = CHECKS.get(args.verb)

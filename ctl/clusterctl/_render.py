@@ -125,6 +125,8 @@ class Printer:
             shown = f"{'' if phase in NOT_PHASES else phase:<10} " if self.verbose else ""
             self.note(f"{prefix}[{data.get('elapsed', 0):6.1f}s] {shown}"
                       f"{data.get('message', '')}")
+        elif event == "kept_log":  # the cluster is stopped or gone: this is its copy
+            self.note(f"{prefix}({data.get('note', 'kept copy')})")
         elif event == "blocked":
             self.note(f"{prefix}waiting: {data.get('message', '')}")
         elif event == "request":
@@ -158,3 +160,74 @@ class Printer:
         if result.get("failure_reason"):
             line += f" ({result['failure_reason']})"
         self.note(line)
+
+
+def _where(place: dict[str, Any]) -> str:
+    text = str(place["infra"]) + (f" ({place['instance_type']})" if place.get("instance_type")
+                                  else "")
+    return text + (", spot" if place.get("spot") else "")
+
+
+def _price(place: dict[str, Any], nodes: int) -> str:
+    each = float(place.get("price_per_hour") or 0)
+    if not each:
+        return f"none known ({place['provider']} has no catalog price)"
+    whole = (f", ${float(place['cluster_price_per_hour']):.3f}/h for {nodes} nodes"
+             if nodes > 1 else "")
+    return f"${each:.3f}/h per node{whole} (catalog)"
+
+
+def _size(count: int) -> str:
+    value, unit = float(count), "B"
+    for bigger in ("KB", "MB", "GB", "TB"):
+        if value < 1000:
+            break
+        value, unit = value / 1000, bigger
+    return f"{count} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_value(v) for v in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else f"{value}"
+
+
+def render_plan(plan: dict[str, Any]) -> str:
+    """`launch --dryrun` / `exec --dryrun`: the daemon's plan, one line per part."""
+    task = plan.get("task") or {}
+    nodes = int(task.get("num_nodes") or 1)
+    lines = [("plan", f"{plan['says']} (dry run: nothing is made)")]
+    place = plan.get("placement")
+    if place:
+        lines += [("placement", _where(place)), ("price", _price(place, nodes))]
+    lines.append(("resources", plan.get("resources") or "-"))
+    asked = plan.get("requested") or {}
+    if asked:
+        lines.append(("asks", ", ".join(f"{k}={_value(v)}" for k, v in asked.items())))
+    alternatives = [f"{_where(p)} ${p.get('price_per_hour') or 0:.3f}/h"
+                    for p in plan.get("alternatives") or []]
+    if plan.get("more_alternatives"):
+        alternatives.append(f"and {plan['more_alternatives']} more")
+    lines += [("then", text) for text in alternatives]
+    lines += [("refused", f"{r['infra']} ({r['resources']}): {r['reason'].splitlines()[0]}")
+              for r in plan.get("refused") or []]
+    lines.append(("setup", "runs" if task.get("setup") else "not run"))
+    lines.append(("run", "a job" if task.get("run") else "nothing"))
+    if task.get("ports"):
+        lines.append(("ports", ", ".join(task["ports"])))
+    if task.get("envs"):
+        lines.append(("envs", ", ".join(task["envs"])))
+    for sync in plan.get("sync") or []:
+        files = sync.get("files")
+        sent = (f"{files} file{'' if files == 1 else 's'}, {_size(sync['bytes'])}"
+                if files is not None
+                else "a git clone" + (f" of {sync['ref']}" if sync.get("ref") else ""))
+        lines.append(("sync", f"{sync['field']}: {sync['source']}: {sent}"))
+    lines += [("mount", f"{b['remote']}: {b['url']} ({b['mode']})")
+              for b in plan.get("buckets") or []]
+    autostop = plan.get("autostop")
+    if autostop:
+        action = "tear down" if autostop.get("down") else "stop"
+        lines.append(("autostop", f"{action} after {autostop['idle_minutes']:g} idle minutes"))
+    lines += [("warning", text) for text in plan.get("warnings") or []]
+    return "".join(f"{label + ':':<11}{text}\n" for label, text in lines)

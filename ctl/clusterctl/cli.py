@@ -12,7 +12,7 @@ import time
 
 from clusterctl import _argv_cache, _exit_codes, protocol
 from clusterctl._fail import fail, fail_with, report, worse
-from clusterctl._render import Printer, age, table
+from clusterctl._render import Printer, age, render_plan, table
 from clusterctl._task_options import print_json, task_args
 from clusterctl.client import Client, ClusterdError, DaemonUnavailable, Stream
 
@@ -79,11 +79,27 @@ def cmd_launch(client: Client, args: argparse.Namespace) -> int:
     request = task_args(args, protocol.LaunchArgs, cluster=args.cluster, infra=args.infra,
                          idle_minutes=args.idle_minutes, down=args.down,
                          retry_until_up=args.retry_until_up)
-    return _run_job_stream(client, request, args.detach, args.verbose)
+    return _run_task(client, args, request)
 
 
 def cmd_exec(client: Client, args: argparse.Namespace) -> int:
     request = task_args(args, protocol.ExecArgs, cluster=args.cluster)
+    return _run_task(client, args, request)
+
+
+def _run_task(client: Client, args: argparse.Namespace, request: protocol.RunArgs) -> int:
+    newer = sorted(n for n in request._newer if n in protocol.to_wire(request))
+    if newer and protocol.FEATURE_RUN_OVERRIDES not in client.server_hello.get("features", ()):
+        server = client.server_hello.get("server", "clusterd")
+        fail(f"{server} is older than --{newer[0].replace('_', '-')}: it would refuse it",
+             "stop that daemon (the next clusterctl command starts this version's)")
+    if request.dryrun:
+        plan = client.call(request)
+        if args.json:
+            print_json(plan)
+        else:
+            sys.stdout.write(render_plan(plan))
+        return _exit_codes.SUCCEEDED
     return _run_job_stream(client, request, args.detach, args.verbose)
 
 
@@ -385,6 +401,12 @@ def cmd_storage(client: Client, args: argparse.Namespace) -> int:
     return _storage_cli.main(client, args)
 
 
+def cmd_history(client: Client, args: argparse.Namespace) -> int:
+    from clusterctl import _history_cli  # only when `history` runs
+
+    return _history_cli.main(client, args)
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "launch": cmd_launch,
     "exec": cmd_exec,
@@ -403,6 +425,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "jobs": cmd_jobs,
     "ssh": cmd_ssh,
     "storage": cmd_storage,
+    "history": cmd_history,
 }
 
 

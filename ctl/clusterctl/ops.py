@@ -34,6 +34,8 @@ class OpArgs:
     streams: ClassVar[bool] = False
     # (name, default) in declaration order, base classes first; defaults copied per instance.
     _fields: ClassVar[tuple[tuple[str, Any], ...]] = ()
+    # Arguments newer than the first daemons, sent only when set (see to_wire).
+    _newer: ClassVar[frozenset[str]] = frozenset()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -109,7 +111,31 @@ class TaskArgs(OpArgs):
     strict: bool = False
 
 
-class LaunchArgs(TaskArgs):
+class RunArgs(TaskArgs):
+    """What `launch` and `exec` add to the task arguments: SkyPilot's overrides of the task's
+    resources and workdir (each null: the task's own; a string "none": cleared, as SkyPilot's
+    flags clear a field), `no_setup`, and `dryrun` (the plan, and nothing made).
+
+    Newer than the first daemons: sent only when set (see `_newer`), so that a daemon from
+    before them still takes every request that does not use them; a client checks the
+    daemon's hello for FEATURE_RUN_OVERRIDES before setting one."""
+
+    _newer: ClassVar[frozenset[str]] = frozenset({
+        "memory", "gpus", "instance_type", "use_spot", "disk_size", "ports", "image_id",
+        "workdir", "no_setup", "dryrun"})
+    memory: str | None = None  # "32", "32+", "none"
+    gpus: str | None = None  # resources.accelerators: "A100:2", "A100", "none"
+    instance_type: str | None = None
+    use_spot: bool | None = None
+    disk_size: int | None = None  # GB
+    ports: list[str] | None = None  # ["8080", "10000-10010"]; ["none"]: no ports
+    image_id: str | None = None
+    workdir: str | None = None  # a local directory, relative to cwd
+    no_setup: bool = False  # launch: skip the task's setup
+    dryrun: bool = False  # the plan only: nothing is made, run or recorded
+
+
+class LaunchArgs(RunArgs):
     op = "launch"
     streams = True
     infra: str | None = None
@@ -119,7 +145,7 @@ class LaunchArgs(TaskArgs):
     retry_until_up: bool = False
 
 
-class ExecArgs(TaskArgs):
+class ExecArgs(RunArgs):
     op = "exec"
     streams = True
 
@@ -333,6 +359,15 @@ class StorageDeleteArgs(OpArgs):
     name: str
 
 
+class HistoryArgs(OpArgs):
+    """Torn-down clusters, newest first, with their jobs and what was kept of their logs.
+    ``cluster`` "" means every cluster's; ``limit`` bounds the rows."""
+
+    op = "history"
+    cluster: str = ""
+    limit: int = 100
+
+
 OPS: dict[str, type[OpArgs]] = {
     cls.op: cls
     for cls in (
@@ -362,6 +397,7 @@ OPS: dict[str, type[OpArgs]] = {
         JobsCancelArgs,
         StorageLsArgs,
         StorageDeleteArgs,
+        HistoryArgs,
     )
 }
 
@@ -467,4 +503,7 @@ def parse_args(cls: type[Args], raw: Any) -> Args:
 
 
 def to_wire(args: OpArgs) -> dict[str, Any]:
-    return {name: getattr(args, name) for name, _ in args._fields}
+    """The arguments as a wire map; a newer argument (`_newer`) only when it differs from its
+    default, so that older daemons, which refuse arguments they do not know, still take it."""
+    return {name: value for name, default in args._fields
+            if (value := getattr(args, name)) != default or name not in args._newer}

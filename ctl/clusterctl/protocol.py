@@ -49,6 +49,7 @@ from clusterctl.ops import DownArgs as DownArgs
 from clusterctl.ops import EventsArgs as EventsArgs
 from clusterctl.ops import ExecArgs as ExecArgs
 from clusterctl.ops import FollowRequestArgs as FollowRequestArgs
+from clusterctl.ops import HistoryArgs as HistoryArgs
 from clusterctl.ops import JobsCancelArgs as JobsCancelArgs
 from clusterctl.ops import JobsEventsArgs as JobsEventsArgs
 from clusterctl.ops import JobsLaunchArgs as JobsLaunchArgs
@@ -62,6 +63,7 @@ from clusterctl.ops import OpArgs as OpArgs
 from clusterctl.ops import PingArgs as PingArgs
 from clusterctl.ops import QueueArgs as QueueArgs
 from clusterctl.ops import RequestsArgs as RequestsArgs
+from clusterctl.ops import RunArgs as RunArgs
 from clusterctl.ops import ShowGpusArgs as ShowGpusArgs
 from clusterctl.ops import SSHArgs as SSHArgs
 from clusterctl.ops import StartArgs as StartArgs
@@ -205,7 +207,9 @@ def decode_body(body: bytes, limits: DecodeLimits = REPLY_LIMITS) -> dict[str, A
 
 # Features a daemon names in its hello, for what is newer than an op (`columns` of status).
 FEATURE_COLUMNS = "status_columns"
-FEATURES = (FEATURE_COLUMNS,)
+# The resource, workdir, no_setup and dryrun arguments of `launch` and `exec` (RunArgs).
+FEATURE_RUN_OVERRIDES = "run_overrides"
+FEATURES = (FEATURE_COLUMNS, FEATURE_RUN_OVERRIDES)
 
 
 def views_of(clusters: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:

@@ -31,6 +31,8 @@ from clusterd.config import Settings
 from clusterd.control import NodeLinks
 from clusterd.control.restart import RestartPacer
 from clusterd.heap import Heap
+from clusterd.keptlogs.keeper import LogKeeper
+from clusterd.keptlogs.store import Caps, KeptLogStore
 from clusterd.locks import ClusterLocks
 from clusterd.loop_watch import LoopWatch
 from clusterd.managed.controller import ManagedJobController, Timing
@@ -225,10 +227,16 @@ class Daemon:
         self.storage = storage_service(self.providers.get("aws"), self.db, self.runner_for,
                                        daemon_id(settings.state_dir), settings.wheelhouse_dir)
         self.started_at = time.time()  # buckets whose create began before are a past run's
+        self.keeper = LogKeeper(
+            self.store, self.access,
+            KeptLogStore(settings.state_dir / "kept-logs",
+                         Caps(settings.kept_log_job_bytes, settings.kept_log_cluster_bytes,
+                              settings.kept_history)),
+            settings.kept_log_interval_s, settings.kept_log_last_round_s)
         self.jobs = JobService(self.store, self.locks, self.providers, self.access,
                                self.runner_for,
                                CopyGuard(settings.never_copied, settings.sync_warn_bytes),
-                               self.storage)
+                               self.storage, self.keeper)
         self.provisioner = Provisioner(
             self.store, self.providers, wait_timeout_s=settings.provision_wait_s,
             retry_gap_s=settings.retry_gap_s, retry_max_gap_s=settings.retry_max_gap_s)
@@ -237,6 +245,7 @@ class Daemon:
             self.jobs,
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
             forget_nodes=self.ssh.forget, storage=self.storage,
+            keep_logs=self.keeper.before_teardown,
         )
         self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
@@ -264,6 +273,7 @@ class Daemon:
             managed_store=self.managed_store, storage=self.storage,
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
             usage=UsageService(self.store, self.access),
+            kept=self.keeper.kept,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -383,13 +393,16 @@ class Daemon:
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
                 # autostop timers (every autostop_check_s), event and request retention
                 # (hourly), the managed-jobs controller (a driver per unfinished job;
-                # its health polls every Timing.poll_s), and the loop's own lag watch.
+                # its health polls every Timing.poll_s), the copying of jobs' logs (a
+                # keeper per UP cluster with unfinished jobs, every kept_log_interval_s),
+                # and the loop's own lag watch.
                 await root.start(self.loop_watch.run)
                 for provider in self.providers.all():
                     await root.start(provider.run)
                 await root.start(self.refresh.run)
                 await root.start(self.autostop.run)
                 await root.start(self.managed.run)
+                await root.start(self.keeper.run)
                 root.start_soon(self._prune_history)
                 # Last: what start made (imports, loaded records) is the heap it freezes.
                 await root.start(self.heap.run)

@@ -74,6 +74,16 @@ class Settings:
     request_retention: int = setting(5_000, "CLUSTERD_REQUEST_RETENTION")
     # Job records (with their logs) each cluster's agent keeps; older finished ones go.
     agent_job_retention: int = setting(1_000, "CLUSTERD_AGENT_JOB_RETENTION")
+    # Kept copies of jobs' logs on this machine (keptlogs/): at most this much per job (0:
+    # none are kept) and per cluster, the oldest part (or oldest jobs' copies) dropped first;
+    # how often running jobs' logs are copied, how long teardown's last copy may take, and
+    # how many torn-down clusters the history keeps (with their copies).
+    kept_log_job_bytes: int = setting(100_000_000, "CLUSTERD_KEPT_LOG_JOB_BYTES", maximum=1e15)
+    kept_log_cluster_bytes: int = setting(1_000_000_000, "CLUSTERD_KEPT_LOG_CLUSTER_BYTES",
+                                          maximum=1e15)
+    kept_log_interval_s: float = setting(2.0, "CLUSTERD_KEPT_LOG_INTERVAL")
+    kept_log_last_round_s: float = setting(30.0, "CLUSTERD_KEPT_LOG_LAST_ROUND")
+    kept_history: int = setting(500, "CLUSTERD_KEPT_HISTORY", maximum=1e6)
     # A task's copy (workdir, file mount) sending more than this is warned of (refused under
     # --strict).
     sync_warn_bytes: int = setting(1_000_000_000, "CLUSTERD_SYNC_WARN_BYTES", maximum=1e15)

@@ -34,8 +34,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd.provision"},
     # The controller engine: what every desired-state controller runs on.
     {"clusterd.control"},
-    # Managed jobs drive the services (their records are state of their own).
-    {"clusterd.services", "clusterd.managed"},
+    # Managed jobs drive the services (their records are state of their own); kept logs
+    # copy jobs' logs beside them (with managed jobs' log files).
+    {"clusterd.services", "clusterd.managed", "clusterd.keptlogs"},
     {"clusterd.server"},
     {"clusterd.app"},
     {"clusterd.main", "clusterd.__main__"},

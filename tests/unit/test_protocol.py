@@ -222,7 +222,7 @@ def test_every_op_is_registered_under_its_name() -> None:
         "ping", "status", "launch", "exec", "queue", "logs", "cancel", "stop", "start",
         "down", "events", "requests", "check", "autostop", "show_gpus", "follow_request",
         "nodes", "node_usage", "ssh", "jobs_launch", "jobs_queue", "jobs_logs",
-        "jobs_events", "jobs_cancel", "storage_ls", "storage_delete",
+        "jobs_events", "jobs_cancel", "storage_ls", "storage_delete", "history",
     }
     for name, cls in protocol.OPS.items():
         assert cls.op == name

@@ -22,7 +22,7 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
-from . import _live, _managed, _timeline
+from . import _history, _live, _managed, _timeline
 from ._board import Dashboard, cluster_name, json_body, json_error, log_text
 from ._daemon import DaemonLink
 from ._security import Guard
@@ -55,6 +55,8 @@ async def cluster_page(request: web.Request) -> web.Response:
             board.link.call(protocol.StatusArgs(clusters=[name], verbose=True)),
             board.link.call(protocol.EventsArgs(cluster=name, limit=_timeline.EVENTS_DRAWN)))
     except ClusterdError as exc:
+        if exc.code == ErrorCode.CLUSTER_NOT_FOUND:  # gone: its history, if it has one
+            return await _history.gone_cluster_page(request, name, exc)
         return board.error_page(exc)
     cluster = status["clusters"][0]
     jobs, nodes, usage = await asyncio.gather(_live.jobs_of(board, cluster),
@@ -76,6 +78,8 @@ async def job_page(request: web.Request) -> web.Response:
     try:
         queue = await board.link.call(protocol.QueueArgs(cluster=name))
     except ClusterdError as exc:
+        if exc.code == ErrorCode.CLUSTER_NOT_FOUND:
+            return await _history.gone_cluster_page(request, name, exc)
         return board.error_page(exc)
     job = next((j for j in queue.get("jobs", []) if j["job_id"] == job_id), None)
     if job is None:
@@ -238,6 +242,8 @@ def build_app(board: Dashboard) -> web.Application:
         ("/live" + job, _live.job),
         ("/live/events", _live.events),
         (r"/live/requests/{request_id:\d{1,18}}", _live.request),
+        ("/history", _history.history_page),
+        ("/history/{name}", _history.cluster_history_page),
         ("/managed-jobs", _managed.list_page),
         (_managed.PATH, _managed.job_page),
         (_managed.PATH + "/log.txt", _managed.log_txt),

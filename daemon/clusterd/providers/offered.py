@@ -19,6 +19,7 @@ from clusterd.providers.local import LocalProvider
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.providers.ssh import SSHProvider
 from clusterd.tasks import fields
+from clusterd.tasks.overrides import cli_markdown
 
 OFFERED: tuple[type[ProviderOf[Any]], ...] = (
     LocalProvider,
@@ -43,4 +44,5 @@ def build_providers(context: ProviderContext,
 def fields_page() -> str:
     """docs/skypilot-compatibility.md (scripts/gen-docs): the table of task fields, with the
     offered providers that honour each field that applies on some only."""
-    return fields.markdown({cls.name: cls.honoured_fields for cls in OFFERED})
+    page = fields.markdown({cls.name: cls.honoured_fields for cls in OFFERED})
+    return page + "\n" + "\n".join(cli_markdown())

@@ -13,6 +13,7 @@ import anyio
 from clusterctl import protocol
 from clusterctl._version import __version__
 from clusterctl.protocol import WAIT_FOR_CHOICES, ErrorCode, OpArgs, ProtocolError
+from clusterd.keptlogs.store import KeptLogStore
 from clusterd.managed.controller import ManagedJobController
 from clusterd.managed.store import ManagedJobStore
 from clusterd.packing import Columns
@@ -33,10 +34,11 @@ from clusterd.state.requests import RequestRecord, RequestState, RequestStore
 from clusterd.storage.service import StorageService
 from clusterd.tasks import fields
 from clusterd.tasks.loader import MAX_IDLE_MINUTES, MAX_NUM_NODES, load_task
-from clusterd.tasks.overrides import apply_overrides
+from clusterd.tasks.overrides import RESOURCE_OVERRIDES, apply_overrides
 from clusterd.tasks.spec import Autostop, Infra, TaskSpec
 
 from .connection import Call
+from .history_handlers import HistoryHandlers
 from .managed_handlers import ManagedHandlers
 from .storage_handlers import StorageHandlers
 
@@ -76,9 +78,11 @@ class Handlers:
         storage: StorageService,
         loop_stats: Callable[[], dict[str, Any]] = dict,
         usage: UsageService | None = None,
+        kept: KeptLogStore | None = None,
     ) -> None:
         self._usage = usage
         self._loop_stats = loop_stats
+        self._history = HistoryHandlers(kept)
         self._managed = ManagedHandlers(managed, managed_store, providers)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
@@ -115,6 +119,7 @@ class Handlers:
             **{op: handler for op, handler in self._managed.table().items()
                if op != protocol.JobsLaunchArgs.op},
             **self._storage.table(),
+            **self._history.table(),
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -162,7 +167,7 @@ class Handlers:
         check_range("offset", args.offset, 0, MAX_ID)
         return await self._jobs.stream_logs(
             args.cluster, args.job_id, follow=args.follow, tail=args.tail, offset=args.offset,
-            emit=call.emit,
+            emit=call.emit, kept=True,
         )
 
     async def events(self, call: Call, args: protocol.EventsArgs) -> dict[str, Any]:
@@ -316,6 +321,8 @@ class Handlers:
                                                       "source": "<no task>"}))
         else:
             task = await _load(args)
+        if args.dryrun:  # the plan only: no request, no record, nothing made
+            return await self._clusters.dry_run.launch(_launch_request(name, args, task))
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
             # Built inside the request: a bad --infra fails the request, as it always has.
@@ -333,6 +340,8 @@ class Handlers:
             raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: run: nothing to run",
                                 "exec runs the task's run commands; give some")
         name = args.cluster
+        if args.dryrun:
+            return await self._clusters.dry_run.exec(name, task, strict=args.strict)
         request = await self._requests.start(
             args.op, name, protocol.to_wire(args),
             lambda r: self._jobs.exec(r, name, task, strict=args.strict),
@@ -438,7 +447,17 @@ async def _load(args: protocol.TaskArgs) -> TaskSpec:
     if args.strict and task.warnings:
         raise ProtocolError(ErrorCode.INVALID_TASK, f"{task.source}: {task.warnings[0]}",
                             fields.STRICT_HINT)
-    return apply_overrides(task, num_nodes=args.num_nodes, name=args.name, cpus=args.cpus)
+    return apply_overrides(task, num_nodes=args.num_nodes, name=args.name, cpus=args.cpus,
+                           **_run_overrides(args))
+
+
+def _run_overrides(args: protocol.TaskArgs) -> dict[str, Any]:
+    """What `launch` and `exec` (RunArgs) add to every task's overrides."""
+    if not isinstance(args, protocol.RunArgs):
+        return {}
+    return {"resources": {name: getattr(args, name) for name in RESOURCE_OVERRIDES
+                          if name != "cpus"},
+            "workdir": args.workdir, "cwd": args.cwd, "no_setup": args.no_setup}
 
 
 def _launch_request(name: str, args: protocol.LaunchArgs, task: TaskSpec) -> LaunchRequest:

@@ -21,12 +21,13 @@ from clusterd.provision.launcher import Provisioner
 from clusterd.provision.plan import LaunchRequest, refuse_other_owner
 from clusterd.requests import RunningRequest
 from clusterd.services.common import brief, require_cluster, require_up
+from clusterd.services.dry_run import DryRun
 from clusterd.services.jobs import JobService
 from clusterd.services.launch import LaunchSteps, Warnings
 from clusterd.services.node_runtime import Runtime
 from clusterd.services.ssh_access import ssh_access
 from clusterd.services.status_views import StatusViews
-from clusterd.services.teardown import Precheck, Teardown
+from clusterd.services.teardown import KeepLogs, Precheck, Teardown
 from clusterd.ssh.config_files import SSHConfigWriter
 from clusterd.state.clusters import ClusterRecord, ClusterStore
 from clusterd.storage.s3 import StorageError
@@ -48,6 +49,7 @@ class ClusterService:
         provisioner: Provisioner,
         forget_nodes: Callable[[list[SSHTarget]], Awaitable[None]] | None = None,
         storage: StorageService | None = None,
+        keep_logs: KeepLogs | None = None,
     ) -> None:
         self._ssh_config = ssh_config
         self._provisioner = provisioner
@@ -59,9 +61,11 @@ class ClusterService:
         self._locks = locks
         self._jobs = jobs
         self._teardown = Teardown(store, locks, providers, runtime, ssh_config, forget_nodes,
-                                  storage)
+                                  storage, keep_logs)
         self._steps = LaunchSteps(store, locks, providers, runtime, jobs, ssh_config,
                                   provisioner, self._teardown, storage)
+        # --dryrun: the plan, and nothing made.
+        self.dry_run = DryRun(store, providers, jobs.check_copies)
 
     async def launch(self, request: RunningRequest, launch: LaunchRequest) -> dict[str, Any]:
         """The cluster UP (made, started, resumed, repaired or reused: provision/plan.py

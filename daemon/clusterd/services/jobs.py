@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import getpass
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -14,6 +15,9 @@ from clusterctl.protocol import ErrorCode, JobStatus, ProtocolError, exit_code_f
 from clusterd import log
 from clusterd.concurrency import first_error, on_each
 from clusterd.faults import fault_point
+from clusterd.keptlogs.keeper import LogKeeper, kept_cluster
+from clusterd.keptlogs.serve import stream_kept
+from clusterd.keptlogs.store import KeptLogStore
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.node_shared import containers
 from clusterd.node_shared.node_commands import ContainerRuntimeRequest, GitCheckoutRequest
@@ -100,7 +104,9 @@ class JobService:
         runner_for: RunnerFactory,
         copy_guard: CopyGuard,
         storage: StorageService | None = None,
+        keeper: LogKeeper | None = None,
     ) -> None:
+        self._keeper = keeper
         self._store = store
         self._locks = locks
         self._providers = providers
@@ -190,6 +196,8 @@ class JobService:
         agent = await self._access.client(record)
         await fault_point("exec.during_submit")
         reply = await agent.add_job(spec)
+        if self._keeper is not None:
+            self._keeper.wake(record.name)
         request.emit("job", {"job_id": reply.job_id, "cluster": record.name})
         logger.info("job submitted", job_id=reply.job_id)
         return {"cluster": record.name, "job_id": reply.job_id, "task_id": reply.task_id}
@@ -322,6 +330,27 @@ class JobService:
         already = [i for i in job_ids if i not in cancelled]
         return {"cluster": name, "cancelled": cancelled, "already_finished": already}
 
+    async def _kept_copies(self, name: str) -> tuple[KeptLogStore, Path] | None:
+        """Where the kept copies of the cluster's jobs' logs are, if its head cannot answer
+        for them (it is stopped, or gone) and copies were kept; else None."""
+        if self._keeper is None:
+            return None
+        record = self._store.get(name)
+        if record is not None:
+            try:
+                require_head(record)
+                return None
+            except ProtocolError:
+                pass
+        kept = self._keeper.kept
+        if record is not None:
+            current = kept.root / kept_cluster(record).key
+            if not await anyio.to_thread.run_sync(current.is_dir):
+                return None
+            return kept, current
+        directory = await anyio.to_thread.run_sync(kept.latest, name)
+        return None if directory is None else (kept, directory)
+
     def _still_up(self, name: str, job_id: int) -> ClusterRecord:
         record = self._store.get(name)
         if record is None:
@@ -342,6 +371,7 @@ class JobService:
         offset: int | None,
         emit: Emit,
         on_break: Callable[[], None] | None = None,
+        kept: bool = False,
     ) -> dict[str, Any]:
         """Relay a job's log as `log` events; the result carries its status and exit code.
 
@@ -349,9 +379,15 @@ class JobService:
         resumes from the last byte offset it relayed, so no line is lost or repeated.
         `on_break` is called (it must not block) once each time the stream breaks, before
         the first try to resume it: a lost connection is often the first sign of a lost node.
+        With `kept` (a user's `logs`), a cluster that is stopped or gone answers from the
+        kept copy of the job's log, if there is one; without it (the managed-jobs controller,
+        which must learn that a cluster is lost), as ever: CLUSTER_NOT_FOUND, CLUSTER_NOT_UP.
         """
         if tail < 0:  # the handler checks the range; this is for other callers
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT, "tail must be ≥ 0")
+        copies = await self._kept_copies(name) if kept else None
+        if copies is not None:
+            return await stream_kept(copies[0], name, copies[1], job_id, tail, offset, emit)
         record = require_head(require_cluster(self._store, name))
         position = offset or 0
         lines = tail if offset is None else 0

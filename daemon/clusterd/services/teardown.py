@@ -33,6 +33,9 @@ logger = log.get("clusterd.clusters")
 # Run under a cluster's lock just before a stop or down; returns why to call it off, or None.
 Precheck = Callable[[], Awaitable[str | None]]
 ForgetNodes = Callable[[list[SSHTarget]], Awaitable[None]]
+# Before a cluster's runtime stops, while its head still answers: the last copy of its jobs'
+# logs (keptlogs/keeper.py). Bounded in time, and never raises.
+KeepLogs = Callable[[ClusterRecord], Awaitable[None]]
 PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
 # After a stop or down has stopped the agent, how long clients following a job's log get to
 # read its final status before the connection closes under them.
@@ -43,8 +46,10 @@ class Teardown:
     def __init__(self, store: ClusterStore, locks: ClusterLocks, providers: ProviderRegistry,
                  runtime: Runtime, ssh_config: SSHConfigWriter,
                  forget_nodes: ForgetNodes | None = None,
-                 storage: StorageService | None = None) -> None:
+                 storage: StorageService | None = None,
+                 keep_logs: KeepLogs | None = None) -> None:
         self._store = store
+        self._keep_logs = keep_logs
         self._locks = locks
         self._providers = providers
         self._runtime = runtime
@@ -78,6 +83,8 @@ class Teardown:
             await request.progress(f"stopping {name}", "stop")
             handle = provider_handle(record, provider)
             info = await provider.cluster_info(record.cloud_name, handle)
+            if self._keep_logs is not None:
+                await self._keep_logs(record)
             await self._runtime.stop(info)
             await self._runtime.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
@@ -203,6 +210,8 @@ class Teardown:
         if info is not None:
             info = await self._reachable_part(record, provider, handle, info)
         if info is not None:
+            if self._keep_logs is not None and record.handle.runtime is not None:
+                await self._keep_logs(record)
             try:
                 await self._runtime.stop(info)
                 await self._runtime.remove_files(record.cloud_name, info)

@@ -154,7 +154,7 @@ def _build(
         resources=resources,
         resource_choices=choices,
         choices_ordered=ordered,
-        workdir=_workdir(raw.get("workdir"), source, cwd, envs),
+        workdir=parse_workdir(raw.get("workdir"), source, cwd, envs),
         file_mounts=file_mounts,
         bucket_mounts=bucket_mounts,
         envs=envs,
@@ -554,8 +554,9 @@ def _image_id(value: Any, source: str, prefix: str = "resources"
                                    f"got {_kind(value)}")
 
 
-def _workdir(value: Any, source: str, cwd: str,
-             envs: Mapping[str, str]) -> str | GitWorkdir | None:
+def parse_workdir(value: Any, source: str, cwd: str,
+                  envs: Mapping[str, str]) -> str | GitWorkdir | None:
+    """`workdir`: a local directory (made absolute against `cwd`), or a git {url, ref}."""
     if value is None:
         return None
     if isinstance(value, dict):
