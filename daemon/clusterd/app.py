@@ -30,6 +30,8 @@ from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.control import NodeLinks
 from clusterd.control.restart import RestartPacer
+from clusterd.cost.ledger import Ledger
+from clusterd.cost.prices import Prices
 from clusterd.heap import Heap
 from clusterd.keptlogs.keeper import LogKeeper
 from clusterd.keptlogs.store import Caps, KeptLogStore
@@ -41,6 +43,7 @@ from clusterd.nodes import NodeInfo, SSHTarget
 from clusterd.providers.aws.provider import AWSProvider
 from clusterd.providers.base import ProviderContext, ProviderHandle
 from clusterd.providers.offered import build_providers
+from clusterd.providers.ssh_pools import load_pools
 from clusterd.provision.launcher import Provisioner
 from clusterd.requests import RequestManager, current_request
 from clusterd.runtime.agent_access import AgentAccess
@@ -246,6 +249,8 @@ class Daemon:
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
             forget_nodes=self.ssh.forget, storage=self.storage,
             keep_logs=self.keeper.before_teardown,
+            ledger=Ledger(self.db, Prices(self.config.get, lambda: load_pools(
+                settings.config_dir / "ssh_node_pools.yaml"))),
         )
         self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
@@ -356,6 +361,7 @@ class Daemon:
             try:
                 await self.store.load()
                 await self.managed_store.load()
+                await self.clusters.ledger.load()
                 interrupted = await self.request_store.mark_interrupted()
                 await self.request_store.prune(settings.request_retention)
                 for record in interrupted:

@@ -4,7 +4,6 @@ idempotent hooks, spend and burn rate, and an open interval that survives kill -
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,16 +39,6 @@ def record(name: str = "dev", nodes: int = 2, created_at: float = T0,
         num_nodes=nodes, requested_resources=ResourceRequest(Resources(Infra(provider))),
         config_hash="x", created_at=created_at, status_updated_at=created_at,
         launched_resources=placed)
-
-
-@pytest.fixture
-async def db(tmp_path: Path) -> AsyncIterator[Database]:
-    database = Database(tmp_path / "state.db")
-    await database.open()
-    try:
-        yield database
-    finally:
-        await database.close()
 
 
 @pytest.fixture

@@ -1,0 +1,58 @@
+"""The ledger's hooks in the cluster services, on the scripted provider: a launch opens a
+running interval, stop turns it into a stopped one, start back, down closes everything, and
+a launch that fails leaves nothing open."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.cost.ledger import RUNNING, STOPPED
+from clusterd.providers.base import BlockScope
+from clusterd.provision.plan import LaunchRequest
+from clusterd.state.db import Database
+from clusterd.tasks.spec import TaskSpec
+from tests.scripted_provider import Services, build_services
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+async def bed(db: Database, tmp_path: Path) -> Services:
+    return await build_services(db, tmp_path)
+
+
+async def rows(db: Database) -> list[tuple[str, int, bool]]:
+    found = await db.fetchall("SELECT kind, nodes, ended_at FROM cost_intervals ORDER BY id")
+    return [(r["kind"], r["nodes"], r["ended_at"] is None) for r in found]
+
+
+async def test_launch_stop_start_down(bed: Services, db: Database) -> None:
+    await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec(num_nodes=2)))
+    assert await rows(db) == [(RUNNING, 2, True)]
+    [running] = bed.clusters.ledger.open_intervals("c")
+    assert running.node_price_per_hour > 0 and running.instance_type == "s.node"
+    await bed.clusters.stop(bed.request("stop"), "c")
+    assert await rows(db) == [(RUNNING, 2, False), (STOPPED, 2, True)]
+    await bed.clusters.start(bed.request("start"), "c")
+    assert await rows(db) == [(RUNNING, 2, False), (STOPPED, 2, False), (RUNNING, 2, True)]
+    await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec(num_nodes=2)))
+    assert len(await rows(db)) == 3  # a reuse opens nothing
+    await bed.clusters.down(bed.request("down"), "c", purge=False)
+    assert [open_ for _, _, open_ in await rows(db)] == [False, False, False]
+    assert await bed.clusters.ledger.spenders() == []
+
+
+async def test_a_failed_launch_leaves_nothing_open(bed: Services, db: Database) -> None:
+    bed.provider.fail(None, BlockScope.ZONE)
+    with pytest.raises(ProtocolError):
+        await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec()))
+    assert await rows(db) == []
+    # Nodes made, then the runtime fails: the interval opened with the nodes closes with them.
+    bed.provider.heal()
+    bed.runtime.fail_up = ProtocolError(ErrorCode.INTERNAL, "no Ray")
+    with pytest.raises(ProtocolError):
+        await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec()))
+    assert await rows(db) == [(RUNNING, 1, False)]
