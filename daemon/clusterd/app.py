@@ -65,6 +65,7 @@ from clusterd.server.listener import (
 from clusterd.server.stream import BufferedSocketStream
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
+from clusterd.services.cost import CostService
 from clusterd.services.jobs import JobService
 from clusterd.services.node_runtime import NodeRuntime
 from clusterd.services.orphans import OrphanWatch
@@ -279,6 +280,8 @@ class Daemon:
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
             usage=UsageService(self.store, self.access),
             kept=self.keeper.kept,
+            cost=CostService(self.clusters.ledger, self.db, self.keeper.kept,
+                             self.managed_store),
         )
         self._server_name = f"clusterd/{__version__}"
 

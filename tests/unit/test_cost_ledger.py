@@ -136,3 +136,17 @@ async def test_one_open_interval_per_cluster_and_kind_is_enforced(db: Database) 
     await db.write([(insert, row)])
     with pytest.raises(sqlite3.IntegrityError):
         await db.write([(insert, row)])
+
+
+async def test_a_managed_jobs_cost_sums_its_clusters(db: Database, ledger: Ledger) -> None:
+    import dataclasses
+
+    first = dataclasses.replace(record(), owner="managed-job:3")
+    await ledger.running(first, at=T0)
+    await ledger.ended("dev", at=T0 + HOUR)
+    second = dataclasses.replace(record(created_at=T0 + 2 * HOUR), owner="managed-job:3")
+    await ledger.running(second, at=T0 + 2 * HOUR)
+    assert ledger.owner_cost("managed-job:3", now=T0 + 3 * HOUR) == pytest.approx(8.0)
+    revived = Ledger(db, prices())
+    await revived.load()
+    assert revived.owner_cost("managed-job:3", now=T0 + 3 * HOUR) == pytest.approx(8.0)

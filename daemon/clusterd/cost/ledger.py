@@ -83,6 +83,7 @@ class Ledger:
         # (cluster, kind) -> its open interval; (cluster, incarnation) -> closed dollars.
         self._open: dict[tuple[str, str], Interval] = {}
         self._closed: dict[tuple[str, float], float] = {}
+        self._closed_by_owner: dict[str, float] = {}  # a managed job's attempts, all told
 
     async def load(self) -> None:
         rows = await self._db.fetchall("SELECT * FROM cost_intervals WHERE ended_at IS NULL")
@@ -92,6 +93,11 @@ class Ledger:
             " AS dollars FROM cost_intervals WHERE ended_at IS NOT NULL"
             " GROUP BY cluster, incarnation")
         self._closed = {(row["cluster"], row["incarnation"]): row["dollars"] for row in sums}
+        owners = await self._db.fetchall(
+            f"SELECT owner, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600 AS dollars"
+            " FROM cost_intervals WHERE ended_at IS NOT NULL AND owner IS NOT NULL"
+            " GROUP BY owner")
+        self._closed_by_owner = {row["owner"]: row["dollars"] for row in owners}
 
     # -- the hooks ---------------------------------------------------------------------------
 
@@ -158,6 +164,12 @@ class Ledger:
         return closed + sum(i.cost(now) for i in self.open_intervals(record.name)
                             if i.incarnation == record.created_at)
 
+    def owner_cost(self, owner: str, now: float | None = None) -> float:
+        """Dollars every cluster `owner` (a managed job) made has cost, to now."""
+        now = time.time() if now is None else now
+        return self._closed_by_owner.get(owner, 0.0) + sum(
+            i.cost(now) for i in self._open.values() if i.owner == owner)
+
     def rate(self, name: str) -> float:
         """Dollars per hour the cluster costs now."""
         return sum(i.rate for i in self.open_intervals(name))
@@ -220,6 +232,9 @@ class Ledger:
             self._open.pop((interval.cluster, interval.kind), None)
             key = (interval.cluster, interval.incarnation)
             self._closed[key] = self._closed.get(key, 0.0) + interval.cost(end)
+            if interval.owner is not None:
+                self._closed_by_owner[interval.owner] = (
+                    self._closed_by_owner.get(interval.owner, 0.0) + interval.cost(end))
 
 
 def _same(current: Interval, wanted: Interval) -> bool:
