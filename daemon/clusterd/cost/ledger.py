@@ -80,14 +80,17 @@ class Ledger:
         self._db = db
         self._prices = prices
         self._lock = anyio.Lock()  # one hook's read-then-write at a time
-        # (cluster, kind) -> its open interval; (cluster, incarnation) -> closed dollars.
-        self._open: dict[tuple[str, str], Interval] = {}
+        # cluster -> kind -> its open interval (by cluster: status asks for thousands);
+        # (cluster, incarnation) -> closed dollars.
+        self._open: dict[str, dict[str, Interval]] = {}
         self._closed: dict[tuple[str, float], float] = {}
         self._closed_by_owner: dict[str, float] = {}  # a managed job's attempts, all told
 
     async def load(self) -> None:
         rows = await self._db.fetchall("SELECT * FROM cost_intervals WHERE ended_at IS NULL")
-        self._open = {(row["cluster"], row["kind"]): Interval(**dict(row)) for row in rows}
+        self._open = {}
+        for row in rows:
+            self._open.setdefault(row["cluster"], {})[row["kind"]] = Interval(**dict(row))
         sums = await self._db.fetchall(
             f"SELECT cluster, incarnation, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600"
             " AS dollars FROM cost_intervals WHERE ended_at IS NOT NULL"
@@ -146,16 +149,19 @@ class Ledger:
 
     async def burn_rate(self, provider: str | None = None) -> float:
         """Dollars per hour of what runs (and what sits stopped) now."""
-        return sum(i.rate for i in self._open.values()
+        return sum(i.rate for i in self._all_open()
                    if provider is None or i.provider == provider)
 
     async def spenders(self, provider: str | None = None) -> list[str]:
         """Clusters with an open interval (running, or stopped with disks), by name."""
-        return sorted({i.cluster for i in self._open.values()
+        return sorted({i.cluster for i in self._all_open()
                        if provider is None or i.provider == provider})
 
     def open_intervals(self, name: str) -> list[Interval]:
-        return [i for (cluster, _), i in self._open.items() if cluster == name]
+        return list(self._open.get(name, {}).values())
+
+    def _all_open(self) -> list[Interval]:
+        return [i for kinds in self._open.values() for i in kinds.values()]
 
     def cost_so_far(self, record: ClusterRecord, now: float | None = None) -> float:
         """Dollars this incarnation of the cluster has cost, to now."""
@@ -168,7 +174,7 @@ class Ledger:
         """Dollars every cluster `owner` (a managed job) made has cost, to now."""
         now = time.time() if now is None else now
         return self._closed_by_owner.get(owner, 0.0) + sum(
-            i.cost(now) for i in self._open.values() if i.owner == owner)
+            i.cost(now) for i in self._all_open() if i.owner == owner)
 
     def rate(self, name: str) -> float:
         """Dollars per hour the cluster costs now."""
@@ -203,7 +209,7 @@ class Ledger:
         async with self._lock:
             now = time.time() if at is None else at
             wanted = self._wanted(record, kind, nodes)
-            current = self._open.get((record.name, kind))
+            current = self._open.get(record.name, {}).get(kind)
             if current is not None and _same(current, wanted):
                 stale = [i for i in self.open_intervals(record.name) if i.kind != kind]
                 if stale:
@@ -215,7 +221,8 @@ class Ledger:
                 f"INSERT INTO cost_intervals ({', '.join(_FIELDS)})"
                 f" VALUES ({', '.join('?' for _ in _FIELDS)})",
                 [getattr(opened, f) for f in _FIELDS])])
-            self._open[(record.name, kind)] = dataclasses.replace(opened, id=row_id or 0)
+            self._open.setdefault(record.name, {})[kind] = dataclasses.replace(
+                opened, id=row_id or 0)
 
     async def _become_nothing(self, name: str, at: float | None) -> None:
         async with self._lock:
@@ -229,7 +236,10 @@ class Ledger:
         await self._db.write([("UPDATE cost_intervals SET ended_at = ? WHERE id = ?",
                                [end, i.id]) for i, end in zip(intervals, ends, strict=True)])
         for interval, end in zip(intervals, ends, strict=True):
-            self._open.pop((interval.cluster, interval.kind), None)
+            kinds = self._open.get(interval.cluster, {})
+            kinds.pop(interval.kind, None)
+            if not kinds:
+                self._open.pop(interval.cluster, None)
             key = (interval.cluster, interval.incarnation)
             self._closed[key] = self._closed.get(key, 0.0) + interval.cost(end)
             if interval.owner is not None:
