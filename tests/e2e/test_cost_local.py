@@ -65,3 +65,20 @@ def test_a_local_clusters_life_is_in_the_ledger(daemon: Daemon) -> None:
     assert [j["job_id"] for j in money["split"]["jobs"]] == [1]
     text = daemon.ctl("cost-report")
     assert text.returncode == 0 and "money" in text.stdout and "Total: $0" in text.stdout
+
+
+def test_kill_9_loses_no_second_and_counts_none_twice(daemon: Daemon) -> None:
+    launch = daemon.ctl("launch", "-c", "through", "--", "true")
+    assert launch.returncode == 0, launch.stderr + daemon.log()[-3000:]
+    daemon.kill()  # SIGKILL: the open interval stays open in the database
+    daemon.start()
+    # Refreshes after the restart find the node still running: the same interval goes on.
+    assert daemon.ctl("status", "--refresh").returncode == 0
+    assert daemon.ctl("status", "--refresh").returncode == 0
+    (live,) = report(daemon)["clusters"]
+    (interval,) = live["intervals"]
+    assert interval["ended_at"] is None and live["live"]
+    assert daemon.ctl("down", "-y", "through").returncode == 0
+    (gone,) = report(daemon)["clusters"]
+    assert [i["started_at"] for i in gone["intervals"]] == [interval["started_at"]]
+    assert gone["intervals"][0]["ended_at"] is not None

@@ -208,15 +208,16 @@ class Ledger:
                       at: float | None) -> None:
         async with self._lock:
             now = time.time() if at is None else at
-            wanted = self._wanted(record, kind, nodes)
             current = self._open.get(record.name, {}).get(kind)
-            if current is not None and _same(current, wanted):
+            # Refresh calls this for every cluster every cycle: the common case (nothing
+            # changed) reads no price (a pools file, say) and writes nothing.
+            if current is not None and _same(current, record.created_at, nodes):
                 stale = [i for i in self.open_intervals(record.name) if i.kind != kind]
                 if stale:
                     await self._close(stale, now)
                 return
             await self._close(self.open_intervals(record.name), now)
-            opened = dataclasses.replace(wanted, started_at=now)
+            opened = dataclasses.replace(self._wanted(record, kind, nodes), started_at=now)
             row_id = await self._db.write([(
                 f"INSERT INTO cost_intervals ({', '.join(_FIELDS)})"
                 f" VALUES ({', '.join('?' for _ in _FIELDS)})",
@@ -247,7 +248,7 @@ class Ledger:
                     self._closed_by_owner.get(interval.owner, 0.0) + interval.cost(end))
 
 
-def _same(current: Interval, wanted: Interval) -> bool:
-    """The open interval already counts what `wanted` would (a price change alone does not
-    split an interval: the price is the one that applied when the nodes started)."""
-    return (current.incarnation, current.nodes) == (wanted.incarnation, wanted.nodes)
+def _same(current: Interval, incarnation: float, nodes: int) -> bool:
+    """The open interval already counts this incarnation's `nodes` (a price change alone
+    does not split an interval: the price is the one that applied when the nodes started)."""
+    return (current.incarnation, current.nodes) == (incarnation, nodes)
