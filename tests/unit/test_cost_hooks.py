@@ -11,6 +11,7 @@ import pytest
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.cost.ledger import RUNNING, STOPPED
 from clusterd.providers.base import BlockScope
+from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.plan import LaunchRequest
 from clusterd.state.db import Database
 from clusterd.tasks.spec import TaskSpec
@@ -56,3 +57,29 @@ async def test_a_failed_launch_leaves_nothing_open(bed: Services, db: Database) 
     with pytest.raises(ProtocolError):
         await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec()))
     assert await rows(db) == [(RUNNING, 1, False)]
+
+
+async def test_refresh_counts_lost_nodes_and_closes_when_all_are_gone(
+        bed: Services, db: Database, tmp_path: Path) -> None:
+    from clusterd.runtime.agent_access import AgentAccess
+    from clusterd.runtime.agent_client import AgentConnections
+    from clusterd.services.refresh import RefreshService
+    from clusterd.ssh.connections import SSHConnections
+    from clusterd.ssh.host_keys import HostKeyStore
+    from clusterd.ssh.tunnels import TunnelManager
+
+    access = AgentAccess(AgentConnections(), TunnelManager(
+        SSHConnections(HostKeyStore(tmp_path / "kh")), tmp_path / "t"))
+    refresh = RefreshService(bed.store, bed.locks, ProviderRegistry([bed.provider]),
+                             None, access, bed.clusters, None,  # type: ignore[arg-type]
+                             interval_s=30.0)
+    await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec(num_nodes=2)))
+    record = bed.store.get("c")
+    assert record is not None
+    bed.provider.lose(record.cloud_name, 1)  # a spot node preempted
+    await refresh.cycle(force=True)
+    assert await rows(db) == [(RUNNING, 2, False), (RUNNING, 1, True)]
+    bed.provider.lose(record.cloud_name, 0)
+    await refresh.cycle(force=True)
+    assert bed.store.get("c") is None
+    assert [open_ for _, _, open_ in await rows(db)] == [False, False]
