@@ -31,7 +31,11 @@ async def rows(db: Database) -> list[tuple[str, int, bool]]:
 
 
 async def test_launch_stop_start_down(bed: Services, db: Database) -> None:
-    await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec(num_nodes=2)))
+    request = bed.request()
+    await bed.clusters.launch(request, LaunchRequest("c", TaskSpec(num_nodes=2)))
+    # Its price was said before anything was made: 2 nodes at $1/h in r1-a.
+    assert "creating nodes on scripted/r1/r1-a (s.node), $2.000/h" in [
+        data.get("message") for name, data in request._events if name == "progress"]
     assert await rows(db) == [(RUNNING, 2, True)]
     [running] = bed.clusters.ledger.open_intervals("c")
     assert running.node_price_per_hour > 0 and running.instance_type == "s.node"
