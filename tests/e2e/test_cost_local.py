@@ -82,3 +82,4 @@ def test_kill_9_loses_no_second_and_counts_none_twice(daemon: Daemon) -> None:
     (gone,) = report(daemon)["clusters"]
     assert [i["started_at"] for i in gone["intervals"]] == [interval["started_at"]]
     assert gone["intervals"][0]["ended_at"] is not None
+    assert "IntegrityError" not in daemon.log()  # no hook tried a second open interval
