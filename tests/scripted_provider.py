@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 
 import anyio
 
+from clusterd.cost.ledger import Ledger
+from clusterd.cost.prices import Prices
 from clusterd.locks import ClusterLocks
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus
 from clusterd.providers.base import (
@@ -50,6 +52,7 @@ from clusterd.state.handles import RuntimeHandle
 from clusterd.state.requests import RequestRecord
 from clusterd.tasks.file_sync import CopyGuard
 from clusterd.tasks.spec import Autostop
+from clusterd.user_config import UserConfig
 
 # The zones it offers, cheapest first: (region, zone, price per node and hour).
 ZONES = (("r1", "r1-a", 1.0), ("r1", "r1-b", 1.1), ("r2", "r2-a", 1.5))
@@ -283,5 +286,7 @@ async def build_services(db: Database, tmp: Path, *, wait_timeout_s: float = 10,
                               retry_gap_s=retry_gap_s, retry_max_gap_s=retry_gap_s)
     clusters = ClusterService(store, locks, providers, runtime, jobs,
                               SSHConfigWriter(tmp / "ssh", tmp / "known_hosts"), provisioner,
-                              forget_nodes=forget)
+                              forget_nodes=forget,
+                              ledger=Ledger(db, Prices(lambda: UserConfig(tmp / "config.yaml"),
+                                                       dict)))
     return Services(store, locks, provider, runtime, provisioner, clusters)

@@ -197,9 +197,10 @@ def _queue(client: Client, args: argparse.Namespace) -> int:
               "No unfinished managed jobs (finished ones too: clusterctl jobs queue --all).")
         return _exit_codes.SUCCEEDED
     headers = ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT. DURATION", "JOB DURATION",
-               "#RECOVERIES", "STATUS", "INFRA", "REASON"]
+               "#RECOVERIES", "COST", "STATUS", "INFRA", "REASON"]
     rows = [[str(j["job_id"]), j["name"], j.get("resources") or "-", age(j["submitted_at"]),
              _duration(j["total_seconds"]), _duration(j["job_seconds"]), str(j["recoveries"]),
+             "-" if j.get("cost") is None else f"${j['cost']:.3f}",
              j["status"], j.get("infra") or "-", (j.get("status_reason") or "-")[:60]]
             for j in jobs]
     sys.stdout.write(table(headers, rows))

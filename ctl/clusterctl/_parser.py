@@ -191,6 +191,12 @@ def _history() -> Any:
     return clusterctl._history_cli
 
 
+def _cost() -> Any:
+    import clusterctl._cost_cli  # only when `cost-report` runs
+
+    return clusterctl._cost_cli
+
+
 def _storage() -> Any:
     import clusterctl._storage_cli  # only when `storage` runs
 
@@ -228,6 +234,8 @@ VERBS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
                    lambda sub: _completion().add_options(sub)),
     "history": ("torn-down clusters, their jobs and kept logs (`logs CLUSTER JOB` reads them)",
                 lambda sub: _history().add_options(sub)),
+    "cost-report": ("what clusters and managed jobs cost: split, per provider, per day",
+                    lambda sub: _cost().add_options(sub)),
     # Its package (and its web libraries) are imported only when this verb runs.
     "dashboard": ("a live web dashboard of your clusters and jobs (127.0.0.1, with a token)",
                   lambda sub: __import__("clusterctl.dashboard").dashboard.add_options(sub)),

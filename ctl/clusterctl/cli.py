@@ -115,6 +115,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
                                              verbose=args.verbose or args.json,
                                              columns=columns))
     clusters = protocol.views_of(result.get("clusters", []))
+    costs = result.get("costs") or {}
+    for c in clusters:  # beside the views in the reply (they are cached); in them here
+        if c["name"] in costs:
+            c["cost_per_hour"], c["cost"] = costs[c["name"]]
     orphans = result.get("orphans", [])
     if args.json:
         print_json(clusters)
@@ -130,7 +134,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
     if not clusters:
         print("No clusters. Launch one: clusterctl launch -- echo hello")
         return _exit_codes.SUCCEEDED
-    headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "REFRESHED"]
+    headers = ["NAME", "INFRA", "RESOURCES", "STATUS", "AUTOSTOP", "LAUNCHED", "REFRESHED",
+               "COST $/H", "COST"]
     if args.verbose:
         headers += ["$/h", "REASON", "CLOUD NAME", "HOSTS", "TUNNEL"]
     rows = []
@@ -154,7 +159,8 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         if c.get("managed_job") is not None:  # the job's own: `jobs cancel`, not `down`
             name += f" (managed job {c['managed_job']})"
         row = [name, c["infra"], resources, c["status"], autostop,
-               age(c.get("launched_at")), age(c.get("refreshed_at"))]
+               age(c.get("launched_at")), age(c.get("refreshed_at")),
+               _dollars(c.get("cost_per_hour")), _dollars(c.get("cost"))]
         if args.verbose:
             tunnel = c.get("tunnel")
             price = c.get("price_per_hour")
@@ -164,6 +170,10 @@ def cmd_status(client: Client, args: argparse.Namespace) -> int:
         rows.append(row)
     sys.stdout.write(table(headers, rows))
     return _exit_codes.SUCCEEDED
+
+
+def _dollars(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def cmd_queue(client: Client, args: argparse.Namespace) -> int:
@@ -407,6 +417,12 @@ def cmd_history(client: Client, args: argparse.Namespace) -> int:
     return _history_cli.main(client, args)
 
 
+def cmd_cost_report(client: Client, args: argparse.Namespace) -> int:
+    from clusterctl import _cost_cli  # only when `cost-report` runs
+
+    return _cost_cli.main(client, args)
+
+
 COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "launch": cmd_launch,
     "exec": cmd_exec,
@@ -426,6 +442,7 @@ COMMANDS: dict[str, Callable[[Client, argparse.Namespace], int]] = {
     "ssh": cmd_ssh,
     "storage": cmd_storage,
     "history": cmd_history,
+    "cost-report": cmd_cost_report,
 }
 
 

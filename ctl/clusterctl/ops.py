@@ -368,6 +368,15 @@ class HistoryArgs(OpArgs):
     limit: int = 100
 
 
+class CostReportArgs(OpArgs):
+    """What clusters and managed jobs cost over the last ``days`` (1..3650): per cluster
+    (torn-down ones too) with the split over its jobs, setup, idle and stopped disks; per
+    managed job with what its recoveries cost; per provider; per UTC day; totals."""
+
+    op = "cost_report"
+    days: int = 30
+
+
 OPS: dict[str, type[OpArgs]] = {
     cls.op: cls
     for cls in (
@@ -398,6 +407,7 @@ OPS: dict[str, type[OpArgs]] = {
         StorageLsArgs,
         StorageDeleteArgs,
         HistoryArgs,
+        CostReportArgs,
     )
 }
 

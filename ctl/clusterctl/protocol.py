@@ -45,6 +45,7 @@ from clusterctl.ops import WAIT_FOR_CHOICES as WAIT_FOR_CHOICES
 from clusterctl.ops import AutostopArgs as AutostopArgs
 from clusterctl.ops import CancelArgs as CancelArgs
 from clusterctl.ops import CheckArgs as CheckArgs
+from clusterctl.ops import CostReportArgs as CostReportArgs
 from clusterctl.ops import DownArgs as DownArgs
 from clusterctl.ops import EventsArgs as EventsArgs
 from clusterctl.ops import ExecArgs as ExecArgs

@@ -30,6 +30,8 @@ from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.control import NodeLinks
 from clusterd.control.restart import RestartPacer
+from clusterd.cost.ledger import Ledger
+from clusterd.cost.prices import Prices
 from clusterd.heap import Heap
 from clusterd.keptlogs.keeper import LogKeeper
 from clusterd.keptlogs.store import Caps, KeptLogStore
@@ -41,6 +43,7 @@ from clusterd.nodes import NodeInfo, SSHTarget
 from clusterd.providers.aws.provider import AWSProvider
 from clusterd.providers.base import ProviderContext, ProviderHandle
 from clusterd.providers.offered import build_providers
+from clusterd.providers.ssh_pools import load_pools
 from clusterd.provision.launcher import Provisioner
 from clusterd.requests import RequestManager, current_request
 from clusterd.runtime.agent_access import AgentAccess
@@ -62,6 +65,7 @@ from clusterd.server.listener import (
 from clusterd.server.stream import BufferedSocketStream
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
+from clusterd.services.cost import CostService
 from clusterd.services.jobs import JobService
 from clusterd.services.node_runtime import NodeRuntime
 from clusterd.services.orphans import OrphanWatch
@@ -246,6 +250,8 @@ class Daemon:
             SSHConfigWriter(settings.config_dir / "ssh", self.host_keys.path), self.provisioner,
             forget_nodes=self.ssh.forget, storage=self.storage,
             keep_logs=self.keeper.before_teardown,
+            ledger=Ledger(self.db, Prices(self.config.get, lambda: load_pools(
+                settings.config_dir / "ssh_node_pools.yaml"))),
         )
         self.orphans = OrphanWatch(self.store, self.providers)
         self.refresh = RefreshService(
@@ -274,6 +280,8 @@ class Daemon:
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
             usage=UsageService(self.store, self.access),
             kept=self.keeper.kept,
+            cost=CostService(self.clusters.ledger, self.db, self.keeper.kept,
+                             self.managed_store),
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -356,6 +364,7 @@ class Daemon:
             try:
                 await self.store.load()
                 await self.managed_store.load()
+                await self.clusters.ledger.load()
                 interrupted = await self.request_store.mark_interrupted()
                 await self.request_store.prune(settings.request_retention)
                 for record in interrupted:

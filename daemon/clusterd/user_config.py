@@ -13,6 +13,7 @@ settings carry over:
       labels: {team: ml}                # tags on everything clusterd creates
       request_timeout: 30               # seconds an EC2 API call may take (then retried)
       owner_tag_hostname: true          # tag clusterd-owner: user@host (default: user only)
+      disk_price_per_gb_month: 0.08     # what a GB of EBS costs per month (cost reports)
     kubernetes:
       allowed_contexts: [ctx-a, ctx-b]  # the kubeconfig contexts to use, in failover order
                                         # (default: the current context)
@@ -26,6 +27,11 @@ settings carry over:
       pod_config: {spec: {tolerations: [...]}}   # merged into every pod (docs/kubernetes.md)
       ephemeral_storage: 4Gi            # local disk each pod asks for (runtime, workdir)
       ephemeral_storage_limit: 50Gi     # and may use at most (default: no limit)
+      pricing:                          # what pods cost (cost reports; default: nothing)
+        cpu_per_hour: 0.031             # dollars per CPU requested and hour
+        memory_gib_per_hour: 0.004      # per GiB of memory requested and hour
+        gpu_per_hour: {A100: 2.9, T4: 0.35}   # per GPU of that type and hour
+        disk_gb_per_month: 0.1          # per GB of the task's disk_size and month
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -48,10 +54,13 @@ from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 MAX_CONFIG_BYTES = 1024 * 1024
 
 AWS_KEYS = {"vpc_name", "use_internal_ips", "ssh_user", "ssh_proxy_command", "labels",
-            "request_timeout", "owner_tag_hostname"}
+            "request_timeout", "owner_tag_hostname", "disk_price_per_gb_month"}
 KUBERNETES_KEYS = {"allowed_contexts", "networking_mode", "provision_timeout", "image",
                    "ssh_user", "image_pull_policy", "pod_config", "autoscaler",
-                   "ephemeral_storage", "ephemeral_storage_limit"}
+                   "ephemeral_storage", "ephemeral_storage_limit", "pricing"}
+PRICING_KEYS = {"cpu_per_hour", "memory_gib_per_hour", "gpu_per_hour", "disk_gb_per_month"}
+# gp3's list price in us-east-1: the catalog has no disk prices.
+DEFAULT_EBS_PRICE_PER_GB_MONTH = 0.08
 # SkyPilot's Kubernetes keys that clusterd does not read (yet): accepted, not read.
 IGNORED_KUBERNETES_KEYS = {"ports", "remote_identity", "custom_metadata",
                            "high_availability", "kueue", "dws", "context_configs",
@@ -90,11 +99,27 @@ class AWSConfig:
     # The clusterd-owner tag names this machine too (user@host), for whoever reads the
     # account's tags; off by default, since a host name says more than is asked.
     owner_tag_hostname: bool = False
+    disk_price_per_gb_month: float = DEFAULT_EBS_PRICE_PER_GB_MONTH
 
     def proxy_command(self, region: str) -> str | None:
         if isinstance(self.ssh_proxy_command, dict):
             return self.ssh_proxy_command.get(region)
         return self.ssh_proxy_command
+
+
+@dataclasses.dataclass(frozen=True)
+class KubernetesPricing:
+    """What a pod costs, from what it requests (clusterd/cost/prices.py); all 0 unless set."""
+
+    cpu_per_hour: float = 0.0
+    memory_gib_per_hour: float = 0.0
+    gpu_per_hour: tuple[tuple[str, float], ...] = ()  # (accelerator type, dollars per hour)
+    disk_gb_per_month: float = 0.0
+
+    def gpu(self, accelerator: str) -> float | None:
+        """Dollars per hour of one GPU of that type (case-insensitive); None: not priced."""
+        return next((price for name, price in self.gpu_per_hour
+                     if name.lower() == accelerator.lower()), None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +135,7 @@ class KubernetesConfig:
     pod_config: str = ""  # canonical JSON (pod_config.parse)
     ephemeral_storage: str = DEFAULT_EPHEMERAL_STORAGE
     ephemeral_storage_limit: str = ""
+    pricing: KubernetesPricing = dataclasses.field(default_factory=KubernetesPricing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,6 +222,41 @@ def _aws(path: Path, raw: Any) -> AWSConfig:
         labels=tuple(sorted((str(k), str(v)) for k, v in labels.items())),
         request_timeout_s=float(timeout),
         owner_tag_hostname=owner_host,
+        disk_price_per_gb_month=_dollars(path, "aws.disk_price_per_gb_month",
+                                         raw.get("disk_price_per_gb_month",
+                                                 DEFAULT_EBS_PRICE_PER_GB_MONTH)),
+    )
+
+
+def _dollars(path: Path, key: str, value: Any) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1e6:
+        raise ConfigError(path, key, f"expected a price in dollars, got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _pricing(path: Path, raw: Any) -> KubernetesPricing:
+    if raw is None:
+        return KubernetesPricing()
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "kubernetes.pricing", "expected a map")
+    for key in raw:
+        if key not in PRICING_KEYS:
+            raise ConfigError(path, f"kubernetes.pricing.{key}", "unknown key (expected one "
+                              f"of {', '.join(sorted(PRICING_KEYS))})")
+    gpus = raw.get("gpu_per_hour") or {}
+    if not isinstance(gpus, dict):
+        raise ConfigError(path, "kubernetes.pricing.gpu_per_hour",
+                          "expected a map of GPU type to dollars per hour")
+    return KubernetesPricing(
+        cpu_per_hour=_dollars(path, "kubernetes.pricing.cpu_per_hour",
+                              raw.get("cpu_per_hour", 0.0)),
+        memory_gib_per_hour=_dollars(path, "kubernetes.pricing.memory_gib_per_hour",
+                                     raw.get("memory_gib_per_hour", 0.0)),
+        gpu_per_hour=tuple(sorted(
+            (str(name), _dollars(path, f"kubernetes.pricing.gpu_per_hour.{name}", price))
+            for name, price in gpus.items())),
+        disk_gb_per_month=_dollars(path, "kubernetes.pricing.disk_gb_per_month",
+                                   raw.get("disk_gb_per_month", 0.0)),
     )
 
 
@@ -257,6 +318,7 @@ def _kubernetes(path: Path, raw: Any) -> KubernetesConfig:
         image=image,
         ssh_user=_user_name(path, "kubernetes.ssh_user", raw.get("ssh_user", "sky")),
         image_pull_policy=policy,
+        pricing=_pricing(path, raw.get("pricing")),
     )
 
 

@@ -138,8 +138,10 @@ def test_tail_controller_view_and_queue_of_a_real_job(daemon: Daemon) -> None:
     table = daemon.ctl("jobs", "queue")
     header, row = table.stdout.splitlines()[:2]
     assert header.split() == ["ID", "NAME", "RESOURCES", "SUBMITTED", "TOT.", "DURATION",
-                              "JOB", "DURATION", "#RECOVERIES", "STATUS", "INFRA", "REASON"]
+                              "JOB", "DURATION", "#RECOVERIES", "COST", "STATUS", "INFRA",
+                              "REASON"]
     assert row.split()[:2] == [job_id, "views"] and "RUNNING" in row and "1x[CPU:1" in row
+    assert shown["cost"] == 0 and "$0.000" in row  # its cluster runs on `local`: free
 
     # Followers of both views, started while the job runs, end when it does.
     follow_tail = Follower(daemon, job_id, "--tail", "2")

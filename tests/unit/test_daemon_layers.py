@@ -28,6 +28,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd.providers"},
     # What the daemon remembers.
     {"clusterd.state"},
+    # What clusters cost: prices of placements, the ledger of records' node time.
+    {"clusterd.cost"},
     {"clusterd.requests", "clusterd.runtime"},
     # Buckets: their records, S3, and what nodes do with them.
     {"clusterd.storage"},

@@ -223,6 +223,7 @@ def test_every_op_is_registered_under_its_name() -> None:
         "down", "events", "requests", "check", "autostop", "show_gpus", "follow_request",
         "nodes", "node_usage", "ssh", "jobs_launch", "jobs_queue", "jobs_logs",
         "jobs_events", "jobs_cancel", "storage_ls", "storage_delete", "history",
+        "cost_report",
     }
     for name, cls in protocol.OPS.items():
         assert cls.op == name

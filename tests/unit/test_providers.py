@@ -106,7 +106,7 @@ class NewProvider(ProviderDefaults):
 def handlers_with(registry: ProviderRegistry) -> Handlers:
     # Only the provider-facing ops are called here: the services are never reached.
     return Handlers(None, None, None, None, None, registry, None, None, None,  # type: ignore[arg-type]
-                    managed=None, managed_store=None, storage=None)  # type: ignore[arg-type]
+                    managed=None, managed_store=None, storage=None, cost=None)  # type: ignore[arg-type]
 
 
 @pytest.mark.anyio

@@ -153,6 +153,7 @@ class LogKeeper:
         kept = self.kept
         copy = dataclasses.replace(copy, name=job.name, status=str(job.status),
                                    submitted_at=job.submitted_at, ended_at=job.ended_at,
+                                   started_at=job.started_at, num_nodes=job.num_nodes,
                                    failure_reason=job.failure_reason)
         await anyio.to_thread.run_sync(kept.note_job, directory, copy)
         offset = await anyio.to_thread.run_sync(kept.resume_offset, directory, copy)

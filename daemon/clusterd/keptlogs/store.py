@@ -67,6 +67,9 @@ class KeptJob:
     complete: bool = False
     cut: bool = False  # the copy lost its start to the job cap (its first line says so)
     dropped: str = ""  # why the whole copy went (the cluster cap)
+    # When it held nodes, and how many: what the cost report splits a cluster's cost by.
+    started_at: float | None = None
+    num_nodes: int = 1
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

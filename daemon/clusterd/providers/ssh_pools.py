@@ -5,6 +5,7 @@
       identity_file: ~/.ssh/id_ed25519
       port: 22
       strict_host_key_checking: true  # refuse hosts whose key ~/.ssh/known_hosts lacks
+      price_per_hour: 0.5            # what one host costs per hour (cost reports; default 0)
       hosts:
         - 10.0.0.5                   # just an address
         - ip: 10.0.0.6               # or with its own settings
@@ -28,7 +29,8 @@ from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.nodes import SSHTarget
 from clusterd.safe_yaml import YAMLProblem, read_regular_file, safe_load
 
-POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password", "strict_host_key_checking"}
+POOL_FIELDS = {"user", "identity_file", "port", "hosts", "password", "strict_host_key_checking",
+               "price_per_hour"}
 HOST_FIELDS = {"ip", "user", "identity_file", "port", "password", "strict_host_key_checking"}
 MAX_POOLS_BYTES = 1024 * 1024
 # Addresses and names end up in ssh's config and on command lines: a DNS name or an IP
@@ -58,6 +60,7 @@ class PoolFileError(ProtocolError):
 class Pool:
     name: str
     hosts: tuple[SSHTarget, ...]
+    price_per_hour: float = 0.0  # per host (clusterd/cost/prices.py)
 
 
 def load_pools(path: Path) -> dict[str, Pool]:
@@ -92,6 +95,10 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
     hosts = value.get("hosts")
     if not isinstance(hosts, list) or not hosts:
         raise PoolFileError(path, f"{name}.hosts", "expected a non-empty list of hosts")
+    price = value.get("price_per_hour", 0.0)
+    if not isinstance(price, int | float) or isinstance(price, bool) or not 0 <= price < 1e6:
+        raise PoolFileError(path, f"{name}.price_per_hour",
+                            f"expected dollars per host and hour, got {str(price)[:40]!r}")
     defaults = {k: value.get(k) for k in ("user", "identity_file", "port",
                                           "strict_host_key_checking")}
     targets = []
@@ -127,4 +134,4 @@ def _pool(path: Path, name: str, value: Any) -> Pool:
                                  identity_file=identity, strict_host_keys=strict))
     if len(set(targets)) != len(targets):
         raise PoolFileError(path, f"{name}.hosts", "lists a host twice")
-    return Pool(name, tuple(targets))
+    return Pool(name, tuple(targets), float(price))

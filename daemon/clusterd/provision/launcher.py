@@ -126,7 +126,10 @@ class Provisioner:
         option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
-        await request.progress(f"creating nodes on {placement.describe()}", "provision")
+        # What it will cost, before anything is made (where the catalog prices it).
+        price = placement.price_per_hour * option.request.num_nodes
+        await request.progress(f"creating nodes on {placement.describe()}"
+                               + (f", ${price:.3f}/h" if price else ""), "provision")
         record = await self._store.update(
             record.name, provider=provider.name, launched_resources=placement,
             handle=ClusterHandle(intent=placement, create_token=token))

@@ -24,6 +24,7 @@ from clusterd.requests import RequestManager, RunningRequest
 from clusterd.services.autostop import AutostopService
 from clusterd.services.clusters import ClusterService
 from clusterd.services.common import check_name, generated_name, require_cluster
+from clusterd.services.cost import CostService
 from clusterd.services.jobs import JobService
 from clusterd.services.nodes import node_views
 from clusterd.services.orphans import OrphanWatch
@@ -38,6 +39,7 @@ from clusterd.tasks.overrides import RESOURCE_OVERRIDES, apply_overrides
 from clusterd.tasks.spec import Autostop, Infra, TaskSpec
 
 from .connection import Call
+from .cost_handlers import CostHandlers
 from .history_handlers import HistoryHandlers
 from .managed_handlers import ManagedHandlers
 from .storage_handlers import StorageHandlers
@@ -79,11 +81,14 @@ class Handlers:
         loop_stats: Callable[[], dict[str, Any]] = dict,
         usage: UsageService | None = None,
         kept: KeptLogStore | None = None,
+        cost: CostService,
     ) -> None:
         self._usage = usage
         self._loop_stats = loop_stats
         self._history = HistoryHandlers(kept)
-        self._managed = ManagedHandlers(managed, managed_store, providers)
+        self._cost = CostHandlers(cost, store)
+        self._managed = ManagedHandlers(managed, managed_store, providers,
+                                        self._cost.managed_job_cost)
         self._storage = StorageHandlers(storage)
         self._strict_by_default = strict_by_default
         self._orphans = orphans
@@ -120,6 +125,7 @@ class Handlers:
                if op != protocol.JobsLaunchArgs.op},
             **self._storage.table(),
             **self._history.table(),
+            **self._cost.table(),
         }
         missing = set(protocol.OPS) - set(self._table)
         assert not missing, f"ops without a handler: {missing}"
@@ -147,6 +153,9 @@ class Handlers:
             await self._refresh.refresh_now(args.clusters or None)
         result = self._clusters.views.status(args.clusters, args.verbose)
         result["clusters"] = self._managed.mark_owned(result["clusters"])
+        # Beside the views, not in them: the views are cached per record, costs change by
+        # the second. clusterctl shows them as each cluster's $/h and cost so far.
+        result["costs"] = self._cost.live([v["name"] for v in result["clusters"]])
         if args.columns:
             result["clusters"] = Columns(result["clusters"])
         if not args.clusters:

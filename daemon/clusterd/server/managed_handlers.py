@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,9 @@ RECOVERY_FIELDS = ("resources.job_recovery", "resources.spot_recovery")
 
 class ManagedHandlers:
     def __init__(self, controller: ManagedJobController, store: ManagedJobStore,
-                 providers: ProviderRegistry) -> None:
+                 providers: ProviderRegistry,
+                 cost_of: Callable[[int], float] | None = None) -> None:
+        self._cost_of = cost_of  # a managed job's cost so far (jobs queue's column)
         self._controller = controller
         self._store = store
         self._providers = providers
@@ -110,7 +113,11 @@ class ManagedHandlers:
         return await self._controller.stream_log(record.id, True, call.emit)
 
     async def queue(self, call: Call, args: protocol.JobsQueueArgs) -> dict[str, Any]:
-        return self._controller.queue(args.all)
+        result = self._controller.queue(args.all)
+        if self._cost_of is not None:
+            result["jobs"] = [{**job, "cost": self._cost_of(job["job_id"])}
+                              for job in result["jobs"]]
+        return result
 
     async def logs(self, call: Call, args: protocol.JobsLogsArgs) -> dict[str, Any]:
         job_id = self._newest() if args.job_id is None else args.job_id

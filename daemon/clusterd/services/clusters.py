@@ -14,6 +14,7 @@ from typing import Any
 import anyio
 
 from clusterctl.protocol import ProtocolError
+from clusterd.cost.ledger import Ledger
 from clusterd.locks import ClusterLocks, LockMode
 from clusterd.nodes import ClusterInfo, SSHTarget
 from clusterd.providers.registry import ProviderRegistry
@@ -50,7 +51,10 @@ class ClusterService:
         forget_nodes: Callable[[list[SSHTarget]], Awaitable[None]] | None = None,
         storage: StorageService | None = None,
         keep_logs: KeepLogs | None = None,
+        *,
+        ledger: Ledger,
     ) -> None:
+        self.ledger = ledger
         self._ssh_config = ssh_config
         self._provisioner = provisioner
         # Cluster -> the autostop request stopping it right now (kept by the autostop service;
@@ -60,10 +64,10 @@ class ClusterService:
         self._store = store
         self._locks = locks
         self._jobs = jobs
-        self._teardown = Teardown(store, locks, providers, runtime, ssh_config, forget_nodes,
-                                  storage, keep_logs)
+        self._teardown = Teardown(store, locks, providers, runtime, ssh_config, ledger,
+                                  forget_nodes, storage, keep_logs)
         self._steps = LaunchSteps(store, locks, providers, runtime, jobs, ssh_config,
-                                  provisioner, self._teardown, storage)
+                                  provisioner, self._teardown, ledger, storage)
         # --dryrun: the plan, and nothing made.
         self.dry_run = DryRun(store, providers, jobs.check_copies)
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
+from clusterd.cost.ledger import Ledger
 from clusterd.locks import ClusterLocks
 from clusterd.nodes import NodeStatus
 from clusterd.providers.base import Provider, ProviderHandle, ProvisionError
@@ -68,9 +69,10 @@ class Warnings:
 class LaunchSteps:
     def __init__(self, store: ClusterStore, locks: ClusterLocks, providers: ProviderRegistry,
                  runtime: Runtime, jobs: JobService, ssh_config: SSHConfigWriter,
-                 provisioner: Provisioner, teardown: Teardown,
+                 provisioner: Provisioner, teardown: Teardown, ledger: Ledger,
                  storage: StorageService | None = None) -> None:
         self._store = store
+        self._ledger = ledger
         self._locks = locks
         self._providers = providers
         self._runtime = runtime
@@ -143,6 +145,7 @@ class LaunchSteps:
         """The runtime up on the cluster's nodes, then the record UP; `previous` is the
         runtime handle of what may still run there (else the record's)."""
         record, provider, handle = done.record, done.provider, done.handle
+        await self._ledger.running(record)  # the nodes run (and cost) from here on
         info = await provider.cluster_info(record.cloud_name, handle)
 
         async def checkpoint(runtime: RuntimeHandle) -> None:

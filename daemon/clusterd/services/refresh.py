@@ -219,6 +219,7 @@ class RefreshService:
             if isinstance(nodes, ProvisionError):
                 raise nodes
             status, reason = await self._reconcile(record, nodes)
+            await self._clusters.ledger.observed(record, nodes)
             if status is None and self._still_ours(record):
                 await self._access.close(name)
                 await self._clean_up_gone(record)

@@ -16,6 +16,7 @@ import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
+from clusterd.cost.ledger import Ledger
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
@@ -44,11 +45,12 @@ FOLLOWER_GRACE_S = 2.0
 
 class Teardown:
     def __init__(self, store: ClusterStore, locks: ClusterLocks, providers: ProviderRegistry,
-                 runtime: Runtime, ssh_config: SSHConfigWriter,
+                 runtime: Runtime, ssh_config: SSHConfigWriter, ledger: Ledger,
                  forget_nodes: ForgetNodes | None = None,
                  storage: StorageService | None = None,
                  keep_logs: KeepLogs | None = None) -> None:
         self._store = store
+        self._ledger = ledger
         self._keep_logs = keep_logs
         self._locks = locks
         self._providers = providers
@@ -88,6 +90,7 @@ class Teardown:
             await self._runtime.stop(info)
             await self._runtime.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
+            await self._ledger.stopped(record)
             await self._store.set_status(name, ClusterStatus.STOPPED,
                                          reason or f"stopped by request {request.id}",
                                          request.id)
@@ -121,6 +124,7 @@ class Teardown:
             await request.progress(f"tearing down {name}", "down")
             await fault_point("down.mid_teardown")
             targets = await self._teardown(request, record, purge=purge, discard=discard)
+            await self._ledger.ended(name)
             await self._forget(name, targets)
             await self._store.remove(name, reason or f"torn down by request {request.id}",
                                      request.id)
@@ -148,6 +152,7 @@ class Teardown:
                 name, ClusterStatus.INIT, f"launch failed ({reason}) and cleanup failed "
                 f"({why}): `clusterctl down {name}` tries again", request.id)
             return
+        await self._ledger.ended(name)
         await self._forget(name, targets)
         await self._store.remove(name, f"launch failed: {reason}", request.id)
         await self.release_buckets(request, name)

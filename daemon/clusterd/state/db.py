@@ -150,6 +150,32 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE requests ADD COLUMN steps TEXT;
     """,
+    # 8: the cost ledger (see clusterd/cost/ledger.py): each stretch of a cluster's nodes
+    # running (or stopped, paying for disks) at the price that applied. At most one open
+    # interval per cluster and kind, so a hook run twice (or after a restart) never counts
+    # the same second twice.
+    """
+    CREATE TABLE cost_intervals (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        cluster TEXT NOT NULL,
+        incarnation REAL NOT NULL,
+        cloud_name TEXT NOT NULL,
+        provider TEXT NOT NULL,
+        infra TEXT NOT NULL,
+        instance_type TEXT,
+        nodes INTEGER NOT NULL,
+        kind TEXT NOT NULL CHECK (kind IN ('running', 'stopped')),
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        node_price_per_hour REAL NOT NULL,
+        disk_price_per_hour REAL NOT NULL,
+        source TEXT NOT NULL,
+        owner TEXT
+    );
+    CREATE UNIQUE INDEX cost_intervals_open ON cost_intervals (cluster, kind)
+        WHERE ended_at IS NULL;
+    CREATE INDEX cost_intervals_by_end ON cost_intervals (ended_at);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

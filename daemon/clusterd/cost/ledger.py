@@ -1,0 +1,254 @@
+"""The cost ledger: every stretch of a cluster's nodes running, or stopped and paying for their
+disks, at the price that applied, written to the state database as it happens.
+
+An interval opens when a cluster's nodes start (a launch that has its nodes, a start) and
+closes when they stop, go down, or are found gone by refresh. The services call one hook per
+change (`running`, `stopped`, `ended`, and refresh's `observed`); each hook is idempotent: it
+makes the open intervals what the cluster now is, closing and opening as needed, so calling
+it twice, or again after a restart, changes nothing.
+
+kill -9: an open interval stays open in the database (its nodes kept running while the
+daemon was away); the first refresh after a restart closes it if the provider says the nodes
+are gone, at the time the provider gives or else the time it was first seen. A unique index
+holds at most one open interval per cluster and kind, so no second is counted twice.
+
+Incarnations: a cluster made again under the same name is another cluster; its intervals
+carry the record's `created_at` (`incarnation`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+
+from clusterd.cost.prices import NodePrice, Prices
+from clusterd.nodes import NodeInfo, NodeStatus
+from clusterd.state.clusters import ClusterRecord
+from clusterd.state.db import Database
+
+RUNNING = "running"
+STOPPED = "stopped"
+# What one interval-second costs, in SQL over a row of cost_intervals (per hour: / 3600).
+_RATE_SQL = ("nodes * (disk_price_per_hour"
+             " + CASE kind WHEN 'running' THEN node_price_per_hour ELSE 0 END)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Interval:
+    cluster: str
+    incarnation: float  # the cluster record's created_at
+    cloud_name: str
+    provider: str
+    infra: str
+    instance_type: str | None
+    nodes: int
+    kind: str  # RUNNING or STOPPED
+    started_at: float
+    ended_at: float | None
+    node_price_per_hour: float
+    disk_price_per_hour: float
+    source: str
+    owner: str | None = None
+    id: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Dollars per hour while this interval lasts (all its nodes)."""
+        node = self.node_price_per_hour if self.kind == RUNNING else 0.0
+        return self.nodes * (node + self.disk_price_per_hour)
+
+    def cost(self, now: float, since: float = 0.0, until: float | None = None) -> float:
+        """Dollars over [since, until] (an open interval accrues to `now`)."""
+        end = min(self.ended_at if self.ended_at is not None else now,
+                  until if until is not None else now)
+        seconds = max(0.0, end - max(self.started_at, since))
+        return self.rate * seconds / 3600
+
+    def to_wire(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_FIELDS = [f.name for f in dataclasses.fields(Interval) if f.name != "id"]
+
+
+class Ledger:
+    def __init__(self, db: Database, prices: Prices) -> None:
+        self._db = db
+        self._prices = prices
+        self._lock = anyio.Lock()  # one hook's read-then-write at a time
+        # cluster -> kind -> its open interval (by cluster: status asks for thousands);
+        # (cluster, incarnation) -> closed dollars.
+        self._open: dict[str, dict[str, Interval]] = {}
+        self._closed: dict[tuple[str, float], float] = {}
+        self._closed_by_owner: dict[str, float] = {}  # a managed job's attempts, all told
+
+    async def load(self) -> None:
+        rows = await self._db.fetchall("SELECT * FROM cost_intervals WHERE ended_at IS NULL")
+        self._open = {}
+        for row in rows:
+            self._open.setdefault(row["cluster"], {})[row["kind"]] = Interval(**dict(row))
+        sums = await self._db.fetchall(
+            f"SELECT cluster, incarnation, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600"
+            " AS dollars FROM cost_intervals WHERE ended_at IS NOT NULL"
+            " GROUP BY cluster, incarnation")
+        self._closed = {(row["cluster"], row["incarnation"]): row["dollars"] for row in sums}
+        owners = await self._db.fetchall(
+            f"SELECT owner, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600 AS dollars"
+            " FROM cost_intervals WHERE ended_at IS NOT NULL AND owner IS NOT NULL"
+            " GROUP BY owner")
+        self._closed_by_owner = {row["owner"]: row["dollars"] for row in owners}
+
+    # -- the hooks ---------------------------------------------------------------------------
+
+    async def running(self, record: ClusterRecord, nodes: int | None = None,
+                      at: float | None = None) -> None:
+        """The cluster's nodes run (`nodes` of them; default all): one open running interval
+        at today's price, its stopped one (if any) closed."""
+        await self._become(record, RUNNING, record.num_nodes if nodes is None else nodes, at)
+
+    async def stopped(self, record: ClusterRecord, at: float | None = None) -> None:
+        """The cluster's nodes stopped: its disks go on costing."""
+        await self._become(record, STOPPED, record.num_nodes, at)
+
+    async def ended(self, name: str, at: float | None = None) -> None:
+        """The cluster is gone (down, or every node terminated): nothing open."""
+        await self._become_nothing(name, at)
+
+    async def observed(self, record: ClusterRecord, nodes: Sequence[NodeInfo]) -> None:
+        """What refresh found of the cluster's nodes, as the ledger should count it: none
+        left, every one stopped, or so many running (a node not stopped nor gone is paid
+        for, answering or not)."""
+        alive = [n for n in nodes if n.status != NodeStatus.TERMINATED]
+        if not alive:
+            await self.ended(record.name)
+        elif all(n.status == NodeStatus.STOPPED for n in alive):
+            await self.stopped(record)
+        else:
+            running = sum(1 for n in alive if n.status != NodeStatus.STOPPED)
+            await self.running(record, running)
+
+    # -- what the budgets and reports read -----------------------------------------------
+
+    async def spend(self, since: float, until: float | None = None,
+                    provider: str | None = None) -> float:
+        """Dollars spent in [since, until] (None: now), on one provider or all; open
+        intervals accrue to now."""
+        now = time.time()
+        until_at = now if until is None else until
+        where, params = self._provider_filter(provider)
+        rows = await self._db.fetchall(
+            f"SELECT SUM({_RATE_SQL} * (MIN(COALESCE(ended_at, ?), ?) - MAX(started_at, ?)))"
+            " / 3600 AS dollars FROM cost_intervals"
+            f" WHERE started_at < ? AND (ended_at IS NULL OR ended_at > ?){where}",
+            [now, until_at, since, until_at, since, *params])
+        return float(rows[0]["dollars"] or 0.0) if rows else 0.0
+
+    async def burn_rate(self, provider: str | None = None) -> float:
+        """Dollars per hour of what runs (and what sits stopped) now."""
+        return sum(i.rate for i in self._all_open()
+                   if provider is None or i.provider == provider)
+
+    async def spenders(self, provider: str | None = None) -> list[str]:
+        """Clusters with an open interval (running, or stopped with disks), by name."""
+        return sorted({i.cluster for i in self._all_open()
+                       if provider is None or i.provider == provider})
+
+    def open_intervals(self, name: str) -> list[Interval]:
+        return list(self._open.get(name, {}).values())
+
+    def _all_open(self) -> list[Interval]:
+        return [i for kinds in self._open.values() for i in kinds.values()]
+
+    def cost_so_far(self, record: ClusterRecord, now: float | None = None) -> float:
+        """Dollars this incarnation of the cluster has cost, to now."""
+        now = time.time() if now is None else now
+        closed = self._closed.get((record.name, record.created_at), 0.0)
+        return closed + sum(i.cost(now) for i in self.open_intervals(record.name)
+                            if i.incarnation == record.created_at)
+
+    def owner_cost(self, owner: str, now: float | None = None) -> float:
+        """Dollars every cluster `owner` (a managed job) made has cost, to now."""
+        now = time.time() if now is None else now
+        return self._closed_by_owner.get(owner, 0.0) + sum(
+            i.cost(now) for i in self._all_open() if i.owner == owner)
+
+    def rate(self, name: str) -> float:
+        """Dollars per hour the cluster costs now."""
+        return sum(i.rate for i in self.open_intervals(name))
+
+    async def intervals(self, since: float) -> list[Interval]:
+        """Every interval that lasted past `since` (open ones too), oldest first."""
+        rows = await self._db.fetchall(
+            "SELECT * FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            " ORDER BY started_at, id", [since])
+        return [Interval(**dict(row)) for row in rows]
+
+    # -- inside ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _provider_filter(provider: str | None) -> tuple[str, list[Any]]:
+        return ("", []) if provider is None else (" AND provider = ?", [provider])
+
+    def _wanted(self, record: ClusterRecord, kind: str, nodes: int) -> Interval:
+        price: NodePrice = self._prices.node(record.launched_resources,
+                                             record.requested_resources)
+        placed = record.launched_resources
+        return Interval(
+            cluster=record.name, incarnation=record.created_at, cloud_name=record.cloud_name,
+            provider=record.provider, infra=placed.infra if placed else record.provider,
+            instance_type=placed.instance_type if placed else None, nodes=nodes, kind=kind,
+            started_at=0.0, ended_at=None, node_price_per_hour=price.node_per_hour,
+            disk_price_per_hour=price.disk_per_hour, source=price.source, owner=record.owner)
+
+    async def _become(self, record: ClusterRecord, kind: str, nodes: int,
+                      at: float | None) -> None:
+        async with self._lock:
+            now = time.time() if at is None else at
+            current = self._open.get(record.name, {}).get(kind)
+            # Refresh calls this for every cluster every cycle: the common case (nothing
+            # changed) reads no price (a pools file, say) and writes nothing.
+            if current is not None and _same(current, record.created_at, nodes):
+                stale = [i for i in self.open_intervals(record.name) if i.kind != kind]
+                if stale:
+                    await self._close(stale, now)
+                return
+            await self._close(self.open_intervals(record.name), now)
+            opened = dataclasses.replace(self._wanted(record, kind, nodes), started_at=now)
+            row_id = await self._db.write([(
+                f"INSERT INTO cost_intervals ({', '.join(_FIELDS)})"
+                f" VALUES ({', '.join('?' for _ in _FIELDS)})",
+                [getattr(opened, f) for f in _FIELDS])])
+            self._open.setdefault(record.name, {})[kind] = dataclasses.replace(
+                opened, id=row_id or 0)
+
+    async def _become_nothing(self, name: str, at: float | None) -> None:
+        async with self._lock:
+            await self._close(self.open_intervals(name), time.time() if at is None else at)
+
+    async def _close(self, intervals: list[Interval], at: float) -> None:
+        if not intervals:
+            return
+        # Never before it opened: a provider's clock (or ours) may be behind.
+        ends = [max(at, i.started_at) for i in intervals]
+        await self._db.write([("UPDATE cost_intervals SET ended_at = ? WHERE id = ?",
+                               [end, i.id]) for i, end in zip(intervals, ends, strict=True)])
+        for interval, end in zip(intervals, ends, strict=True):
+            kinds = self._open.get(interval.cluster, {})
+            kinds.pop(interval.kind, None)
+            if not kinds:
+                self._open.pop(interval.cluster, None)
+            key = (interval.cluster, interval.incarnation)
+            self._closed[key] = self._closed.get(key, 0.0) + interval.cost(end)
+            if interval.owner is not None:
+                self._closed_by_owner[interval.owner] = (
+                    self._closed_by_owner.get(interval.owner, 0.0) + interval.cost(end))
+
+
+def _same(current: Interval, incarnation: float, nodes: int) -> bool:
+    """The open interval already counts this incarnation's `nodes` (a price change alone
+    does not split an interval: the price is the one that applied when the nodes started)."""
+    return (current.incarnation, current.nodes) == (incarnation, nodes)
