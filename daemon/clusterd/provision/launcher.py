@@ -126,7 +126,10 @@ class Provisioner:
         option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
-        await request.progress(f"creating nodes on {placement.describe()}", "provision")
+        # The price is said before anything is made: the whole cluster's, per hour.
+        hourly = placement.price_per_hour * option.request.num_nodes
+        await request.progress(f"creating nodes on {placement.describe()}, "
+                               f"${hourly:.4g}/h for the cluster", "provision")
         record = await self._store.update(
             record.name, provider=provider.name, launched_resources=placement,
             handle=ClusterHandle(intent=placement, create_token=token))
