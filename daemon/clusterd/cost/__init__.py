@@ -1,0 +1,1 @@
+"""Cost: what clusters and jobs cost (the ledger) and budgets that act on it."""
