@@ -79,6 +79,8 @@ class BudgetState:
     # The action taken on exceeding, once it is done: a kill -9 between the decision and
     # its end repeats the action (idempotent: stopping what still spends).
     acted: bool = False
+    spent: float = 0.0  # dollars this month when the level was recorded
+    text: str = ""  # what the last decision said (the notice while not CLEAR)
 
 
 @dataclasses.dataclass(frozen=True)

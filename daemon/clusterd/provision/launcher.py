@@ -18,6 +18,7 @@ import dataclasses
 import secrets
 import statistics
 import time
+from collections.abc import Callable
 
 import anyio
 
@@ -62,6 +63,9 @@ class Provisioner:
         self.decision_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         self.provider_seconds = 0.0
         self.attempts = 0
+        # Why new nodes on a provider are refused now (a budget exceeded: the budget
+        # controller sets this), or None.
+        self.refusal: Callable[[str], ProvisionError | None] = lambda provider: None
 
     def stats(self) -> dict[str, float]:
         decisions = list(self.decision_seconds) or [0.0]
@@ -126,6 +130,13 @@ class Provisioner:
         option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
+        refused = self.refusal(placement.provider)
+        if refused is not None:  # before anything is made or recorded
+            if refused.scope == BlockScope.FATAL:
+                raise refused
+            line = failover.failed(option, refused, time.monotonic())
+            await request.progress(line, "failover")
+            return record
         # The price is said before anything is made: the whole cluster's, per hour.
         hourly = placement.price_per_hour * option.request.num_nodes
         await request.progress(f"creating nodes on {placement.describe()}, "
