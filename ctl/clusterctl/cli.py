@@ -476,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     client = Client(args.socket, autostart=autostart, on_autostart=announce)
     try:
         with client:
+            for notice in protocol.notices_of(client.server_hello):
+                sys.stderr.write(f"clusterd: {notice}\n")
             code = COMMANDS[args.verb](client, args)
     except DaemonUnavailable as error:
         fail(error.message, error.hint)

@@ -9,8 +9,8 @@ A frame is a 4-byte big-endian length followed by one msgpack map of that many b
 message kinds, in order of appearance on a connection:
 
 * ``hello`` (client → daemon, first frame): ``{"type": "hello", "protocol": 1, "client": str}``;
-  the daemon answers with its own hello (``server``, ``protocol``, ``ops``) or an ``error``
-  frame and closes.
+  the daemon answers with its own hello (``server``, ``protocol``, ``ops``, and ``notices``:
+  lines for the user, such as a budget past its warning) or an ``error`` frame and closes.
 * ``request``: ``{"type": "request", "id": int, "op": str, "args": map}``. Ids are chosen by
   the client, unique among its in-flight requests on that connection.
 * ``event``: ``{"type": "event", "id": int, "event": str, "data": map}``: zero or more per
@@ -211,6 +211,15 @@ FEATURE_COLUMNS = "status_columns"
 # The resource, workdir, no_setup and dryrun arguments of `launch` and `exec` (RunArgs).
 FEATURE_RUN_OVERRIDES = "run_overrides"
 FEATURES = (FEATURE_COLUMNS, FEATURE_RUN_OVERRIDES)
+# The daemon's hello may carry lines for the user (a budget past its warning): every
+# clusterctl command prints them on stderr.
+HELLO_NOTICES = "notices"
+
+
+def notices_of(server_hello: Mapping[str, Any]) -> list[str]:
+    """The hello's notices, as strings (an older daemon sends none)."""
+    found = server_hello.get(HELLO_NOTICES) or []
+    return [str(line) for line in found] if isinstance(found, list) else []
 
 
 def views_of(clusters: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:

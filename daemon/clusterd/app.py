@@ -30,6 +30,10 @@ from clusterd.concurrency import survive
 from clusterd.config import Settings
 from clusterd.control import NodeLinks
 from clusterd.control.restart import RestartPacer
+from clusterd.cost.budget import Budget, SpendMeter
+from clusterd.cost.budget_actions import RequestActions
+from clusterd.cost.budget_controller import BudgetController
+from clusterd.cost.budget_store import BudgetStore
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.prices import Prices
 from clusterd.heap import Heap
@@ -270,6 +274,10 @@ class Daemon:
             links=NodeLinks(self.ssh),
             pacer=RestartPacer(limit=max(1, settings.restart_limit),
                                spread_max_s=settings.restart_spread_max_s))
+        # Budgets act on what the ledger measures (cost/ledger.py is their SpendMeter).
+        self.budget_store = BudgetStore(self.db)
+        self.meter: SpendMeter | None = self.clusters.ledger
+        self.budgets: BudgetController | None = None
         self.loop_watch = LoopWatch()
         self.heap = Heap()
         self.handlers = Handlers(
@@ -284,6 +292,23 @@ class Daemon:
                              self.managed_store),
         )
         self._server_name = f"clusterd/{__version__}"
+
+    def _configured_budgets(self) -> tuple[Budget, ...]:
+        try:
+            return self.config.get().budgets
+        except ProtocolError:
+            return ()  # a broken config file is reported where it is used; budgets wait
+
+    def _start_budgets(self, meter: SpendMeter) -> BudgetController:
+        controller = BudgetController(
+            self._configured_budgets, self.budget_store, meter, self.store, self.providers,
+            RequestActions(self.requests, self.clusters, self.managed), str(self.config.path))
+        self.provisioner.refusal = controller.refusal
+        return controller
+
+    def notices(self) -> list[str]:
+        """Lines every clusterctl command prints (the hello's `notices`)."""
+        return self.budgets.notices() if self.budgets is not None else []
 
     def _strict_by_default(self) -> bool:
         try:
@@ -365,6 +390,7 @@ class Daemon:
                 await self.store.load()
                 await self.managed_store.load()
                 await self.clusters.ledger.load()
+                await self.budget_store.load()
                 interrupted = await self.request_store.mark_interrupted()
                 await self.request_store.prune(settings.request_retention)
                 for record in interrupted:
@@ -412,6 +438,9 @@ class Daemon:
                 await root.start(self.autostop.run)
                 await root.start(self.managed.run)
                 await root.start(self.keeper.run)
+                if self.meter is not None:  # the budgets (a driver each; polls every 30 s)
+                    self.budgets = self._start_budgets(self.meter)
+                    await root.start(self.budgets.run)
                 root.start_soon(self._prune_history)
                 # Last: what start made (imports, loaded records) is the heap it freezes.
                 await root.start(self.heap.run)
@@ -460,4 +489,4 @@ class Daemon:
 
     async def _handle(self, stream: BufferedSocketStream) -> None:
         await Connection(stream, self.handlers.dispatch, self._server_name,
-                         self.settings.idle_timeout_s).serve()
+                         self.settings.idle_timeout_s, notices=self.notices).serve()

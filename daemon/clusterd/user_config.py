@@ -32,6 +32,11 @@ settings carry over:
         memory_gib_per_hour: 0.004      # per GiB of memory requested and hour
         gpu_per_hour: {A100: 2.9, T4: 0.35}   # per GPU of that type and hour
         disk_gb_per_month: 0.1          # per GB of the task's disk_size and month
+    budget:                             # per calendar month, UTC (docs/budgets.md)
+      monthly: 200                      # dollars
+      warn_at: 0.8                      # warn at this fraction of it
+      action: stop                      # past it: warn, stop or down what spends
+      providers: {aws: {monthly: 150, action: down}}   # each also its own
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -46,6 +51,7 @@ from typing import Any
 
 from clusterctl import paths
 from clusterctl.protocol import ErrorCode, ProtocolError
+from clusterd.cost.budget import ACTIONS, Budget, BudgetAction
 from clusterd.pod_config import PodConfigError
 from clusterd.pod_config import parse as parse_pod_config
 from clusterd.quantities import parse_quantity
@@ -74,7 +80,8 @@ AUTOSCALER_PROVISION_TIMEOUT_S = 600.0
 # What a pod asks of its node's disk by default: the runtime (a venv with Ray, about 1.5 GB
 # installed) and the workdir, with room for the job's own files.
 DEFAULT_EPHEMERAL_STORAGE = "4Gi"
-TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict"}
+TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict", "budget"}
+BUDGET_KEYS = {"monthly", "warn_at", "action"}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
                      "gcp", "azure", "api_server", "workspaces", "provision"}
@@ -146,6 +153,7 @@ class UserConfig:
     kubernetes: KubernetesConfig = dataclasses.field(default_factory=KubernetesConfig)
     # Refuse task fields that would be accepted without effect (as --strict does).
     strict: bool = False
+    budgets: tuple[Budget, ...] = ()  # the account's first (if any), then per provider
 
 
 def config_path() -> Path:
@@ -175,6 +183,7 @@ def parse(path: Path, text: str) -> UserConfig:
         aws=_aws(path, raw.get("aws")),
         kubernetes=_kubernetes(path, raw.get("kubernetes")),
         strict=strict,
+        budgets=_budgets(path, raw.get("budget")),
     )
 
 
@@ -258,6 +267,60 @@ def _pricing(path: Path, raw: Any) -> KubernetesPricing:
         disk_gb_per_month=_dollars(path, "kubernetes.pricing.disk_gb_per_month",
                                    raw.get("disk_gb_per_month", 0.0)),
     )
+
+
+def _budgets(path: Path, raw: Any) -> tuple[Budget, ...]:
+    """`budget: {monthly, warn_at, action, providers: {NAME: {monthly, warn_at, action}}}`:
+    the account's budget (optional) and each provider's; a provider's warn_at and action
+    default to the account's."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "budget", "expected a map (monthly, warn_at, action, "
+                          "providers)")
+    account = _budget(path, "budget", raw, BUDGET_KEYS | {"providers"}, None, None)
+    found = [account] if account is not None else []
+    base = account or Budget(monthly=1.0)  # only its warn_at and action are inherited
+    providers = raw.get("providers") or {}
+    if not isinstance(providers, dict):
+        raise ConfigError(path, "budget.providers", "expected a map of provider name to "
+                          "budget")
+    for name, each in providers.items():
+        key = f"budget.providers.{name}"
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(path, key, "expected a provider name (aws, kubernetes, ...)")
+        if not isinstance(each, dict) or "monthly" not in each:
+            raise ConfigError(path, key, "expected a map with monthly (dollars)")
+        budget = _budget(path, key, each, BUDGET_KEYS, base, name)
+        assert budget is not None
+        found.append(budget)
+    return tuple(found)
+
+
+def _budget(path: Path, key: str, raw: dict[str, Any], allowed: set[str],
+            base: Budget | None, provider: str | None) -> Budget | None:
+    for name in raw:
+        if name not in allowed:
+            raise ConfigError(path, f"{key}.{name}", "unknown key")
+    monthly = raw.get("monthly")
+    if monthly is None:
+        if "warn_at" in raw or "action" in raw:
+            raise ConfigError(path, f"{key}.monthly", "expected dollars per month (a budget "
+                              "with warn_at or action needs one)")
+        return None
+    if not isinstance(monthly, int | float) or isinstance(monthly, bool) or monthly <= 0:
+        raise ConfigError(path, f"{key}.monthly", f"expected dollars per month above 0, got "
+                          f"{monthly!r}")
+    warn_at = raw.get("warn_at", base.warn_at if base else 0.8)
+    if (not isinstance(warn_at, int | float) or isinstance(warn_at, bool)
+            or not 0 < warn_at <= 1):
+        raise ConfigError(path, f"{key}.warn_at", f"expected a fraction above 0 and at most "
+                          f"1 (0.8 warns at 80 %), got {warn_at!r}")
+    action = raw.get("action", str(base.action) if base else "warn")
+    if action not in ACTIONS:
+        raise ConfigError(path, f"{key}.action", f"expected one of {', '.join(ACTIONS)}, got "
+                          f"{action!r}")
+    return Budget(float(monthly), float(warn_at), BudgetAction(action), provider)
 
 
 def _user_name(path: Path, key: str, user: Any) -> str:

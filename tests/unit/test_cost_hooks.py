@@ -34,7 +34,7 @@ async def test_launch_stop_start_down(bed: Services, db: Database) -> None:
     request = bed.request()
     await bed.clusters.launch(request, LaunchRequest("c", TaskSpec(num_nodes=2)))
     # Its price was said before anything was made: 2 nodes at $1/h in r1-a.
-    assert "creating nodes on scripted/r1/r1-a (s.node), $2.000/h" in [
+    assert "creating nodes on scripted/r1/r1-a (s.node), $2/h for the cluster" in [
         data.get("message") for name, data in request._events if name == "progress"]
     assert await rows(db) == [(RUNNING, 2, True)]
     [running] = bed.clusters.ledger.open_intervals("c")

@@ -21,7 +21,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd", "clusterd.redact", "clusterd.safe_yaml", "clusterd.sqlite", "clusterd.log",
      "clusterd.faults", "clusterd.concurrency", "clusterd.config", "clusterd.user_config",
      "clusterd.locks", "clusterd.nodes", "clusterd.commands", "clusterd.rsync",
-     "clusterd.node_shared", "clusterd.agent"},
+     "clusterd.node_shared", "clusterd.agent",
+     # What a budget is (the config file's `budget:`), pure: below the config that reads it.
+     "clusterd.cost.budget"},
     # How nodes are reached; what tasks ask for.
     {"clusterd.ssh", "clusterd.tasks"},
     # Where nodes come from.
@@ -39,6 +41,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     # Managed jobs drive the services (their records are state of their own); kept logs
     # copy jobs' logs beside them (with managed jobs' log files).
     {"clusterd.services", "clusterd.managed", "clusterd.keptlogs"},
+    # Budgets act through the services and on managed jobs (their record beside them).
+    {"clusterd.cost.budget_controller", "clusterd.cost.budget_actions",
+     "clusterd.cost.budget_store"},
     {"clusterd.server"},
     {"clusterd.app"},
     {"clusterd.main", "clusterd.__main__"},

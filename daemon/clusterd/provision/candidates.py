@@ -11,7 +11,7 @@ import dataclasses
 
 import anyio
 
-from clusterd.providers.base import BlockScope, ClusterRequest, ProvisionError
+from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
 from clusterd.providers.registry import ProviderRegistry
 from clusterd.provision.failover import Attempt, Option, order_options
 from clusterd.tasks import fields
@@ -46,6 +46,14 @@ async def candidates(options: tuple[Resources, ...], infra: Infra | None,
     return list(dict.fromkeys(found))
 
 
+def over_cap(cap: float, cheapest: Placement) -> str:
+    """Why a candidate is refused for `max_hourly_cost`, naming the cheapest place that
+    exists (where, what and at what price): what the user would have to accept instead."""
+    return (f"resources.max_hourly_cost: every place costs more than ${cap:g} per node and "
+            f"hour; the cheapest is {cheapest.describe()} at "
+            f"${cheapest.price_per_hour:g} per node and hour")
+
+
 async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, cloud_name: str,
                num_nodes: int, autostop_down: bool, ordered: bool, strict: bool = False
                ) -> tuple[list[Option], list[Attempt]]:
@@ -56,6 +64,8 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
     that would merely have no effect there)."""
     options: list[Option] = []
     refusals: list[tuple[int, Attempt, ProvisionError]] = []
+    # (cap, cheapest place) of each candidate refused because every place costs more.
+    too_dear: list[tuple[float, Placement]] = []
 
     async def one(index: int, candidate: Candidate) -> None:
         request = ClusterRequest(name, cloud_name, num_nodes, candidate.resources,
@@ -75,10 +85,10 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
         cap = candidate.resources.max_hourly_cost
         affordable = [p for p in placements if cap is None or p.price_per_hour <= cap]
         if placements and not affordable:
-            costly = ProvisionError(
-                f"resources.max_hourly_cost: every place costs more than ${cap:g} per node "
-                f"and hour here (the cheapest: ${min(p.price_per_hour for p in placements):g})",
-                BlockScope.PROVIDER)
+            assert cap is not None
+            cheapest = min(placements, key=lambda p: p.price_per_hour)
+            too_dear.append((cap, cheapest))
+            costly = ProvisionError(over_cap(cap, cheapest), BlockScope.PROVIDER)
             refusals.append((index, Attempt(str(candidate.resources.infra),
                                             candidate.resources.display(num_nodes),
                                             costly.message, str(costly.scope)), costly))
@@ -92,6 +102,11 @@ async def plan(found: list[Candidate], providers: ProviderRegistry, name: str, c
     refusals.sort(key=lambda r: r[0])
     if not options and len(found) == 1 and refusals:
         raise refusals[0][2]
+    if not options and too_dear and len(too_dear) == len(refusals):
+        # Refused for the price alone, everywhere: the cheapest of all is the one to name.
+        cap, cheapest = min(too_dear, key=lambda c: c[1].price_per_hour)
+        raise ProvisionError(over_cap(cap, cheapest), BlockScope.PROVIDER,
+                             "raise resources.max_hourly_cost, or ask for less")
     fatal = [exc for _, _, exc in refusals if exc.scope == BlockScope.FATAL]
     if not options and fatal and len(fatal) == len(refusals) == 1:
         raise fatal[0]

@@ -18,6 +18,7 @@ import dataclasses
 import secrets
 import statistics
 import time
+from collections.abc import Callable
 
 import anyio
 
@@ -62,6 +63,9 @@ class Provisioner:
         self.decision_seconds: collections.deque[float] = collections.deque(maxlen=1000)
         self.provider_seconds = 0.0
         self.attempts = 0
+        # Why new nodes on a provider are refused now (a budget exceeded: the budget
+        # controller sets this), or None.
+        self.refusal: Callable[[str], ProvisionError | None] = lambda provider: None
 
     def stats(self) -> dict[str, float]:
         decisions = list(self.decision_seconds) or [0.0]
@@ -126,10 +130,19 @@ class Provisioner:
         option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
-        # What it will cost, before anything is made (where the catalog prices it).
-        price = placement.price_per_hour * option.request.num_nodes
+        refused = self.refusal(placement.provider)
+        if refused is not None:  # before anything is made or recorded
+            if refused.scope == BlockScope.FATAL:
+                raise refused
+            line = failover.failed(option, refused, time.monotonic())
+            await request.progress(line, "failover")
+            return record
+        # The price is said before anything is made: the whole cluster's, per hour (where
+        # the placement has one: the catalog's).
+        hourly = placement.price_per_hour * option.request.num_nodes
         await request.progress(f"creating nodes on {placement.describe()}"
-                               + (f", ${price:.3f}/h" if price else ""), "provision")
+                               + (f", ${hourly:.4g}/h for the cluster" if hourly else ""),
+                               "provision")
         record = await self._store.update(
             record.name, provider=provider.name, launched_resources=placement,
             handle=ClusterHandle(intent=placement, create_token=token))

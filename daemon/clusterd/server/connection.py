@@ -58,8 +58,10 @@ def peer_uid(stream: anyio.abc.SocketStream) -> int | None:
 
 class Connection:
     def __init__(self, stream: BufferedSocketStream, dispatch: Dispatch,
-                 server_name: str, idle_timeout_s: float = IDLE_TIMEOUT_S) -> None:
+                 server_name: str, idle_timeout_s: float = IDLE_TIMEOUT_S, *,
+                 notices: Callable[[], list[str]] = list) -> None:
         self._stream = stream
+        self._notices = notices
         self._dispatch = dispatch
         self._server_name = server_name
         self._decoder = protocol.FrameDecoder(limits=protocol.REQUEST_LIMITS)
@@ -186,6 +188,7 @@ class Connection:
             "ops": sorted(protocol.OPS),
             "features": list(protocol.FEATURES),
             "max_frame_bytes": protocol.MAX_FRAME_BYTES,
+            protocol.HELLO_NOTICES: self._notices(),
         })
         return True
 

@@ -176,6 +176,28 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE ended_at IS NULL;
     CREATE INDEX cost_intervals_by_end ON cost_intervals (ended_at);
     """,
+    # 9: each budget's recorded state this month (see clusterd/cost/budget_store.py): its
+    # level and whether the action on exceeding it is done, written before it is acted on;
+    # and the budgets' events.
+    """
+    CREATE TABLE budget_states (
+        key TEXT PRIMARY KEY,
+        month TEXT NOT NULL,
+        level TEXT NOT NULL,
+        monthly_at_level REAL NOT NULL,
+        acted INTEGER NOT NULL DEFAULT 0,
+        spent REAL NOT NULL DEFAULT 0,
+        text TEXT NOT NULL DEFAULT '',
+        updated_at REAL NOT NULL
+    );
+    CREATE TABLE budget_events (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts REAL NOT NULL,
+        key TEXT NOT NULL,
+        kind TEXT NOT NULL,
+        text TEXT NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
