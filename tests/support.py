@@ -409,13 +409,19 @@ def busybox_image(name: str, tools: tuple[str, ...] = ("sh", "cat", "echo", "ls"
     conf.write_text(CONTAINERS_CONF)
     env = {**os.environ, "CONTAINERS_CONF": str(conf)}
     rootfs = root / "rootfs"
+    # Modes set, not left to the umask: an image's own user (USER 65534) must reach its
+    # tools whatever umask the test process has.
     for directory in ("bin", "etc", "tmp"):
         (rootfs / directory).mkdir(parents=True)
+        (rootfs / directory).chmod(0o1777 if directory == "tmp" else 0o755)
+    rootfs.chmod(0o755)
     shutil.copy("/bin/busybox", rootfs / "bin" / "busybox")
+    (rootfs / "bin" / "busybox").chmod(0o755)
     for tool in tools:
         (rootfs / "bin" / tool).symlink_to("busybox")
     for path, text in (files or {}).items():
         (rootfs / path.lstrip("/")).write_text(text)
+        (rootfs / path.lstrip("/")).chmod(0o644)
     subprocess.run(["tar", "-C", str(rootfs), "-cf", str(root / "rootfs.tar"), "."], check=True)
     subprocess.run(["podman", "import", *(f"--change={c}" for c in changes),
                     str(root / "rootfs.tar"), name], env=env, check=True,

@@ -24,10 +24,6 @@ from xdist.scheduler import LoadScopeScheduling
 BEDS = re.compile(r"\bk8s: K8sBed\b|\bec2: EC2Bed\b|\(ec2\)|\b(ec2_bed|k8s_bed)\(|K8S_BEDS|"
                   r"\bpytest\.mark\.(k8s|ec2)\b")
 SSH_BED = re.compile(r"\bssh_bed\b")
-# The modules that run podman (tests/support.py's busybox_image): a two-worker run had a
-# container of one start without its image's files ("sh": not found) while the other's
-# podman imported and removed images; until that is understood, podman runs on one worker.
-PODMAN = re.compile(r"\bbusybox_image\(")
 
 
 @functools.cache
@@ -40,8 +36,6 @@ def unit_of(root: Path, module: str) -> str:
         return "beds"
     if SSH_BED.search(source):
         return "ssh-bed"
-    if PODMAN.search(source):
-        return "podman"
     return module
 
 

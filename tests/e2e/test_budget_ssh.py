@@ -50,7 +50,8 @@ def test_a_budget_past_its_limit_tears_down_refuses_and_clears(bed: Bed) -> None
     said = ctl("status")
     assert "budget" in said.stderr and "$1" in said.stderr, said.stderr
     requests = json.loads(ctl("requests", "--all", "--json").stdout)
-    assert any(r["op"] == "down" and "spender" in json.dumps(r) for r in requests), requests
+    seen = [*requests.get("running", []), *requests.get("recent", [])]
+    assert any(r["op"] == "down" and r.get("cluster") == "spender" for r in seen), requests
 
     refused = ctl("launch", "-c", "again", "--infra", "ssh/testbed", "--", "true", timeout=300)
     assert refused.returncode != 0

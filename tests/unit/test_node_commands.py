@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,15 @@ def test_secrets_never_show_in_a_repr() -> None:
 
 
 def run_helper(capsys: pytest.CaptureFixture[str], command: str, params: Any) -> tuple[int, Any]:
-    code = node.main([command, json.dumps(params)])
+    # The helper is a program of its own and sets its process's umask (077); run in this
+    # process, it must not leave it to the tests after (a container image built later in
+    # this worker had directories its own user could not enter).
+    umask = os.umask(0o022)
+    os.umask(umask)
+    try:
+        code = node.main([command, json.dumps(params)])
+    finally:
+        os.umask(umask)
     return code, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
 

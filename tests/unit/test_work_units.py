@@ -18,7 +18,5 @@ def test_the_modules_of_beds_are_one_unit_and_the_rest_their_own() -> None:
         assert unit_of(ROOT, module) == "beds", module
     assert unit_of(ROOT, "tests/e2e/test_ssh.py") == "ssh-bed"
     assert unit_of(ROOT, "tests/e2e/test_down_during_launch.py") == "ssh-bed"
-    assert unit_of(ROOT, "tests/integration/test_containers.py") == "podman"
-    assert unit_of(ROOT, "tests/e2e/test_task_fields.py") == "podman"
     for module in ("tests/e2e/test_jobs.py", "tests/unit/test_settings.py"):
         assert unit_of(ROOT, module) == module
