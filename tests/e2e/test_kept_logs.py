@@ -57,7 +57,7 @@ def test_a_jobs_log_is_read_after_stop_and_after_down(daemon: Daemon) -> None:
     # the job (incomplete), or the agent's cancel of it and then the copy, followed to the
     # log's end (complete: the job had ended and the copy has all of it).
     assert cut_short.stdout == "started\n"
-    assert "; incomplete)" in cut_short.stderr or "; complete)" in cut_short.stderr, (
+    assert "; incomplete" in cut_short.stderr or "; complete)" in cut_short.stderr, (
         cut_short.stderr)
 
     assert daemon.ctl("start", "kl").returncode == 0
