@@ -72,21 +72,21 @@ class BudgetIntent:
 
 
 @dataclasses.dataclass(frozen=True)
-class Warn(Action):
+class _Decided(Action):
     text: str
     seen: Observed  # what the decision was made on (recorded with it)
 
 
-@dataclasses.dataclass(frozen=True)
-class Exceed(Action):
-    text: str
-    seen: Observed  # what the decision was made on (recorded with it)
+class Warn(_Decided):
+    pass
 
 
-@dataclasses.dataclass(frozen=True)
-class Clear(Action):
-    text: str
-    seen: Observed  # what the decision was made on (recorded with it)
+class Exceed(_Decided):
+    pass
+
+
+class Clear(_Decided):
+    pass
 
 
 @dataclasses.dataclass(frozen=True)
