@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.support import Daemon, make_env, short_tempdir
 
@@ -58,6 +59,12 @@ class Bed:
                              capture_output=True, text=True).stdout
         return {int(line.split()[0]) for line in out.splitlines()
                 if line.split() and "sshd" not in line}
+
+    def price_pool(self, price_per_hour: float) -> None:
+        """The pool's `price_per_hour` (per host), as a user sets it in the pools file."""
+        pools = yaml.safe_load(self.pools_file.read_text())
+        pools["testbed"]["price_per_hour"] = price_per_hour
+        self.pools_file.write_text(yaml.safe_dump(pools))
 
     def up(self, count: int = 3) -> None:
         """`scripts/testbed up` again (it keeps running hosts, starts missing ones)."""

@@ -24,9 +24,7 @@ POLL_S = 30  # the controller's look at each budget (cost/budget_controller.py)
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
     with ssh_bed(1) as made:
-        pools = yaml.safe_load(made.pools_file.read_text())
-        pools["testbed"]["price_per_hour"] = PRICE
-        made.pools_file.write_text(yaml.safe_dump(pools))
+        made.price_pool(PRICE)
         yield made
 
 

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-import yaml
 
 from tests.e2e.sshbed import Bed, ssh_bed
 
@@ -21,9 +20,7 @@ PRICE = 36.0  # dollars per host and hour: a cent a second, so seconds show
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Bed]:
     with ssh_bed(2) as made:
-        pools = yaml.safe_load(made.pools_file.read_text())
-        pools["testbed"]["price_per_hour"] = PRICE
-        made.pools_file.write_text(yaml.safe_dump(pools))
+        made.price_pool(PRICE)
         yield made
 
 
