@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from clusterd.agent import node
+from clusterd.agent import node, node_spawn
 from clusterd.node_shared.auth import new_token
 from clusterd.node_shared.node_commands import StartAgentRequest
 from tests.support import short_tempdir
@@ -60,7 +60,7 @@ def test_an_agent_failing_on_its_own_says_its_own_error(root: Path) -> None:
         run = root / "ray-run"
         run.mkdir()
         (run / "ray.log").write_text("Ray runtime started.\n")
-        node._write_pidfile(run / "ray.pid", alive.pid)
+        node_spawn.write_pidfile(run / "ray.pid", alive.pid)
         with pytest.raises(node.HelperError) as failure:
             node.start_agent(StartAgentRequest.from_dict(failing_agent(root, run)))
         assert str(failure.value).startswith("clusterd-agent exited while starting")

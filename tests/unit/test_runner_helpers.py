@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from clusterctl.protocol import JobStatus
-from clusterd.agent import node
+from clusterd.agent import node_spawn
 from clusterd.agent.jobs_db import Job
 from clusterd.agent.runner import NodeSlot, describe_exit, skypilot_env
 from tests.support import wait_for
@@ -142,8 +142,8 @@ def test_status_names_the_address_a_running_head_really_serves() -> None:
     try:
         wait_for(lambda: "--head" in psutil.Process(head.pid).cmdline(), 10, "the head")
         wait_for(lambda: len(psutil.Process(worker.pid).cmdline()) > 3, 10, "the worker")
-        assert node._head_address(psutil.Process(head.pid)) == "127.9.9.9:6399"
-        assert node._head_address(psutil.Process(worker.pid)) is None
+        assert node_spawn.head_address(psutil.Process(head.pid)) == "127.9.9.9:6399"
+        assert node_spawn.head_address(psutil.Process(worker.pid)) is None
     finally:
         for process in (head, worker):
             process.kill()

@@ -1,4 +1,4 @@
-"""A worker's helper waits for the head's port before Ray starts there (node._wait_for_head):
+"""A worker's helper waits for the head's port before Ray starts there (node_spawn.wait_for_head):
 a refused connection is a head still starting, silence a firewall, said at once."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from clusterd.agent import node, processes
+from clusterd.agent import node, node_spawn, processes
 
 
 def free_port() -> int:
@@ -38,7 +38,7 @@ def test_a_head_that_opens_its_port_later_is_waited_for() -> None:
     started = time.monotonic()
     try:
         # Refused for half a second: longer than reach_s, which is for silence only.
-        node._wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=0.1, timeout_s=10)
+        node_spawn.wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=0.1, timeout_s=10)
         assert time.monotonic() - started >= 0.4
     finally:
         thread.join()
@@ -49,7 +49,7 @@ def test_a_head_that_opens_its_port_later_is_waited_for() -> None:
 def test_a_head_that_never_opens_its_port_fails_after_the_timeout() -> None:
     port = free_port()
     with pytest.raises(node.HelperError, match="did not open its port within"):
-        node._wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=30, timeout_s=0.5)
+        node_spawn.wait_for_head(f"127.0.0.1:{port}", "127.0.0.2", reach_s=30, timeout_s=0.5)
 
 
 @pytest.fixture
@@ -71,7 +71,7 @@ def silent_address() -> Iterator[str]:
 def test_a_head_behind_silence_is_reported_with_what_to_do(silent_address: str) -> None:
     started = time.monotonic()
     with pytest.raises(node.HelperError) as raised:
-        node._wait_for_head(silent_address, "127.0.0.2", reach_s=1.5, timeout_s=60)
+        node_spawn.wait_for_head(silent_address, "127.0.0.2", reach_s=1.5, timeout_s=60)
     assert time.monotonic() - started < 10  # not the whole start timeout
     message = str(raised.value)
     assert "cannot reach the Ray head" in message and "connection timed out" in message

@@ -16,7 +16,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +23,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
-
-import psutil
 
 from clusterctl._private import (
     PRIVATE_UMASK,
@@ -36,7 +33,17 @@ from clusterctl._private import (
 from clusterd.agent.autostop_marker import clear_marker, read_marker
 from clusterd.agent.git_checkout import git_checkout
 from clusterd.agent.helper_error import HelperError
-from clusterd.agent.processes import find, terminate_tree
+from clusterd.agent.node_spawn import (
+    connectable,
+    head_address,
+    home_expanded,
+    read_pidfile,
+    spawn_recorded,
+    tail,
+    wait_for_head,
+    wait_ready,
+)
+from clusterd.agent.processes import terminate_tree
 from clusterd.node_shared.node_commands import (
     TYPED_REQUESTS,
     BadRequest,
@@ -87,158 +94,6 @@ RAY_PORT_FLAGS = {
     "min_worker_port": "--min-worker-port",
     "max_worker_port": "--max-worker-port",
 }
-
-
-# -- pid files ----------------------------------------------------------------------------------
-
-
-def _read_pidfile(path: Path) -> psutil.Process | None:
-    try:
-        record = json.loads(path.read_text())
-        return find(int(record["pid"]), float(record["create_time"]))
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _head_address(process: psutil.Process) -> str | None:
-    """`IP:PORT` a running `ray start --head` serves its GCS on, from its own command line
-    (what it really listens on, whatever a record says); None for a worker or unknown."""
-    try:
-        argv = process.cmdline()
-    except psutil.Error:
-        return None
-    if "--head" not in argv:
-        return None
-    flags = dict(arg.split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
-    ip, port = flags.get("--node-ip-address"), flags.get("--port")
-    return f"{ip}:{port}" if ip and port else None
-
-
-def _write_pidfile(path: Path, pid: int) -> None:
-    record = {"pid": pid, "create_time": psutil.Process(pid).create_time()}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.rstrip().splitlines()[-lines:])
-
-
-def _env(env: dict[str, str]) -> dict[str, str]:
-    """The environment asked for, with `~` expanded: the daemon names paths in the node's home
-    without knowing where that is."""
-    return {key: os.path.expanduser(value) if value.startswith("~") else value
-            for key, value in env.items()}
-
-
-def _spawn(argv: list[str], log_path: Path, env: dict[str, str] | None = None,
-           stdin: bytes | None = None, held: list[IO[bytes]] | None = None) -> int:
-    """Start a process in a session of its own; `stdin` is written to it (then closed), so a
-    secret it needs never shows in its argv or environment. With `held`, its stdin is a pipe
-    left open, appended there, for the caller to write to later."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL if stdin is None and held is None else subprocess.PIPE,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            close_fds=True,
-            env={**os.environ, **(env or {})},
-        )
-    if process.stdin is not None and held is not None:
-        held.append(process.stdin)
-    elif process.stdin is not None:
-        # A process that dies at once is reported by whoever waits for it to be ready.
-        with contextlib.suppress(BrokenPipeError), process.stdin:
-            process.stdin.write(stdin or b"")
-    return process.pid
-
-
-def _spawn_recorded(argv: list[str], log_path: Path, pid_path: Path,
-                    env: dict[str, str] | None = None, stdin: bytes | None = None,
-                    held: list[IO[bytes]] | None = None) -> int:
-    """`_spawn`, then its pid file, with SIGTERM held off in between: the daemon calling this
-    command off (it signals the command's process group) must not leave a process of ours
-    running that no pid file names, so nothing could stop it. The started process has a
-    session of its own, so the signal never reaches it."""
-    caught: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: caught.append(signum))
-    try:
-        pid = _spawn(argv, log_path, env, stdin, held)
-        _write_pidfile(pid_path, pid)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if caught:
-        signal.raise_signal(signal.SIGTERM)
-    return pid
-
-
-def _wait_ready(
-    pid_path: Path, log_path: Path, what: str, ready: Callable[[], bool], timeout_s: float
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _read_pidfile(pid_path) is None:
-            raise HelperError(f"{what} exited while starting:\n{_tail(log_path)}")
-        if ready():
-            return
-        time.sleep(0.1)
-    raise HelperError(f"{what} did not become ready within {timeout_s:.0f} s:\n{_tail(log_path)}")
-
-
-def _described(failure: OSError) -> str:
-    if isinstance(failure, TimeoutError):
-        return "connection timed out"
-    return failure.strerror or str(failure)
-
-
-def _connect_failure(address: str, timeout_s: float = 1.0) -> OSError | None:
-    """Why address takes no connection now (None: it does)."""
-    try:
-        if address.startswith("unix:"):
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(timeout_s)
-                sock.connect(address.removeprefix("unix:"))
-        else:
-            host, port = address.rsplit(":", 1)
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
-                pass
-        return None
-    except OSError as exc:
-        return exc
-
-
-def _connectable(address: str) -> bool:
-    return _connect_failure(address) is None
-
-
-def _wait_for_head(address: str, node_ip: str, reach_s: float, timeout_s: float) -> None:
-    """Until the head's port at `address` takes connections. A refused connection is a head
-    whose host answers, its Ray still starting: waited for up to timeout_s. Silence (a
-    firewall dropping the packets) for reach_s is said at once, with what to do: Ray would
-    wait out its whole timeout and then say only that it failed."""
-    started = silent_since = time.monotonic()
-    while (failure := _connect_failure(address, timeout_s=1.0)) is not None:
-        now = time.monotonic()
-        if isinstance(failure, ConnectionRefusedError):
-            silent_since = now
-        elif now - silent_since > reach_s:
-            raise HelperError(
-                f"this node ({node_ip}) cannot reach the Ray head at {address}: "
-                f"{_described(failure)}. The nodes of a cluster must reach each other on "
-                f"every port: a firewall or security group between them blocks Ray (on AWS, "
-                f"the cluster's security group must let its own members in)")
-        if now - started > timeout_s:
-            raise HelperError(f"the Ray head at {address} did not open its port within "
-                              f"{timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -295,10 +150,10 @@ def _start_worker_ray(argv: list[str], log_path: Path, pid_path: Path, env: dict
     go once the head's GCS port takes connections (silence there is a firewall, said at
     once). It then waits (ray_start.py) for the head's node to register, as Ray needs."""
     held: list[IO[bytes]] = []
-    pid = _spawn_recorded(_ray_start_argv(argv, held=True), log_path, pid_path, env, held=held)
+    pid = spawn_recorded(_ray_start_argv(argv, held=True), log_path, pid_path, env, held=held)
     with held[0] as go:
         try:
-            _wait_for_head(head_address, node_ip, HEAD_REACH_S, timeout)
+            wait_for_head(head_address, node_ip, HEAD_REACH_S, timeout)
         except HelperError:
             go.close()  # it ends at end of file; stopped too, should it be slow to see it
             _terminate(pid_path, 5.0)
@@ -313,7 +168,7 @@ def start_ray(request: StartRayRequest) -> StartRayReply:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / MARKER).touch()
     pid_path, log_path = run_dir / "ray.pid", run_dir / "ray.log"
-    existing = _read_pidfile(pid_path)
+    existing = read_pidfile(pid_path)
     if existing is not None:
         return StartRayReply(started=False, pid=existing.pid)
     if request.mark:  # marked as ours, so `down` may remove the whole directory
@@ -345,14 +200,14 @@ def start_ray(request: StartRayRequest) -> StartRayReply:
             argv.append(f"{flag}={int(request.ports[key])}")
     timeout = float(request.timeout)
     offset = log_path.stat().st_size if log_path.exists() else 0
-    env = {"RAY_USAGE_STATS_ENABLED": "0", **_env(request.env)}
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **home_expanded(request.env)}
     if request.head:
         if request.gcs_port is None:
             raise HelperError("a Ray head needs its gcs_port")
         argv += ["--head", f"--port={int(request.gcs_port)}", "--include-dashboard=false",
                  "--no-monitor"]
         address = f"{request.node_ip}:{int(request.gcs_port)}"
-        pid = _spawn_recorded(_ray_start_argv(argv, held=False), log_path, pid_path, env)
+        pid = spawn_recorded(_ray_start_argv(argv, held=False), log_path, pid_path, env)
     else:
         argv.append(f"--address={request.head_address}")
         address = ""
@@ -367,8 +222,8 @@ def start_ray(request: StartRayRequest) -> StartRayReply:
 
     what = "Ray head" if address else "Ray worker"
     try:
-        _wait_ready(pid_path, log_path, what,
-                    lambda: started() and (not address or _connectable(address)), timeout)
+        wait_ready(pid_path, log_path, what,
+                    lambda: started() and (not address or connectable(address)), timeout)
     except HelperError:
         _terminate(pid_path, 5.0)  # not left trying on its own
         raise
@@ -410,7 +265,7 @@ def start_agent(request: StartAgentRequest) -> StartAgentReply:
     token = token or recorded
     if not token:
         raise HelperError(f"no token for the agent: none given and {token_path} is missing")
-    existing = _read_pidfile(pid_path)
+    existing = read_pidfile(pid_path)
     if existing is not None and recorded == token:
         return StartAgentReply(started=False, pid=existing.pid, socket=str(socket_path))
     if existing is not None:  # it runs with another token: the daemon could not use it
@@ -437,7 +292,7 @@ def start_agent(request: StartAgentRequest) -> StartAgentReply:
         argv.append(f"--nonce-ttl={float(request.nonce_ttl)}")
     if request.shutdown_nodes:
         argv.append("--shutdown-nodes")
-    pid = _spawn_recorded(argv, log_path, pid_path, _env(request.env),
+    pid = spawn_recorded(argv, log_path, pid_path, home_expanded(request.env),
                           stdin=f"{token}\n".encode())
 
     def serving() -> bool:
@@ -447,7 +302,7 @@ def start_agent(request: StartAgentRequest) -> StartAgentReply:
             return False
 
     try:
-        _wait_ready(pid_path, log_path, "clusterd-agent", serving, float(request.timeout))
+        wait_ready(pid_path, log_path, "clusterd-agent", serving, float(request.timeout))
     except HelperError:
         _raise_if_ray_died(request.node_run_dir)
         raise
@@ -465,17 +320,17 @@ def _raise_if_ray_died(ray_run_dir: str | None) -> None:
         return
     # `ray start --block` looks at its processes once a second and then stops the rest.
     deadline = time.monotonic() + RAY_NOTICES_DEATH_S
-    while _read_pidfile(run_dir / "ray.pid") is not None:
+    while read_pidfile(run_dir / "ray.pid") is not None:
         if time.monotonic() > deadline:
             return
         time.sleep(0.1)
     raise HelperError(f"Ray head exited while the agent was starting:\n"
-                      f"{_tail(run_dir / 'ray.log')}")
+                      f"{tail(run_dir / 'ray.log')}")
 
 
 def _terminate(pid_path: Path, grace_s: float) -> bool:
     """Stop the recorded process (alone first: it stops its own children) and its tree."""
-    record = _read_pidfile(pid_path)
+    record = read_pidfile(pid_path)
     stopped = record is not None and terminate_tree(
         record.pid, record.create_time(), grace_s=grace_s, leader_first=True) > 0
     pid_path.unlink(missing_ok=True)
@@ -507,11 +362,11 @@ def schedule_shutdown(delay_s: float = 2.0) -> None:
 
 def status(request: StatusRequest) -> StatusReply:
     run_dir = Path(request.dir).expanduser()
-    ray = _read_pidfile(run_dir / "ray.pid")
-    agent = _read_pidfile(run_dir / "agent.pid")
+    ray = read_pidfile(run_dir / "ray.pid")
+    agent = read_pidfile(run_dir / "agent.pid")
     return StatusReply(
         ray=ProcessState(alive=ray is not None, pid=ray.pid if ray else None,
-                         address=_head_address(ray) if ray is not None else None),
+                         address=head_address(ray) if ray is not None else None),
         agent=ProcessState(alive=agent is not None, pid=agent.pid if agent else None),
         # Left by an agent that stopped the cluster on its own (see agent/autostop.py).
         autostopped=read_marker(run_dir.parent / "agent"))
