@@ -20,9 +20,10 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Awaitable
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from clusterctl import paths, protocol
 from clusterctl.client import CLIENT_NAME, Client, ClusterdError, DaemonUnavailable, result_of
@@ -36,6 +37,20 @@ RECEIVE_BYTES = 256 * 1024
 # relayed to a browser) a connection of its own.
 QUEUE_FRAMES = 64
 CLOSE_TIMEOUT_S = 2.0  # to see a closed connection through (wait_closed)
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], timeout_s: float) -> T:
+    """`awaitable`, or TimeoutError after timeout_s. Not asyncio.wait_for on 3.11: its wait
+    drops a cancellation that comes as the awaited thing finishes (CPython gh-86296), and a
+    task that loses its cancellation runs on: the dashboard ignored Ctrl-C that way when it
+    came as a feed's connection was made. 3.10 (a node's Python may be) has no
+    asyncio.timeout, and wait_for is all there is."""
+    if sys.version_info < (3, 11):
+        return await asyncio.wait_for(awaitable, timeout_s)
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
 
 
 class AsyncStream:
@@ -131,9 +146,7 @@ class AsyncClient:
             return await self._read_frame(decoder)
 
         try:
-            # wait_for, not asyncio.timeout: clusterctl is imported on nodes too, whose
-            # Python may be 3.10 (where wait_for raises asyncio's own TimeoutError).
-            hello = await asyncio.wait_for(handshake(), self._connect_timeout)
+            hello = await within(handshake(), self._connect_timeout)
         except (OSError, TimeoutError, asyncio.TimeoutError) as exc:
             await self.close()
             sock.close()  # if no writer took it over
@@ -153,14 +166,17 @@ class AsyncClient:
         task, self._read_task = self._read_task, None
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # asyncio.wait, not `await task` under suppress(CancelledError): that would also
+            # swallow a cancellation of close()'s own caller, which would then run on.
+            await asyncio.wait([task])
+            if not task.cancelled():
+                task.exception()  # retrieved: the reader's own failure was reported to callers
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()
             # Bounded: a daemon that stopped reading must not hold up our own shutdown.
             with contextlib.suppress(OSError, TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT_S)
+                await within(writer.wait_closed(), CLOSE_TIMEOUT_S)
         self._fail_all(DaemonUnavailable("the connection to clusterd was closed"))
 
     # -- requests ---------------------------------------------------------------------------
