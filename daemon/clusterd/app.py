@@ -304,6 +304,7 @@ class Daemon:
             self._configured_budgets, self.budget_store, meter, self.store, self.providers,
             RequestActions(self.requests, self.clusters, self.managed), str(self.config.path))
         self.provisioner.refusal = controller.refusal
+        self.clusters.dry_run.budgets = controller
         return controller
 
     def notices(self) -> list[str]:

@@ -128,6 +128,19 @@ class KubernetesPricing:
         return next((price for name, price in self.gpu_per_hour
                      if name.lower() == accelerator.lower()), None)
 
+    def pod_per_hour(self, cpus: float, memory_gb: float, accelerator: str | None = None,
+                     gpus: float = 0) -> tuple[float, str | None]:
+        """Dollars per hour of one pod requesting this much, and the GPU type left out of
+        it for want of a price (None: nothing left out). The one place pods are priced: the
+        provider's placements and the cost ledger both ask here."""
+        price = cpus * self.cpu_per_hour + memory_gb * self.memory_gib_per_hour
+        if not (accelerator and gpus):
+            return price, None
+        per_gpu = self.gpu(accelerator)
+        if per_gpu is None:
+            return price, accelerator
+        return price + gpus * per_gpu, None
+
 
 @dataclasses.dataclass(frozen=True)
 class KubernetesConfig:

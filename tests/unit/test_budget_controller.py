@@ -256,3 +256,35 @@ async def test_the_standing_says_what_is_left(bed: Bed) -> None:
     assert account["budget"] == "*" and account["left"] == pytest.approx(9.0)
     assert account["level"] == "clear" and "$1.00 of $10 spent" in str(account["says"])
     assert [b["budget"] for b in await bed.controller().standing("other")] == ["*", "other"]
+
+
+async def test_dryrun_says_the_budgets_verdict(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    controller = await exceeded(bed, running, watch_s=3600.0)
+    dry_run = bed.services.clusters.dry_run
+    dry_run.budgets = controller
+    plan = await dry_run.launch(LaunchRequest("d", TaskSpec()))
+    assert plan["placement"] is None and plan["says"] == "a new cluster d: refused by a budget"
+    assert "the monthly budget of $0.5 is exceeded ($1.00 spent" in plan["budget"]["refused"]
+    (standing,) = plan["budget"]["budgets"]
+    assert (standing["level"], standing["left"]) == ("exceeded", 0.0)
+    bed.budgets[:] = [Budget(5.0, 0.8, BudgetAction.WARN)]  # raised: the launch would go
+    plan = await dry_run.launch(LaunchRequest("d", TaskSpec()))
+    assert plan["budget"]["refused"] is None and plan["placement"]["infra"] == "scripted/r1/r1-a"
+    assert plan["budget"]["budgets"][0]["left"] == pytest.approx(4.0)
+    assert bed.services.store.get("d") is None  # a dry run: nothing made
+
+
+async def test_a_providers_budget_skips_its_places_in_the_plan(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    await up(bed, "c", 1.0, MONTH)
+    bed.budgets[:] = [Budget(0.5, 0.8, BudgetAction.WARN, "scripted")]
+    controller = bed.controller(poll_s=3600.0)
+    await running(controller)  # type: ignore[misc]
+    await until(lambda: level(bed, "scripted").acted)
+    bed.services.clusters.dry_run.budgets = controller
+    plan = await bed.services.clusters.dry_run.launch(LaunchRequest("d", TaskSpec()))
+    # Its only provider's budget is exceeded: nowhere left to go, said why.
+    assert plan["placement"] is None
+    assert plan["budget"]["skipped"][0]["provider"] == "scripted"
+    assert "the scripted budget of $0.5 is exceeded" in plan["budget"]["refused"]
