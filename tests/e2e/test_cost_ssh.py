@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.e2e.cost_bounds import assert_held_between, reported
 from tests.e2e.sshbed import Bed, ssh_bed
 from tests.support import wait_for
 
@@ -51,12 +52,10 @@ def test_a_pool_clusters_cost_is_price_times_nodes_times_hours(bed: Bed) -> None
     assert ctl("down", "-y", "priced", timeout=300).returncode == 0
     downed = time.time()
 
-    report = json.loads(ctl("cost-report", "--json").stdout)
-    (row,) = [c for c in report["clusters"] if c["name"] == "priced"]
+    report, row = reported(ctl, "priced")
     assert row["sources"] == ["ssh pool testbed price_per_hour"]
     rate = 2 * PRICE / 3600
-    # Held at least from the launch's end to down's start, at most from launch to down's end.
-    assert rate * (before_down - launched) <= row["cost"] <= rate * (downed - before_launch)
+    assert_held_between(row, 2 * PRICE, before_down - launched, downed - before_launch)
     (interval,) = row["intervals"]
     assert row["cost"] == pytest.approx(
         rate * (interval["ended_at"] - interval["started_at"]), rel=1e-6)
