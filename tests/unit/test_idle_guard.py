@@ -43,8 +43,10 @@ class Bed:
     services: Services
     idle_since: dict[str, float | None]  # what each cluster's agent says (None: busy)
     after_s: list[float | None]
+    asked: list[str] = dataclasses.field(default_factory=list)  # agents asked, in order
 
     async def idle_for(self, record: ClusterRecord) -> float | None:
+        self.asked.append(record.name)
         since = self.idle_since.get(record.name)
         return None if since is None else time.time() - since
 
@@ -132,6 +134,18 @@ async def test_off_in_the_config_guards_nothing(
     with anyio.move_on_after(0.2):  # the run loop looks every 10 ms: it must find nothing
         await until(guard.notices)
     assert guard.notices() == [] and await bed.warnings() == []
+
+
+async def test_a_free_cluster_is_not_warned_of_nor_its_agent_asked(
+        bed: Bed, running: Callable[[IdleGuard], object]) -> None:
+    await bed.services.clusters.ledger.ended("c")  # nothing open: it costs nothing now
+    bed.idle_since["c"] = time.time() - 3600
+    guard = bed.guard()
+    await running(guard)  # type: ignore[misc]
+    await until(lambda: guard._engine.driving("c"))
+    with anyio.move_on_after(0.2):
+        await until(guard.notices)
+    assert bed.asked == [] and await bed.warnings() == []
 
 
 def seen(idle_s: float | None, *, per_hour: float = 1.0, warned: bool = False,

@@ -152,15 +152,16 @@ class IdleGuard(Controller[str, IdleIntent, IdleSeen]):
 
     async def observe(self, intent: IdleIntent) -> IdleSeen:
         record = intent.record
-        idle = await self._idle_for(record)
+        per_hour = self._ledger.rate(record.name)
+        # A free cluster is never warned of: its agent need not be asked.
+        idle = await self._idle_for(record) if per_hour > 0 else None
         now = self._clock()
         warned = False
         if idle is not None and idle >= intent.after_s:
             began = now - idle
             warned = any(e.kind == EVENT_KIND and e.ts >= began
                          for e in await self._store.events(record.name, EVENTS_LOOKED_AT))
-        return IdleSeen(idle, self._ledger.rate(record.name),
-                        self._ledger.cost_so_far(record, now), warned,
+        return IdleSeen(idle, per_hour, self._ledger.cost_so_far(record, now), warned,
                         record.name in self._notices)
 
     def step(self, intent: IdleIntent, observed: IdleSeen) -> Action | None:
