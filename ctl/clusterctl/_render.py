@@ -170,11 +170,25 @@ def _where(place: dict[str, Any]) -> str:
 
 def _price(place: dict[str, Any], nodes: int) -> str:
     each = float(place.get("price_per_hour") or 0)
+    source = place.get("price_source") or "catalog"  # an older daemon's: the catalog's
     if not each:
-        return f"none known ({place['provider']} has no catalog price)"
+        return f"none known ({place['provider']}: {source})"
     whole = (f", ${float(place['cluster_price_per_hour']):.3f}/h for {nodes} nodes"
              if nodes > 1 else "")
-    return f"${each:.3f}/h per node{whole} (catalog)"
+    return f"${each:.3f}/h per node{whole} ({source})"
+
+
+def _budget_lines(budget: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The budgets' verdict on a new cluster: refused (why), places skipped for a
+    provider's budget, and what each budget counting it has left this month."""
+    if not budget:
+        return []
+    lines = [("budget", f"REFUSED: {budget['refused']}")] if budget.get("refused") else []
+    lines += [("budget", f"{s['provider']} skipped: {s['reason']}")
+              for s in budget.get("skipped") or []]
+    lines += [("budget", f"${float(b['left']):.2f} left ({b['level']}): {b['says']}")
+              for b in budget.get("budgets") or []]
+    return lines
 
 
 def _size(count: int) -> str:
@@ -211,6 +225,7 @@ def render_plan(plan: dict[str, Any]) -> str:
     lines += [("then", text) for text in alternatives]
     lines += [("refused", f"{r['infra']} ({r['resources']}): {r['reason'].splitlines()[0]}")
               for r in plan.get("refused") or []]
+    lines += _budget_lines(plan.get("budget"))
     lines.append(("setup", "runs" if task.get("setup") else "not run"))
     lines.append(("run", "a job" if task.get("run") else "nothing"))
     if task.get("ports"):

@@ -34,6 +34,7 @@ from clusterd.cost.budget import Budget, SpendMeter
 from clusterd.cost.budget_actions import RequestActions
 from clusterd.cost.budget_controller import BudgetController
 from clusterd.cost.budget_store import BudgetStore
+from clusterd.cost.idle_guard import IdleGuard
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.prices import Prices
 from clusterd.heap import Heap
@@ -278,6 +279,10 @@ class Daemon:
         self.budget_store = BudgetStore(self.db)
         self.meter: SpendMeter | None = self.clusters.ledger
         self.budgets: BudgetController | None = None
+        # Idle clusters with no autostop, warned of (a driver each on the control engine).
+        self.idle_guard = IdleGuard(self._idle_warning_after, self.store, self.clusters.ledger,
+                                    self.autostop.idle_for,
+                                    check_s=settings.idle_warning_check_s)
         self.loop_watch = LoopWatch()
         self.heap = Heap()
         self.handlers = Handlers(
@@ -304,11 +309,19 @@ class Daemon:
             self._configured_budgets, self.budget_store, meter, self.store, self.providers,
             RequestActions(self.requests, self.clusters, self.managed), str(self.config.path))
         self.provisioner.refusal = controller.refusal
+        self.clusters.dry_run.budgets = controller
         return controller
+
+    def _idle_warning_after(self) -> float | None:
+        try:
+            return self.config.get().idle_warning_after_s
+        except ProtocolError:
+            return None  # a broken config file is reported where it is used; no warnings
 
     def notices(self) -> list[str]:
         """Lines every clusterctl command prints (the hello's `notices`)."""
-        return self.budgets.notices() if self.budgets is not None else []
+        budgets = self.budgets.notices() if self.budgets is not None else []
+        return [*budgets, *self.idle_guard.notices()]
 
     def _strict_by_default(self) -> bool:
         try:
@@ -430,7 +443,9 @@ class Daemon:
                 # (hourly), the managed-jobs controller (a driver per unfinished job;
                 # its health polls every Timing.poll_s), the copying of jobs' logs (a
                 # keeper per UP cluster with unfinished jobs, every kept_log_interval_s),
-                # and the loop's own lag watch.
+                # the budgets (a driver each, every 30 s and on a config edit), the
+                # idle-cost guard (a driver per UP cluster with no autostop, every
+                # idle_warning_check_s), and the loop's own lag watch.
                 await root.start(self.loop_watch.run)
                 for provider in self.providers.all():
                     await root.start(provider.run)
@@ -441,6 +456,7 @@ class Daemon:
                 if self.meter is not None:  # the budgets (a driver each; polls every 30 s)
                     self.budgets = self._start_budgets(self.meter)
                     await root.start(self.budgets.run)
+                await root.start(self.idle_guard.run)
                 root.start_soon(self._prune_history)
                 # Last: what start made (imports, loaded records) is the heap it freezes.
                 await root.start(self.heap.run)

@@ -53,6 +53,9 @@ class Settings:
     refresh_interval_s: float = setting(30.0, "CLUSTERD_REFRESH_INTERVAL")
     # How often autostop deadlines are checked: a timer fires at most this late.
     autostop_check_s: float = setting(5.0, "CLUSTERD_AUTOSTOP_CHECK")
+    # How often the idle-cost guard asks an idle cluster with no autostop how long it has
+    # been idle, and looks for clusters to guard (cost/idle_guard.py).
+    idle_warning_check_s: float = setting(30.0, "CLUSTERD_IDLE_WARNING_CHECK")
     # How long past an autostop deadline, with no daemon in reach, an agent waits before it
     # stops its cluster on its own.
     agent_autostop_grace_s: float = setting(300.0, "CLUSTERD_AGENT_AUTOSTOP_GRACE")

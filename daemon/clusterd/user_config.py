@@ -37,6 +37,9 @@ settings carry over:
       warn_at: 0.8                      # warn at this fraction of it
       action: stop                      # past it: warn, stop or down what spends
       providers: {aws: {monthly: 150, action: down}}   # each also its own
+    cost:
+      idle_warning_after: 2h            # warn of a cluster UP, idle, with no autostop
+                                        # (90s, 30m, 2h, 1d; a number: minutes; off)
 
 The file is read again whenever it changes; a bad value is reported (file and key) by the
 operation that needs it, and never stops the daemon.
@@ -80,8 +83,12 @@ AUTOSCALER_PROVISION_TIMEOUT_S = 600.0
 # What a pod asks of its node's disk by default: the runtime (a venv with Ray, about 1.5 GB
 # installed) and the workdir, with room for the job's own files.
 DEFAULT_EPHEMERAL_STORAGE = "4Gi"
-TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict", "budget"}
+TOP_LEVEL_KEYS = {"catalog_dir", "aws", "kubernetes", "strict", "budget", "cost"}
 BUDGET_KEYS = {"monthly", "warn_at", "action"}
+COST_KEYS = {"idle_warning_after"}
+# The idle-cost guard's default (cost/idle_guard.py): two hours idle with no autostop.
+DEFAULT_IDLE_WARNING_AFTER_S = 7200.0
+DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # SkyPilot keys that mean something there but nothing here (yet): accepted, not read.
 IGNORED_TOP_LEVEL = {"jobs", "serve", "allowed_clouds", "docker", "nvidia_gpus", "admin_policy",
                      "gcp", "azure", "api_server", "workspaces", "provision"}
@@ -128,6 +135,19 @@ class KubernetesPricing:
         return next((price for name, price in self.gpu_per_hour
                      if name.lower() == accelerator.lower()), None)
 
+    def pod_per_hour(self, cpus: float, memory_gb: float, accelerator: str | None = None,
+                     gpus: float = 0) -> tuple[float, str | None]:
+        """Dollars per hour of one pod requesting this much, and the GPU type left out of
+        it for want of a price (None: nothing left out). The one place pods are priced: the
+        provider's placements and the cost ledger both ask here."""
+        price = cpus * self.cpu_per_hour + memory_gb * self.memory_gib_per_hour
+        if not (accelerator and gpus):
+            return price, None
+        per_gpu = self.gpu(accelerator)
+        if per_gpu is None:
+            return price, accelerator
+        return price + gpus * per_gpu, None
+
 
 @dataclasses.dataclass(frozen=True)
 class KubernetesConfig:
@@ -154,6 +174,8 @@ class UserConfig:
     # Refuse task fields that would be accepted without effect (as --strict does).
     strict: bool = False
     budgets: tuple[Budget, ...] = ()  # the account's first (if any), then per provider
+    # A cluster UP and idle this long with no autostop is warned of; None: never.
+    idle_warning_after_s: float | None = DEFAULT_IDLE_WARNING_AFTER_S
 
 
 def config_path() -> Path:
@@ -184,7 +206,40 @@ def parse(path: Path, text: str) -> UserConfig:
         kubernetes=_kubernetes(path, raw.get("kubernetes")),
         strict=strict,
         budgets=_budgets(path, raw.get("budget")),
+        idle_warning_after_s=_cost(path, raw.get("cost")),
     )
+
+
+def _cost(path: Path, raw: Any) -> float | None:
+    """`cost: {idle_warning_after: 2h}`: the idle-cost guard's time (None: off)."""
+    if raw is None:
+        return DEFAULT_IDLE_WARNING_AFTER_S
+    if not isinstance(raw, dict):
+        raise ConfigError(path, "cost", "expected a map (idle_warning_after)")
+    for key in raw:
+        if key not in COST_KEYS:
+            raise ConfigError(path, f"cost.{key}", "unknown key (expected idle_warning_after)")
+    return _duration(path, "cost.idle_warning_after",
+                     raw.get("idle_warning_after", DEFAULT_IDLE_WARNING_AFTER_S / 60))
+
+
+def _duration(path: Path, key: str, value: Any) -> float | None:
+    """Seconds from `90s`, `30m`, `2h`, `1d` or a number of minutes; None for off/false/0."""
+    if value is False or value == 0 or value == "off":
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value) * 60
+    elif isinstance(value, str) and value[-1:] in DURATION_UNITS:
+        try:
+            seconds = float(value[:-1]) * DURATION_UNITS[value[-1]]
+        except ValueError:
+            seconds = -1.0
+    else:
+        seconds = -1.0
+    if not 0 < seconds <= 366 * 86400:
+        raise ConfigError(path, key, f"expected a time such as 90s, 30m, 2h or 1d (a number: "
+                          f"minutes), or off; got {str(value)[:40]!r}")
+    return seconds
 
 
 def _aws(path: Path, raw: Any) -> AWSConfig:

@@ -87,11 +87,12 @@ class Bed:
     budgets: list[Budget]
     now: list[float]
 
-    def controller(self) -> BudgetController:
+    def controller(self, poll_s: float = 0.005, watch_s: float = 0.005) -> BudgetController:
         registry = ProviderRegistry([self.services.provider])
         controller = BudgetController(lambda: tuple(self.budgets), self.store, self.meter,
                                       self.services.store, registry, self.actions,
-                                      "/cfg.yaml", poll_s=0.005, clock=lambda: self.now[0])
+                                      "/cfg.yaml", poll_s=poll_s, watch_s=watch_s,
+                                      clock=lambda: self.now[0])
         self.services.provisioner.refusal = controller.refusal
         return controller
 
@@ -152,7 +153,7 @@ async def test_exceeding_stops_what_spends_and_refuses_launches_until_raised(
     # Raised: all clear, and launches go again.
     bed.budgets[:] = [Budget(5.0, 0.8, BudgetAction.STOP)]
     await until(lambda: level(bed).level == Level.CLEAR)
-    assert controller.refusal("scripted") is None and controller.notices() == []
+    assert await controller.refusal("scripted") is None and controller.notices() == []
     kinds = [kind for _, _, kind, _ in await bed.store.events("*")]
     assert kinds == ["exceeded", "acted", "all-clear"]
 
@@ -198,3 +199,92 @@ async def test_a_managed_jobs_cluster_is_its_job_cancelled(
     await until(lambda: level(bed).acted)
     assert bed.actions.cancelled == [7]
     assert "managed job 7 cancelled" in level(bed).text
+
+
+async def exceeded(bed: Bed, running: Callable[[BudgetController], object], *,
+                   watch_s: float) -> BudgetController:
+    """A budget of $0.5 exceeded by a cluster that spent $1 (action: warn, so it runs on),
+    its drivers polling once an hour: only a wake can make them look again."""
+    await up(bed, "c", 1.0, MONTH)
+    bed.budgets[:] = [Budget(0.5, 0.8, BudgetAction.WARN)]
+    controller = bed.controller(poll_s=3600.0, watch_s=watch_s)
+    await running(controller)  # type: ignore[misc]
+    await until(lambda: level(bed).acted)
+    return controller
+
+
+async def test_a_launch_right_after_the_budget_is_raised_goes(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    # The config is watched only once an hour here: the launch's own check reads it.
+    controller = await exceeded(bed, running, watch_s=3600.0)
+    with pytest.raises(ProtocolError, match="exceeded"):
+        await bed.services.clusters.launch(bed.services.request("launch", "d"),
+                                           LaunchRequest("d", TaskSpec()))
+    bed.budgets[:] = [Budget(5.0, 0.8, BudgetAction.WARN)]
+    await bed.services.clusters.launch(bed.services.request("launch", "d"),
+                                       LaunchRequest("d", TaskSpec()))
+    record = bed.services.store.get("d")
+    assert record is not None and record.status == ClusterStatus.UP
+    # The check woke the drivers, which record the clear without waiting out their poll.
+    await until(lambda: level(bed).level == Level.CLEAR)
+    assert controller.notices() == []
+
+
+async def test_a_raise_still_under_the_spend_refuses_with_the_spend_now(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    controller = await exceeded(bed, running, watch_s=3600.0)
+    bed.now[0] += 3600  # another dollar spent since the level was recorded
+    bed.budgets[:] = [Budget(1.5, 0.8, BudgetAction.WARN)]
+    refused = await controller.refusal("scripted")
+    assert refused is not None
+    assert "the monthly budget of $1.5 is exceeded ($2.00 spent this month)" in refused.message
+
+
+async def test_an_edited_config_wakes_the_drivers(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    # No launch asks: the watch of the config sees the raise, and the drivers (whose poll
+    # is an hour) clear at once.
+    await exceeded(bed, running, watch_s=0.005)
+    bed.budgets[:] = [Budget(5.0, 0.8, BudgetAction.WARN)]
+    await until(lambda: level(bed).level == Level.CLEAR)
+
+
+async def test_the_standing_says_what_is_left(bed: Bed) -> None:
+    await up(bed, "c", 1.0, MONTH)
+    bed.budgets[:] = [Budget(10.0), Budget(4.0, provider="other")]
+    (account,) = await bed.controller().standing("scripted")
+    assert account["budget"] == "*" and account["left"] == pytest.approx(9.0)
+    assert account["level"] == "clear" and "$1.00 of $10 spent" in str(account["says"])
+    assert [b["budget"] for b in await bed.controller().standing("other")] == ["*", "other"]
+
+
+async def test_dryrun_says_the_budgets_verdict(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    controller = await exceeded(bed, running, watch_s=3600.0)
+    dry_run = bed.services.clusters.dry_run
+    dry_run.budgets = controller
+    plan = await dry_run.launch(LaunchRequest("d", TaskSpec()))
+    assert plan["placement"] is None and plan["says"] == "a new cluster d: refused by a budget"
+    assert "the monthly budget of $0.5 is exceeded ($1.00 spent" in plan["budget"]["refused"]
+    (standing,) = plan["budget"]["budgets"]
+    assert (standing["level"], standing["left"]) == ("exceeded", 0.0)
+    bed.budgets[:] = [Budget(5.0, 0.8, BudgetAction.WARN)]  # raised: the launch would go
+    plan = await dry_run.launch(LaunchRequest("d", TaskSpec()))
+    assert plan["budget"]["refused"] is None and plan["placement"]["infra"] == "scripted/r1/r1-a"
+    assert plan["budget"]["budgets"][0]["left"] == pytest.approx(4.0)
+    assert bed.services.store.get("d") is None  # a dry run: nothing made
+
+
+async def test_a_providers_budget_skips_its_places_in_the_plan(
+        bed: Bed, running: Callable[[BudgetController], object]) -> None:
+    await up(bed, "c", 1.0, MONTH)
+    bed.budgets[:] = [Budget(0.5, 0.8, BudgetAction.WARN, "scripted")]
+    controller = bed.controller(poll_s=3600.0)
+    await running(controller)  # type: ignore[misc]
+    await until(lambda: level(bed, "scripted").acted)
+    bed.services.clusters.dry_run.budgets = controller
+    plan = await bed.services.clusters.dry_run.launch(LaunchRequest("d", TaskSpec()))
+    # Its only provider's budget is exceeded: nowhere left to go, said why.
+    assert plan["placement"] is None
+    assert plan["budget"]["skipped"][0]["provider"] == "scripted"
+    assert "the scripted budget of $0.5 is exceeded" in plan["budget"]["refused"]

@@ -274,3 +274,25 @@ def test_throttling_is_told_by_the_providers_error_not_by_its_text() -> None:
     # A message that only names the code (a task's echo, a user's cluster name) is not one.
     assert not is_throttling(ProtocolError(ErrorCode.RESOURCES_UNAVAILABLE,
                                            "no place: us-east-1: RequestLimitExceeded"))
+
+
+async def test_wake_ends_every_pause_at_once_and_only_those_under_way() -> None:
+    engine = Engine(Toy({}), "toy", quick_pacer())
+    engine.wake()  # nobody pausing: nothing to end, and no later pause is cut short
+    ended: list[str] = []
+
+    async def pause(name: str) -> None:
+        await engine.pause(3600)
+        ended.append(name)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as group:
+            group.start_soon(pause, "a")
+            group.start_soon(pause, "b")
+            await anyio.wait_all_tasks_blocked()
+            assert ended == []
+            engine.wake()
+        assert sorted(ended) == ["a", "b"]
+        with anyio.move_on_after(0.05) as waited:  # a new pause waits for its own wake
+            await engine.pause(3600)
+        assert waited.cancelled_caught

@@ -43,7 +43,9 @@ LAYERS: tuple[frozenset[str], ...] = tuple(frozenset(layer) for layer in (
     {"clusterd.services", "clusterd.managed", "clusterd.keptlogs"},
     # Budgets act through the services and on managed jobs (their record beside them).
     {"clusterd.cost.budget_controller", "clusterd.cost.budget_actions",
-     "clusterd.cost.budget_store"},
+     "clusterd.cost.budget_store",
+     # The idle-cost guard: a controller on the engine, over the records and the ledger.
+     "clusterd.cost.idle_guard"},
     {"clusterd.server"},
     {"clusterd.app"},
     {"clusterd.main", "clusterd.__main__"},

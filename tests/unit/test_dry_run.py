@@ -127,7 +127,8 @@ async def aws(bed: Services, tmp_path: Path) -> tuple[DryRun, CatalogZones]:
     provider = AWSProvider(lambda: UserConfig(tmp_path / "config"),
                            SSHConnections(HostKeyStore(tmp_path / "known_hosts")),
                            DaemonKey(tmp_path / "ssh"), "test", api=api)
-    return DryRun(bed.store, ProviderRegistry([provider]), CopyGuard(()).check), api
+    return DryRun(bed.store, ProviderRegistry([provider]), CopyGuard(()).check,
+                  bed.clusters.ledger.prices), api
 
 
 async def test_aws_flags_choose_from_the_catalog(aws: tuple[DryRun, CatalogZones]) -> None:

@@ -216,6 +216,24 @@ def test_the_plan_is_printed_one_line_per_part() -> None:
     ]
 
 
+def test_the_plan_says_where_a_price_comes_from_and_the_budgets_verdict() -> None:
+    place = {"infra": "ssh/rack", "instance_type": None, "price_per_hour": 1.5,
+             "cluster_price_per_hour": 3.0, "provider": "ssh",
+             "price_source": "ssh pool rack price_per_hour"}
+    budget = {"refused": "the monthly budget of $5 is exceeded", "skipped": [
+        {"provider": "aws", "reason": "the aws budget of $1 is exceeded"}], "budgets": [
+        {"left": 0.0, "monthly": 5.0, "level": "exceeded", "says": "the monthly budget: ..."}]}
+    lines = render_plan({"says": "a new cluster c", "placement": place, "budget": budget,
+                         "task": {"num_nodes": 2}}).splitlines()
+    assert "price:     $1.500/h per node, $3.000/h for 2 nodes (ssh pool rack price_per_hour)" \
+        in lines
+    assert lines[-5:-2] == [
+        "budget:    REFUSED: the monthly budget of $5 is exceeded",
+        "budget:    aws skipped: the aws budget of $1 is exceeded",
+        "budget:    $0.00 left (exceeded): the monthly budget: ...",
+    ]
+
+
 def test_words_after_dashes_are_a_command_even_when_they_end_in_yaml() -> None:
     assert launch_args("--", "ls hello.yaml").command == "ls hello.yaml"
     assert launch_args("--", "cat", "task.yaml").command == "cat task.yaml"

@@ -42,6 +42,10 @@ growing gaps, and when the provider was throttling the account's requests, at le
 exponential, jittered backoff, so that controllers meeting the limit together do not retry
 together.
 
+Waking. A lasting action waits between looks with `Engine.pause(seconds)`, which
+`Engine.wake()` ends at once for every driver: a controller that learns of a change outside
+what it observes (budgets: the config file edited) looks again now, not a poll later.
+
 Errors. A bug in a step (an exception out of `act`) goes to `failed(key, error)`, which must
 end the object visibly; the daemon goes on.
 """

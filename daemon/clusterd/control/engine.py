@@ -78,6 +78,7 @@ class Engine(Generic[KeyT, IntentT, SeenT]):
         self._group: anyio.abc.TaskGroup | None = None
         self._drivers: dict[KeyT, anyio.CancelScope] = {}
         self._locks: dict[KeyT, anyio.Lock] = {}
+        self._woken: anyio.Event | None = None  # made by the first `pause` (in the loop)
 
     async def run(self, resume: Iterable[KeyT], *,
                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -112,6 +113,21 @@ class Engine(Generic[KeyT, IntentT, SeenT]):
 
     def driving(self, key: KeyT) -> bool:
         return key in self._drivers
+
+    async def pause(self, seconds: float) -> None:
+        """Wait `seconds`, or less if `wake` is called meanwhile: how a driver's lasting
+        action (a watch) waits between looks, so that news its controller hears of (the
+        config file edited) is looked at now rather than a poll later."""
+        if self._woken is None:
+            self._woken = anyio.Event()
+        with anyio.move_on_after(seconds):
+            await self._woken.wait()
+
+    def wake(self) -> None:
+        """End every driver's `pause` now: each observes and steps again at once."""
+        woken, self._woken = self._woken, None
+        if woken is not None:
+            woken.set()
 
     def _start(self, key: KeyT, resume_delay: float | None) -> None:
         if key in self._drivers or self._group is None:

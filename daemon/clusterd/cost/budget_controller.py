@@ -15,8 +15,11 @@ driver's lasting watch. Act: each decision is recorded (with its event) before i
   (`refusal`, checked by the provisioner before each create) until the budget is raised.
 * all-clear: back to CLEAR, when the budget was raised above the spend or a month began.
 
-The drivers poll (`poll_s`); a budget added to the config gets its driver within one poll,
-and one removed stops its driver at its next step.
+The drivers poll (`poll_s`). The config file is watched (one stat every `watch_s`): an
+edit that changes the budgets wakes every driver (control.Engine.wake), so a raised budget
+clears at once, a budget added gets its driver, and one removed stops its driver at its next
+step. The launch's refusal does not wait for that either: a budget whose amount differs from
+the one its level was recorded at is measured afresh, against the config as it is now.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from clusterd.cost.budget import (
     Observed,
     SpendMeter,
     decide,
+    describe,
     month_of,
     month_start,
     refusal,
@@ -100,7 +104,7 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
     def __init__(self, budgets: Callable[[], tuple[Budget, ...]], store: BudgetStore,
                  meter: SpendMeter, clusters: ClusterStore, providers: ProviderRegistry,
                  actions: ClusterActions, config_path: str, *, poll_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 watch_s: float = 1.0, clock: Callable[[], float] = time.time) -> None:
         self._budgets = budgets
         self._store = store
         self._meter = meter
@@ -109,6 +113,7 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
         self._actions = actions
         self._config_path = config_path
         self._poll_s = poll_s
+        self._watch_s = watch_s
         self._clock = clock
         self._engine: Engine[str, BudgetIntent, Observed] = Engine(self, "budget")
 
@@ -117,12 +122,18 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
+        seen = self.configured()
         async with anyio.create_task_group() as group:
-            await group.start(self._engine.run, list(self.configured()))
+            await group.start(self._engine.run, list(seen))
             task_status.started()
-            while True:  # budgets added to the config get a driver
-                await anyio.sleep(self._poll_s)
-                for key in self.configured():
+            while True:  # the config watched: a change wakes the drivers, new ones start
+                await anyio.sleep(self._watch_s)
+                now = self.configured()
+                if now != seen:
+                    logger.info("budgets changed in the config", budgets=sorted(now))
+                    seen = now
+                    self._engine.wake()
+                for key in now:
                     self._engine.spawn(key)
 
     # -- what others ask ----------------------------------------------------------------
@@ -140,17 +151,47 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
         """A line per budget past its warning this month (every clusterctl command says it)."""
         return [state.text for _, state in self._current() if state.level != Level.CLEAR]
 
-    def refusal(self, provider: str) -> ProvisionError | None:
+    async def refusal(self, provider: str) -> ProvisionError | None:
         """Why new nodes on `provider` are refused (a budget exceeded), or None. The
         account's budget refuses everywhere (FATAL: no failover); a provider's, that
-        provider only (failover goes on elsewhere)."""
+        provider only (failover goes on elsewhere). Read against the config as it is now:
+        an exceeded budget whose amount was changed since (raised, say) is measured again,
+        and refuses only if it is still exceeded (its driver is woken to record the clear)."""
         for budget, state in self._current():
-            if state.level == Level.EXCEEDED and budget.provider in (None, provider):
-                return ProvisionError(
-                    refusal(budget, state.spent, self._config_path),
-                    BlockScope.FATAL if budget.provider is None else BlockScope.PROVIDER,
-                    "see docs/budgets.md")
+            if state.level != Level.EXCEEDED or budget.provider not in (None, provider):
+                continue
+            spent = state.spent
+            if budget.monthly != state.monthly_at_level:
+                spent = await self._meter.spend(month_start(self._clock()), None,
+                                                budget.provider)
+                if spent < budget.monthly:
+                    self._engine.wake()
+                    continue
+            return ProvisionError(
+                refusal(budget, spent, self._config_path),
+                BlockScope.FATAL if budget.provider is None else BlockScope.PROVIDER,
+                "see docs/budgets.md")
         return None
+
+    async def standing(self, provider: str | None) -> list[dict[str, object]]:
+        """Each budget that counts a launch on `provider` (the account's, and that
+        provider's own): its month's spend now, what is left, its level and what it says
+        (for `launch --dryrun`)."""
+        now = self._clock()
+        found: list[dict[str, object]] = []
+        for budget in self.configured().values():
+            if budget.provider not in (None, provider):
+                continue
+            spent = await self._meter.spend(month_start(now), None, budget.provider)
+            rate = await self._meter.burn_rate(budget.provider)
+            state = self._store.get(budget.key, month_of(now))
+            level = state.level if state.month == month_of(now) else Level.CLEAR
+            found.append({
+                "budget": budget.key, "label": budget.label(), "monthly": budget.monthly,
+                "spent": spent, "left": max(0.0, budget.monthly - spent),
+                "level": str(level), "action": str(budget.action),
+                "says": describe(budget, Observed(month_of(now), spent, rate, (), now))})
+        return found
 
     # -- the engine's Controller ----------------------------------------------------------
 
@@ -179,7 +220,7 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
         budget = intent.budget
         match action:
             case Wait():
-                await anyio.sleep(self._poll_s)
+                await self._engine.pause(self._poll_s)
             case Warn(text, seen):
                 logger.warning("budget warning", budget=budget.key, text=text)
                 await self._record(budget, seen, Level.WARNED, text, "warn", acted=False)

@@ -79,6 +79,7 @@ class Ledger:
     def __init__(self, db: Database, prices: Prices) -> None:
         self._db = db
         self._prices = prices
+        self.prices = prices  # what a placement costs, as the ledger counts it (--dryrun)
         self._lock = anyio.Lock()  # one hook's read-then-write at a time
         # cluster -> kind -> its open interval (by cluster: status asks for thousands);
         # (cluster, incarnation) -> closed dollars.

@@ -71,14 +71,9 @@ class Prices:
 
     def _kubernetes(self, placed: Placement, request: ResourceRequest) -> NodePrice:
         pricing = self._config().kubernetes.pricing
-        price = placed.cpus * pricing.cpu_per_hour + placed.memory_gb * pricing.memory_gib_per_hour
-        source = "kubernetes.pricing"
-        if placed.accelerator and placed.accelerator_count:
-            per_gpu = pricing.gpu(placed.accelerator)
-            if per_gpu is None:
-                source += f" (no price for {placed.accelerator})"
-            else:
-                price += placed.accelerator_count * per_gpu
+        price, unpriced = pricing.pod_per_hour(placed.cpus, placed.memory_gb,
+                                               placed.accelerator, placed.accelerator_count)
+        source = "kubernetes.pricing" + (f" (no price for {unpriced})" if unpriced else "")
         disk = (disk_gb(request) or 0) * pricing.disk_gb_per_month / HOURS_PER_MONTH
         return NodePrice(price, disk, source)
 

@@ -125,7 +125,8 @@ class SSHProvider(ProviderDefaults[SSHHandle]):
                 BlockScope.FATAL,
                 f"in use by: {', '.join(holders)}" if holders else "add hosts to the pool",
             )
-        return [Placement("ssh", pool.name, None, None, cpus=0, memory_gb=0)]
+        return [Placement("ssh", pool.name, None, None, cpus=0, memory_gb=0,
+                          price_per_hour=pool.price_per_hour)]
 
     async def create(self, request: ClusterRequest, placement: Placement) -> SSHHandle:
         async with self._choosing:

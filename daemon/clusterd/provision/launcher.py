@@ -18,7 +18,7 @@ import dataclasses
 import secrets
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import anyio
 
@@ -40,6 +40,14 @@ from clusterd.state.handles import ClusterHandle
 from clusterd.tasks.spec import Resources
 
 logger = log.get("clusterd.provision")
+
+# Why new nodes on a provider are refused now (a budget exceeded), or None.
+Refusal = Callable[[str], Awaitable[ProvisionError | None]]
+
+
+async def no_refusal(provider: str) -> ProvisionError | None:
+    return None
+
 
 @dataclasses.dataclass(frozen=True)
 class Provisioned:
@@ -65,7 +73,7 @@ class Provisioner:
         self.attempts = 0
         # Why new nodes on a provider are refused now (a budget exceeded: the budget
         # controller sets this), or None.
-        self.refusal: Callable[[str], ProvisionError | None] = lambda provider: None
+        self.refusal: Refusal = no_refusal
 
     def stats(self) -> dict[str, float]:
         decisions = list(self.decision_seconds) or [0.0]
@@ -130,7 +138,7 @@ class Provisioner:
         option: Option, failover: Failover, decided: float, token: str,
     ) -> ClusterRecord | Provisioned:
         placement = option.placement
-        refused = self.refusal(placement.provider)
+        refused = await self.refusal(placement.provider)
         if refused is not None:  # before anything is made or recorded
             if refused.scope == BlockScope.FATAL:
                 raise refused

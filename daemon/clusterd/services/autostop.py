@@ -101,7 +101,7 @@ class AutostopService:
         # began after it, whose decisions are all events by now), instead of sleeping.
         logger.debug("autostop pass", began=round(began, 3), checked=[r.name for r in records])
 
-    async def _idle_for(self, record: ClusterRecord) -> float | None:
+    async def idle_for(self, record: ClusterRecord) -> float | None:
         """Seconds the cluster has been idle, per its agent; None while busy or unknown."""
         try:
             agent = await self._access.client(record)
@@ -113,7 +113,7 @@ class AutostopService:
 
     async def _check_one(self, record: ClusterRecord) -> None:
         assert record.autostop_minutes is not None
-        idle = await self._idle_for(record)
+        idle = await self.idle_for(record)
         now = time.time()
         if idle is None:
             if record.autostop_deadline is not None:
@@ -143,7 +143,7 @@ class AutostopService:
                 current = self._store.get(name)
                 if current is None or current.autostop_minutes is None:
                     return "autostop was cancelled"
-                idle = await self._idle_for(current)
+                idle = await self.idle_for(current)
                 if idle is None or idle < current.autostop_minutes * 60:
                     return "the cluster is no longer idle"
                 return None

@@ -69,7 +69,7 @@ class ClusterService:
         self._steps = LaunchSteps(store, locks, providers, runtime, jobs, ssh_config,
                                   provisioner, self._teardown, ledger, storage)
         # --dryrun: the plan, and nothing made.
-        self.dry_run = DryRun(store, providers, jobs.check_copies)
+        self.dry_run = DryRun(store, providers, jobs.check_copies, ledger.prices)
 
     async def launch(self, request: RunningRequest, launch: LaunchRequest) -> dict[str, Any]:
         """The cluster UP (made, started, resumed, repaired or reused: provision/plan.py

@@ -112,8 +112,8 @@ FIELDS: tuple[Field, ...] = (
     Field("resources.network_tier", Support.WARNED,
           "SkyPilot's high-performance networking (GPUDirect, EFA) is not set up by clusterd"),
     Field("resources.max_hourly_cost", Support.HONOURED,
-          "places costing more per node and hour (catalog prices) are not tried; your own "
-          "machines cost nothing"),
+          "places costing more per node and hour (the catalog's, an ssh pool's "
+          "`price_per_hour`, `kubernetes.pricing`) are not tried; `local` costs nothing"),
     Field("resources.image_id", Support.SOME,
           "aws: an AMI, or a map of region to AMI (which also limits the regions); "
           "kubernetes: docker:IMAGE is the pods' image; docker:IMAGE elsewhere: the job "

@@ -71,7 +71,7 @@ class Resources:
     labels: tuple[tuple[str, str], ...] = ()
     autostop: Autostop | None = None
     disk_tier: str | None = None  # low, medium, high, ultra, best (SkyPilot's tiers)
-    max_hourly_cost: float | None = None  # per node and hour, as the catalog prices it
+    max_hourly_cost: float | None = None  # per node and hour, as the place is priced
     # The task's `config: kubernetes: pod_config:` as canonical JSON ("" for none).
     pod_config: str = ""
 

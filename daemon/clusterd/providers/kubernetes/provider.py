@@ -171,6 +171,8 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                     group.start_soon(look, context)
         placements, seen = [], []
         autoscaler = self._k8s().autoscaler
+        # Every context is priced alike (`kubernetes.pricing`), so their order is kept.
+        price, _ = self._k8s().pricing.pod_per_hour(cpus, memory, accelerator, gpus)
         for context in contexts:
             found = nodes.get(context)
             # With an autoscaler, a node that can hold the pod may be one it adds.
@@ -179,7 +181,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                 for n in found)
             if fits:
                 placements.append(Placement("kubernetes", context, None, kind, cpus, memory,
-                                            accelerator, gpus, 0.0, False))
+                                            accelerator, gpus, price, False))
             elif found:
                 seen += found
         if not placements:
