@@ -14,7 +14,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 # The bar chart's frame (viewBox units; the SVG scales to its box).
-BAR_W, BAR_H = 1000, 260
+BAR_W, BAR_H = 1000, 230
 LEFT, BOTTOM, TOP = 64, 24, 10
 MAX_DAY_LABELS = 10
 SERIES_COLOURS = 8  # cost-s0 .. cost-s7 in the stylesheet; "other" is cost-other
@@ -115,6 +115,13 @@ def nice_top(value: float) -> float:
                 if step * power >= value * (1 - 1e-9))
 
 
+def grid_steps(top: float) -> int:
+    """How many steps the axis up to `top` (from nice_top) is cut into so that each is a
+    round number too: 2 in 4 steps of .5, 1 and 5 in 5 steps of .2 and 1."""
+    lead = round(top / 10.0 ** math.floor(math.log10(top)))
+    return 4 if lead == 2 else 5
+
+
 def stacked_days(days: Sequence[str], series: Sequence[Series], label: str) -> Markup:
     """Spend per day as bars, each stacked from its series (in order, the first at the
     bottom); a title on every piece says whose and how much."""
@@ -125,9 +132,10 @@ def stacked_days(days: Sequence[str], series: Sequence[Series], label: str) -> M
     width = max(1.0, slot * 0.7)
     parts = [f'<svg class="cost-chart" viewBox="0 0 {BAR_W} {BAR_H}" role="img" '
              f'aria-label="{escape(label)}" preserveAspectRatio="xMinYMin meet">']
-    for tick in range(5):  # the grid, a line at each quarter of the top
-        value = top * tick / 4
-        y = round(TOP + plot_h * (1 - tick / 4), 1)
+    steps = grid_steps(top)
+    for tick in range(steps + 1):  # the grid, at round numbers
+        value = top * tick / steps
+        y = round(TOP + plot_h * (1 - tick / steps), 1)
         parts.append(f'<line class="cost-grid" x1="{LEFT}" y1="{y}" x2="{BAR_W}" y2="{y}"/>'
                      f'<text class="cost-tick" x="{LEFT - 6}" y="{y + 4}">'
                      f"{escape(money(value))}</text>")

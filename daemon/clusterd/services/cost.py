@@ -14,7 +14,6 @@ import anyio
 
 from clusterd.cost.attribution import JobSpan
 from clusterd.cost.budget import Budget, BudgetState, Level, month_of, month_start, projection
-from clusterd.cost.budget_store import BudgetStore
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.report import Window, build
 from clusterd.keptlogs.store import KeptCluster, KeptLogStore
@@ -28,13 +27,15 @@ class CostService:
     def __init__(self, ledger: Ledger, db: Database, kept: KeptLogStore | None,
                  managed: ManagedJobStore,
                  budgets: Callable[[], tuple[Budget, ...]] = tuple,
-                 budget_states: BudgetStore | None = None) -> None:
+                 budget_state: Callable[[str, str], BudgetState] | None = None) -> None:
         self.ledger = ledger
         self._db = db
         self._kept = kept
         self._managed = managed
         self._budgets = budgets
-        self._budget_states = budget_states
+        # A budget's recorded state by (key, month): the budget store's, which sits a layer
+        # above the services (it acts through them), so it is handed in, not imported.
+        self._budget_state = budget_state
 
     async def report(self, days: float) -> dict[str, Any]:
         window = Window(since=time.time() - days * DAY, now=time.time())
@@ -61,8 +62,8 @@ class CostService:
         for budget in self._budgets():
             spent = await self.ledger.spend(month_start(now), None, budget.provider)
             rate = await self.ledger.burn_rate(budget.provider)
-            state = (self._budget_states.get(budget.key, month)
-                     if self._budget_states is not None else BudgetState(budget.key, month))
+            state = (self._budget_state(budget.key, month)
+                     if self._budget_state is not None else BudgetState(budget.key, month))
             found.append(budget_view(budget, state, month, spent, rate, now))
         return found
 

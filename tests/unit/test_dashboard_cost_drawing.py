@@ -248,3 +248,13 @@ async def test_a_managed_jobs_cost_names_its_recoveries_and_each_attempt() -> No
     text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
     assert "Cost so far $4.60" in text and "Of it, recoveries $1.50" in text
     assert html.count("data-attempt-cost=") == 2
+
+
+def test_the_axis_is_cut_at_round_numbers() -> None:
+    for top, labels in ((0.4, ["$0", "$0.10", "$0.20", "$0.30", "$0.40", "$0.50"]),
+                        (1.5, ["$0", "$0.50", "$1.00", "$1.50", "$2.00"]),
+                        (9.0, ["$0", "$2.00", "$4.00", "$6.00", "$8.00", "$10.00"])):
+        svg = str(stacked_days(["2026-05-01"], [Series("a", "cost-s0",
+                                                       {"2026-05-01": top})], "x"))
+        ticks = re.findall(r'<text class="cost-tick" [^>]*>([^<]*)</text>', svg)
+        assert ticks == labels, (top, ticks)
