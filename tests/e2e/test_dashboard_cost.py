@@ -153,6 +153,11 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         assert "ssh pool testbed price_per_hour" in css("#cluster-cost-facts")[0].text
         shot("cluster-cost")
 
+        # Its launch's job (#1): its share, some of the cluster's cost and no more.
+        browser.get(f"{dashboard.base}/clusters/spend/jobs/1")
+        wait.until(lambda _: css("#job-cost-so-far"))
+        assert 0 < dollars("#job-cost-so-far") < so_far
+
         # The managed job's page: its cost so far, and that no recovery cost anything.
         job = managed_job(bed, job_id)
         browser.get(f"{dashboard.base}/managed-jobs/{job_id}")

@@ -258,3 +258,17 @@ def test_the_axis_is_cut_at_round_numbers() -> None:
                                                        {"2026-05-01": top})], "x"))
         ticks = re.findall(r'<text class="cost-tick" [^>]*>([^<]*)</text>', svg)
         assert ticks == labels, (top, ticks)
+
+
+@pytest.mark.anyio
+async def test_a_jobs_cost_is_its_share_of_its_clusters() -> None:
+    from clusterctl.dashboard._costdata import job_cost
+
+    cache = FakeCache(report())
+    found = await job_cost(cache, "big", {"job_id": 1,  # type: ignore[arg-type]
+                                          "submitted_at": time.time()})
+    assert (found["cost"], found["of"], found["error"]) == (7.0, 8.0, "")
+    html = environment().get_template("_job_cost.html").render(**found)
+    assert "$7.00" in html and "of the cluster's $8.00 so far" in html
+    later = await job_cost(cache, "big", {"job_id": 2, "submitted_at": None})  # type: ignore[arg-type]
+    assert later["cost"] is None and later["error"] == "nothing counted for it yet"

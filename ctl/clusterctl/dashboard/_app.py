@@ -87,8 +87,9 @@ async def job_page(request: web.Request) -> web.Response:
         return board.error_page(ClusterdError(ErrorCode.JOB_NOT_FOUND,
                                               f"cluster {name} has no job {job_id}",
                                               f"see the jobs of {name}"))
+    cost = await _costdata.job_cost(board.costs, name, job)
     return board.page("job.html", f"/live/clusters/{name}/jobs/{job_id}", cluster=name,
-                      job=job, nav="clusters", tail=_live.LOG_TAIL_LINES)
+                      job=job, nav="clusters", tail=_live.LOG_TAIL_LINES, cost_part=cost)
 
 
 async def job_log_text(request: web.Request) -> web.StreamResponse:

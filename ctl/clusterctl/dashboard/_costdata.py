@@ -126,3 +126,16 @@ def _unanswered(error: ClusterdError) -> str:
     if error.code == protocol.ErrorCode.UNKNOWN_OP:
         return "this clusterd keeps no cost ledger (upgrade it)"
     return f"{error.message} [{error.code}]"
+
+
+async def job_cost(cache: ReportCache, cluster: str, job: dict[str, Any]) -> dict[str, Any]:
+    """A job's share of its cluster's cost (by the time it held nodes: k of n nodes, k/n),
+    beside the cluster's cost so far."""
+    found = await cluster_cost(cache, cluster, job.get("submitted_at"))
+    entry = found["entry"]
+    if entry is None:
+        return {"cost": None, "of": None, "error": found["error"]}
+    share = next((float(j["cost"]) for j in entry["split"].get("jobs") or []
+                  if j["job_id"] == job["job_id"]), None)
+    return {"cost": share, "of": entry["cost"],
+            "error": "" if share is not None else "nothing counted for it yet"}

@@ -365,6 +365,8 @@ async def _send_status(board: Dashboard, live: Live, name: str, job_id: int) -> 
     if job is None:
         return None
     await live.replace("job-status", board.render("_job.html", cluster=name, job=job))
+    await live.replace("job-cost", board.render(
+        "_job_cost.html", **await _costdata.job_cost(board.costs, name, job)))
     return str(job["status"])
 
 
