@@ -272,3 +272,30 @@ async def test_a_jobs_cost_is_its_share_of_its_clusters() -> None:
     assert "$7.00" in html and "of the cluster's $8.00 so far" in html
     later = await job_cost(cache, "big", {"job_id": 2, "submitted_at": None})  # type: ignore[arg-type]
     assert later["cost"] is None and later["error"] == "nothing counted for it yet"
+
+
+class CountingLink:
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    async def call(self, args: Any) -> dict[str, Any]:
+        self.calls.append(args.days)
+        return {"days": args.days, "call": len(self.calls)}
+
+
+@pytest.mark.anyio
+async def test_reports_are_shared_while_fresh_and_few_are_held() -> None:
+    from clusterctl.dashboard._costdata import REPORTS_HELD, ReportCache
+
+    link = CountingLink()
+    cache = ReportCache(link, max_age_s=60)  # type: ignore[arg-type]
+    first = await cache.get(7)
+    assert await cache.get(7) is first and link.calls == [7]
+    for days in range(100, 100 + REPORTS_HELD):
+        await cache.get(days)
+    await cache.get(7)  # pushed out by newer windows: asked again
+    assert link.calls.count(7) == 2
+    stale = ReportCache(link, max_age_s=-1)  # type: ignore[arg-type]
+    await stale.get(1)
+    await stale.get(1)
+    assert link.calls.count(1) == 2

@@ -20,6 +20,7 @@ DAY_S = 86400.0
 MAX_DAYS = 3650  # as the daemon allows
 DEFAULT_DAYS = 30
 REPORT_MAX_AGE_S = 5.0
+REPORTS_HELD = 8  # windows remembered (a report of many clusters is large)
 SPENDERS_SHOWN = 20
 JOBS_SHOWN = 10
 # The windows a cluster's or a job's page asks for: few, so their reports are shared.
@@ -28,7 +29,8 @@ OWNER_PREFIX = "managed-job:"  # the owner tag of a managed job's clusters
 
 
 class ReportCache:
-    """`cost_report` per window, each at most `max_age_s` old."""
+    """`cost_report` per window, each at most `max_age_s` old; the `REPORTS_HELD` windows
+    asked last are remembered."""
 
     def __init__(self, link: DaemonLink, max_age_s: float = REPORT_MAX_AGE_S) -> None:
         self._link = link
@@ -42,7 +44,10 @@ class ReportCache:
             if held is not None and time.monotonic() - held[0] <= self._max_age_s:
                 return held[1]
             report = await self._link.call(protocol.CostReportArgs(days=days))
+            self._reports.pop(days, None)
             self._reports[days] = (time.monotonic(), report)
+            while len(self._reports) > REPORTS_HELD:  # the oldest fetched goes first
+                del self._reports[next(iter(self._reports))]
             return report
 
 
