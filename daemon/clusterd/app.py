@@ -294,7 +294,8 @@ class Daemon:
             usage=UsageService(self.store, self.access),
             kept=self.keeper.kept,
             cost=CostService(self.clusters.ledger, self.db, self.keeper.kept,
-                             self.managed_store),
+                             self.managed_store, self._configured_budgets,
+                             self.budget_store.get),
         )
         self._server_name = f"clusterd/{__version__}"
 

@@ -56,3 +56,21 @@ def test_report() -> None:
 def test_an_empty_ledger_is_an_empty_report() -> None:
     report = build(Window(0, 1), [], {}, lambda name, inc: (), {})
     assert (report["total"], report["clusters"], report["days"]) == (0, [], [])
+
+
+def test_each_cluster_has_its_own_days_cut_at_midnight() -> None:
+    """The dashboard stacks spend per day by cluster and by provider from these."""
+    records = [interval("late", DAY0, DAY0 - H, DAY0 + 2 * H),  # 1 h before midnight, 2 after
+               interval("pool", DAY0, DAY0 + H, DAY0 + 3 * H, provider="ssh")]
+    report = build(Window(DAY0 - 2 * H, DAY0 + 4 * H), records, {},
+                   lambda name, inc: (), {})
+    days = {c["name"]: c["days"] for c in report["clusters"]}
+    assert days["late"] == [{"day": "2026-04-30", "cost": pytest.approx(1.5)},
+                            {"day": "2026-05-01", "cost": pytest.approx(3.0)}]
+    assert days["pool"] == [{"day": "2026-05-01", "cost": pytest.approx(3.0)}]
+    # Together, the clusters' days are the report's.
+    summed: dict[str, float] = {}
+    for cluster_days in days.values():
+        for day in cluster_days:
+            summed[day["day"]] = summed.get(day["day"], 0.0) + day["cost"]
+    assert {d["day"]: pytest.approx(d["cost"]) for d in report["days"]} == summed

@@ -22,7 +22,7 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
-from . import _history, _live, _managed, _timeline
+from . import _cost, _costdata, _history, _live, _managed, _timeline
 from ._board import Dashboard, cluster_name, json_body, json_error, log_text
 from ._daemon import DaemonLink
 from ._security import Guard
@@ -59,16 +59,17 @@ async def cluster_page(request: web.Request) -> web.Response:
             return await _history.gone_cluster_page(request, name, exc)
         return board.error_page(exc)
     cluster = status["clusters"][0]
-    jobs, nodes, usage = await asyncio.gather(_live.jobs_of(board, cluster),
-                                              _live.nodes_of(board, name),
-                                              _live.usage_of(board, cluster))
+    jobs, nodes, usage, cost = await asyncio.gather(
+        _live.jobs_of(board, cluster), _live.nodes_of(board, name),
+        _live.usage_of(board, cluster),
+        _costdata.cluster_cost(board.costs, name, cluster.get("launched_at")))
     history = events.get("events", [])
     drawn = await _timeline.draw(board.link, board.steps, history, jobs["jobs"] or [])
     shown = list(reversed(history[-EVENTS_SHOWN_OF_CLUSTER:]))
     after = shown[0]["id"] if shown else 0
     return board.page("cluster.html", f"/live/clusters/{name}?after={after}", cluster=cluster,
                       events=shown, nav="clusters", jobs_part=jobs, nodes_part=nodes,
-                      usage_part=usage, timeline=drawn)
+                      usage_part=usage, cost_part=cost, timeline=drawn)
 
 
 async def job_page(request: web.Request) -> web.Response:
@@ -86,8 +87,9 @@ async def job_page(request: web.Request) -> web.Response:
         return board.error_page(ClusterdError(ErrorCode.JOB_NOT_FOUND,
                                               f"cluster {name} has no job {job_id}",
                                               f"see the jobs of {name}"))
+    cost = await _costdata.job_cost(board.costs, name, job)
     return board.page("job.html", f"/live/clusters/{name}/jobs/{job_id}", cluster=name,
-                      job=job, nav="clusters", tail=_live.LOG_TAIL_LINES)
+                      job=job, nav="clusters", tail=_live.LOG_TAIL_LINES, cost_part=cost)
 
 
 async def job_log_text(request: web.Request) -> web.StreamResponse:
@@ -249,6 +251,8 @@ def build_app(board: Dashboard) -> web.Application:
         (_managed.PATH + "/log.txt", _managed.log_txt),
         ("/live/managed-jobs", _managed.live_list),
         ("/live" + _managed.PATH, _managed.live_job),
+        ("/cost", _cost.cost_page),
+        ("/live/cost", _cost.live_cost),
     ]
     for path, handler in get:
         app.router.add_get(path, handler, allow_head=False)

@@ -20,6 +20,8 @@ from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode
 
 from . import _ansi
+from ._banner import BudgetBanner
+from ._costdata import ReportCache
 from ._daemon import DaemonLink, EventsFeed, Notices, OverviewFeed
 from ._security import Guard
 from ._timeline import StepCache
@@ -38,6 +40,8 @@ class Dashboard:
         self.overview = OverviewFeed(link)
         self.events = EventsFeed(link, self.overview)
         self.notices = Notices()
+        self.banner = BudgetBanner(link)  # the daemon's budget notices, on every page
+        self.costs = ReportCache(link)
         self.templates = environment()
         self.steps = StepCache()  # finished requests' steps, for timelines
         # The handlers of open live streams: aiohttp's tasks, not ours; cancelled at shutdown
@@ -55,6 +59,7 @@ class Dashboard:
                 self._group = group
                 group.create_task(self.overview.run())
                 group.create_task(self.events.run())
+                group.create_task(self.banner.run())
                 try:
                     yield
                 finally:
@@ -75,7 +80,7 @@ class Dashboard:
         return self.templates.get_template(name).render(**values)
 
     def page(self, name: str, live: str, status: int = 200, **values: Any) -> web.Response:
-        text = self.render(name, live=live, **values)
+        text = self.render(name, live=live, banner=self.banner.lines.value, **values)
         return web.Response(text=text, status=status, content_type="text/html")
 
     def error_page(self, error: ClusterdError, status: int = 502) -> web.Response:

@@ -95,6 +95,17 @@ class DaemonLink:
         finally:
             await client.close()
 
+    async def notices(self) -> list[str]:
+        """The lines the daemon wants said to its user now (a budget past its warning): its
+        hello's `notices`, on a connection of its own (the shared one heard them once)."""
+        client = AsyncClient(self.socket_path, client_name=CLIENT_NAME,
+                             autostart=self._autostart)
+        try:
+            await client.connect()
+            return protocol.notices_of(client.server_hello)
+        finally:
+            await client.close()
+
     def note_health(self, ok: bool, why: str = "") -> None:
         if self.health.value != (ok, why):
             self.health.publish((ok, why))

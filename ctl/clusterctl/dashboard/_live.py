@@ -23,7 +23,7 @@ from clusterctl import protocol
 from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode, JobStatus
 
-from . import _timeline
+from . import _costdata, _timeline
 from ._ansi import AnsiToHtml
 from ._board import Dashboard, cluster_name
 from ._charts import node_charts
@@ -85,7 +85,7 @@ async def serve(request: web.Request, *producers: Producer) -> web.StreamRespons
     board.live_tasks.add(task)
     try:
         async with asyncio.TaskGroup() as group:
-            for producer in (_health, _notices, *producers):
+            for producer in (_health, _notices, _banner, *producers):
                 group.create_task(producer(board, live))
             group.create_task(live.keepalive())
             group.create_task(_gone(request))
@@ -119,6 +119,17 @@ async def _notices(board: Dashboard, live: Live) -> None:
         for notice in board.notices.after(shown):
             shown = notice["id"]
             await live.send("notice", notice)
+
+
+async def _banner(board: Dashboard, live: Live) -> None:
+    """The budget banner, redrawn as the daemon's notices change."""
+    seen = -1
+    while True:
+        if board.banner.lines.version != seen:
+            seen = board.banner.lines.version
+            await live.replace("banner", board.render("_banner.html",
+                                                      lines=board.banner.lines.value))
+        await board.banner.lines.next(seen)
 
 
 async def _gone(request: web.Request) -> None:
@@ -215,6 +226,9 @@ def _cluster_parts(name: str) -> Producer:
                                                          **await usage_of(board, view)))
                 await live.replace("timeline", str(await timeline_of(board, name,
                                                                      jobs["jobs"])))
+                cost = await _costdata.cluster_cost(board.costs, name, view.get("launched_at"))
+                await live.replace("cluster-cost", board.render("_cluster_cost.html",
+                                                                cluster=name, **cost))
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(CLUSTER_POLL_S):
                     while True:  # until an event of this cluster (or the timeout)
@@ -351,6 +365,8 @@ async def _send_status(board: Dashboard, live: Live, name: str, job_id: int) -> 
     if job is None:
         return None
     await live.replace("job-status", board.render("_job.html", cluster=name, job=job))
+    await live.replace("job-cost", board.render(
+        "_job_cost.html", **await _costdata.job_cost(board.costs, name, job)))
     return str(job["status"])
 
 

@@ -18,6 +18,7 @@ from clusterctl.client import ClusterdError
 from clusterctl.protocol import ErrorCode, ManagedJobStatus
 
 from ._board import Dashboard, json_body, json_error, log_text
+from ._costdata import managed_cost
 from ._live import Finished, Live, Producer, relay_log, serve
 
 LIST_POLL_S = 1.0
@@ -76,11 +77,12 @@ async def job_page(request: web.Request) -> web.Response:
         job = await _find(board, job_id)
     except ClusterdError as exc:
         return board.error_page(exc)
-    events, note = await _events(board, job_id)
+    (events, note), cost = await asyncio.gather(_events(board, job_id),
+                                                managed_cost(board.costs, job))
     after = events[-1]["id"] if events else 0
     return board.page("managed_job.html", f"/live/managed-jobs/{job_id}?after={after}",
                       job=job, events=list(reversed(events[-EVENTS_SHOWN:])),
-                      all_events=events, events_note=note, nav="managed")
+                      all_events=events, events_note=note, cost_part=cost, nav="managed")
 
 
 async def log_txt(request: web.Request) -> web.StreamResponse:
@@ -162,6 +164,8 @@ class _JobParts:
 
     async def _draw(self, board: Dashboard, live: Live, job: dict[str, Any]) -> None:
         await live.replace("managed-job", board.render("_managed_job.html", job=job))
+        await live.replace("managed-cost", board.render(
+            "_managed_cost.html", **await managed_cost(board.costs, job)))
         await live.replace("attempts", board.render("_managed_attempts.html",
                                                     events=self.events))
         unseen = [e for e in self.events if e["id"] > self.drawn]

@@ -14,6 +14,9 @@ from markupsafe import Markup, escape
 from clusterctl._render import age
 from clusterctl.protocol import ManagedJobStatus
 
+from ._banner import level as notice_level
+from ._costcharts import budget_bar, money, rate, share, split_bar, split_parts
+
 STATUS_CLASSES = {
     "UP": "ok", "SUCCEEDED": "ok", "RUNNING": "run", "INIT": "warn", "PENDING": "warn",
     "SETTING_UP": "warn", "STOPPED": "off", "TERMINATED": "off", "CANCELLED": "off",
@@ -135,6 +138,8 @@ def environment() -> jinja2.Environment:
                        countdown=countdown, price=price, when=when, change=change,
                        duration=duration, seconds=seconds, attempts=attempts,
                        managed_running_since=managed_running_since,
-                       managed_final=MANAGED_FINAL,
+                       managed_final=MANAGED_FINAL, money=money, rate=rate, share=share,
+                       split_bar=split_bar, split_parts=split_parts, budget_bar=budget_bar,
+                       notice_level=notice_level,
                        age=age, status_class=lambda s: STATUS_CLASSES.get(str(s), ""))
     return env

@@ -61,6 +61,9 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
             "per_hour": _round(sum(i.rate for i in own if i.ended_at is None)),
             "cost": _round(split.total), "split": _split_view(split),
             "sources": sorted({i.source for i in own}),
+            # Its dollars per UTC day (the dashboard stacks them per cluster and provider).
+            "days": [{"day": d, "cost": _round(c)}
+                     for d, c in by_day(own, window.now, window.since).items()],
             "intervals": [{"kind": i.kind, "nodes": i.nodes, "started_at": i.started_at,
                            "ended_at": i.ended_at, "node_price_per_hour": i.node_price_per_hour,
                            "disk_price_per_hour": i.disk_price_per_hour, "source": i.source}
