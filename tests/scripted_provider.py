@@ -12,6 +12,7 @@ runs in milliseconds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -75,6 +76,9 @@ class Instance:
     zone: str
     token: str
     nodes: list[NodeStatus]
+    # Each node's last start and stop by the provider's clock (ScriptedProvider.clock).
+    launched: list[float | None] = dataclasses.field(default_factory=list)
+    stopped: list[float | None] = dataclasses.field(default_factory=list)
 
 
 class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
@@ -88,6 +92,11 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
         self._failures: dict[str | None, ProvisionError] = {}  # by zone (None: every zone)
         self._delays: dict[str, float] = {}  # by call name
         self._gates: dict[str, anyio.Event] = {}  # by call name
+        # The provider's own clock (None: it keeps none): create, start, stop and lose date
+        # the nodes they change by it (NodeInfo.launched_at / stopped_at); start leaves the
+        # launch times as they were when `start_keeps_launch_time`.
+        self.clock: float | None = None
+        self.start_keeps_launch_time = False
 
     # -- what a test tells it -------------------------------------------------------------
 
@@ -109,7 +118,9 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
 
     def lose(self, cloud_name: str, node: int) -> None:
         """Node `node` of the cluster is gone for good (a spot node preempted)."""
-        self.instances[cloud_name].nodes[node] = NodeStatus.TERMINATED
+        instance = self.instances[cloud_name]
+        instance.nodes[node] = NodeStatus.TERMINATED
+        instance.stopped[node] = self.clock
 
     # -- the Provider ---------------------------------------------------------------------
 
@@ -146,7 +157,8 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
             return ScriptedHandle(existing.zone)
         assert existing is None, f"{request.cloud_name} exists already"
         self.instances[request.cloud_name] = Instance(
-            placement.zone, request.create_token, [NodeStatus.RUNNING] * request.num_nodes)
+            placement.zone, request.create_token, [NodeStatus.RUNNING] * request.num_nodes,
+            [self.clock] * request.num_nodes, [None] * request.num_nodes)
         return ScriptedHandle(placement.zone)
 
     def handle_for_intent(self, cloud_name: str, intent: Placement | None) -> ScriptedHandle:
@@ -161,8 +173,10 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
         instance = self.instances.get(cloud_name)
         if instance is None:
             return []
-        return [NodeInfo(f"{cloud_name}-{i}", f"10.0.0.{i + 1}", status, cpus=4)
-                for i, status in enumerate(instance.nodes)]
+        return [NodeInfo(f"{cloud_name}-{i}", f"10.0.0.{i + 1}", status, cpus=4,
+                         launched_at=launched, stopped_at=stopped)
+                for i, (status, launched, stopped) in enumerate(itertools.zip_longest(
+                    instance.nodes, instance.launched, instance.stopped))]
 
     async def query(self, cloud_name: str, handle: ScriptedHandle) -> list[NodeInfo]:
         await self._call("query", cloud_name, handle.zone)
@@ -182,6 +196,7 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
         await self._call("stop", cloud_name, handle.zone)
         instance = self.instances[cloud_name]
         instance.nodes = [NodeStatus.STOPPED] * len(instance.nodes)
+        instance.stopped = [self.clock] * len(instance.nodes)
 
     async def start(self, cloud_name: str, handle: ScriptedHandle) -> ScriptedHandle:
         await self._call("start", cloud_name, handle.zone)
@@ -190,6 +205,9 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
             raise failure
         instance = self.instances[cloud_name]
         instance.nodes = [NodeStatus.RUNNING] * len(instance.nodes)
+        instance.stopped = [None] * len(instance.nodes)
+        if not self.start_keeps_launch_time:
+            instance.launched = [self.clock] * len(instance.nodes)
         return handle
 
     async def terminate(self, cloud_name: str, handle: ScriptedHandle) -> None:

@@ -308,7 +308,8 @@ class Daemon:
     def _start_budgets(self, meter: SpendMeter) -> BudgetController:
         controller = BudgetController(
             self._configured_budgets, self.budget_store, meter, self.store, self.providers,
-            RequestActions(self.requests, self.clusters, self.managed), str(self.config.path))
+            RequestActions(self.requests, self.clusters, self.managed), str(self.config.path),
+            poll_s=self.settings.budget_poll_s)
         self.provisioner.refusal = controller.refusal
         self.clusters.dry_run.budgets = controller
         return controller

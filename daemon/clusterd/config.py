@@ -51,6 +51,8 @@ class Settings:
     runtime_start_timeout_s: float = setting(120.0, "CLUSTERD_RUNTIME_START_TIMEOUT")
     # The refresh loop's period (each cycle waits this ± 10 %).
     refresh_interval_s: float = setting(30.0, "CLUSTERD_REFRESH_INTERVAL")
+    # How often the budget controller looks at each budget's spend (docs/budgets.md).
+    budget_poll_s: float = setting(30.0, "CLUSTERD_BUDGET_POLL")
     # How often autostop deadlines are checked: a timer fires at most this late.
     autostop_check_s: float = setting(5.0, "CLUSTERD_AUTOSTOP_CHECK")
     # How often the idle-cost guard asks an idle cluster with no autostop how long it has

@@ -76,6 +76,13 @@ class NodeInfo:
     # A VM booted from an image that may lack the GPU driver (not a pod, whose GPUs come with
     # the device plugin's driver): the runtime checks the driver before Ray counts the GPUs.
     check_gpu_driver: bool = False
+    # The provider's own clock on the node's life, in epoch seconds, where its API says
+    # (None where it does not: ssh, local): when it last started running (EC2's LaunchTime,
+    # which a start after a stop moves; a pod's startTime), and when it stopped or was
+    # terminated (EC2's StateTransitionReason; a pod's container finishedAt). The cost
+    # ledger dates a change it finds after a gap (a daemon that was down) by them.
+    launched_at: float | None = None
+    stopped_at: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)

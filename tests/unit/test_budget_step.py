@@ -88,3 +88,9 @@ def test_refusal_says_the_budget_the_spend_and_how_to_raise_it() -> None:
     text = refusal(aws, 51.25, "/home/u/.config/clusterd/config.yaml")
     assert "the aws budget of $50 is exceeded ($51.25 spent this month)" in text
     assert "raise budget.providers.aws.monthly in /home/u/.config/clusterd/config.yaml" in text
+
+
+def test_a_spend_under_a_cent_is_said_to_four_places() -> None:
+    # A budget of a fraction of a cent, exceeded: "$0.00 spent" would say nothing was.
+    text = refusal(Budget(monthly=0.001), 0.00123, "/c.yaml")
+    assert "budget of $0.001 is exceeded ($0.0012 spent this month)" in text, text

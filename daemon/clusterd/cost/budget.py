@@ -127,8 +127,15 @@ def projection(budget: Budget, spent: float, burn_rate: float, now: float) -> st
     return f"at this rate the budget is reached on {when:%Y-%m-%d %H:%M} UTC"
 
 
+def dollars(amount: float) -> str:
+    """Money as the messages say it: to the cent, and a spend under a cent to four places
+    (a budget of a fraction of a cent is exceeded by "$0.0012", not "$0.00"; as
+    `clusterctl cost-report` writes it)."""
+    return f"${amount:.2f}" if amount >= 0.01 or amount == 0 else f"${amount:.4f}"
+
+
 def describe(budget: Budget, seen: Observed) -> str:
-    return (f"{budget.label()}: ${seen.spent:.2f} of ${budget.monthly:g} spent in "
+    return (f"{budget.label()}: {dollars(seen.spent)} of ${budget.monthly:g} spent in "
             f"{seen.month} ({seen.spent / budget.monthly:.0%}), ${seen.burn_rate:.4g}/h now; "
             f"{projection(budget, seen.spent, seen.burn_rate, seen.now)}")
 
@@ -159,6 +166,6 @@ def refusal(budget: Budget, spent: float, config_path: str) -> str:
     """Why a launch is refused while `budget` is exceeded, and how to raise it."""
     key = (f"budget.providers.{budget.provider}.monthly" if budget.provider
            else "budget.monthly")
-    return (f"{budget.label()} of ${budget.monthly:g} is exceeded (${spent:.2f} spent this "
+    return (f"{budget.label()} of ${budget.monthly:g} is exceeded ({dollars(spent)} spent this "
             f"month): new launches are refused until it is raised; raise {key} in "
             f"{config_path}")

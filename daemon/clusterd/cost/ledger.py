@@ -8,9 +8,13 @@ makes the open intervals what the cluster now is, closing and opening as needed,
 it twice, or again after a restart, changes nothing.
 
 kill -9: an open interval stays open in the database (its nodes kept running while the
-daemon was away); the first refresh after a restart closes it if the provider says the nodes
-are gone, at the time the provider gives or else the time it was first seen. A unique index
-holds at most one open interval per cluster and kind, so no second is counted twice.
+daemon was away); the first refresh after a restart finds what changed meanwhile and dates
+the change by the provider's own clock where it has one (NodeInfo.launched_at/stopped_at:
+EC2's LaunchTime and StateTransitionReason, a pod's start and finish), else at the time it
+was first seen. A launch or start dates its nodes' start the same way. No second is counted
+twice: a unique index holds at most one open interval per cluster and kind, an interval
+closes no earlier than it opened, and one opens no earlier than the cluster's last one
+closed (a provider's time before that is clamped to it, never after now).
 
 Incarnations: a cluster made again under the same name is another cluster; its intervals
 carry the record's `created_at` (`incarnation`).
@@ -86,6 +90,9 @@ class Ledger:
         self._open: dict[str, dict[str, Interval]] = {}
         self._closed: dict[tuple[str, float], float] = {}
         self._closed_by_owner: dict[str, float] = {}  # a managed job's attempts, all told
+        # cluster -> when its last closed interval ended: where a new one may open, at the
+        # earliest (one per cluster name ever seen: a float each).
+        self._last_end: dict[str, float] = {}
 
     async def load(self) -> None:
         rows = await self._db.fetchall("SELECT * FROM cost_intervals WHERE ended_at IS NULL")
@@ -102,13 +109,20 @@ class Ledger:
             " FROM cost_intervals WHERE ended_at IS NOT NULL AND owner IS NOT NULL"
             " GROUP BY owner")
         self._closed_by_owner = {row["owner"]: row["dollars"] for row in owners}
+        ends = await self._db.fetchall(
+            "SELECT cluster, MAX(ended_at) AS ended_at FROM cost_intervals"
+            " WHERE ended_at IS NOT NULL GROUP BY cluster")
+        self._last_end = {row["cluster"]: row["ended_at"] for row in ends}
 
     # -- the hooks ---------------------------------------------------------------------------
 
     async def running(self, record: ClusterRecord, nodes: int | None = None,
                       at: float | None = None) -> None:
         """The cluster's nodes run (`nodes` of them; default all): one open running interval
-        at today's price, its stopped one (if any) closed."""
+        at today's price, its stopped one (if any) closed. `at`: when they started, where the
+        provider says (an `at` before the stretch it would end is an earlier start's, and
+        ignored: a provider that keeps its first launch time across a stop and start must
+        not have the stopped stretch counted as running)."""
         await self._become(record, RUNNING, record.num_nodes if nodes is None else nodes, at)
 
     async def stopped(self, record: ClusterRecord, at: float | None = None) -> None:
@@ -124,13 +138,14 @@ class Ledger:
         left, every one stopped, or so many running (a node not stopped nor gone is paid
         for, answering or not)."""
         alive = [n for n in nodes if n.status != NodeStatus.TERMINATED]
+        at = changed_at(nodes)
         if not alive:
-            await self.ended(record.name)
+            await self.ended(record.name, at)
         elif all(n.status == NodeStatus.STOPPED for n in alive):
-            await self.stopped(record)
+            await self.stopped(record, at)
         else:
             running = sum(1 for n in alive if n.status != NodeStatus.STOPPED)
-            await self.running(record, running)
+            await self.running(record, running, at)
 
     # -- what the budgets and reports read -----------------------------------------------
 
@@ -208,17 +223,18 @@ class Ledger:
     async def _become(self, record: ClusterRecord, kind: str, nodes: int,
                       at: float | None) -> None:
         async with self._lock:
-            now = time.time() if at is None else at
             current = self._open.get(record.name, {}).get(kind)
             # Refresh calls this for every cluster every cycle: the common case (nothing
             # changed) reads no price (a pools file, say) and writes nothing.
             if current is not None and _same(current, record.created_at, nodes):
                 stale = [i for i in self.open_intervals(record.name) if i.kind != kind]
                 if stale:
-                    await self._close(stale, now)
+                    await self._close(stale, self._dated(record.name, stale, at, kind))
                 return
-            await self._close(self.open_intervals(record.name), now)
-            opened = dataclasses.replace(self._wanted(record, kind, nodes), started_at=now)
+            closing = self.open_intervals(record.name)
+            when = self._dated(record.name, closing, at, kind)
+            await self._close(closing, when)
+            opened = dataclasses.replace(self._wanted(record, kind, nodes), started_at=when)
             row_id = await self._db.write([(
                 f"INSERT INTO cost_intervals ({', '.join(_FIELDS)})"
                 f" VALUES ({', '.join('?' for _ in _FIELDS)})",
@@ -228,7 +244,21 @@ class Ledger:
 
     async def _become_nothing(self, name: str, at: float | None) -> None:
         async with self._lock:
-            await self._close(self.open_intervals(name), time.time() if at is None else at)
+            closing = self.open_intervals(name)
+            await self._close(closing, self._dated(name, closing, at, None))
+
+    def _dated(self, name: str, closing: list[Interval], at: float | None,
+               kind: str | None) -> float:
+        """When the cluster became `kind` (None: gone), given the provider's word `at`: never
+        after now, never before what it ends began nor before the cluster's last interval
+        ended. A start (`kind` RUNNING) dated before that is an earlier start's: now."""
+        now = time.time()
+        floor = max([i.started_at for i in closing] + [self._last_end.get(name, 0.0)])
+        if at is None or at > now:
+            return max(now, floor)
+        if at < floor:
+            return now if kind == RUNNING else floor
+        return at
 
     async def _close(self, intervals: list[Interval], at: float) -> None:
         if not intervals:
@@ -238,6 +268,7 @@ class Ledger:
         await self._db.write([("UPDATE cost_intervals SET ended_at = ? WHERE id = ?",
                                [end, i.id]) for i, end in zip(intervals, ends, strict=True)])
         for interval, end in zip(intervals, ends, strict=True):
+            self._last_end[interval.cluster] = max(end, self._last_end.get(interval.cluster, 0.0))
             kinds = self._open.get(interval.cluster, {})
             kinds.pop(interval.kind, None)
             if not kinds:
@@ -253,3 +284,16 @@ def _same(current: Interval, incarnation: float, nodes: int) -> bool:
     """The open interval already counts this incarnation's `nodes` (a price change alone
     does not split an interval: the price is the one that applied when the nodes started)."""
     return (current.incarnation, current.nodes) == (incarnation, nodes)
+
+
+def changed_at(nodes: Sequence[NodeInfo]) -> float | None:
+    """When the cluster became what its nodes are now, by the provider's clock: when the
+    last of them changed (a running node when it started, any other when it stopped or
+    went). None when a node's time is not known (then the change is dated when seen)."""
+    times = [n.launched_at if _counts_as_running(n) else n.stopped_at for n in nodes]
+    known = [t for t in times if t is not None]
+    return max(known) if known and len(known) == len(times) else None
+
+
+def _counts_as_running(node: NodeInfo) -> bool:
+    return node.status not in (NodeStatus.STOPPED, NodeStatus.TERMINATED)

@@ -16,7 +16,7 @@ import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.cost.ledger import Ledger
+from clusterd.cost.ledger import Ledger, changed_at
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
@@ -41,6 +41,8 @@ PREEMPTIBLE_BY_TEARDOWN = ("launch", "start")
 # After a stop or down has stopped the agent, how long clients following a job's log get to
 # read its final status before the connection closes under them.
 FOLLOWER_GRACE_S = 2.0
+# How long asking the provider when nodes stopped (for the cost ledger) may take.
+PROVIDER_TIME_TIMEOUT_S = 10.0
 
 
 class Teardown:
@@ -90,7 +92,7 @@ class Teardown:
             await self._runtime.stop(info)
             await self._runtime.close(name, grace_s=FOLLOWER_GRACE_S)
             await provider.stop(record.cloud_name, handle)
-            await self._ledger.stopped(record)
+            await self._ledger.stopped(record, await self._gone_at(record, provider))
             await self._store.set_status(name, ClusterStatus.STOPPED,
                                          reason or f"stopped by request {request.id}",
                                          request.id)
@@ -124,12 +126,31 @@ class Teardown:
             await request.progress(f"tearing down {name}", "down")
             await fault_point("down.mid_teardown")
             targets = await self._teardown(request, record, purge=purge, discard=discard)
-            await self._ledger.ended(name)
+            await self._ledger.ended(name, await self._gone_at(record, self._providers.get(
+                record.provider)))
             await self._forget(name, targets)
             await self._store.remove(name, reason or f"torn down by request {request.id}",
                                      request.id)
             await self.release_buckets(request, name)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
+
+    async def _gone_at(self, record: ClusterRecord, provider: Provider) -> float | None:
+        """When the provider says the cluster's nodes stopped or went, once every one has
+        (None: not known, or one still runs): the ledger ends their running stretch then,
+        not when the cloud finished stopping them (EC2 bills no stopping instance, and a
+        stop can take minutes). One query, bounded; failing, the time is now."""
+        if record.handle.provider is None:
+            return None
+        try:
+            with anyio.fail_after(PROVIDER_TIME_TIMEOUT_S):
+                nodes = await provider.query(record.cloud_name, record.handle.provider)
+        except (ProtocolError, TimeoutError) as exc:
+            logger.info("no provider time for the cost ledger", cluster=record.name,
+                        error=exc.message if isinstance(exc, ProtocolError) else "timed out")
+            return None
+        if any(n.status not in (NodeStatus.STOPPED, NodeStatus.TERMINATED) for n in nodes):
+            return None
+        return changed_at(nodes)
 
     async def discard_failed_launch(
         self, request: RunningRequest, name: str, error: BaseException

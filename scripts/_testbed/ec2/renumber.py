@@ -2,7 +2,9 @@
 back with another address. On real EC2 that is the public address (a VPC instance keeps its
 primary private one); in the bed, where clusterd reaches nodes by their private addresses
 (`use_internal_ips`), the private address changes, so that clusterd's following of a moved
-node is tested for real. The controller installs this into its in-process moto once."""
+node is tested for real. And EC2 moves the instance's LaunchTime to the start (moto keeps the
+first launch's), which the cost ledger dates a start by. The controller installs this into
+its in-process moto once."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ _installed = False
 
 def install() -> None:
     """Make moto's Instance.start give a stopped instance a fresh private address from its
-    subnet (idempotent)."""
+    subnet and a LaunchTime of now (idempotent)."""
     global _installed
     if _installed:
         return
+    from moto.core.utils import utcnow
     from moto.ec2.models.instances import Instance
 
     original = Instance.start
@@ -29,6 +32,7 @@ def install() -> None:
         previous = original(self)
         if was == "stopped":
             renumber(self)
+            self.launch_time = utcnow()
         return previous
 
     Instance.start = start

@@ -30,6 +30,7 @@ import anyio
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd import log
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
+from clusterd.providers.aws import lifetimes
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
 from clusterd.providers.aws.ec2 import EC2Api, Instance, ObjectStoreAccess, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
@@ -444,7 +445,10 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         current = [i for i in instances if i["State"]["Name"] != "terminated"
                    or i["InstanceId"] in recorded]
         seen = {i["InstanceId"] for i in current}
-        infos = [self._node_info(cloud_name, handle, node) for node in _nodes_of(current)]
+        stops = {i["InstanceId"]: lifetimes.stopped_at(i) for i in current}
+        infos = [dataclasses.replace(self._node_info(cloud_name, handle, node),
+                                     stopped_at=stops.get(node.id))
+                 for node in _nodes_of(current)]
         infos += [NodeInfo(node_id=node_id, internal_ip="", status=NodeStatus.TERMINATED,
                            reason="the instance no longer exists")
                   for node_id in sorted(recorded - seen)]
@@ -473,6 +477,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             image=node.image,
             check_gpu_driver=True,
             external_ip="" if handle.use_internal_ips else node.public_ip or "",
+            launched_at=lifetimes.launched_at(node.launched),
         )
 
     async def cluster_info(self, cloud_name: str, handle: AWSHandle) -> ClusterInfo:

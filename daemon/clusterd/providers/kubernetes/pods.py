@@ -7,6 +7,7 @@ labelled with the cluster stays).
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -307,6 +308,33 @@ async def list_ours(api: KubeApi, context: str, namespace: str, managed_by: str,
     listed = await api.call(context, lambda core: core.list_namespaced_pod(
         namespace, label_selector=selector(cloud_name, managed_by)))
     return list(listed.items)
+
+
+def lifetime(pod: Any | None) -> tuple[float | None, float | None]:
+    """When the pod started (`status.startTime`) and, once its containers have all ended,
+    when the last one did (their `state.terminated.finishedAt`), in epoch seconds (None
+    where the pod does not say): what the cost ledger dates a change by (NodeInfo)."""
+    status = pod.status if pod is not None else None
+    if status is None:
+        return None, None
+    started = _epoch(status.start_time)
+    states = [c.state for c in status.container_statuses or []]
+    ends = [end for s in states if s is not None and s.terminated is not None
+            and (end := _epoch(s.terminated.finished_at)) is not None]
+    # Every container ended, each with its time: else the pod's end is not known.
+    return started, max(ends) if ends and len(ends) == len(states) else None
+
+
+def _epoch(when: Any) -> float | None:
+    """A time as kubernetes-asyncio gives it (a datetime; text from a raw object)."""
+    if isinstance(when, str):
+        try:
+            when = datetime.datetime.fromisoformat(when.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+    if not isinstance(when, datetime.datetime):
+        return None
+    return (when if when.tzinfo else when.replace(tzinfo=datetime.UTC)).timestamp()
 
 
 def node_status(pod: Any | None) -> tuple[NodeStatus, str]:

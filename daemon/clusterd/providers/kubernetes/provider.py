@@ -400,7 +400,10 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
                     kept = next((p for p in handle.pods if p.name == name), None)
                     record = pods.recorded(pod) if pod is not None and pod.status.pod_ip \
                         else kept or KubernetesPod(name)
-                    infos.append(self._node(cloud_name, handle, record, status, reason, None))
+                    launched, stopped = pods.lifetime(pod)
+                    infos.append(dataclasses.replace(
+                        self._node(cloud_name, handle, record, status, reason, None),
+                        launched_at=launched, stopped_at=stopped))
                 found[cloud_name] = infos
 
         async with anyio.create_task_group() as group:
