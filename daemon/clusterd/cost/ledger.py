@@ -91,6 +91,9 @@ class Ledger:
         self._open = {}
         for row in rows:
             self._open.setdefault(row["cluster"], {})[row["kind"]] = Interval(**dict(row))
+        await self._load_closed()
+
+    async def _load_closed(self) -> None:
         sums = await self._db.fetchall(
             f"SELECT cluster, incarnation, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600"
             " AS dollars FROM cost_intervals WHERE ended_at IS NOT NULL"
@@ -101,6 +104,26 @@ class Ledger:
             " FROM cost_intervals WHERE ended_at IS NOT NULL AND owner IS NOT NULL"
             " GROUP BY owner")
         self._closed_by_owner = {row["owner"]: row["dollars"] for row in owners}
+
+    async def prune(self, before: float) -> int:
+        """Forget the closed intervals that ended before `before` of cluster incarnations
+        that are gone (no live record, nothing open): the ledger's bound, as finished
+        requests and events have theirs. Open intervals, and a live cluster's past (its
+        cost so far), stay. Returns how many intervals went."""
+        async with self._lock:  # no hook's close between the delete and the sums below
+            before_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
+            await self._db.write([(
+                "DELETE FROM cost_intervals AS i WHERE i.ended_at IS NOT NULL AND i.ended_at < ?"
+                " AND NOT EXISTS (SELECT 1 FROM clusters c"
+                "  WHERE c.name = i.cluster AND c.created_at = i.incarnation)"
+                " AND NOT EXISTS (SELECT 1 FROM cost_intervals o WHERE o.ended_at IS NULL"
+                "  AND o.cluster = i.cluster AND o.incarnation = i.incarnation)",
+                [before])])
+            after_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
+            removed = int(before_rows[0]["n"]) - int(after_rows[0]["n"])
+            if removed:
+                await self._load_closed()  # the sums held in memory shrink with the table
+            return removed
 
     # -- the hooks ---------------------------------------------------------------------------
 
