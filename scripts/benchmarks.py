@@ -39,6 +39,7 @@ from bench_aws import (
 )
 from bench_bed import insert_records
 from bench_client import bench_installed, bench_queue, bench_queue_drain
+from bench_cost import bench_cost_ledger
 from bench_curves import (
     bench_curves_clusters,
     bench_curves_failover,
@@ -531,6 +532,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "curves_logs": bench_curves_logs,
     "curves_failover": bench_curves_failover,
     "kept_logs": bench_kept_logs,
+    "cost_ledger": bench_cost_ledger,
 }
 
 
@@ -583,7 +585,8 @@ def main() -> None:
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
              "log_bytes", "written_mb_per_s", "walls", "baseline_walls", "cpu_s",
-             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc")
+             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc", "p95_ms", "baseline_p95_ms",
+             "intervals", "report_kib", "shown", "after_reports_mib", "small_loaded_mib")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"
