@@ -52,10 +52,10 @@ class CostService:
             return {}
         found: dict[tuple[str, float], Sequence[JobSpan]] = {}
         for name, incarnation in wanted:
-            key = KeptCluster(name, "", "", incarnation).key
-            directory: Path = kept.root / key
-            if directory.is_dir():
-                found[(name, incarnation)] = [
-                    JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
-                    for j in kept.jobs(directory).values()]
+            # No copy (kept logs off, or pruned from the history): no jobs, all idle.
+            directory: Path = kept.root / KeptCluster(name, "", "", incarnation).key
+            spans = [JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
+                     for j in kept.jobs(directory).values()]
+            if spans:
+                found[(name, incarnation)] = spans
         return found
