@@ -280,6 +280,8 @@ class Daemon:
         self.budgets: BudgetController | None = None
         self.loop_watch = LoopWatch()
         self.heap = Heap()
+        self.cost = CostService(self.clusters.ledger, self.db, self.keeper.kept,
+                                self.managed_store)
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
@@ -288,8 +290,7 @@ class Daemon:
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
             usage=UsageService(self.store, self.access),
             kept=self.keeper.kept,
-            cost=CostService(self.clusters.ledger, self.db, self.keeper.kept,
-                             self.managed_store),
+            cost=self.cost,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -458,6 +459,8 @@ class Daemon:
 
     async def _prune_history(self) -> None:
         async def prune() -> None:
+            # Settled first: a split settled keeps its UP times past the events' bound.
+            await self.cost.settle()
             await self.store.prune_events()
             await self.request_store.prune(self.settings.request_retention)
             await self._prune_ledger()

@@ -75,7 +75,7 @@ class Interval:
 _FIELDS = [f.name for f in dataclasses.fields(Interval) if f.name != "id"]
 # Every column in the order of Interval's fields: a row becomes an Interval by position (a
 # report reads tens of thousands).
-_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Interval))
+INTERVAL_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Interval))
 
 
 class Ledger:
@@ -91,7 +91,7 @@ class Ledger:
 
     async def load(self) -> None:
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL")
+            f"SELECT {INTERVAL_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL")
         self._open = {}
         for row in rows:
             interval = Interval(*row)
@@ -111,19 +111,23 @@ class Ledger:
         self._closed_by_owner = {row["owner"]: row["dollars"] for row in owners}
 
     async def prune(self, before: float) -> int:
-        """Forget the closed intervals that ended before `before` of cluster incarnations
-        that are gone (no live record, nothing open): the ledger's bound, as finished
-        requests and events have theirs. Open intervals, and a live cluster's past (its
-        cost so far), stay. Returns how many intervals went."""
+        """Forget cluster incarnations that are gone (no live record, nothing open) and
+        ended before `before`: their intervals and settled split. The ledger's bound, as
+        finished requests and events have theirs. Open intervals, and a live cluster's past
+        (its cost so far), stay. Returns how many intervals went."""
         async with self._lock:  # no hook's close between the delete and the sums below
             before_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
+            # Whole incarnations go (a settled split is over all of one, and goes with it).
             await self._db.write([(
-                "DELETE FROM cost_intervals AS i WHERE i.ended_at IS NOT NULL AND i.ended_at < ?"
-                " AND NOT EXISTS (SELECT 1 FROM clusters c"
-                "  WHERE c.name = i.cluster AND c.created_at = i.incarnation)"
-                " AND NOT EXISTS (SELECT 1 FROM cost_intervals o WHERE o.ended_at IS NULL"
-                "  AND o.cluster = i.cluster AND o.incarnation = i.incarnation)",
-                [before])])
+                "DELETE FROM cost_intervals WHERE (cluster, incarnation) IN ("
+                " SELECT cluster, incarnation FROM cost_intervals AS i"
+                "  WHERE NOT EXISTS (SELECT 1 FROM clusters c"
+                "   WHERE c.name = i.cluster AND c.created_at = i.incarnation)"
+                "  GROUP BY cluster, incarnation"
+                "  HAVING COUNT(ended_at) = COUNT(*) AND MAX(ended_at) < ?)", [before]), (
+                "DELETE FROM cost_settled WHERE NOT EXISTS (SELECT 1 FROM cost_intervals i"
+                " WHERE i.cluster = cost_settled.cluster"
+                " AND i.incarnation = cost_settled.incarnation)", [])])
             after_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
             removed = int(before_rows[0]["n"]) - int(after_rows[0]["n"])
             if removed:
@@ -211,7 +215,7 @@ class Ledger:
     async def intervals(self, since: float) -> list[Interval]:
         """Every interval that lasted past `since` (open ones too), oldest first."""
         rows = await self._db.fetchall(
-            f"SELECT {_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            f"SELECT {INTERVAL_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
             " ORDER BY started_at, id", [since])
         return [Interval(*row) for row in rows]
 

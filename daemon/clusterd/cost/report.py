@@ -6,7 +6,7 @@ records (services/cost.py)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clusterd.cost.attribution import JobSpan, Split, by_day, managed_job_cost, split_cluster
@@ -34,9 +34,13 @@ def _split_view(split: Split) -> dict[str, Any]:
 
 def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, list[float]],
           jobs_of: Callable[[str, float], Sequence[JobSpan]],
-          managed_names: dict[int, str]) -> dict[str, Any]:
+          managed_names: dict[int, str],
+          settled: Mapping[tuple[str, float], Split] | None = None) -> dict[str, Any]:
     """The report. `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
-    incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name."""
+    incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
+    `settled`: the splits of incarnations whose whole life is in the window, settled
+    (settled.py), used as they are."""
+    settled = settled or {}
     incarnations: dict[tuple[str, float], list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
@@ -45,8 +49,8 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
     providers: dict[str, float] = {}
     attempts: dict[int, list[tuple[float, float]]] = {}
     for (name, incarnation), own in incarnations.items():
-        split = split_cluster(own, up_times.get(name, []), jobs_of(name, incarnation),
-                              window.now, window.since)
+        split = settled.get((name, incarnation)) or split_cluster(
+            own, up_times.get(name, []), jobs_of(name, incarnation), window.now, window.since)
         total.add(split)
         last = own[-1]
         providers[last.provider] = providers.get(last.provider, 0.0) + split.total

@@ -1,19 +1,22 @@
 """`cost_report`: the records the report needs (the ledger's intervals, when each cluster
 became UP, each incarnation's jobs as the kept copies last saw them, managed jobs' names),
-gathered for cost/report.py."""
+gathered for cost/report.py; and the settling of torn-down incarnations' splits
+(cost/settled.py), done before each report and hourly, so that a report splits only what
+is still live or straddles its window's start."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from clusterd.cost.attribution import JobSpan
+from clusterd.cost.attribution import JobSpan, split_cluster
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.report import Window, build
+from clusterd.cost.settled import SETTLE_AFTER, Key, SettledSplits
 from clusterd.keptlogs.store import KeptCluster, KeptLogStore
 from clusterd.managed.store import ManagedJobStore
 from clusterd.state.db import Database
@@ -28,34 +31,66 @@ class CostService:
         self._db = db
         self._kept = kept
         self._managed = managed
+        self._settled = SettledSplits(db)
+        self._settling = anyio.Lock()  # one settling at a time (a report's, the hourly one)
 
     async def report(self, days: float) -> dict[str, Any]:
+        await self.settle()
         window = Window(since=time.time() - days * DAY, now=time.time())
         intervals = await self.ledger.intervals(window.since)
-        first = min((i.started_at for i in intervals), default=window.now)
+        settled = await self._settled.covered(window.since)
+        unsettled = {(i.cluster, i.incarnation) for i in intervals} - settled.keys()
+        first = min((i.started_at for i in intervals
+                     if (i.cluster, i.incarnation) in unsettled), default=window.now)
+        up_times = await self._up_times(first)
+        jobs = await anyio.to_thread.run_sync(self._jobs, unsettled)
+        names = {job.id: job.name for job in self._managed.all()}
+        return build(window, intervals, up_times,
+                     lambda name, incarnation: jobs.get((name, incarnation), ([], True))[0],
+                     names, settled)
+
+    async def settle(self) -> int:
+        """Settle every incarnation whose inputs are final now; returns how many."""
+        async with self._settling:
+            candidates = await self._settled.unsettled(time.time() - SETTLE_AFTER)
+            if not candidates:
+                return 0
+            first = min(own[0].started_at for own in candidates.values())
+            up_times = await self._up_times(first)
+            jobs = await anyio.to_thread.run_sync(self._jobs, candidates.keys())
+            splits = []
+            for (name, incarnation), own in candidates.items():
+                spans, final = jobs.get((name, incarnation), ([], True))
+                if not final:
+                    continue  # its kept copy is not closed out yet: its jobs may change
+                ended = max(i.ended_at or 0.0 for i in own)
+                split = split_cluster(own, up_times.get(name, []), spans, ended)
+                splits.append(((name, incarnation), own[0].started_at, ended, split))
+            await self._settled.settle(splits)
+            return len(splits)
+
+    async def _up_times(self, since: float) -> dict[str, list[float]]:
+        """Per cluster name, when it became UP (from its events, oldest first)."""
         rows = await self._db.fetchall(
             "SELECT cluster, ts FROM cluster_events WHERE kind = 'status' AND to_status = 'UP'"
-            " AND ts >= ? ORDER BY ts", [first])
+            " AND ts >= ? ORDER BY ts", [since])
         up_times: dict[str, list[float]] = {}
         for row in rows:
             up_times.setdefault(row["cluster"], []).append(row["ts"])
-        wanted = {(i.cluster, i.incarnation) for i in intervals}
-        jobs = await anyio.to_thread.run_sync(self._jobs, wanted)
-        names = {job.id: job.name for job in self._managed.all()}
-        return build(window, intervals, up_times,
-                     lambda name, incarnation: jobs.get((name, incarnation), ()), names)
+        return up_times
 
-    def _jobs(self, wanted: set[tuple[str, float]]) -> dict[tuple[str, float], Sequence[JobSpan]]:
-        """Each incarnation's jobs from its kept copies (blocks: file reads)."""
+    def _jobs(self, wanted: Iterable[Key]) -> dict[Key, tuple[list[JobSpan], bool]]:
+        """Each incarnation's jobs from its kept copy, and whether they are final (the copy
+        closed out, or none kept: kept logs off, or pruned from the history). Blocks: file
+        reads."""
         kept = self._kept
         if kept is None:
             return {}
-        found: dict[tuple[str, float], Sequence[JobSpan]] = {}
+        found: dict[Key, tuple[list[JobSpan], bool]] = {}
         for name, incarnation in wanted:
-            # No copy (kept logs off, or pruned from the history): no jobs, all idle.
             directory: Path = kept.root / KeptCluster(name, "", "", incarnation).key
             spans = [JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
                      for j in kept.jobs(directory).values()]
-            if spans:
-                found[(name, incarnation)] = spans
+            copy = kept.cluster(directory)
+            found[(name, incarnation)] = (spans, copy is None or copy.torn_down_at is not None)
         return found
