@@ -4,10 +4,16 @@ in-memory load-test provider) and JOBS_PER_CLUSTER jobs each in their kept copie
 report reads jobs' times from), measured at a small and a large scale in the same run:
 
 - the `cost_report` op over the socket, the default window (30 days) and --days 90, ROUNDS
-  rounds of each interleaved (median and p95; target ≤ 200 ms at the large scale);
+  rounds of each interleaved (median and p95; target ≤ 200 ms at the large scale), as
+  clusterctl asks for it (the 100 costliest clusters listed, totals over all); then 90 days
+  with every cluster listed (--limit 0);
 - `status` (as clusterctl asks for it: in columns, with each cluster's $/h and cost) with the
   LIVE clusters up;
 - the daemon's RSS (VmRSS) before the history is loaded, after, and after the reports.
+
+The first report after loading settles every torn-down cluster's split (cost/settled.py; a
+daemon that lived through this history would have settled them hourly): it is timed apart
+(`first_report_ms`), and the rounds are what every later report costs.
 
 The history is written by a generator straight into the stopped daemon's database (the real
 schema: clusters, cost_intervals, cluster_events, managed_jobs) and its kept-copies directory
@@ -226,40 +232,55 @@ def rss_mib(pid: int) -> float:
 
 @dataclasses.dataclass
 class Measured:
-    report_ms: dict[int, list[float]]  # days -> each round's ms
+    # Per series (30 and 90 days as clusterctl asks, ALL: 90 days with every cluster listed):
+    report_ms: dict[int, list[float]]  # each round's ms
     report_bytes: dict[int, int]
+    clusters: dict[int, tuple[int, int]]  # (listed, in the window)
     status_ms: list[float]
     rss_loaded: float
-    rss_after: float
-    shown: int  # clusters in the 90-day report
+    rss_after: float  # after the 2 x ROUNDS reports of 30 and 90 days
+    first_ms: float  # the first report, which settles the history's splits
+
+
+ALL = 0  # the series of 90 days, --limit 0
+
+
+def _report(client: Any, days: int, limit: int, into: Measured, series: int) -> None:
+    from clusterctl import protocol
+
+    started = time.perf_counter()
+    report = client.call(protocol.CostReportArgs(days=days, limit=limit))
+    into.report_ms.setdefault(series, []).append((time.perf_counter() - started) * 1000)
+    into.report_bytes[series] = len(protocol.encode_frame(report))
+    into.clusters[series] = (len(report["clusters"]),
+                             len(report["clusters"]) + report["others"]["clusters"])
 
 
 def _measure(bench: Any) -> Measured:
     from clusterctl import Client, StatusArgs, protocol
 
     assert bench.daemon is not None
-    report_ms: dict[int, list[float]] = {30: [], 90: []}
-    sizes: dict[int, int] = {}
-    shown = 0
     with Client(bench.socket, autostart=False) as client:
         client.call(StatusArgs(refresh=True))  # the live clusters settled by one refresh
-        rss_loaded = rss_mib(bench.daemon.pid)
-        status_ms = []
+        got = Measured({}, {}, {}, [], rss_mib(bench.daemon.pid), 0.0, 0.0)
+        # The first report settles every torn-down cluster's split (a daemon with this
+        # history has done so already, hourly): timed apart from the rounds.
+        started = time.perf_counter()
+        client.call(protocol.CostReportArgs(days=90))
+        got.first_ms = (time.perf_counter() - started) * 1000
         for _ in range(STATUS_CALLS):
             started = time.perf_counter()
             reply = client.call(StatusArgs(columns=True))
-            status_ms.append((time.perf_counter() - started) * 1000)
+            got.status_ms.append((time.perf_counter() - started) * 1000)
             if len(reply["clusters"]["rows"]) < LIVE:
                 raise SystemExit("status lost clusters")
         for _ in range(ROUNDS):
             for days in (30, 90):
-                started = time.perf_counter()
-                report = client.call(protocol.CostReportArgs(days=days))
-                report_ms[days].append((time.perf_counter() - started) * 1000)
-                if days == 90:
-                    shown = len(report["clusters"])
-                sizes[days] = len(protocol.encode_frame(report))
-    return Measured(report_ms, sizes, status_ms, rss_loaded, rss_mib(bench.daemon.pid), shown)
+                _report(client, days, 100, got, days)
+        got.rss_after = rss_mib(bench.daemon.pid)
+        for _ in range(max(1, ROUNDS // 2)):
+            _report(client, 90, 0, got, ALL)
+    return got
 
 
 def bench_cost_ledger(bench: Any) -> None:
@@ -289,17 +310,21 @@ def bench_cost_ledger(bench: Any) -> None:
         bench._restart_daemon({}, lambda: forget_history(state_dir))
     base, _ = results[small]
     ours, counts = results[large]
-    for days, label in ((30, "cost_report_p50"), (90, "cost_report_90d_p50")):
-        p50 = statistics.median(ours.report_ms[days])
-        bench.record(label, p50, "ms", baseline=statistics.median(base.report_ms[days]),
+    for series, label in ((30, "cost_report_p50"), (90, "cost_report_90d_p50"),
+                          (ALL, "cost_report_90d_all_p50")):
+        p50 = statistics.median(ours.report_ms[series])
+        listed, in_window = ours.clusters[series]
+        bench.record(label, p50, "ms", baseline=statistics.median(base.report_ms[series]),
                      baseline_name=f"the same with {small:,} clusters",
-                     target="≤ 200 ms", ok=p50 <= 200,
-                     p95_ms=round(percentile(ours.report_ms[days], 95), 1),
-                     baseline_p95_ms=round(percentile(base.report_ms[days], 95), 1),
+                     target="" if series == ALL else "≤ 200 ms",
+                     ok=None if series == ALL else p50 <= 200,
+                     p95_ms=round(percentile(ours.report_ms[series], 95), 1),
+                     baseline_p95_ms=round(percentile(base.report_ms[series], 95), 1),
                      clusters=counts["clusters"], jobs=counts["jobs"],
-                     intervals=counts["intervals"], rounds=ROUNDS,
-                     report_kib=round(ours.report_bytes[days] / 1024),
-                     **({"shown": ours.shown} if days == 90 else {}))
+                     intervals=counts["intervals"], rounds=len(ours.report_ms[series]),
+                     in_window=in_window, listed=listed,
+                     report_kib=round(ours.report_bytes[series] / 1024),
+                     **({"first_report_ms": round(ours.first_ms)} if series == 90 else {}))
     p50 = statistics.median(ours.status_ms)
     bench.record("cost_status_300_live_p50", p50, "ms",
                  baseline=statistics.median(base.status_ms),

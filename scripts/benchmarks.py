@@ -585,8 +585,9 @@ def main() -> None:
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
              "log_bytes", "written_mb_per_s", "walls", "baseline_walls", "cpu_s",
-             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc", "p95_ms", "baseline_p95_ms",
-             "intervals", "report_kib", "shown", "after_reports_mib", "small_loaded_mib")
+             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc", "p95_ms",
+             "baseline_p95_ms", "intervals", "in_window", "listed", "report_kib", "first_report_ms",
+             "after_reports_mib", "small_loaded_mib")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

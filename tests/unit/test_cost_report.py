@@ -56,3 +56,16 @@ def test_report() -> None:
 def test_an_empty_ledger_is_an_empty_report() -> None:
     report = build(Window(0, 1), [], {}, lambda name, inc: (), {})
     assert (report["total"], report["clusters"], report["days"]) == (0, [], [])
+
+
+def test_a_limit_lists_the_costliest_and_totals_all() -> None:
+    # Cluster cN ran N hours at $1.5/h (node and disk).
+    records = [interval(f"c{n}", DAY0, DAY0, DAY0 + n * H) for n in range(1, 6)]
+    whole = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {})
+    top = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {}, limit=2)
+    assert [c["name"] for c in top["clusters"]] == ["c5", "c4"]
+    assert top["clusters"] == whole["clusters"][:2]
+    assert top["others"] == {"clusters": 3, "cost": pytest.approx(1.5 * (1 + 2 + 3))}
+    assert whole["others"] == {"clusters": 0, "cost": 0.0}
+    for key in ("total", "split", "providers", "days", "burn_rate"):
+        assert top[key] == whole[key]

@@ -6,6 +6,7 @@ records (services/cost.py)."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,19 +33,38 @@ def _split_view(split: Split) -> dict[str, Any]:
                      for job, dollars in sorted(split.jobs.items())]}
 
 
+def _cluster_view(own: Sequence[Interval], split: Split) -> dict[str, Any]:
+    last = own[-1]
+    return {
+        "name": last.cluster, "incarnation": last.incarnation, "provider": last.provider,
+        "infra": last.infra, "instance_type": last.instance_type, "nodes": last.nodes,
+        "owner": last.owner, "started_at": own[0].started_at, "ended_at": last.ended_at,
+        "live": last.ended_at is None,
+        "per_hour": _round(sum(i.rate for i in own if i.ended_at is None)),
+        "cost": _round(split.total), "split": _split_view(split),
+        "sources": sorted({i.source for i in own}),
+        "intervals": [{"kind": i.kind, "nodes": i.nodes, "started_at": i.started_at,
+                       "ended_at": i.ended_at, "node_price_per_hour": i.node_price_per_hour,
+                       "disk_price_per_hour": i.disk_price_per_hour, "source": i.source}
+                      for i in own],
+    }
+
+
 def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, list[float]],
           jobs_of: Callable[[str, float], Sequence[JobSpan]],
           managed_names: dict[int, str],
-          settled: Mapping[tuple[str, float], Split] | None = None) -> dict[str, Any]:
+          settled: Mapping[tuple[str, float], Split] | None = None,
+          limit: int = 0) -> dict[str, Any]:
     """The report. `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
     incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
     `settled`: the splits of incarnations whose whole life is in the window, settled
-    (settled.py), used as they are."""
+    (settled.py), used as they are; `limit`: the clusters listed, the costliest first (0:
+    all; the rest are counted in `others`, and every total is over all of them)."""
     settled = settled or {}
     incarnations: dict[tuple[str, float], list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
-    clusters: list[dict[str, Any]] = []
+    splits: list[tuple[float, list[Interval], Split]] = []
     total = Split()
     providers: dict[str, float] = {}
     attempts: dict[int, list[tuple[float, float]]] = {}
@@ -57,20 +77,11 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
         if last.owner and last.owner.startswith(OWNER_PREFIX):
             job_id = int(last.owner.removeprefix(OWNER_PREFIX))
             attempts.setdefault(job_id, []).append((incarnation, split.total))
-        clusters.append({
-            "name": name, "incarnation": incarnation, "provider": last.provider,
-            "infra": last.infra, "instance_type": last.instance_type, "nodes": last.nodes,
-            "owner": last.owner, "started_at": own[0].started_at, "ended_at": last.ended_at,
-            "live": last.ended_at is None,
-            "per_hour": _round(sum(i.rate for i in own if i.ended_at is None)),
-            "cost": _round(split.total), "split": _split_view(split),
-            "sources": sorted({i.source for i in own}),
-            "intervals": [{"kind": i.kind, "nodes": i.nodes, "started_at": i.started_at,
-                           "ended_at": i.ended_at, "node_price_per_hour": i.node_price_per_hour,
-                           "disk_price_per_hour": i.disk_price_per_hour, "source": i.source}
-                          for i in own],
-        })
-    clusters.sort(key=lambda c: c["cost"], reverse=True)
+        splits.append((_round(split.total), own, split))
+    # Only the listed clusters are drawn up (a report may span thousands): nlargest is
+    # sorted()[:limit], ties in the order they came.
+    listed = (heapq.nlargest(limit, splits, key=lambda row: row[0]) if limit
+              else sorted(splits, key=lambda row: row[0], reverse=True))
     managed = []
     for job_id, tried in sorted(attempts.items()):
         cost = managed_job_cost(tried)
@@ -82,7 +93,9 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
         "total": _round(total.total),
         "burn_rate": _round(sum(i.rate for i in intervals if i.ended_at is None)),
         "split": _split_view(total),
-        "clusters": clusters,
+        "clusters": [_cluster_view(own, split) for _, own, split in listed],
+        "others": {"clusters": len(splits) - len(listed),
+                   "cost": _round(total.total - sum(split.total for _, _, split in listed))},
         "managed_jobs": managed,
         "providers": [{"provider": p, "cost": _round(c)} for p, c in sorted(providers.items())],
         "days": [{"day": d, "cost": _round(c)}

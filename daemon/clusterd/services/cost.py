@@ -6,6 +6,7 @@ is still live or straddles its window's start."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,7 +35,8 @@ class CostService:
         self._settled = SettledSplits(db)
         self._settling = anyio.Lock()  # one settling at a time (a report's, the hourly one)
 
-    async def report(self, days: float) -> dict[str, Any]:
+    async def report(self, days: float, limit: int = 0) -> dict[str, Any]:
+        """The report over the last `days`, listing the `limit` costliest clusters (0: all)."""
         await self.settle()
         window = Window(since=time.time() - days * DAY, now=time.time())
         intervals = await self.ledger.intervals(window.since)
@@ -45,9 +47,11 @@ class CostService:
         up_times = await self._up_times(first)
         jobs = await anyio.to_thread.run_sync(self._jobs, unsettled)
         names = {job.id: job.name for job in self._managed.all()}
-        return build(window, intervals, up_times,
-                     lambda name, incarnation: jobs.get((name, incarnation), ([], True))[0],
-                     names, settled)
+        # In a worker thread: thousands of clusters would hold the event loop for long.
+        return await anyio.to_thread.run_sync(functools.partial(
+            build, window, intervals, up_times,
+            lambda name, incarnation: jobs.get((name, incarnation), ([], True))[0],
+            names, settled, limit))
 
     async def settle(self) -> int:
         """Settle every incarnation whose inputs are final now; returns how many."""
