@@ -87,6 +87,8 @@ class Bench:
         self.out = self.root / "out"  # charts and data a run keeps (main sets --out)
         self.bed: Path | None = None
         self.loadtest = 0  # load-test records in the daemon (see loadtest_clusters)
+        # How a benchmark's rows were measured, for the page (by the rows' name prefix).
+        self.notes: dict[str, str] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -565,7 +567,7 @@ def main() -> None:
     if args.write_docs:
         from bench_docs import write
 
-        page = write(bench.rows, sorted(bench.out.glob("*.png")))
+        page = write(bench.rows, sorted(bench.out.glob("*.png")), notes=bench.notes)
         print(f"wrote {page}", file=sys.stderr)
     if bench.out.is_dir() and any(bench.out.iterdir()):
         print(f"charts and data: {bench.out}", file=sys.stderr)
