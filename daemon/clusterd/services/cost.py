@@ -50,7 +50,7 @@ class CostService:
         # In a worker thread: thousands of clusters would hold the event loop for long.
         return await anyio.to_thread.run_sync(functools.partial(
             build, window, intervals, up_times,
-            lambda name, incarnation: jobs.get((name, incarnation), ([], True))[0],
+            lambda name, incarnation: jobs.get((name, incarnation), []),
             names, settled, limit))
 
     async def settle(self) -> int:
@@ -61,12 +61,13 @@ class CostService:
                 return 0
             first = min(own[0].started_at for own in candidates.values())
             up_times = await self._up_times(first)
-            jobs = await anyio.to_thread.run_sync(self._jobs, candidates.keys())
+            final = await anyio.to_thread.run_sync(self._final, candidates.keys())
+            jobs = await anyio.to_thread.run_sync(self._jobs, final)
             splits = []
             for (name, incarnation), own in candidates.items():
-                spans, final = jobs.get((name, incarnation), ([], True))
-                if not final:
+                if (name, incarnation) not in final:
                     continue  # its kept copy is not closed out yet: its jobs may change
+                spans = jobs.get((name, incarnation), [])
                 ended = max(i.ended_at or 0.0 for i in own)
                 split = split_cluster(own, up_times.get(name, []), spans, ended)
                 splits.append(((name, incarnation), own[0].started_at, ended, split))
@@ -83,18 +84,25 @@ class CostService:
             up_times.setdefault(row["cluster"], []).append(row["ts"])
         return up_times
 
-    def _jobs(self, wanted: Iterable[Key]) -> dict[Key, tuple[list[JobSpan], bool]]:
-        """Each incarnation's jobs from its kept copy, and whether they are final (the copy
-        closed out, or none kept: kept logs off, or pruned from the history). Blocks: file
-        reads."""
+    def _jobs(self, wanted: Iterable[Key]) -> dict[Key, list[JobSpan]]:
+        """Each incarnation's jobs from its kept copy (none without one: kept logs off, or
+        pruned from the history). Blocks: file reads."""
         kept = self._kept
         if kept is None:
             return {}
-        found: dict[Key, tuple[list[JobSpan], bool]] = {}
-        for name, incarnation in wanted:
-            directory: Path = kept.root / KeptCluster(name, "", "", incarnation).key
-            spans = [JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
-                     for j in kept.jobs(directory).values()]
-            copy = kept.cluster(directory)
-            found[(name, incarnation)] = (spans, copy is None or copy.torn_down_at is not None)
-        return found
+        return {key: [JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
+                      for j in kept.jobs(_directory(kept, key)).values()] for key in wanted}
+
+    def _final(self, wanted: Iterable[Key]) -> set[Key]:
+        """The incarnations whose jobs will not change: their kept copy is closed out, or
+        there is none. Blocks: file reads."""
+        kept = self._kept
+        if kept is None:
+            return set(wanted)
+        return {key for key in wanted
+                if (copy := kept.cluster(_directory(kept, key))) is None
+                or copy.torn_down_at is not None}
+
+
+def _directory(kept: KeptLogStore, key: Key) -> Path:
+    return kept.root / KeptCluster(key[0], "", "", key[1]).key
