@@ -15,6 +15,7 @@ import pytest
 from clusterctl.protocol import ClusterStatus
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.prices import Prices
+from clusterd.cost.report import Window, build
 from clusterd.keptlogs.store import Caps, KeptCluster, KeptJob, KeptLogStore
 from clusterd.managed.store import ManagedJobStore
 from clusterd.providers.base import Placement
@@ -30,8 +31,8 @@ H = 3600.0
 T0 = time.time() - 3 * DAY
 
 
-def record(name: str, created_at: float) -> ClusterRecord:
-    return ClusterRecord(
+def record(name: str, created_at: float, owner: str | None = None) -> ClusterRecord:
+    return ClusterRecord(owner=owner,
         name=name, provider="ssh", cloud_name=f"{name}-1", status=ClusterStatus.UP,
         num_nodes=1, requested_resources=ResourceRequest(Resources(Infra("ssh"))),
         config_hash="x", created_at=created_at, status_updated_at=created_at,
@@ -47,9 +48,10 @@ class Bed:
                                         lambda: {"rack": Pool("rack", (), price_per_hour=1.0)}))
         self.cost = CostService(self.ledger, db, self.kept, ManagedJobStore(db))
 
-    async def life(self, name: str, start: float, end: float, closed_out: bool = True) -> None:
+    async def life(self, name: str, start: float, end: float, closed_out: bool = True,
+                   owner: str | None = None) -> None:
         """Running from `start` to `end`, UP half an hour in, one job for the next hour."""
-        await self.ledger.running(record(name, start), at=start)
+        await self.ledger.running(record(name, start, owner), at=start)
         await self.ledger.ended(name, at=end)
         await self.db.write([(
             "INSERT INTO cluster_events (ts, cluster, kind, from_status, to_status, reason)"
@@ -114,3 +116,25 @@ async def test_retention_forgets_the_settled_split_with_its_intervals(bed: Bed) 
     assert await bed.ledger.prune(time.time()) == 1
     assert await bed.settled() == []
     assert (await bed.cost.report(30))["clusters"] == []
+
+
+async def test_a_settled_report_is_the_report_split_anew(bed: Bed) -> None:
+    for n in range(4):  # n + 2 hours each; two are a managed job's attempts
+        await bed.life(f"c{n}", T0 + n * DAY / 8, T0 + n * DAY / 8 + (n + 2) * H,
+                       owner="managed-job:7" if n % 2 else None)
+    await bed.life("older", T0 - 40 * DAY, T0 - 40 * DAY + 2 * H)  # before the window
+    since = time.time() - 30 * DAY
+    intervals = await bed.ledger.intervals(since)
+    up = {r["cluster"]: [r["ts"]] for r in await bed.db.fetchall(
+        "SELECT cluster, ts FROM cluster_events")}
+    jobs = bed.cost._jobs({(i.cluster, i.incarnation) for i in intervals})
+    anew = build(Window(since, time.time()), intervals, up,
+                 lambda name, inc: jobs.get((name, inc), []), {}, limit=2)
+    settled = await bed.cost.report(30, limit=2)
+    assert await bed.settled() == ["c0", "c1", "c2", "c3", "older"]
+    assert [c["name"] for c in settled["clusters"]] == ["c3", "c2"]
+    for key in ("clusters", "others", "total", "split", "providers", "days", "managed_jobs",
+                "burn_rate"):
+        assert settled[key] == anew[key], key
+    assert settled["managed_jobs"] == [{"job_id": 7, "name": "", "cost": pytest.approx(8.0),
+                                        "recoveries": pytest.approx(3.0), "attempts": 2}]

@@ -219,6 +219,14 @@ class Ledger:
             " ORDER BY started_at, id", [since])
         return [Interval(*row) for row in rows]
 
+    async def day_spans(self, since: float) -> list[tuple[float, float | None, float]]:
+        """(start, end or None if open, dollars per hour) of every interval that lasted past
+        `since`: what the report's days are cut from."""
+        rows = await self._db.fetchall(
+            f"SELECT started_at, ended_at, {_RATE_SQL} FROM cost_intervals"
+            " WHERE ended_at IS NULL OR ended_at > ?", [since])
+        return [(start, end, rate) for start, end, rate in rows]
+
     # -- inside ------------------------------------------------------------------------------
 
     @staticmethod

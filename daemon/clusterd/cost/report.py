@@ -6,12 +6,19 @@ records (services/cost.py)."""
 from __future__ import annotations
 
 import dataclasses
-import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from clusterd.cost.attribution import JobSpan, Split, by_day, managed_job_cost, split_cluster
+from clusterd.cost.attribution import (
+    JobSpan,
+    Split,
+    by_day,
+    managed_job_cost,
+    spans_by_day,
+    split_cluster,
+)
 from clusterd.cost.ledger import Interval
+from clusterd.cost.settled import Key, SettledSummary
 
 OWNER_PREFIX = "managed-job:"  # as managed/store.py tags the clusters a managed job made
 
@@ -52,52 +59,77 @@ def _cluster_view(own: Sequence[Interval], split: Split) -> dict[str, Any]:
 
 def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, list[float]],
           jobs_of: Callable[[str, float], Sequence[JobSpan]],
-          managed_names: dict[int, str],
-          settled: Mapping[tuple[str, float], Split] | None = None,
-          limit: int = 0) -> dict[str, Any]:
-    """The report. `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
+          managed_names: dict[int, str], limit: int = 0,
+          settled: SettledSummary | None = None,
+          listed_intervals: Mapping[Key, Sequence[Interval]] | None = None,
+          day_spans: Iterable[tuple[float, float | None, float]] | None = None,
+          ) -> dict[str, Any]:
+    """The report. `intervals`: those of the window to split here (without `settled`, all
+    of them); `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
     incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
-    `settled`: the splits of incarnations whose whole life is in the window, settled
-    (settled.py), used as they are; `limit`: the clusters listed, the costliest first (0:
-    all; the rest are counted in `others`, and every total is over all of them)."""
-    settled = settled or {}
-    incarnations: dict[tuple[str, float], list[Interval]] = {}
+    `limit`: the clusters listed, the costliest first (0: all; the rest are counted in
+    `others`, and every total is over all of them).
+
+    `settled` (settled.py) sums the incarnations settled with their whole life in the
+    window, `listed_intervals` has the intervals of those it lists, and `day_spans` every
+    interval of the window as (start, end, $/h), for the days."""
+    incarnations: dict[Key, list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
-    splits: list[tuple[float, list[Interval], Split]] = []
     total = Split()
     providers: dict[str, float] = {}
     attempts: dict[int, list[tuple[float, float]]] = {}
+    # (cost as listed, first start, intervals, split): ranked by cost, then the first started.
+    rows: list[tuple[float, float, Sequence[Interval], Split]] = []
     for (name, incarnation), own in incarnations.items():
-        split = settled.get((name, incarnation)) or split_cluster(
-            own, up_times.get(name, []), jobs_of(name, incarnation), window.now, window.since)
+        split = split_cluster(own, up_times.get(name, []), jobs_of(name, incarnation),
+                              window.now, window.since)
         total.add(split)
-        last = own[-1]
-        providers[last.provider] = providers.get(last.provider, 0.0) + split.total
-        if last.owner and last.owner.startswith(OWNER_PREFIX):
-            job_id = int(last.owner.removeprefix(OWNER_PREFIX))
-            attempts.setdefault(job_id, []).append((incarnation, split.total))
-        splits.append((_round(split.total), own, split))
-    # Only the listed clusters are drawn up (a report may span thousands): nlargest is
-    # sorted()[:limit], ties in the order they came.
-    listed = (heapq.nlargest(limit, splits, key=lambda row: row[0]) if limit
-              else sorted(splits, key=lambda row: row[0], reverse=True))
+        _add(providers, own[-1].provider, split.total)
+        _attempt(attempts, own[-1].owner, incarnation, split.total)
+        rows.append((_round(split.total), own[0].started_at, own, split))
+    count = len(rows)
+    if settled is not None:
+        total.add(settled.split)
+        for provider, dollars in settled.providers.items():
+            _add(providers, provider, dollars)
+        for owner, incarnation, dollars in settled.attempts:
+            _attempt(attempts, owner, incarnation, dollars)
+        own_of = listed_intervals or {}
+        rows += [(_round(top.total), top.started_at, own_of[top.key], top.split)
+                 for top in settled.top if top.key in own_of]
+        count += settled.count
+    rows.sort(key=lambda row: (-row[0], row[1]))
+    listed = rows[:limit] if limit else rows
     managed = []
     for job_id, tried in sorted(attempts.items()):
         cost = managed_job_cost(tried)
         managed.append({"job_id": job_id, "name": managed_names.get(job_id, ""),
                         "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
                         "attempts": cost.attempts})
+    days = (spans_by_day(day_spans, window.now, window.since) if day_spans is not None
+            else by_day(intervals, window.now, window.since))
     return {
         "since": window.since, "until": window.now,
         "total": _round(total.total),
         "burn_rate": _round(sum(i.rate for i in intervals if i.ended_at is None)),
         "split": _split_view(total),
-        "clusters": [_cluster_view(own, split) for _, own, split in listed],
-        "others": {"clusters": len(splits) - len(listed),
-                   "cost": _round(total.total - sum(split.total for _, _, split in listed))},
+        "clusters": [_cluster_view(own, split) for _, _, own, split in listed],
+        "others": {"clusters": count - len(listed),
+                   "cost": _round(total.total - sum(split.total for *_, split in listed))},
         "managed_jobs": managed,
         "providers": [{"provider": p, "cost": _round(c)} for p, c in sorted(providers.items())],
-        "days": [{"day": d, "cost": _round(c)}
-                 for d, c in by_day(intervals, window.now, window.since).items()],
+        "days": [{"day": d, "cost": _round(c)} for d, c in days.items()],
     }
+
+
+def _add(providers: dict[str, float], provider: str, dollars: float) -> None:
+    providers[provider] = providers.get(provider, 0.0) + dollars
+
+
+def _attempt(attempts: dict[int, list[tuple[float, float]]], owner: str | None,
+             incarnation: float, dollars: float) -> None:
+    """A managed job's attempt (a cluster it made, `owner` tagged), if it is one."""
+    if owner and owner.startswith(OWNER_PREFIX):
+        attempts.setdefault(int(owner.removeprefix(OWNER_PREFIX)), []).append(
+            (incarnation, dollars))

@@ -36,22 +36,25 @@ class CostService:
         self._settling = anyio.Lock()  # one settling at a time (a report's, the hourly one)
 
     async def report(self, days: float, limit: int = 0) -> dict[str, Any]:
-        """The report over the last `days`, listing the `limit` costliest clusters (0: all)."""
+        """The report over the last `days`, listing the `limit` costliest clusters (0: all).
+        What is settled is summed in SQL; what is not (live, straddling the window's start,
+        torn down lately) is split here."""
         await self.settle()
         window = Window(since=time.time() - days * DAY, now=time.time())
-        intervals = await self.ledger.intervals(window.since)
-        settled = await self._settled.covered(window.since)
-        unsettled = {(i.cluster, i.incarnation) for i in intervals} - settled.keys()
-        first = min((i.started_at for i in intervals
-                     if (i.cluster, i.incarnation) in unsettled), default=window.now)
-        up_times = await self._up_times(first)
-        jobs = await anyio.to_thread.run_sync(self._jobs, unsettled)
+        intervals = await self._settled.unsettled_in(window.since)
+        settled = await self._settled.summary(window.since, limit)
+        listed = await self._settled.listed_intervals(window.since, limit)
+        day_spans = await self.ledger.day_spans(window.since)
+        up_times = await self._up_times(min((i.started_at for i in intervals),
+                                            default=window.now))
+        wanted = {(i.cluster, i.incarnation) for i in intervals}
+        jobs = await anyio.to_thread.run_sync(self._jobs, wanted)
         names = {job.id: job.name for job in self._managed.all()}
         # In a worker thread: thousands of clusters would hold the event loop for long.
         return await anyio.to_thread.run_sync(functools.partial(
             build, window, intervals, up_times,
-            lambda name, incarnation: jobs.get((name, incarnation), []),
-            names, settled, limit))
+            lambda name, incarnation: jobs.get((name, incarnation), []), names, limit,
+            settled, listed, day_spans))
 
     async def settle(self) -> int:
         """Settle every incarnation whose inputs are final now; returns how many."""
@@ -63,14 +66,12 @@ class CostService:
             up_times = await self._up_times(first)
             final = await anyio.to_thread.run_sync(self._final, candidates.keys())
             jobs = await anyio.to_thread.run_sync(self._jobs, final)
-            splits = []
-            for (name, incarnation), own in candidates.items():
-                if (name, incarnation) not in final:
-                    continue  # its kept copy is not closed out yet: its jobs may change
-                spans = jobs.get((name, incarnation), [])
-                ended = max(i.ended_at or 0.0 for i in own)
-                split = split_cluster(own, up_times.get(name, []), spans, ended)
-                splits.append(((name, incarnation), own[0].started_at, ended, split))
+            splits = [(own, split_cluster(own, up_times.get(name, []),
+                                          jobs.get((name, incarnation), []),
+                                          max(i.ended_at or 0.0 for i in own)))
+                      for (name, incarnation), own in candidates.items()
+                      # A kept copy not closed out yet: its jobs may still change.
+                      if (name, incarnation) in final]
             await self._settled.settle(splits)
             return len(splits)
 

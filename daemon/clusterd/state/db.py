@@ -199,14 +199,17 @@ MIGRATIONS: tuple[str, ...] = (
     );
     """,
     # 10: torn-down cluster incarnations' cost splits, settled once their inputs are final
-    # (see clusterd/cost/settled.py): a report over thousands reads a row each. Intervals
-    # indexed by incarnation, as the settling and the retention group them.
+    # (see clusterd/cost/settled.py): a report sums them in SQL and reads only the rows it
+    # lists. Intervals indexed by incarnation, as the settling and the retention group them.
     """
     CREATE TABLE cost_settled (
         cluster TEXT NOT NULL,
         incarnation REAL NOT NULL,
         started_at REAL NOT NULL,
         ended_at REAL NOT NULL,
+        provider TEXT NOT NULL,
+        owner TEXT,
+        total REAL NOT NULL,
         provisioning REAL NOT NULL,
         idle REAL NOT NULL,
         stopped REAL NOT NULL,
