@@ -130,19 +130,14 @@ def managed_job_cost(attempts: Sequence[tuple[float, float]]) -> ManagedCost:
 
 
 def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dict[str, float]:
-    """Dollars per UTC day (YYYY-MM-DD), each interval cut at midnights."""
-    return spans_by_day(((i.started_at, i.ended_at, i.rate) for i in intervals), now, since)
-
-
-def spans_by_day(spans: Iterable[tuple[float, float | None, float]], now: float,
-                 since: float = 0.0) -> dict[str, float]:
-    """Dollars per UTC day of (start, end or None if open, dollars per hour) spans, each cut
-    at midnights (a UTC day is 86,400 seconds of POSIX time: days are counted by division)."""
+    """Dollars per UTC day (YYYY-MM-DD), each interval cut at midnights (a UTC day is
+    86,400 seconds of POSIX time, so days are counted by division). Ledger.spend_by_day is
+    the same sum in SQL."""
     per_day: dict[int, float] = {}
-    for started_at, ended_at, per_hour in spans:
-        start = max(started_at, since)
-        end = ended_at if ended_at is not None else now
-        rate = per_hour / 3600
+    for interval in intervals:
+        start = max(interval.started_at, since)
+        end = interval.ended_at if interval.ended_at is not None else now
+        rate = interval.rate / 3600
         while start < end:
             day = int(start // _DAY)
             piece_end = min(end, (day + 1) * _DAY)

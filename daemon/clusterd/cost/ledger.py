@@ -19,6 +19,7 @@ carry the record's `created_at` (`incarnation`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -35,6 +36,8 @@ STOPPED = "stopped"
 # What one interval-second costs, in SQL over a row of cost_intervals (per hour: / 3600).
 _RATE_SQL = ("nodes * (disk_price_per_hour"
              " + CASE kind WHEN 'running' THEN node_price_per_hour ELSE 0 END)")
+# The first UTC midnight after a piece's start (POSIX days are 86,400 s; start > 0).
+_NEXT_MIDNIGHT = "(CAST(start / 86400 AS INTEGER) + 1) * 86400.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,13 +222,21 @@ class Ledger:
             " ORDER BY started_at, id", [since])
         return [Interval(*row) for row in rows]
 
-    async def day_spans(self, since: float) -> list[tuple[float, float | None, float]]:
-        """(start, end or None if open, dollars per hour) of every interval that lasted past
-        `since`: what the report's days are cut from."""
+    async def spend_by_day(self, since: float, now: float) -> dict[str, float]:
+        """Dollars per UTC day (YYYY-MM-DD) from `since` to `now` (open intervals accrue to
+        now), as attribution.by_day cuts intervals at midnights, summed in SQL: a report over
+        months reads a row per day, not per interval."""
         rows = await self._db.fetchall(
-            f"SELECT started_at, ended_at, {_RATE_SQL} FROM cost_intervals"
-            " WHERE ended_at IS NULL OR ended_at > ?", [since])
-        return [(start, end, rate) for start, end, rate in rows]
+            "WITH RECURSIVE pieces(start, finish, rate) AS ("
+            f" SELECT MAX(started_at, ?), COALESCE(ended_at, ?), {_RATE_SQL} / 3600.0"
+            "  FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            f" UNION ALL SELECT {_NEXT_MIDNIGHT}, finish, rate FROM pieces"
+            f"  WHERE {_NEXT_MIDNIGHT} < finish)"
+            f" SELECT CAST(start / 86400 AS INTEGER) AS day,"
+            f" TOTAL(rate * (MIN(finish, {_NEXT_MIDNIGHT}) - start)) FROM pieces"
+            " WHERE finish > start GROUP BY day ORDER BY day", [since, now, since])
+        return {datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat():
+                dollars for day, dollars in rows}
 
     # -- inside ------------------------------------------------------------------------------
 

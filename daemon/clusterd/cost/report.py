@@ -6,7 +6,7 @@ records (services/cost.py)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from clusterd.cost.attribution import (
@@ -14,7 +14,6 @@ from clusterd.cost.attribution import (
     Split,
     by_day,
     managed_job_cost,
-    spans_by_day,
     split_cluster,
 )
 from clusterd.cost.ledger import Interval
@@ -62,8 +61,7 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
           managed_names: dict[int, str], limit: int = 0,
           settled: SettledSummary | None = None,
           listed_intervals: Mapping[Key, Sequence[Interval]] | None = None,
-          day_spans: Iterable[tuple[float, float | None, float]] | None = None,
-          ) -> dict[str, Any]:
+          days: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The report. `intervals`: those of the window to split here (without `settled`, all
     of them); `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
     incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
@@ -71,8 +69,8 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
     `others`, and every total is over all of them).
 
     `settled` (settled.py) sums the incarnations settled with their whole life in the
-    window, `listed_intervals` has the intervals of those it lists, and `day_spans` every
-    interval of the window as (start, end, $/h), for the days."""
+    window, `listed_intervals` has the intervals of those it lists, and `days` the dollars
+    per UTC day of every interval in the window (Ledger.spend_by_day)."""
     incarnations: dict[Key, list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
@@ -107,8 +105,8 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
         managed.append({"job_id": job_id, "name": managed_names.get(job_id, ""),
                         "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
                         "attempts": cost.attempts})
-    days = (spans_by_day(day_spans, window.now, window.since) if day_spans is not None
-            else by_day(intervals, window.now, window.since))
+    if days is None:
+        days = by_day(intervals, window.now, window.since)
     return {
         "since": window.since, "until": window.now,
         "total": _round(total.total),

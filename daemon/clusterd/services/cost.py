@@ -44,7 +44,7 @@ class CostService:
         intervals = await self._settled.unsettled_in(window.since)
         settled = await self._settled.summary(window.since, limit)
         listed = await self._settled.listed_intervals(window.since, limit)
-        day_spans = await self.ledger.day_spans(window.since)
+        days_spent = await self.ledger.spend_by_day(window.since, window.now)
         up_times = await self._up_times(min((i.started_at for i in intervals),
                                             default=window.now))
         wanted = {(i.cluster, i.incarnation) for i in intervals}
@@ -54,7 +54,7 @@ class CostService:
         return await anyio.to_thread.run_sync(functools.partial(
             build, window, intervals, up_times,
             lambda name, incarnation: jobs.get((name, incarnation), []), names, limit,
-            settled, listed, day_spans))
+            settled, listed, days_spent))
 
     async def settle(self) -> int:
         """Settle every incarnation whose inputs are final now; returns how many."""
