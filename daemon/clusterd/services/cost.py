@@ -42,13 +42,19 @@ class CostService:
         await self.settle()
         window = Window(since=time.time() - days * DAY, now=time.time())
         intervals = await self._settled.unsettled_in(window.since)
-        settled = await self._settled.summary(window.since, limit)
-        listed = await self._settled.listed_intervals(window.since, limit)
-        days_spent = await self.ledger.spend_by_day(window.since, window.now)
-        up_times = await self._up_times(min((i.started_at for i in intervals),
-                                            default=window.now))
-        wanted = {(i.cluster, i.incarnation) for i in intervals}
-        jobs = await anyio.to_thread.run_sync(self._jobs, wanted)
+        jobs: dict[Key, list[JobSpan]] = {}
+
+        async def read_jobs() -> None:
+            jobs.update(await anyio.to_thread.run_sync(
+                self._jobs, {(i.cluster, i.incarnation) for i in intervals}))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_jobs)  # files, on a core of their own beside the queries
+            settled = await self._settled.summary(window.since, limit)
+            listed = await self._settled.listed_intervals(window.since, limit)
+            days_spent = await self.ledger.spend_by_day(window.since, window.now)
+            up_times = await self._up_times(min((i.started_at for i in intervals),
+                                                default=window.now))
         names = {job.id: job.name for job in self._managed.all()}
         # In a worker thread: thousands of clusters would hold the event loop for long.
         return await anyio.to_thread.run_sync(functools.partial(
