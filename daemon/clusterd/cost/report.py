@@ -56,6 +56,48 @@ def _cluster_view(own: Sequence[Interval], split: Split) -> dict[str, Any]:
     }
 
 
+@dataclasses.dataclass
+class _Totals:
+    """What every cluster of the window adds up to, listed or not."""
+
+    split: Split = dataclasses.field(default_factory=Split)
+    providers: dict[str, float] = dataclasses.field(default_factory=dict)
+    attempts: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    count: int = 0
+
+    def add(self, split: Split, provider: str, owner: str | None, incarnation: float) -> None:
+        self.split.add(split)
+        self.count += 1
+        self._provider(provider, split.total)
+        self._attempt(owner, incarnation, split.total)
+
+    def add_settled(self, settled: SettledSummary) -> None:
+        self.split.add(settled.split)
+        self.count += settled.count
+        for provider, dollars in settled.providers.items():
+            self._provider(provider, dollars)
+        for owner, incarnation, dollars in settled.attempts:
+            self._attempt(owner, incarnation, dollars)
+
+    def managed(self, names: dict[int, str]) -> list[dict[str, Any]]:
+        managed = []
+        for job_id, tried in sorted(self.attempts.items()):
+            cost = managed_job_cost(tried)
+            managed.append({"job_id": job_id, "name": names.get(job_id, ""),
+                            "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
+                            "attempts": cost.attempts})
+        return managed
+
+    def _provider(self, provider: str, dollars: float) -> None:
+        self.providers[provider] = self.providers.get(provider, 0.0) + dollars
+
+    def _attempt(self, owner: str | None, incarnation: float, dollars: float) -> None:
+        """A managed job's attempt (a cluster it made, `owner` tagged), if it is one."""
+        if owner and owner.startswith(OWNER_PREFIX):
+            self.attempts.setdefault(int(owner.removeprefix(OWNER_PREFIX)), []).append(
+                (incarnation, dollars))
+
+
 def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, list[float]],
           jobs_of: Callable[[str, float], Sequence[JobSpan]],
           managed_names: dict[int, str], limit: int = 0,
@@ -74,60 +116,34 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
     incarnations: dict[Key, list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
-    total = Split()
-    providers: dict[str, float] = {}
-    attempts: dict[int, list[tuple[float, float]]] = {}
+    totals = _Totals()
     # (cost as listed, first start, intervals, split): ranked by cost, then the first started.
     rows: list[tuple[float, float, Sequence[Interval], Split]] = []
     for (name, incarnation), own in incarnations.items():
         split = split_cluster(own, up_times.get(name, []), jobs_of(name, incarnation),
                               window.now, window.since)
-        total.add(split)
-        _add(providers, own[-1].provider, split.total)
-        _attempt(attempts, own[-1].owner, incarnation, split.total)
+        totals.add(split, own[-1].provider, own[-1].owner, incarnation)
         rows.append((_round(split.total), own[0].started_at, own, split))
-    count = len(rows)
     if settled is not None:
-        total.add(settled.split)
-        for provider, dollars in settled.providers.items():
-            _add(providers, provider, dollars)
-        for owner, incarnation, dollars in settled.attempts:
-            _attempt(attempts, owner, incarnation, dollars)
+        totals.add_settled(settled)
         own_of = listed_intervals or {}
         rows += [(_round(top.total), top.started_at, own_of[top.key], top.split)
                  for top in settled.top if top.key in own_of]
-        count += settled.count
     rows.sort(key=lambda row: (-row[0], row[1]))
     listed = rows[:limit] if limit else rows
-    managed = []
-    for job_id, tried in sorted(attempts.items()):
-        cost = managed_job_cost(tried)
-        managed.append({"job_id": job_id, "name": managed_names.get(job_id, ""),
-                        "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
-                        "attempts": cost.attempts})
+    total = totals.split.total
     if days is None:
         days = by_day(intervals, window.now, window.since)
     return {
         "since": window.since, "until": window.now,
-        "total": _round(total.total),
+        "total": _round(total),
         "burn_rate": _round(sum(i.rate for i in intervals if i.ended_at is None)),
-        "split": _split_view(total),
+        "split": _split_view(totals.split),
         "clusters": [_cluster_view(own, split) for _, _, own, split in listed],
-        "others": {"clusters": count - len(listed),
-                   "cost": _round(total.total - sum(split.total for *_, split in listed))},
-        "managed_jobs": managed,
-        "providers": [{"provider": p, "cost": _round(c)} for p, c in sorted(providers.items())],
+        "others": {"clusters": totals.count - len(listed),
+                   "cost": _round(total - sum(split.total for *_, split in listed))},
+        "managed_jobs": totals.managed(managed_names),
+        "providers": [{"provider": p, "cost": _round(c)}
+                      for p, c in sorted(totals.providers.items())],
         "days": [{"day": d, "cost": _round(c)} for d, c in days.items()],
     }
-
-
-def _add(providers: dict[str, float], provider: str, dollars: float) -> None:
-    providers[provider] = providers.get(provider, 0.0) + dollars
-
-
-def _attempt(attempts: dict[int, list[tuple[float, float]]], owner: str | None,
-             incarnation: float, dollars: float) -> None:
-    """A managed job's attempt (a cluster it made, `owner` tagged), if it is one."""
-    if owner and owner.startswith(OWNER_PREFIX):
-        attempts.setdefault(int(owner.removeprefix(OWNER_PREFIX)), []).append(
-            (incarnation, dollars))
