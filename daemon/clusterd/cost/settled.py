@@ -1,6 +1,6 @@
 """Settled splits: a torn-down cluster incarnation's cost split (attribution.py), written
 once when nothing it is computed from can change any more, so that a report over thousands
-of torn-down clusters reads one row each instead of splitting each again over its jobs.
+of torn-down clusters sums rows in SQL instead of splitting each again over its jobs.
 
 An incarnation is settled when every interval of it is closed, the last an hour ago or more
 (SETTLE_AFTER: teardown's last copy of its jobs' logs is done), no live record is that
