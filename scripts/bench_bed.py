@@ -254,11 +254,15 @@ def start_beside_local(bench: Any, bed: BedDaemon, name: str, remote: str,
 Record = tuple[str, dict[str, Any], dict[str, Any], dict[str, Any]]
 
 
-def insert_records(db_path: Path, provider: str, status: str, records: list[Record]) -> None:
+def insert_records(db_path: Path, provider: str, status: str, records: list[Record],
+                   created: list[float] | None = None, nodes: list[int] | None = None) -> None:
     """Cluster records as launches would have left them, straight into a stopped daemon's
     database (the benchmark's clusters are many; launching each would take hours). A
-    record's name is its cloud name without the launch's suffix."""
+    record's name is its cloud name without the launch's suffix; each was made `created`
+    (default now) with `nodes` nodes (default 1)."""
     now = time.time()
+    made = created or [now] * len(records)
+    sizes = nodes or [1] * len(records)
     db = sqlite3.connect(db_path)
     try:
         with db:
@@ -266,11 +270,12 @@ def insert_records(db_path: Path, provider: str, status: str, records: list[Reco
                 "INSERT INTO clusters (name, provider, cloud_name, status, status_reason,"
                 " num_nodes, requested_resources, launched_resources, handle, config_hash,"
                 " created_at, launched_at, status_updated_at, ever_up)"
-                " VALUES (?, ?, ?, ?, 'inserted by the benchmark', 1, ?, ?, ?,"
+                " VALUES (?, ?, ?, ?, 'inserted by the benchmark', ?, ?, ?, ?,"
                 " 'bench', ?, ?, ?, 1)",
-                [(cloud_name.rsplit("-", 1)[0], provider, cloud_name, status,
+                [(cloud_name.rsplit("-", 1)[0], provider, cloud_name, status, size,
                   json.dumps(requested), json.dumps(launched), json.dumps(handle),
-                  now, now, now) for cloud_name, requested, launched, handle in records],
+                  at, at, now) for (cloud_name, requested, launched, handle), at, size
+                 in zip(records, made, sizes, strict=True)],
             )
     finally:
         db.close()

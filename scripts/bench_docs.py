@@ -44,8 +44,10 @@ def machine() -> dict[str, Any]:
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
-def write(rows: list[dict[str, Any]], charts: list[Path], docs: Path = DOCS) -> Path:
-    """Merge this run's rows into the records, copy its charts, and write the page again."""
+def write(rows: list[dict[str, Any]], charts: list[Path], docs: Path = DOCS,
+          notes: dict[str, str] | None = None) -> Path:
+    """Merge this run's rows (and its notes: how the rows named PREFIX* were measured) into
+    the records, copy its charts, and write the page again."""
     docs.mkdir(parents=True, exist_ok=True)
     records_path = docs / RECORDS
     records: dict[str, Any] = {"runs": {}, "rows": {}}
@@ -56,6 +58,7 @@ def write(rows: list[dict[str, Any]], charts: list[Path], docs: Path = DOCS) -> 
     records["runs"][run_id] = run
     for row in rows:
         records["rows"][row["name"]] = {**row, "run": run_id}
+    records.setdefault("notes", {}).update(notes or {})
     chart_dir = docs / CHARTS
     for chart in charts:
         chart_dir.mkdir(exist_ok=True)
@@ -101,6 +104,10 @@ def render(records: dict[str, Any], charts: list[Path], docs: Path) -> str:
         details = ", ".join(f"{k}={v}" for k, v in row.items() if k not in skip)
         lines.append(f"| {name} | {row['value']:g} {row['unit']} | {base} | {ratio} | "
                      f"{target} | {row['run']} | {details.replace('|', '/')} |")
+    if records.get("notes"):
+        lines += ["", "## How measured", ""]
+        for prefix, text in sorted(records["notes"].items()):
+            lines += [f"`{prefix}*`: {text}", ""]
     if charts:
         lines += ["", "## Cost curves", ""]
         for chart in charts:

@@ -39,6 +39,7 @@ from bench_aws import (
 )
 from bench_bed import insert_records
 from bench_client import bench_installed, bench_queue, bench_queue_drain
+from bench_cost import bench_cost_ledger
 from bench_curves import (
     bench_curves_clusters,
     bench_curves_failover,
@@ -86,6 +87,8 @@ class Bench:
         self.out = self.root / "out"  # charts and data a run keeps (main sets --out)
         self.bed: Path | None = None
         self.loadtest = 0  # load-test records in the daemon (see loadtest_clusters)
+        # How a benchmark's rows were measured, for the page (by the rows' name prefix).
+        self.notes: dict[str, str] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -531,6 +534,7 @@ BENCHES: dict[str, Callable[[Bench], None]] = {
     "curves_logs": bench_curves_logs,
     "curves_failover": bench_curves_failover,
     "kept_logs": bench_kept_logs,
+    "cost_ledger": bench_cost_ledger,
 }
 
 
@@ -563,7 +567,7 @@ def main() -> None:
     if args.write_docs:
         from bench_docs import write
 
-        page = write(bench.rows, sorted(bench.out.glob("*.png")))
+        page = write(bench.rows, sorted(bench.out.glob("*.png")), notes=bench.notes)
         print(f"wrote {page}", file=sys.stderr)
     if bench.out.is_dir() and any(bench.out.iterdir()):
         print(f"charts and data: {bench.out}", file=sys.stderr)
@@ -583,7 +587,9 @@ def main() -> None:
              "per_waiting_job_kib", "per_running_job_kib", "mb_per_s", "baseline_mb_per_s",
              "clusters", "jobs", "candidates", "growth", "submitted_per_s", "launch_s",
              "log_bytes", "written_mb_per_s", "walls", "baseline_walls", "cpu_s",
-             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc")
+             "baseline_cpu_s", "loop_lag_p99_ms", "loop_held", "gc", "p95_ms",
+             "baseline_p95_ms", "intervals", "in_window", "listed", "report_kib", "first_report_ms",
+             "after_reports_mib", "small_loaded_mib")
     for row in bench.rows:
         base = f"{row['baseline']:.1f}" if row["baseline"] is not None else "-"
         ratio = f"{row['ratio']:.2f}" if row["ratio"] is not None else "-"

@@ -1,4 +1,4 @@
-"""`clusterctl cost-report [--days N] [--json]`: what clusters (torn-down ones too) and
+"""`clusterctl cost-report [--days N] [--limit N] [--json]`: what clusters (torn-down ones too) and
 managed jobs cost, split over jobs, setup, idle and stopped disks; per provider and per
 day; totals. Imported only when that verb runs."""
 
@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 def add_options(report: argparse.ArgumentParser) -> None:
     report.add_argument("--days", type=int, default=30, metavar="N",
                         help="the last N days (default 30)")
+    report.add_argument("--limit", type=int, default=100, metavar="N",
+                        help="list the N costliest clusters (default 100; 0: every one); "
+                        "the totals are over all")
     report.add_argument("--json", action="store_true")
 
 
@@ -34,7 +37,7 @@ def _jobs_text(split: dict[str, Any]) -> str:
 
 
 def main(client: Client, args: argparse.Namespace) -> int:
-    report = client.call(protocol.CostReportArgs(days=args.days))
+    report = client.call(protocol.CostReportArgs(days=args.days, limit=args.limit))
     if args.json:
         print_json(report)
         return _exit_codes.SUCCEEDED
@@ -50,6 +53,10 @@ def main(client: Client, args: argparse.Namespace) -> int:
           "running" if c["live"] else age(c["ended_at"]), dollars(c["per_hour"]),
           dollars(c["cost"]), _jobs_text(c["split"]), dollars(c["split"]["provisioning"]),
           dollars(c["split"]["idle"]), dollars(c["split"]["stopped"])] for c in clusters]))
+    others = report.get("others") or {}  # a daemon from before `limit` lists every one
+    if others.get("clusters"):
+        out.write(f"... and {others['clusters']} more clusters ({dollars(others['cost'])});"
+                  " --limit 0 lists every one\n")
     if report["managed_jobs"]:
         out.write("\nManaged jobs:\n")
         out.write(table(["ID", "NAME", "ATTEMPTS", "COST", "RECOVERIES COST"],

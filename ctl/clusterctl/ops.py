@@ -371,10 +371,13 @@ class HistoryArgs(OpArgs):
 class CostReportArgs(OpArgs):
     """What clusters and managed jobs cost over the last ``days`` (1..3650): per cluster
     (torn-down ones too) with the split over its jobs, setup, idle and stopped disks; per
-    managed job with what its recoveries cost; per provider; per UTC day; totals."""
+    managed job with what its recoveries cost; per provider; per UTC day; totals.
+    ``limit`` bounds the clusters listed, the costliest first (0: every one); the totals
+    are over all of them."""
 
     op = "cost_report"
     days: int = 30
+    limit: int = 100
 
 
 OPS: dict[str, type[OpArgs]] = {

@@ -285,6 +285,9 @@ class Daemon:
                                     check_s=settings.idle_warning_check_s)
         self.loop_watch = LoopWatch()
         self.heap = Heap()
+        self.cost = CostService(self.clusters.ledger, self.db, self.keeper.kept,
+                                self.managed_store, self._configured_budgets,
+                                self.budget_store.get)
         self.handlers = Handlers(
             self.clusters, self.jobs, self.requests, self.store, self.request_store,
             self.providers, self.refresh, self.autostop, self.orphans,
@@ -293,9 +296,7 @@ class Daemon:
             loop_stats=lambda: {**self.loop_watch.stats(), "gc": self.heap.stats()},
             usage=UsageService(self.store, self.access),
             kept=self.keeper.kept,
-            cost=CostService(self.clusters.ledger, self.db, self.keeper.kept,
-                             self.managed_store, self._configured_budgets,
-                             self.budget_store.get),
+            cost=self.cost,
         )
         self._server_name = f"clusterd/{__version__}"
 
@@ -408,6 +409,7 @@ class Daemon:
                 await self.budget_store.load()
                 interrupted = await self.request_store.mark_interrupted()
                 await self.request_store.prune(settings.request_retention)
+                await self._prune_ledger()
                 for record in interrupted:
                     logger.warning("request interrupted by a daemon restart",
                                    request_id=record.id, op=record.op, cluster=record.cluster)
@@ -441,8 +443,8 @@ class Daemon:
                 # The background loops, all in this one place (their periods are in
                 # Settings): status refresh (at once on start, then every
                 # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
-                # autostop timers (every autostop_check_s), event and request retention
-                # (hourly), the managed-jobs controller (a driver per unfinished job;
+                # autostop timers (every autostop_check_s), event, request and cost-ledger
+                # retention (hourly), the managed-jobs controller (a driver per unfinished job;
                 # its health polls every Timing.poll_s), the copying of jobs' logs (a
                 # keeper per UP cluster with unfinished jobs, every kept_log_interval_s),
                 # the budgets (a driver each, every 30 s and on a config edit), the
@@ -475,8 +477,11 @@ class Daemon:
 
     async def _prune_history(self) -> None:
         async def prune() -> None:
+            # Settled first: a split settled keeps its UP times past the events' bound.
+            await self.cost.settle()
             await self.store.prune_events()
             await self.request_store.prune(self.settings.request_retention)
+            await self._prune_ledger()
 
         async def sweep_buckets() -> None:
             # Clusters removed without a `down` (found gone by a refresh, or while the daemon
@@ -497,6 +502,12 @@ class Daemon:
             await survive("bucket sweep", sweep_buckets)
             await anyio.sleep(3600)
             await survive("retention", prune)
+
+    async def _prune_ledger(self) -> None:
+        days = self.settings.cost_retention_days
+        removed = await self.clusters.ledger.prune(time.time() - days * 86400)
+        if removed:
+            logger.info("cost intervals past retention forgotten", removed=removed, days=days)
 
     async def _accept(self, listener: anyio.abc.SocketListener, scope: anyio.CancelScope) -> None:
         raise_open_files_limit()

@@ -77,6 +77,9 @@ class Settings:
     max_connections: int = setting(0, "CLUSTERD_MAX_CONNECTIONS")
     # Records the daemon keeps of finished requests (`requests --all`); older ones go.
     request_retention: int = setting(5_000, "CLUSTERD_REQUEST_RETENTION")
+    # The cost ledger keeps torn-down clusters' intervals this many days after they ended
+    # (400: a yearly report still adds up); open ones, and live clusters', always.
+    cost_retention_days: float = setting(400.0, "CLUSTERD_COST_RETENTION_DAYS", maximum=1e5)
     # Job records (with their logs) each cluster's agent keeps; older finished ones go.
     agent_job_retention: int = setting(1_000, "CLUSTERD_AGENT_JOB_RETENTION")
     # Kept copies of jobs' logs on this machine (keptlogs/): at most this much per job (0:

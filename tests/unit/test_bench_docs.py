@@ -53,3 +53,12 @@ def test_a_run_no_row_names_any_more_is_dropped(tmp_path: Path,
     records = json.loads((tmp_path / "benchmarks.json").read_text())
     assert list(records["runs"]) == ["2026-12-02T00:00:00Z"]
     assert "2026-12-01" not in (tmp_path / "benchmarks.md").read_text()
+
+
+def test_notes_say_how_rows_were_measured_and_outlive_runs(tmp_path: Path) -> None:
+    bench_docs.write([row("cost_report_p50", 90.0)], [], tmp_path,
+                     notes={"cost_": "a daemon on 10,000 clusters of history"})
+    page = bench_docs.write([row("status_wall_p50", 50.0)], [], tmp_path)
+    text = page.read_text()
+    assert "## How measured" in text
+    assert "`cost_*`: a daemon on 10,000 clusters of history" in text

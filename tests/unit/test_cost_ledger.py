@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.protocol import ClusterStatus
+from clusterd.cost.attribution import by_day
 from clusterd.cost.ledger import RUNNING, STOPPED, Ledger
 from clusterd.cost.prices import Prices
 from clusterd.nodes import NodeInfo, NodeStatus
@@ -150,3 +151,21 @@ async def test_a_managed_jobs_cost_sums_its_clusters(db: Database, ledger: Ledge
     revived = Ledger(db, prices())
     await revived.load()
     assert revived.owner_cost("managed-job:3", now=T0 + 3 * HOUR) == pytest.approx(8.0)
+
+
+async def test_spend_by_day_in_sql_is_by_day(ledger: Ledger) -> None:
+    """The report's days summed in SQL cut intervals at UTC midnights as attribution.by_day
+    does: stretches over one, over several, and one still open, clipped to the window."""
+    midnight = 1_700_006_400.0  # a UTC midnight
+    for name, start, end in (("a", midnight - 2 * HOUR, midnight + HOUR),
+                             ("b", midnight + 5 * HOUR, midnight + 50 * HOUR),
+                             ("c", midnight - 30 * HOUR, None)):
+        await ledger.running(record(name, created_at=start), at=start)
+        if end is not None:
+            await ledger.ended(name, at=end)
+    now, since = midnight + 60 * HOUR, midnight - 10 * HOUR
+    expected = by_day(await ledger.intervals(since), now, since)
+    got = await ledger.spend_by_day(since, now)
+    assert list(got) == list(expected) == ["2023-11-14", "2023-11-15", "2023-11-16",
+                                           "2023-11-17"]
+    assert got == {day: pytest.approx(dollars) for day, dollars in expected.items()}

@@ -74,3 +74,16 @@ def test_each_cluster_has_its_own_days_cut_at_midnight() -> None:
         for day in cluster_days:
             summed[day["day"]] = summed.get(day["day"], 0.0) + day["cost"]
     assert {d["day"]: pytest.approx(d["cost"]) for d in report["days"]} == summed
+
+
+def test_a_limit_lists_the_costliest_and_totals_all() -> None:
+    # Cluster cN ran N hours at $1.5/h (node and disk).
+    records = [interval(f"c{n}", DAY0, DAY0, DAY0 + n * H) for n in range(1, 6)]
+    whole = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {})
+    top = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {}, limit=2)
+    assert [c["name"] for c in top["clusters"]] == ["c5", "c4"]
+    assert top["clusters"] == whole["clusters"][:2]
+    assert top["others"] == {"clusters": 3, "cost": pytest.approx(1.5 * (1 + 2 + 3))}
+    assert whole["others"] == {"clusters": 0, "cost": 0.0}
+    for key in ("total", "split", "providers", "days", "burn_rate"):
+        assert top[key] == whole[key]

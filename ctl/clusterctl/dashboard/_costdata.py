@@ -43,7 +43,9 @@ class ReportCache:
             held = self._reports.get(days)
             if held is not None and time.monotonic() - held[0] <= self._max_age_s:
                 return held[1]
-            report = await self._link.call(protocol.CostReportArgs(days=days))
+            # Every cluster (limit 0), not the op's 100 costliest: a cluster's page finds
+            # its own, and the per-day charts stack every cluster and provider.
+            report = await self._link.call(protocol.CostReportArgs(days=days, limit=0))
             self._reports.pop(days, None)
             self._reports[days] = (time.monotonic(), report)
             while len(self._reports) > REPORTS_HELD:  # the oldest fetched goes first

@@ -13,10 +13,11 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import datetime
-import itertools
 from collections.abc import Iterable, Sequence
 
 from clusterd.cost.ledger import RUNNING, Interval
+
+_DAY = 86400.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,22 +75,42 @@ def _overlap(start: float, end: float, since: float, until: float) -> float:
 
 def _share_out(split: Split, start: float, end: float, nodes: int, rate: float,
                jobs: Sequence[JobSpan], now: float) -> None:
-    """[start, end) at `rate` dollars a second, over the jobs that ran then, and idle."""
+    """[start, end) at `rate` dollars a second, over the jobs that ran then, and idle.
+
+    One sweep over the jobs' starts and ends (a report splits thousands of clusters): between
+    two consecutive edges the same jobs run."""
     if end <= start:
         return
-    spans = [(max(j.started_at, start), min(j.ended_at if j.ended_at is not None else now, end),
-              j) for j in jobs if j.started_at is not None]
-    spans = [(s, e, j) for s, e, j in spans if e > s]
-    edges = sorted({start, end, *(s for s, _, _ in spans), *(e for _, e, _ in spans)})
-    for left, right in itertools.pairwise(edges):
-        running = [j for s, e, j in spans if s <= left and e >= right]
-        claims = {j.job_id: min(j.nodes, nodes) / max(nodes, 1) for j in running}
-        claimed = sum(claims.values())
-        dollars = rate * (right - left)
-        scale = 1.0 / claimed if claimed > 1 else 1.0
-        for job_id, claim in claims.items():
-            split.jobs[job_id] = split.jobs.get(job_id, 0.0) + dollars * claim * scale
-        split.idle += dollars * max(0.0, 1.0 - claimed)
+    edges: dict[float, list[tuple[bool, JobSpan]]] = {start: [], end: []}
+    for job in jobs:
+        if job.started_at is None:
+            continue
+        began = max(job.started_at, start)
+        ended = min(job.ended_at if job.ended_at is not None else now, end)
+        if ended > began:
+            edges.setdefault(began, []).append((True, job))
+            edges.setdefault(ended, []).append((False, job))
+    claims: dict[int, float] = {}  # the jobs running now: each one's share of the nodes
+    left = start
+    for at in sorted(edges):
+        if at > left:
+            _segment(split, claims, rate * (at - left))
+        for begins, job in edges[at]:
+            if begins:
+                claims[job.job_id] = min(job.nodes, nodes) / max(nodes, 1)
+            else:
+                claims.pop(job.job_id, None)
+        left = at
+
+
+def _segment(split: Split, claims: dict[int, float], dollars: float) -> None:
+    """`dollars` over the jobs running (in proportion if they claim more than every node),
+    the unclaimed rest idle."""
+    claimed = sum(claims.values())
+    scale = 1.0 / claimed if claimed > 1 else 1.0
+    for job_id, claim in claims.items():
+        split.jobs[job_id] = split.jobs.get(job_id, 0.0) + dollars * claim * scale
+    split.idle += dollars * max(0.0, 1.0 - claimed)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,17 +130,18 @@ def managed_job_cost(attempts: Sequence[tuple[float, float]]) -> ManagedCost:
 
 
 def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dict[str, float]:
-    """Dollars per UTC day (YYYY-MM-DD), each interval cut at midnights."""
-    days: dict[str, float] = {}
+    """Dollars per UTC day (YYYY-MM-DD), each interval cut at midnights (a UTC day is
+    86,400 seconds of POSIX time, so days are counted by division). Ledger.spend_by_day is
+    the same sum in SQL."""
+    per_day: dict[int, float] = {}
     for interval in intervals:
         start = max(interval.started_at, since)
         end = interval.ended_at if interval.ended_at is not None else now
+        rate = interval.rate / 3600
         while start < end:
-            day = datetime.datetime.fromtimestamp(start, datetime.UTC).date()
-            midnight = datetime.datetime.combine(day + datetime.timedelta(days=1),
-                                                 datetime.time(), datetime.UTC).timestamp()
-            piece_end = min(end, midnight)
-            key = day.isoformat()
-            days[key] = days.get(key, 0.0) + interval.rate * (piece_end - start) / 3600
+            day = int(start // _DAY)
+            piece_end = min(end, (day + 1) * _DAY)
+            per_day[day] = per_day.get(day, 0.0) + rate * (piece_end - start)
             start = piece_end
-    return dict(sorted(days.items()))
+    return {datetime.datetime.fromtimestamp(day * _DAY, datetime.UTC).date().isoformat():
+            dollars for day, dollars in sorted(per_day.items())}

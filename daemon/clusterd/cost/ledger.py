@@ -23,6 +23,7 @@ carry the record's `created_at` (`incarnation`).
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,8 @@ STOPPED = "stopped"
 # What one interval-second costs, in SQL over a row of cost_intervals (per hour: / 3600).
 _RATE_SQL = ("nodes * (disk_price_per_hour"
              " + CASE kind WHEN 'running' THEN node_price_per_hour ELSE 0 END)")
+# The first UTC midnight after a piece's start (POSIX days are 86,400 s; start > 0).
+_NEXT_MIDNIGHT = "(CAST(start / 86400 AS INTEGER) + 1) * 86400.0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +80,9 @@ class Interval:
 
 
 _FIELDS = [f.name for f in dataclasses.fields(Interval) if f.name != "id"]
+# Every column in the order of Interval's fields: a row becomes an Interval by position (a
+# report reads tens of thousands).
+INTERVAL_COLUMNS = ", ".join(f.name for f in dataclasses.fields(Interval))
 
 
 class Ledger:
@@ -95,10 +101,15 @@ class Ledger:
         self._last_end: dict[str, float] = {}
 
     async def load(self) -> None:
-        rows = await self._db.fetchall("SELECT * FROM cost_intervals WHERE ended_at IS NULL")
+        rows = await self._db.fetchall(
+            f"SELECT {INTERVAL_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL")
         self._open = {}
         for row in rows:
-            self._open.setdefault(row["cluster"], {})[row["kind"]] = Interval(**dict(row))
+            interval = Interval(*row)
+            self._open.setdefault(interval.cluster, {})[interval.kind] = interval
+        await self._load_closed()
+
+    async def _load_closed(self) -> None:
         sums = await self._db.fetchall(
             f"SELECT cluster, incarnation, SUM({_RATE_SQL} * (ended_at - started_at)) / 3600"
             " AS dollars FROM cost_intervals WHERE ended_at IS NOT NULL"
@@ -113,6 +124,30 @@ class Ledger:
             "SELECT cluster, MAX(ended_at) AS ended_at FROM cost_intervals"
             " WHERE ended_at IS NOT NULL GROUP BY cluster")
         self._last_end = {row["cluster"]: row["ended_at"] for row in ends}
+
+    async def prune(self, before: float) -> int:
+        """Forget cluster incarnations that are gone (no live record, nothing open) and
+        ended before `before`: their intervals and settled split. The ledger's bound, as
+        finished requests and events have theirs. Open intervals, and a live cluster's past
+        (its cost so far), stay. Returns how many intervals went."""
+        async with self._lock:  # no hook's close between the delete and the sums below
+            before_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
+            # Whole incarnations go (a settled split is over all of one, and goes with it).
+            await self._db.write([(
+                "DELETE FROM cost_intervals WHERE (cluster, incarnation) IN ("
+                " SELECT cluster, incarnation FROM cost_intervals AS i"
+                "  WHERE NOT EXISTS (SELECT 1 FROM clusters c"
+                "   WHERE c.name = i.cluster AND c.created_at = i.incarnation)"
+                "  GROUP BY cluster, incarnation"
+                "  HAVING COUNT(ended_at) = COUNT(*) AND MAX(ended_at) < ?)", [before]), (
+                "DELETE FROM cost_settled WHERE NOT EXISTS (SELECT 1 FROM cost_intervals i"
+                " WHERE i.cluster = cost_settled.cluster"
+                " AND i.incarnation = cost_settled.incarnation)", [])])
+            after_rows = await self._db.fetchall("SELECT COUNT(*) AS n FROM cost_intervals")
+            removed = int(before_rows[0]["n"]) - int(after_rows[0]["n"])
+            if removed:
+                await self._load_closed()  # the sums held in memory shrink with the table
+            return removed
 
     # -- the hooks ---------------------------------------------------------------------------
 
@@ -199,9 +234,25 @@ class Ledger:
     async def intervals(self, since: float) -> list[Interval]:
         """Every interval that lasted past `since` (open ones too), oldest first."""
         rows = await self._db.fetchall(
-            "SELECT * FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            f"SELECT {INTERVAL_COLUMNS} FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
             " ORDER BY started_at, id", [since])
-        return [Interval(**dict(row)) for row in rows]
+        return [Interval(*row) for row in rows]
+
+    async def spend_by_day(self, since: float, now: float) -> dict[str, float]:
+        """Dollars per UTC day (YYYY-MM-DD) from `since` to `now` (open intervals accrue to
+        now), as attribution.by_day cuts intervals at midnights, summed in SQL: a report over
+        months reads a row per day, not per interval."""
+        rows = await self._db.fetchall(
+            "WITH RECURSIVE pieces(start, finish, rate) AS ("
+            f" SELECT MAX(started_at, ?), COALESCE(ended_at, ?), {_RATE_SQL} / 3600.0"
+            "  FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            f" UNION ALL SELECT {_NEXT_MIDNIGHT}, finish, rate FROM pieces"
+            f"  WHERE {_NEXT_MIDNIGHT} < finish)"
+            f" SELECT CAST(start / 86400 AS INTEGER) AS day,"
+            f" TOTAL(rate * (MIN(finish, {_NEXT_MIDNIGHT}) - start)) FROM pieces"
+            " WHERE finish > start GROUP BY day ORDER BY day", [since, now, since])
+        return {datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat():
+                dollars for day, dollars in rows}
 
     # -- inside ------------------------------------------------------------------------------
 

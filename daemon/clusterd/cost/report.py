@@ -6,11 +6,18 @@ records (services/cost.py)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from clusterd.cost.attribution import JobSpan, Split, by_day, managed_job_cost, split_cluster
+from clusterd.cost.attribution import (
+    JobSpan,
+    Split,
+    by_day,
+    managed_job_cost,
+    split_cluster,
+)
 from clusterd.cost.ledger import Interval
+from clusterd.cost.settled import Key, SettledSummary
 
 OWNER_PREFIX = "managed-job:"  # as managed/store.py tags the clusters a managed job made
 
@@ -32,58 +39,114 @@ def _split_view(split: Split) -> dict[str, Any]:
                      for job, dollars in sorted(split.jobs.items())]}
 
 
+def _cluster_view(own: Sequence[Interval], split: Split, window: Window) -> dict[str, Any]:
+    last = own[-1]
+    return {
+        "name": last.cluster, "incarnation": last.incarnation, "provider": last.provider,
+        "infra": last.infra, "instance_type": last.instance_type, "nodes": last.nodes,
+        "owner": last.owner, "started_at": own[0].started_at, "ended_at": last.ended_at,
+        "live": last.ended_at is None,
+        "per_hour": _round(sum(i.rate for i in own if i.ended_at is None)),
+        "cost": _round(split.total), "split": _split_view(split),
+        "sources": sorted({i.source for i in own}),
+        # Its dollars per UTC day (the dashboard stacks them per cluster and provider).
+        "days": [{"day": d, "cost": _round(c)}
+                 for d, c in by_day(own, window.now, window.since).items()],
+        "intervals": [{"kind": i.kind, "nodes": i.nodes, "started_at": i.started_at,
+                       "ended_at": i.ended_at, "node_price_per_hour": i.node_price_per_hour,
+                       "disk_price_per_hour": i.disk_price_per_hour, "source": i.source}
+                      for i in own],
+    }
+
+
+@dataclasses.dataclass
+class _Totals:
+    """What every cluster of the window adds up to, listed or not."""
+
+    split: Split = dataclasses.field(default_factory=Split)
+    providers: dict[str, float] = dataclasses.field(default_factory=dict)
+    attempts: dict[int, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    count: int = 0
+
+    def add(self, split: Split, provider: str, owner: str | None, incarnation: float) -> None:
+        self.split.add(split)
+        self.count += 1
+        self._provider(provider, split.total)
+        self._attempt(owner, incarnation, split.total)
+
+    def add_settled(self, settled: SettledSummary) -> None:
+        self.split.add(settled.split)
+        self.count += settled.count
+        for provider, dollars in settled.providers.items():
+            self._provider(provider, dollars)
+        for owner, incarnation, dollars in settled.attempts:
+            self._attempt(owner, incarnation, dollars)
+
+    def managed(self, names: dict[int, str]) -> list[dict[str, Any]]:
+        managed = []
+        for job_id, tried in sorted(self.attempts.items()):
+            cost = managed_job_cost(tried)
+            managed.append({"job_id": job_id, "name": names.get(job_id, ""),
+                            "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
+                            "attempts": cost.attempts})
+        return managed
+
+    def _provider(self, provider: str, dollars: float) -> None:
+        self.providers[provider] = self.providers.get(provider, 0.0) + dollars
+
+    def _attempt(self, owner: str | None, incarnation: float, dollars: float) -> None:
+        """A managed job's attempt (a cluster it made, `owner` tagged), if it is one."""
+        if owner and owner.startswith(OWNER_PREFIX):
+            self.attempts.setdefault(int(owner.removeprefix(OWNER_PREFIX)), []).append(
+                (incarnation, dollars))
+
+
 def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, list[float]],
           jobs_of: Callable[[str, float], Sequence[JobSpan]],
-          managed_names: dict[int, str]) -> dict[str, Any]:
-    """The report. `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
-    incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name."""
-    incarnations: dict[tuple[str, float], list[Interval]] = {}
+          managed_names: dict[int, str], limit: int = 0,
+          settled: SettledSummary | None = None,
+          listed_intervals: Mapping[Key, Sequence[Interval]] | None = None,
+          days: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """The report. `intervals`: those of the window to split here (without `settled`, all
+    of them); `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
+    incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
+    `limit`: the clusters listed, the costliest first (0: all; the rest are counted in
+    `others`, and every total is over all of them).
+
+    `settled` (settled.py) sums the incarnations settled with their whole life in the
+    window, `listed_intervals` has the intervals of those it lists, and `days` the dollars
+    per UTC day of every interval in the window (Ledger.spend_by_day)."""
+    incarnations: dict[Key, list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
-    clusters: list[dict[str, Any]] = []
-    total = Split()
-    providers: dict[str, float] = {}
-    attempts: dict[int, list[tuple[float, float]]] = {}
+    totals = _Totals()
+    # (cost as listed, first start, intervals, split): ranked by cost, then the first started.
+    rows: list[tuple[float, float, Sequence[Interval], Split]] = []
     for (name, incarnation), own in incarnations.items():
         split = split_cluster(own, up_times.get(name, []), jobs_of(name, incarnation),
                               window.now, window.since)
-        total.add(split)
-        last = own[-1]
-        providers[last.provider] = providers.get(last.provider, 0.0) + split.total
-        if last.owner and last.owner.startswith(OWNER_PREFIX):
-            job_id = int(last.owner.removeprefix(OWNER_PREFIX))
-            attempts.setdefault(job_id, []).append((incarnation, split.total))
-        clusters.append({
-            "name": name, "incarnation": incarnation, "provider": last.provider,
-            "infra": last.infra, "instance_type": last.instance_type, "nodes": last.nodes,
-            "owner": last.owner, "started_at": own[0].started_at, "ended_at": last.ended_at,
-            "live": last.ended_at is None,
-            "per_hour": _round(sum(i.rate for i in own if i.ended_at is None)),
-            "cost": _round(split.total), "split": _split_view(split),
-            "sources": sorted({i.source for i in own}),
-            # Its dollars per UTC day (the dashboard stacks them per cluster and provider).
-            "days": [{"day": d, "cost": _round(c)}
-                     for d, c in by_day(own, window.now, window.since).items()],
-            "intervals": [{"kind": i.kind, "nodes": i.nodes, "started_at": i.started_at,
-                           "ended_at": i.ended_at, "node_price_per_hour": i.node_price_per_hour,
-                           "disk_price_per_hour": i.disk_price_per_hour, "source": i.source}
-                          for i in own],
-        })
-    clusters.sort(key=lambda c: c["cost"], reverse=True)
-    managed = []
-    for job_id, tried in sorted(attempts.items()):
-        cost = managed_job_cost(tried)
-        managed.append({"job_id": job_id, "name": managed_names.get(job_id, ""),
-                        "cost": _round(cost.total), "recoveries": _round(cost.recoveries),
-                        "attempts": cost.attempts})
+        totals.add(split, own[-1].provider, own[-1].owner, incarnation)
+        rows.append((_round(split.total), own[0].started_at, own, split))
+    if settled is not None:
+        totals.add_settled(settled)
+        own_of = listed_intervals or {}
+        rows += [(_round(top.total), top.started_at, own_of[top.key], top.split)
+                 for top in settled.top if top.key in own_of]
+    rows.sort(key=lambda row: (-row[0], row[1]))
+    listed = rows[:limit] if limit else rows
+    total = totals.split.total
+    if days is None:
+        days = by_day(intervals, window.now, window.since)
     return {
         "since": window.since, "until": window.now,
-        "total": _round(total.total),
+        "total": _round(total),
         "burn_rate": _round(sum(i.rate for i in intervals if i.ended_at is None)),
-        "split": _split_view(total),
-        "clusters": clusters,
-        "managed_jobs": managed,
-        "providers": [{"provider": p, "cost": _round(c)} for p, c in sorted(providers.items())],
-        "days": [{"day": d, "cost": _round(c)}
-                 for d, c in by_day(intervals, window.now, window.since).items()],
+        "split": _split_view(totals.split),
+        "clusters": [_cluster_view(own, split, window) for _, _, own, split in listed],
+        "others": {"clusters": totals.count - len(listed),
+                   "cost": _round(total - sum(split.total for *_, split in listed))},
+        "managed_jobs": totals.managed(managed_names),
+        "providers": [{"provider": p, "cost": _round(c)}
+                      for p, c in sorted(totals.providers.items())],
+        "days": [{"day": d, "cost": _round(c)} for d, c in days.items()],
     }

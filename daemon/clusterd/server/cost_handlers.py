@@ -14,6 +14,7 @@ from clusterd.state.clusters import ClusterStore
 from .connection import Call
 
 MAX_DAYS = 3650
+MAX_LIMIT = 1_000_000
 
 
 class CostHandlers:
@@ -28,7 +29,11 @@ class CostHandlers:
         if not 1 <= args.days <= MAX_DAYS:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                 f"days must be from 1 to {MAX_DAYS}, got {args.days}")
-        return await self._cost.report(args.days)
+        if not 0 <= args.limit <= MAX_LIMIT:
+            raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
+                                f"limit must be from 0 (every cluster) to {MAX_LIMIT},"
+                                f" got {args.limit}")
+        return await self._cost.report(args.days, args.limit)
 
     def managed_job_cost(self, job_id: int) -> float:
         """Dollars a managed job's clusters (every attempt's) have cost so far."""

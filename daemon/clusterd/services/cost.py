@@ -1,21 +1,26 @@
 """`cost_report`: the records the report needs (the ledger's intervals, when each cluster
 became UP, each incarnation's jobs as the kept copies last saw them, managed jobs' names),
-gathered for cost/report.py; and each configured budget's month so far (spent, the burn
-rate, its recorded level, the projection), so a page can show it while it is still clear."""
+gathered for cost/report.py; the settling of torn-down incarnations' splits
+(cost/settled.py), done before each report and hourly, so that a report splits only what
+is still live or straddles its window's start; and each configured budget's month so far
+(spent, the burn rate, its recorded level, the projection), so a page can show it while it
+is still clear."""
 
 from __future__ import annotations
 
+import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import anyio
 
-from clusterd.cost.attribution import JobSpan
+from clusterd.cost.attribution import JobSpan, split_cluster
 from clusterd.cost.budget import Budget, BudgetState, Level, month_of, month_start, projection
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.report import Window, build
+from clusterd.cost.settled import SETTLE_AFTER, Key, SettledSplits
 from clusterd.keptlogs.store import KeptCluster, KeptLogStore
 from clusterd.managed.store import ManagedJobStore
 from clusterd.state.db import Database
@@ -36,22 +41,35 @@ class CostService:
         # A budget's recorded state by (key, month): the budget store's, which sits a layer
         # above the services (it acts through them), so it is handed in, not imported.
         self._budget_state = budget_state
+        self._settled = SettledSplits(db)
+        self._settling = anyio.Lock()  # one settling at a time (a report's, the hourly one)
 
-    async def report(self, days: float) -> dict[str, Any]:
+    async def report(self, days: float, limit: int = 0) -> dict[str, Any]:
+        """The report over the last `days`, listing the `limit` costliest clusters (0: all).
+        What is settled is summed in SQL; what is not (live, straddling the window's start,
+        torn down lately) is split here."""
+        await self.settle()
         window = Window(since=time.time() - days * DAY, now=time.time())
-        intervals = await self.ledger.intervals(window.since)
-        first = min((i.started_at for i in intervals), default=window.now)
-        rows = await self._db.fetchall(
-            "SELECT cluster, ts FROM cluster_events WHERE kind = 'status' AND to_status = 'UP'"
-            " AND ts >= ? ORDER BY ts", [first])
-        up_times: dict[str, list[float]] = {}
-        for row in rows:
-            up_times.setdefault(row["cluster"], []).append(row["ts"])
-        wanted = {(i.cluster, i.incarnation) for i in intervals}
-        jobs = await anyio.to_thread.run_sync(self._jobs, wanted)
+        intervals = await self._settled.unsettled_in(window.since)
+        jobs: dict[Key, list[JobSpan]] = {}
+
+        async def read_jobs() -> None:
+            jobs.update(await anyio.to_thread.run_sync(
+                self._jobs, {(i.cluster, i.incarnation) for i in intervals}))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(read_jobs)  # files, on a core of their own beside the queries
+            settled = await self._settled.summary(window.since, limit)
+            listed = await self._settled.listed_intervals(window.since, limit)
+            days_spent = await self.ledger.spend_by_day(window.since, window.now)
+            up_times = await self._up_times(min((i.started_at for i in intervals),
+                                                default=window.now))
         names = {job.id: job.name for job in self._managed.all()}
-        report = build(window, intervals, up_times,
-                       lambda name, incarnation: jobs.get((name, incarnation), ()), names)
+        # In a worker thread: thousands of clusters would hold the event loop for long.
+        report = await anyio.to_thread.run_sync(functools.partial(
+            build, window, intervals, up_times,
+            lambda name, incarnation: jobs.get((name, incarnation), []), names, limit,
+            settled, listed, days_spent))
         report["budgets"] = await self.budgets(window.now)
         return report
 
@@ -67,20 +85,57 @@ class CostService:
             found.append(budget_view(budget, state, month, spent, rate, now))
         return found
 
-    def _jobs(self, wanted: set[tuple[str, float]]) -> dict[tuple[str, float], Sequence[JobSpan]]:
-        """Each incarnation's jobs from its kept copies (blocks: file reads)."""
+    async def settle(self) -> int:
+        """Settle every incarnation whose inputs are final now; returns how many."""
+        async with self._settling:
+            candidates = await self._settled.unsettled(time.time() - SETTLE_AFTER)
+            if not candidates:
+                return 0
+            first = min(own[0].started_at for own in candidates.values())
+            up_times = await self._up_times(first)
+            final = await anyio.to_thread.run_sync(self._final, candidates.keys())
+            jobs = await anyio.to_thread.run_sync(self._jobs, final)
+            splits = [(own, split_cluster(own, up_times.get(name, []),
+                                          jobs.get((name, incarnation), []),
+                                          max(i.ended_at or 0.0 for i in own)))
+                      for (name, incarnation), own in candidates.items()
+                      # A kept copy not closed out yet: its jobs may still change.
+                      if (name, incarnation) in final]
+            await self._settled.settle(splits)
+            return len(splits)
+
+    async def _up_times(self, since: float) -> dict[str, list[float]]:
+        """Per cluster name, when it became UP (from its events, oldest first)."""
+        rows = await self._db.fetchall(
+            "SELECT cluster, ts FROM cluster_events WHERE kind = 'status' AND to_status = 'UP'"
+            " AND ts >= ? ORDER BY ts", [since])
+        up_times: dict[str, list[float]] = {}
+        for row in rows:
+            up_times.setdefault(row["cluster"], []).append(row["ts"])
+        return up_times
+
+    def _jobs(self, wanted: Iterable[Key]) -> dict[Key, list[JobSpan]]:
+        """Each incarnation's jobs from its kept copy (none without one: kept logs off, or
+        pruned from the history). Blocks: file reads."""
         kept = self._kept
         if kept is None:
             return {}
-        found: dict[tuple[str, float], Sequence[JobSpan]] = {}
-        for name, incarnation in wanted:
-            key = KeptCluster(name, "", "", incarnation).key
-            directory: Path = kept.root / key
-            if directory.is_dir():
-                found[(name, incarnation)] = [
-                    JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
-                    for j in kept.jobs(directory).values()]
-        return found
+        return {key: [JobSpan(j.job_id, j.started_at, j.ended_at, j.num_nodes)
+                      for j in kept.jobs(_directory(kept, key)).values()] for key in wanted}
+
+    def _final(self, wanted: Iterable[Key]) -> set[Key]:
+        """The incarnations whose jobs will not change: their kept copy is closed out, or
+        there is none. Blocks: file reads."""
+        kept = self._kept
+        if kept is None:
+            return set(wanted)
+        return {key for key in wanted
+                if (copy := kept.cluster(_directory(kept, key))) is None
+                or copy.torn_down_at is not None}
+
+
+def _directory(kept: KeptLogStore, key: Key) -> Path:
+    return kept.root / KeptCluster(key[0], "", "", key[1]).key
 
 
 def budget_view(budget: Budget, state: BudgetState, month: str, spent: float, rate: float,

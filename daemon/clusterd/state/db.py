@@ -198,6 +198,27 @@ MIGRATIONS: tuple[str, ...] = (
         text TEXT NOT NULL
     );
     """,
+    # 10: torn-down cluster incarnations' cost splits, settled once their inputs are final
+    # (see clusterd/cost/settled.py): a report sums them in SQL and reads only the rows it
+    # lists. Intervals indexed by incarnation, as the settling and the retention group them.
+    """
+    CREATE TABLE cost_settled (
+        cluster TEXT NOT NULL,
+        incarnation REAL NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL NOT NULL,
+        provider TEXT NOT NULL,
+        owner TEXT,
+        total REAL NOT NULL,
+        provisioning REAL NOT NULL,
+        idle REAL NOT NULL,
+        stopped REAL NOT NULL,
+        jobs TEXT NOT NULL,
+        PRIMARY KEY (cluster, incarnation)
+    );
+    CREATE INDEX cost_settled_by_start ON cost_settled (started_at);
+    CREATE INDEX cost_intervals_by_incarnation ON cost_intervals (cluster, incarnation);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
