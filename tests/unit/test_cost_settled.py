@@ -141,3 +141,33 @@ async def test_a_settled_report_is_the_report_split_anew(bed: Bed) -> None:
                                for d in anew["days"]]
     assert settled["managed_jobs"] == [{"job_id": 7, "name": "", "cost": pytest.approx(8.0),
                                         "recoveries": pytest.approx(3.0), "attempts": 2}]
+
+
+async def test_a_managed_jobs_cluster_is_split_by_its_runs(db: Database, tmp_path: Path) -> None:
+    """Such a cluster has no kept copy (the controller keeps its job's log): its job is the
+    managed job's stretch RUNNING, from the job's events, in the fresh split and the
+    settled one alike; before that, all of it was called idle."""
+    from clusterd.managed.store import OWNER_PREFIX, SubmittedTask
+
+    bed = Bed(db, tmp_path)
+    managed = ManagedJobStore(db)
+    await managed.load()
+    bed.cost = CostService(bed.ledger, db, bed.kept, managed)
+    await bed.ledger.load()
+    job = await managed.insert("train", SubmittedTask(command="python train.py"), "sky")
+    await bed.ledger.running(record(job.cluster, T0, f"{OWNER_PREFIX}{job.id}"), at=T0)
+    await bed.ledger.ended(job.cluster, at=T0 + 2 * H)
+    await db.write([
+        ("INSERT INTO cluster_events (ts, cluster, kind, from_status, to_status, reason)"
+         " VALUES (?, ?, 'status', 'INIT', 'UP', 'test')", [T0 + H / 2, job.cluster]),
+        *[("INSERT INTO managed_job_events (ts, job_id, from_status, to_status, reason)"
+           " VALUES (?, ?, ?, ?, 'test')", [ts, job.id, before, after])
+          for ts, before, after in [(T0, "PENDING", "STARTING"),
+                                    (T0 + H / 2, "STARTING", "RUNNING"),
+                                    (T0 + 1.5 * H, "RUNNING", "RECOVERING")]]])
+    fresh = await bed.splits(30)  # settles it (ended days ago) and reads it back
+    assert await bed.settled() == [job.cluster]
+    assert fresh[job.cluster] == WHOLE
+    report = await bed.cost.report(30)
+    (listed,) = report["managed_jobs"]
+    assert (listed["job_id"], listed["cost"]) == (job.id, pytest.approx(2.0))

@@ -22,7 +22,7 @@ from clusterd.cost.ledger import Ledger
 from clusterd.cost.report import Window, build
 from clusterd.cost.settled import SETTLE_AFTER, Key, SettledSplits
 from clusterd.keptlogs.store import KeptCluster, KeptLogStore
-from clusterd.managed.store import ManagedJobStore
+from clusterd.managed.store import ManagedJobRecord, ManagedJobStore
 from clusterd.state.db import Database
 
 DAY = 86400.0
@@ -54,8 +54,9 @@ class CostService:
         jobs: dict[Key, list[JobSpan]] = {}
 
         async def read_jobs() -> None:
-            jobs.update(await anyio.to_thread.run_sync(
-                self._jobs, {(i.cluster, i.incarnation) for i in intervals}))
+            keys = {(i.cluster, i.incarnation) for i in intervals}
+            jobs.update(await anyio.to_thread.run_sync(self._jobs, keys))
+            jobs.update(await self._managed_spans(keys))
 
         async with anyio.create_task_group() as group:
             group.start_soon(read_jobs)  # files, on a core of their own beside the queries
@@ -95,6 +96,7 @@ class CostService:
             up_times = await self._up_times(first)
             final = await anyio.to_thread.run_sync(self._final, candidates.keys())
             jobs = await anyio.to_thread.run_sync(self._jobs, final)
+            jobs.update(await self._managed_spans(final))
             splits = [(own, split_cluster(own, up_times.get(name, []),
                                           jobs.get((name, incarnation), []),
                                           max(i.ended_at or 0.0 for i in own)))
@@ -103,6 +105,32 @@ class CostService:
                       if (name, incarnation) in final]
             await self._settled.settle(splits)
             return len(splits)
+
+    async def _managed_spans(self, keys: Iterable[Key]) -> dict[Key, list[JobSpan]]:
+        """The job of each managed job's cluster among `keys`: its stretches RUNNING, from the
+        managed job's events (such a cluster has no kept copy: the controller keeps its log).
+        Every incarnation gets all of them; each counts only the time its own nodes ran."""
+        owners = {record.cluster: record for record in self._managed.all()}
+        owned = [key for key in keys if key[0] in owners]
+        if not owned:
+            return {}
+        by_id = {owners[name].id: owners[name] for name, _ in owned}
+        ids = sorted(by_id)
+        rows = await self._db.fetchall(
+            "SELECT job_id, ts, from_status, to_status FROM managed_job_events"
+            f" WHERE job_id IN ({', '.join('?' for _ in ids)}) ORDER BY id", ids)
+        spans: dict[int, list[JobSpan]] = {}
+        since: dict[int, float] = {}
+        for row in rows:
+            job_id = row["job_id"]
+            if row["to_status"] == "RUNNING":
+                since.setdefault(job_id, row["ts"])
+            elif row["from_status"] == "RUNNING" and job_id in since:
+                spans.setdefault(job_id, []).append(
+                    _run_span(by_id[job_id], since.pop(job_id), row["ts"]))
+        for job_id, started in since.items():  # running now
+            spans.setdefault(job_id, []).append(_run_span(by_id[job_id], started, None))
+        return {key: spans.get(owners[key[0]].id, []) for key in owned}
 
     async def _up_times(self, since: float) -> dict[str, list[float]]:
         """Per cluster name, when it became UP (from its events, oldest first)."""
@@ -136,6 +164,15 @@ class CostService:
 
 def _directory(kept: KeptLogStore, key: Key) -> Path:
     return kept.root / KeptCluster(key[0], "", "", key[1]).key
+
+
+# A managed job's run holds every node of its cluster (attribution caps a claim at the
+# cluster's own count).
+EVERY_NODE = 1 << 30
+
+
+def _run_span(record: ManagedJobRecord, started: float, ended: float | None) -> JobSpan:
+    return JobSpan(record.agent_job_id or 1, started, ended, EVERY_NODE)
 
 
 def budget_view(budget: Budget, state: BudgetState, month: str, spent: float, rate: float,
