@@ -175,13 +175,19 @@ async def test_nodes_started_and_stopped_moments_apart_count_their_own_seconds(
     assert end is not None and 2 * (end - start) == pytest.approx(100 + 101)  # each's own
 
 
-async def test_a_down_after_a_preemption_ends_at_the_last_nodes_termination(
-        ledger: Ledger, db: Database) -> None:
+async def one_of_two_preempted(ledger: Ledger) -> float:
+    """A 2-node cluster launched at t, one node preempted at t + 100 (found by refresh): t."""
     t = time.time() - 600
     dev = record()
     await ledger.running(dev, at=(t, t))
     await ledger.observed(dev, [node(NodeStatus.RUNNING, t),
                                 node(NodeStatus.TERMINATED, t, t + 100)])
+    return t
+
+
+async def test_a_down_after_a_preemption_ends_at_the_last_nodes_termination(
+        ledger: Ledger, db: Database) -> None:
+    t = await one_of_two_preempted(ledger)
     # The down finds both gone: the one preempted before the stretch began is not this
     # change's (else the mean would end the survivor's stretch too early).
     await ledger.ended("dev", at=(t + 100, t + 300))
@@ -190,12 +196,8 @@ async def test_a_down_after_a_preemption_ends_at_the_last_nodes_termination(
 
 async def test_a_repaired_node_starts_the_interval_at_its_own_launch(
         ledger: Ledger, db: Database) -> None:
-    t = time.time() - 600
-    dev = record()
-    await ledger.running(dev, at=(t, t))
-    await ledger.observed(dev, [node(NodeStatus.RUNNING, t),
-                                node(NodeStatus.TERMINATED, t, t + 100)])
-    await ledger.running(dev, at=(t, t + 200))  # the survivor, and the node made again
+    t = await one_of_two_preempted(ledger)
+    await ledger.running(record(), at=(t, t + 200))  # the survivor, and the node made again
     assert (await intervals(db))[-1] == (RUNNING, 2, t + 200, None)
 
 
