@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from clusterd.cost.ledger import RUNNING, STOPPED, Ledger, changed_at
+from clusterd.cost.ledger import RUNNING, STOPPED, Ledger, changed_at, node_times
 from clusterd.nodes import NodeInfo, NodeStatus
 from clusterd.providers.aws import lifetimes
 from clusterd.providers.kubernetes import pods
@@ -160,6 +160,47 @@ async def test_no_interval_opens_before_the_clusters_last_one_ended_even_after_a
     assert_no_overlap(found)
 
 
+async def test_nodes_started_and_stopped_moments_apart_count_their_own_seconds(
+        ledger: Ledger, db: Database) -> None:
+    """A launch's head and workers are made by separate calls: one interval for all of
+    them, from the mean of their starts to the mean of their stops, counts each node's own
+    seconds."""
+    t = time.time() - 600
+    dev = record()
+    await ledger.running(dev, at=(t, t + 1))
+    await ledger.stopped(dev, at=(t + 100, t + 102))
+    found = await intervals(db)
+    assert found == [(RUNNING, 2, t + 0.5, t + 101), (STOPPED, 2, t + 101, None)]
+    start, end = found[0][2], found[0][3]
+    assert end is not None and 2 * (end - start) == pytest.approx(100 + 101)  # each's own
+
+
+async def one_of_two_preempted(ledger: Ledger) -> float:
+    """A 2-node cluster launched at t, one node preempted at t + 100 (found by refresh): t."""
+    t = time.time() - 600
+    dev = record()
+    await ledger.running(dev, at=(t, t))
+    await ledger.observed(dev, [node(NodeStatus.RUNNING, t),
+                                node(NodeStatus.TERMINATED, t, t + 100)])
+    return t
+
+
+async def test_a_down_after_a_preemption_ends_at_the_last_nodes_termination(
+        ledger: Ledger, db: Database) -> None:
+    t = await one_of_two_preempted(ledger)
+    # The down finds both gone: the one preempted before the stretch began is not this
+    # change's (else the mean would end the survivor's stretch too early).
+    await ledger.ended("dev", at=(t + 100, t + 300))
+    assert await intervals(db) == [(RUNNING, 2, t, t + 100), (RUNNING, 1, t + 100, t + 300)]
+
+
+async def test_a_repaired_node_starts_the_interval_at_its_own_launch(
+        ledger: Ledger, db: Database) -> None:
+    t = await one_of_two_preempted(ledger)
+    await ledger.running(record(), at=(t, t + 200))  # the survivor, and the node made again
+    assert (await intervals(db))[-1] == (RUNNING, 2, t + 200, None)
+
+
 def test_changed_at_is_the_last_nodes_change_or_unknown() -> None:
     assert changed_at([node(NodeStatus.RUNNING, 10.0), node(NodeStatus.RUNNING, 12.0)]) == 12.0
     # A running node counts from its start, a gone one from its end: the latest is the change.
@@ -167,6 +208,9 @@ def test_changed_at_is_the_last_nodes_change_or_unknown() -> None:
                        node(NodeStatus.TERMINATED, 5.0, 30.0)]) == 30.0
     assert changed_at([node(NodeStatus.STOPPED, 10.0, None)]) is None
     assert changed_at([]) is None
+    assert node_times([node(NodeStatus.RUNNING, 10.0), node(NodeStatus.STOPPED, 1.0, 12.0)]
+                      ) == (10.0, 12.0)
+    assert node_times([node(NodeStatus.RUNNING, None)]) is None and node_times([]) is None
 
 
 # -- the services date their changes by the provider --------------------------------------

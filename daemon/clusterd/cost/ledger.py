@@ -37,6 +37,12 @@ from clusterd.state.db import Database
 
 RUNNING = "running"
 STOPPED = "stopped"
+# When a change happened: a time (the daemon's, or the provider's for the change as a whole:
+# changed_at); or, for a change made to every node at once (a launch, a start, a stop, a
+# down), each node's time by the provider (node_times), dated at the mean of those after the
+# stretch it ends began: nodes take it moments apart (separate calls; EC2's times are to the
+# second), and the mean makes one interval count their node-seconds exactly; None: now.
+When = float | tuple[float, ...] | None
 # What one interval-second costs, in SQL over a row of cost_intervals (per hour: / 3600).
 _RATE_SQL = ("nodes * (disk_price_per_hour"
              " + CASE kind WHEN 'running' THEN node_price_per_hour ELSE 0 END)")
@@ -152,7 +158,7 @@ class Ledger:
     # -- the hooks ---------------------------------------------------------------------------
 
     async def running(self, record: ClusterRecord, nodes: int | None = None,
-                      at: float | None = None) -> None:
+                      at: When = None) -> None:
         """The cluster's nodes run (`nodes` of them; default all): one open running interval
         at today's price, its stopped one (if any) closed. `at`: when they started, where the
         provider says (an `at` before the stretch it would end is an earlier start's, and
@@ -160,11 +166,11 @@ class Ledger:
         not have the stopped stretch counted as running)."""
         await self._become(record, RUNNING, record.num_nodes if nodes is None else nodes, at)
 
-    async def stopped(self, record: ClusterRecord, at: float | None = None) -> None:
+    async def stopped(self, record: ClusterRecord, at: When = None) -> None:
         """The cluster's nodes stopped: its disks go on costing."""
         await self._become(record, STOPPED, record.num_nodes, at)
 
-    async def ended(self, name: str, at: float | None = None) -> None:
+    async def ended(self, name: str, at: When = None) -> None:
         """The cluster is gone (down, or every node terminated): nothing open."""
         await self._become_nothing(name, at)
 
@@ -272,7 +278,7 @@ class Ledger:
             disk_price_per_hour=price.disk_per_hour, source=price.source, owner=record.owner)
 
     async def _become(self, record: ClusterRecord, kind: str, nodes: int,
-                      at: float | None) -> None:
+                      at: When) -> None:
         async with self._lock:
             current = self._open.get(record.name, {}).get(kind)
             # Refresh calls this for every cluster every cycle: the common case (nothing
@@ -293,18 +299,23 @@ class Ledger:
             self._open.setdefault(record.name, {})[kind] = dataclasses.replace(
                 opened, id=row_id or 0)
 
-    async def _become_nothing(self, name: str, at: float | None) -> None:
+    async def _become_nothing(self, name: str, at: When) -> None:
         async with self._lock:
             closing = self.open_intervals(name)
             await self._close(closing, self._dated(name, closing, at, None))
 
-    def _dated(self, name: str, closing: list[Interval], at: float | None,
+    def _dated(self, name: str, closing: list[Interval], at: When,
                kind: str | None) -> float:
         """When the cluster became `kind` (None: gone), given the provider's word `at`: never
         after now, never before what it ends began nor before the cluster's last interval
         ended. A start (`kind` RUNNING) dated before that is an earlier start's: now."""
         now = time.time()
         floor = max([i.started_at for i in closing] + [self._last_end.get(name, 0.0)])
+        if isinstance(at, tuple):
+            # The nodes this change moved: those whose time is after the floor (a node lost
+            # before the stretch began, or one that kept running through a repair, was not).
+            moved = [t for t in at if floor < t <= now]
+            at = sum(moved) / len(moved) if moved else max(at, default=None)
         if at is None or at > now:
             return max(now, floor)
         if at < floor:
@@ -341,9 +352,22 @@ def changed_at(nodes: Sequence[NodeInfo]) -> float | None:
     """When the cluster became what its nodes are now, by the provider's clock: when the
     last of them changed (a running node when it started, any other when it stopped or
     went). None when a node's time is not known (then the change is dated when seen)."""
+    times = _node_times(nodes)
+    return max(times) if times else None
+
+
+def node_times(nodes: Sequence[NodeInfo]) -> tuple[float, ...] | None:
+    """Each node's last change by the provider's clock (a running node's start, any other's
+    stop or end), for a change made to all of them at once (see When); None when one is not
+    known."""
+    times = _node_times(nodes)
+    return tuple(times) if times else None
+
+
+def _node_times(nodes: Sequence[NodeInfo]) -> list[float] | None:
     times = [n.launched_at if _counts_as_running(n) else n.stopped_at for n in nodes]
     known = [t for t in times if t is not None]
-    return max(known) if known and len(known) == len(times) else None
+    return known if times and len(known) == len(times) else None
 
 
 def _counts_as_running(node: NodeInfo) -> bool:

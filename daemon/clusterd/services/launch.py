@@ -16,7 +16,7 @@ from collections.abc import Iterable
 import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
-from clusterd.cost.ledger import Ledger, changed_at
+from clusterd.cost.ledger import Ledger, node_times
 from clusterd.locks import ClusterLocks
 from clusterd.nodes import NodeStatus
 from clusterd.providers.base import Provider, ProviderHandle, ProvisionError
@@ -148,7 +148,7 @@ class LaunchSteps:
         info = await provider.cluster_info(record.cloud_name, handle)
         # The nodes run (and cost) from here on: from when the provider started them, where
         # it says (an EC2 instance's LaunchTime, before it booted and answered SSH).
-        await self._ledger.running(record, at=changed_at(info.nodes))
+        await self._ledger.running(record, at=node_times(info.nodes))
 
         async def checkpoint(runtime: RuntimeHandle) -> None:
             await self._store.update(record.name, handle=ClusterHandle(

@@ -16,7 +16,7 @@ import anyio
 
 from clusterctl.protocol import ClusterStatus, ErrorCode, ProtocolError
 from clusterd import log
-from clusterd.cost.ledger import Ledger, changed_at
+from clusterd.cost.ledger import Ledger, node_times
 from clusterd.faults import fault_point
 from clusterd.locks import ClusterLocks, Holder, LockMode
 from clusterd.nodes import ClusterInfo, NodeStatus, SSHTarget
@@ -134,7 +134,8 @@ class Teardown:
             await self.release_buckets(request, name)
         return {"cluster": name, "status": str(ClusterStatus.TERMINATED), "changed": True}
 
-    async def _gone_at(self, record: ClusterRecord, provider: Provider) -> float | None:
+    async def _gone_at(self, record: ClusterRecord, provider: Provider
+                       ) -> tuple[float, ...] | None:
         """When the provider says the cluster's nodes stopped or went, once every one has
         (None: not known, or one still runs): the ledger ends their running stretch then,
         not when the cloud finished stopping them (EC2 bills no stopping instance, and a
@@ -150,7 +151,7 @@ class Teardown:
             return None
         if any(n.status not in (NodeStatus.STOPPED, NodeStatus.TERMINATED) for n in nodes):
             return None
-        return changed_at(nodes)
+        return node_times(nodes)
 
     async def discard_failed_launch(
         self, request: RunningRequest, name: str, error: BaseException
