@@ -113,6 +113,21 @@ def month_start(ts: float) -> float:
     return day.replace(day=1, hour=0, minute=0, second=0, microsecond=0).timestamp()
 
 
+async def measure(meter: SpendMeter, provider: str | None, now: float, *,
+                  spenders: bool = False) -> Observed:
+    """A budget's month so far as the meter says it now (the clusters spending only if
+    asked: the controller needs them, a view does not)."""
+    spent = await meter.spend(month_start(now), None, provider)
+    rate = await meter.burn_rate(provider)
+    spending = tuple(await meter.spenders(provider)) if spenders else ()
+    return Observed(month_of(now), spent, rate, spending, now)
+
+
+def level_in(state: BudgetState, month: str) -> Level:
+    """The level recorded for `month`: a record of an earlier month is clear."""
+    return state.level if state.month == month else Level.CLEAR
+
+
 def projection(budget: Budget, spent: float, burn_rate: float, now: float) -> str:
     """"at this rate the budget is reached on DATE" (or not this month)."""
     left = budget.monthly - spent

@@ -45,6 +45,8 @@ from clusterd.cost.budget import (
     SpendMeter,
     decide,
     describe,
+    level_in,
+    measure,
     month_of,
     month_start,
     refusal,
@@ -182,15 +184,13 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
         for budget in self.configured().values():
             if budget.provider not in (None, provider):
                 continue
-            spent = await self._meter.spend(month_start(now), None, budget.provider)
-            rate = await self._meter.burn_rate(budget.provider)
-            state = self._store.get(budget.key, month_of(now))
-            level = state.level if state.month == month_of(now) else Level.CLEAR
+            seen = await measure(self._meter, budget.provider, now)
+            level = level_in(self._store.get(budget.key, seen.month), seen.month)
             found.append({
                 "budget": budget.key, "label": budget.label(), "monthly": budget.monthly,
-                "spent": spent, "left": max(0.0, budget.monthly - spent),
+                "spent": seen.spent, "left": max(0.0, budget.monthly - seen.spent),
                 "level": str(level), "action": str(budget.action),
-                "says": describe(budget, Observed(month_of(now), spent, rate, (), now))})
+                "says": describe(budget, seen)})
         return found
 
     # -- the engine's Controller ----------------------------------------------------------
@@ -202,12 +202,8 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
         return BudgetIntent(budget, self._store.get(key, month_of(self._clock())))
 
     async def observe(self, intent: BudgetIntent) -> Observed:
-        now = self._clock()
-        provider = intent.budget.provider
-        spent = await self._meter.spend(month_start(now), None, provider)
-        rate = await self._meter.burn_rate(provider)
-        spenders = await self._meter.spenders(provider)
-        return Observed(month_of(now), spent, rate, tuple(spenders), now)
+        return await measure(self._meter, intent.budget.provider, self._clock(),
+                             spenders=True)
 
     def step(self, intent: BudgetIntent, observed: Observed) -> Action | None:
         found = decide(intent.budget, intent.state, observed)

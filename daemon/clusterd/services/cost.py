@@ -17,7 +17,7 @@ from typing import Any
 import anyio
 
 from clusterd.cost.attribution import JobSpan, split_cluster
-from clusterd.cost.budget import Budget, BudgetState, Level, month_of, month_start, projection
+from clusterd.cost.budget import Budget, BudgetState, Level, level_in, measure, projection
 from clusterd.cost.ledger import Ledger
 from clusterd.cost.report import Window, build
 from clusterd.cost.settled import SETTLE_AFTER, Key, SettledSplits
@@ -76,14 +76,12 @@ class CostService:
 
     async def budgets(self, now: float) -> list[dict[str, Any]]:
         """Each configured budget's month so far, as the controller would observe it now."""
-        month = month_of(now)
         found = []
         for budget in self._budgets():
-            spent = await self.ledger.spend(month_start(now), None, budget.provider)
-            rate = await self.ledger.burn_rate(budget.provider)
-            state = (self._budget_state(budget.key, month)
-                     if self._budget_state is not None else BudgetState(budget.key, month))
-            found.append(budget_view(budget, state, month, spent, rate, now))
+            seen = await measure(self.ledger, budget.provider, now)
+            state = (self._budget_state(budget.key, seen.month)
+                     if self._budget_state is not None else BudgetState(budget.key, seen.month))
+            found.append(budget_view(budget, state, seen.month, seen.spent, seen.burn_rate, now))
         return found
 
     async def settle(self) -> int:
@@ -179,10 +177,10 @@ def budget_view(budget: Budget, state: BudgetState, month: str, spent: float, ra
                 now: float) -> dict[str, Any]:
     """A budget's month for `cost_report`: `level` as the controller recorded it this month
     (a record of an earlier month is clear), and `text` what its last decision said."""
-    current = state.month == month
+    level = level_in(state, month)
     return {"provider": budget.provider, "monthly": budget.monthly, "warn_at": budget.warn_at,
             "action": str(budget.action), "month": month, "spent": round(spent, 6),
             "burn_rate": round(rate, 6),
-            "level": str(state.level if current else Level.CLEAR),
-            "text": state.text if current and state.level != Level.CLEAR else "",
+            "level": str(level),
+            "text": state.text if level != Level.CLEAR else "",
             "projection": projection(budget, spent, rate, now)}
