@@ -272,6 +272,20 @@ def ray_processes_of(runtime_dir: Path) -> list[int]:
     return alive
 
 
+def pids_with(marker: str) -> list[int]:
+    """Pids on this machine whose command line contains marker."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if marker.encode() in cmdline:
+                found.append(int(name))
+    return found
+
+
 def daemons_of(runtime_dir: Path) -> list[int]:
     """Pids of every clusterd whose XDG_RUNTIME_DIR is `runtime_dir`, read from /proc: one an
     autostart spawned that does not answer yet is found too."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,20 +119,6 @@ class Bed:
         row: dict[str, Any] = wait_for(reached, timeout, f"{instance_id}: node {node}",
                                        interval=0.2)
         return row
-
-
-def node_processes(marker: str) -> list[int]:
-    """Pids on this machine whose command line contains marker."""
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                out.append(int(name))
-    return out
 
 
 # On a node: echo each line back with the peer's address (so a test sees who connected).

@@ -33,10 +33,9 @@ from tests.integration.ec2_testbed_calls import (
     TESTBED,
     Bed,
     from_bed,
-    node_processes,
     on_node,
 )
-from tests.support import short_tempdir, wait_for
+from tests.support import pids_with, short_tempdir, wait_for
 
 pytestmark = pytest.mark.ec2
 
@@ -452,10 +451,10 @@ def test_disk_survives_stop_start_tmp_and_processes_do_not(bed: Bed,
                                  f"nohup setsid {marker} >/dev/null 2>&1 & echo started")
     assert r.returncode == 0, r.stderr
     # The background sleep may still be between fork and exec when ssh returns.
-    wait_for(lambda: bool(node_processes(marker)), 10, "the node's sleep to start")
+    wait_for(lambda: bool(pids_with(marker)), 10, "the node's sleep to start")
     bed.py(f"ec2().stop_instances(InstanceIds=['{a['id']}']); out(1)")
     bed.wait_node(a["id"], "none", "stopped")
-    wait_for(lambda: not node_processes(marker), 5, "the node's processes to die")
+    wait_for(lambda: not pids_with(marker), 5, "the node's processes to die")
     bed.py(f"ec2().start_instances(InstanceIds=['{a['id']}']); out(1)")
     row = bed.wait_node(a["id"], "up", "running")
     # As EC2 may on a start, the instance came back with another address of its subnet.
@@ -479,10 +478,10 @@ def test_a_stop_and_start_between_two_polls_boots_the_machine_again(bed: Bed) ->
     marker = f"sleep {5000 + os.getpid() % 1000}"
     r = bed.ssh(row["private_ip"], f"nohup setsid {marker} >/dev/null 2>&1 & echo started")
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: bool(node_processes(marker)), 10, "the node's sleep to start")
+    wait_for(lambda: bool(pids_with(marker)), 10, "the node's sleep to start")
     bed.py(f"ec2().stop_instances(InstanceIds=[{iid!r}]); "
            f"ec2().start_instances(InstanceIds=[{iid!r}]); out(1)")
-    wait_for(lambda: not node_processes(marker), 15, "the node of before to die")
+    wait_for(lambda: not pids_with(marker), 15, "the node of before to die")
     after = bed.wait_node(iid, "up", "running")
     assert after["private_ip"] != row["private_ip"]
     r = bed.ssh(after["private_ip"], "ip -4 -o addr show dev eth0")
@@ -641,7 +640,7 @@ def test_down_leaves_nothing(bed: Bed) -> None:
     assert bed.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                            text=True).stdout
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
-    assert not node_processes(str(bed.dir))
+    assert not pids_with(str(bed.dir))
     assert not bed.dir.exists()
     wait_for(lambda: str(bed.dir) not in subprocess.run(
         ["losetup", "--list", "-O", "BACK-FILE"], capture_output=True, text=True).stdout, 10,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import short_tempdir, wait_for
+from tests.support import pids_with, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
@@ -137,19 +137,6 @@ def sleeper(name: str, image: str, **spec: Any) -> str:
     return json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                        "spec": {"containers": [container], "terminationGracePeriodSeconds": 1,
                                 **spec}})
-
-
-def host_pids_with(marker: str) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmdline = Path(f"/proc/{name}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            if marker.encode() in cmdline:
-                out.append(int(name))
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -453,7 +440,7 @@ def daemons_of(runtime_dir: Path) -> list[int]:
     """The pids of clusterd daemons whose XDG_RUNTIME_DIR is runtime_dir (another engineer's
     daemons on this machine run the same command line)."""
     found = []
-    for pid in host_pids_with("-m clusterd"):
+    for pid in pids_with("-m clusterd"):
         try:
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
@@ -571,7 +558,7 @@ def test_down_leaves_nothing(bed: Bed) -> None:
     assert bed.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True,
                                            text=True).stdout
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
-    assert not host_pids_with(str(bed.dir))
+    assert not pids_with(str(bed.dir))
     assert not bed.dir.exists()
     assert not list(Path("/sys/fs/cgroup").glob(f"*/clusterd-testbed-k8s.{bed.netns}"))
     assert not Path(f"/run/clusterd-testbed/k8s/{bed.netns}.json").exists()
