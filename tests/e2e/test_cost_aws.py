@@ -27,9 +27,9 @@ from tests.e2e.test_failover import task
 from tests.e2e.test_managed_jobs import (
     FINAL,
     LONG_FIRST,
+    first_attempt_running,
     instances_of,
     live,
-    log_of,
     managed_jobs_daemon,
     submit,
     wait_status,
@@ -267,11 +267,7 @@ def test_a_budget_of_a_fraction_of_a_cent_stops_the_cluster_and_refuses_launches
 def test_a_preempted_managed_jobs_report_names_its_recovery_cost(ec2: EC2Bed) -> None:
     with managed_jobs_daemon(ec2, "cdcm-") as daemon:
         job_id = submit(daemon, LONG_FIRST, "recover")
-        first_run = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
-        assert first_run["status"] == "RUNNING", first_run
-        cluster = first_run["cluster"]
-        wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
-                 interval=1)
+        cluster = first_attempt_running(daemon, job_id)["cluster"]
         (first,) = live(instances_of(ec2, cluster))
         cloud = first["tags"]["clusterd-cluster-name"]
         preempted = ec2.testbed("preempt", first["id"])

@@ -91,6 +91,16 @@ def wait_status(daemon: Daemon, job_id: int, wanted: set[str], timeout: float
     return found
 
 
+def first_attempt_running(daemon: Daemon, job_id: int) -> dict[str, Any]:
+    """The job's record once it is RUNNING and its first attempt has printed (LONG_FIRST's
+    `attempt=1`): its run has begun on its cluster."""
+    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
+    assert running_now["status"] == "RUNNING", running_now
+    wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
+             interval=1)
+    return running_now
+
+
 def log_of(daemon: Daemon, job_id: int) -> str:
     result = daemon.ctl("jobs", "logs", str(job_id), "--no-follow")
     assert result.returncode in (0, 100, 101, 103), result.stderr
@@ -135,11 +145,7 @@ def test_a_preempted_spot_job_recovers_where_its_strategy_says(
     task = LONG_FIRST if strategy == "FAILOVER" else LONG_FIRST.replace(
         "  use_spot: true\n", f"  use_spot: true\n  job_recovery:\n    strategy: {strategy}\n")
     job_id = submit(daemon, task, strategy.lower()[:5], infra="aws")
-    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
-    assert running_now["status"] == "RUNNING", running_now
-    cluster = running_now["cluster"]
-    wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
-             interval=1)
+    cluster = first_attempt_running(daemon, job_id)["cluster"]
     (first,) = live(instances_of(ec2, cluster))
     region = first["region"]
     try:
@@ -401,10 +407,7 @@ def test_a_daemon_killed_while_tearing_down_a_lost_cluster_counts_one_recovery(
     a daemon killed in that teardown finds the cluster's record still UP on restart, and
     must not count the same loss again when the cluster does not answer."""
     job_id = submit(daemon, LONG_FIRST, "lostonce")
-    running_now = wait_status(daemon, job_id, {"RUNNING"} | FINAL, 600)
-    assert running_now["status"] == "RUNNING", running_now
-    wait_for(lambda: "attempt=1" in log_of(daemon, job_id), 300, "attempt 1 to print",
-             interval=1)
+    running_now = first_attempt_running(daemon, job_id)
     daemon.kill()
     daemon.start({"CLUSTERD_TEST_FAULTS": "down.mid_teardown"})
     (first,) = live(instances_of(ec2, running_now["cluster"]))
