@@ -13,9 +13,9 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -32,6 +32,8 @@ RATE_S = PRICE / 3600
 POLL_S = 30  # the budget controller's look at each budget (cost/budget_controller.py)
 BUDGET_WAIT_S = 2 * POLL_S + 30
 NARROW_PX = 400
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +86,28 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         def css(selector: str) -> list[Any]:
             return list(browser.find_elements(By.CSS_SELECTOR, selector))
 
+        def fresh(read: Callable[[], T]) -> T:
+            """`read` again if a live update replaced the element it was reading (the
+            cluster, managed-job and cost parts are redrawn while a page is open)."""
+            for _ in range(10):
+                try:
+                    return read()
+                except StaleElementReferenceException:
+                    continue
+            return read()
+
+        def text(selector: str) -> str:
+            return fresh(lambda: str(css(selector)[0].text))
+
+        def attr(selector: str, name: str) -> str:
+            return fresh(lambda: str(css(selector)[0].get_attribute(name)))
+
         def dollars(selector: str) -> float:
-            return float(css(selector)[0].get_attribute("data-dollars"))
+            return float(attr(selector, "data-dollars"))
 
         def banners() -> list[str]:
-            return [str(b.get_attribute("data-banner")) for b in css("#banner .banner")]
+            return fresh(lambda: [str(b.get_attribute("data-banner"))
+                                  for b in css("#banner .banner")])
 
         browser.get(dashboard.url)
         wait.until(lambda _: css('tr[data-cluster="spend"]'))
@@ -105,16 +124,16 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         total = dollars("#cost-total .figure-value")
         assert spend_cost < total <= 2 * RATE_S * (answered - before_launch)
         assert dollars("#cost-burn .figure-value") == pytest.approx(2 * PRICE)
-        assert "$72.00/h" in css("#cost-burn")[0].text
+        assert "$72.00/h" in text("#cost-burn")
         # The split: its parts add up to the cost; the cluster sat idle since its launch's
         # job ended, and that stands out.
         parts = {td.get_attribute("data-part"): float(td.get_attribute("data-dollars"))
                  for td in css('tr[data-spender="spend"] td[data-part]')}
         assert sum(parts.values()) == pytest.approx(spend_cost, rel=1e-3)
         assert parts["idle"] > 0 and css('tr[data-spender="spend"] td.idle-cost')
-        idle_text = css("#cost-idle .figure-value")[0].text
+        idle_text = text("#cost-idle .figure-value")
         assert re.fullmatch(r"idle: \$[\d.,]+ \((\d+|<1) % of spend\)", idle_text), idle_text
-        assert "has-idle" in str(css("#cost-idle")[0].get_attribute("class"))
+        assert "has-idle" in attr("#cost-idle", "class")
         # Spend per day: 8 days drawn for 7 back (today's part included), every bar ssh's,
         # adding up to the total; by cluster, both clusters.
         provider_days = css("#chart-provider g.cost-day")
@@ -124,7 +143,7 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         assert {r.get_attribute("data-series") for r in css("#chart-provider rect")} == {"ssh"}
         series = {r.get_attribute("data-series") for r in css("#chart-cluster rect")}
         assert "spend" in series and len(series) == 2, series
-        row = css(f'tr[data-managed-spender="{job_id}"]')[0].text
+        row = text(f'tr[data-managed-spender="{job_id}"]')
         assert "mjcost" in row and "$0" in row  # one attempt, no recovery
         budget = css('tr[data-budget="*"]')[0]
         assert budget.get_attribute("data-level") == "clear"
@@ -137,7 +156,7 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
 
         # The range: a day.
         css('.range a[href="/cost?days=1"]')[0].click()
-        wait.until(lambda _: "Spent in the last 1 day" in css("#cost-total")[0].text)
+        wait.until(lambda _: "Spent in the last 1 day" in text("#cost-total"))
         assert len(css("#chart-provider g.cost-day")) == 2  # yesterday's part and today
 
         # A cluster's page: its $/h, its cost so far, its split.
@@ -145,12 +164,12 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         browser.get(f"{dashboard.base}/clusters/spend")
         answered = time.time()
         wait.until(lambda _: css("#cluster-cost-so-far"))
-        assert css("#cluster-rate")[0].text == "$36.00/h"
+        assert text("#cluster-rate") == "$36.00/h"
         so_far = dollars("#cluster-cost-so-far")
         assert RATE_S * (asked - REPORT_MAX_AGE_S - launched) <= so_far <= RATE_S * (
             answered - before_launch)
         assert css("#cluster-cost-facts span.idle-cost")
-        assert "ssh pool testbed price_per_hour" in css("#cluster-cost-facts")[0].text
+        assert "ssh pool testbed price_per_hour" in text("#cluster-cost-facts")
         shot("cluster-cost")
 
         # Its launch's job (#1): its share, some of the cluster's cost and no more.
@@ -173,7 +192,7 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
             shares a report for REPORT_MAX_AGE_S, the banner reads the notices apart."""
             def says() -> bool:
                 browser.get(f"{dashboard.base}/cost")
-                return css('tr[data-budget="*"]')[0].get_attribute("data-level") == level
+                return attr('tr[data-budget="*"]', "data-level") == level
 
             WebDriverWait(browser, REPORT_MAX_AGE_S + 15, poll_frequency=1).until(
                 lambda _: says())
@@ -197,7 +216,7 @@ def test_cost_page_cluster_and_job_costs_and_the_budget_banner(bed: Bed, tmp_pat
         set_budget(bed, monthly=0.001, warn_at=0.5, action="warn")
         WebDriverWait(browser, BUDGET_WAIT_S, poll_frequency=0.5).until(
             lambda _: banners() == ["error"])
-        assert "budget exceeded" in css("#banner .banner")[0].text
+        assert "budget exceeded" in text("#banner .banner")
         cost_page_budget_says("exceeded")
         shot("banner-exceeded")
 
