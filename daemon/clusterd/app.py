@@ -14,7 +14,7 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -395,6 +395,14 @@ class Daemon:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
+        # Signals are ours before the socket listens: a client may signal us the moment it
+        # can connect, and a SIGTERM then is a clean shutdown too, not the default death.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            await self._run(signals, task_status)
+
+    async def _run(
+        self, signals: AsyncIterator[int], task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
         settings = self.settings
         prepare_directory(settings.runtime_dir)
         prepare_directory(settings.runtime_dir / "agents")
@@ -415,7 +423,7 @@ class Daemon:
                                    request_id=record.id, op=record.op, cluster=record.cluster)
                 listener, systemd_owned = await open_listener(settings.socket_path)
                 try:
-                    await self._serve(listener, task_status)
+                    await self._serve(listener, signals, task_status)
                 finally:
                     with anyio.CancelScope(shield=True):
                         await listener.aclose()
@@ -431,49 +439,47 @@ class Daemon:
         logger.info("stopped")
 
     async def _serve(
-        self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]
+        self, listener: anyio.abc.SocketListener, signals: AsyncIterator[int],
+        task_status: anyio.abc.TaskStatus[None],
     ) -> None:
-        # Signals are ours before anything runs: a SIGTERM in the first moments is a clean
-        # shutdown too, not the default death.
-        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with anyio.create_task_group() as root:
-                self.requests.attach(root)
-                accepting = anyio.CancelScope()
-                root.start_soon(self._accept, listener, accepting)
-                # The background loops, all in this one place (their periods are in
-                # Settings): status refresh (at once on start, then every
-                # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
-                # autostop timers (every autostop_check_s), event, request and cost-ledger
-                # retention (hourly), the managed-jobs controller (a driver per unfinished job;
-                # its health polls every Timing.poll_s), the copying of jobs' logs (a
-                # keeper per UP cluster with unfinished jobs, every kept_log_interval_s),
-                # the budgets (a driver each, every 30 s and on a config edit), the
-                # idle-cost guard (a driver per UP cluster with no autostop, every
-                # idle_warning_check_s), and the loop's own lag watch.
-                await root.start(self.loop_watch.run)
-                for provider in self.providers.all():
-                    await root.start(provider.run)
-                await root.start(self.refresh.run)
-                await root.start(self.autostop.run)
-                await root.start(self.managed.run)
-                await root.start(self.keeper.run)
-                if self.meter is not None:  # the budgets (a driver each; polls every 30 s)
-                    self.budgets = self._start_budgets(self.meter)
-                    await root.start(self.budgets.run)
-                await root.start(self.idle_guard.run)
-                root.start_soon(self._prune_history)
-                # Last: what start made (imports, loaded records) is the heap it freezes.
-                await root.start(self.heap.run)
-                logger.info("clusterd ready", pid=os.getpid(), version=__version__,
-                            socket=str(self.settings.socket_path))
-                task_status.started()
-                async for signum in signals:
-                    logger.info("shutting down", signal=signal.Signals(signum).name)
-                    break
-                accepting.cancel()
-                with anyio.CancelScope(shield=True):
-                    await self.requests.shutdown(self.settings.shutdown_grace_s)
-                root.cancel_scope.cancel()
+        async with anyio.create_task_group() as root:
+            self.requests.attach(root)
+            accepting = anyio.CancelScope()
+            root.start_soon(self._accept, listener, accepting)
+            # The background loops, all in this one place (their periods are in
+            # Settings): status refresh (at once on start, then every
+            # refresh_interval_s, jittered; orphans on the first cycle and every tenth),
+            # autostop timers (every autostop_check_s), event, request and cost-ledger
+            # retention (hourly), the managed-jobs controller (a driver per unfinished job;
+            # its health polls every Timing.poll_s), the copying of jobs' logs (a
+            # keeper per UP cluster with unfinished jobs, every kept_log_interval_s),
+            # the budgets (a driver each, every 30 s and on a config edit), the
+            # idle-cost guard (a driver per UP cluster with no autostop, every
+            # idle_warning_check_s), and the loop's own lag watch.
+            await root.start(self.loop_watch.run)
+            for provider in self.providers.all():
+                await root.start(provider.run)
+            await root.start(self.refresh.run)
+            await root.start(self.autostop.run)
+            await root.start(self.managed.run)
+            await root.start(self.keeper.run)
+            if self.meter is not None:  # the budgets (a driver each; polls every 30 s)
+                self.budgets = self._start_budgets(self.meter)
+                await root.start(self.budgets.run)
+            await root.start(self.idle_guard.run)
+            root.start_soon(self._prune_history)
+            # Last: what start made (imports, loaded records) is the heap it freezes.
+            await root.start(self.heap.run)
+            logger.info("clusterd ready", pid=os.getpid(), version=__version__,
+                        socket=str(self.settings.socket_path))
+            task_status.started()
+            async for signum in signals:
+                logger.info("shutting down", signal=signal.Signals(signum).name)
+                break
+            accepting.cancel()
+            with anyio.CancelScope(shield=True):
+                await self.requests.shutdown(self.settings.shutdown_grace_s)
+            root.cancel_scope.cancel()
 
     async def _prune_history(self) -> None:
         async def prune() -> None:

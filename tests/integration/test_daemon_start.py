@@ -13,13 +13,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from clusterctl import Client, ClusterdError, PingArgs
 from tests.support import (
     CLUSTERCTL,
     Daemon,
+    connectable,
+    daemons_of,
     make_env,
     needs_tool,
     pid_alive,
@@ -36,28 +37,13 @@ def env() -> Iterator[dict[str, str]]:
     try:
         yield environment
     finally:
-        for process in daemons_of(environment):
-            process.kill()
+        for pid in daemons_of(Path(environment["XDG_RUNTIME_DIR"])):
+            os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
 
 
 def socket_path(env: dict[str, str]) -> Path:
     return Path(env["XDG_RUNTIME_DIR"]) / "clusterd" / "clusterd.sock"
-
-
-def daemons_of(env: dict[str, str]) -> list[psutil.Process]:
-    """clusterd processes serving this test's runtime dir."""
-    found = []
-    for process in psutil.process_iter(["cmdline"]):
-        cmdline = process.info["cmdline"] or []
-        if cmdline[1:3] != ["-m", "clusterd"]:
-            continue
-        try:
-            if process.environ().get("XDG_RUNTIME_DIR") == env["XDG_RUNTIME_DIR"]:
-                found.append(process)
-        except psutil.Error:
-            continue
-    return found
 
 
 def ping(env: dict[str, str]) -> dict[str, object]:
@@ -132,7 +118,8 @@ def test_clusterctl_starts_the_daemon_once_even_when_raced(env: dict[str, str]) 
         assert racer.returncode == 0, err
         assert out.strip() == "[]"
     assert any("Starting clusterd" in err for _, err in outputs)
-    wait_for(lambda: len(daemons_of(env)) == 1, 10, "the losing daemons to exit")
+    runtime_dir = Path(env["XDG_RUNTIME_DIR"])
+    wait_for(lambda: len(daemons_of(runtime_dir)) == 1, 10, "the losing daemons to exit")
     first = ping(env)["pid"]
     again = subprocess.run([CLUSTERCTL, "status"], env=env, capture_output=True, text=True,
                            timeout=30)
@@ -150,7 +137,7 @@ def test_autostart_can_be_turned_off(env: dict[str, str], how: str) -> None:
     assert result.returncode == 1
     assert "cannot reach clusterd" in result.stderr
     assert "hint:" in result.stderr
-    assert daemons_of(env) == []
+    assert daemons_of(Path(env["XDG_RUNTIME_DIR"])) == []
 
 
 def test_sigterm_stops_quickly_and_removes_the_socket(env: dict[str, str]) -> None:
@@ -162,6 +149,23 @@ def test_sigterm_stops_quickly_and_removes_the_socket(env: dict[str, str]) -> No
     assert time.monotonic() - started < 10
     assert not daemon.socket.exists()
     assert not pid_alive(daemon.process.pid)
+
+
+def test_sigterm_the_moment_the_socket_answers_is_a_clean_stop(env: dict[str, str]) -> None:
+    """A client may signal the daemon as soon as it can connect: the handler is in place
+    before the socket listens (it was not, for a few milliseconds: the default death, -15)."""
+    root = Path(env["CLUSTERD_TEST_ROOT"])
+    for _ in range(3):
+        daemon = Daemon(root, env)
+        process = subprocess.Popen([sys.executable, "-m", "clusterd"], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                   start_new_session=True)
+        daemon.process = process
+        # No pause between tries: the signal must land in the first moment it may.
+        wait_for(lambda d=daemon, p=process: connectable(d.socket) or p.poll() is not None,
+                 30, "clusterd to listen", interval=0)
+        assert daemon.stop() == 0
+        assert not daemon.socket.exists()
 
 
 def test_second_daemon_on_the_same_socket_steps_aside(env: dict[str, str]) -> None:

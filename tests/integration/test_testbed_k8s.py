@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests.support import pids_with, short_tempdir, wait_for
+from tests.support import daemons_of, pids_with, short_tempdir, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(1800)]
 
@@ -434,20 +434,6 @@ def test_bad_usage(bed: Bed) -> None:
     p = subprocess.run([sys.executable, str(TESTBED), "k8s", "status", "--dir",
                         str(bed.dir.parent / "nothing")], capture_output=True, text=True)
     assert p.returncode == 2
-
-
-def daemons_of(runtime_dir: Path) -> list[int]:
-    """The pids of clusterd daemons whose XDG_RUNTIME_DIR is runtime_dir (another engineer's
-    daemons on this machine run the same command line)."""
-    found = []
-    for pid in pids_with("-m clusterd"):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if f"XDG_RUNTIME_DIR={runtime_dir}".encode() in environ:
-            found.append(pid)
-    return found
 
 
 def test_a_daemon_started_through_exec_launches_with_nothing_set_up(bed: Bed) -> None:

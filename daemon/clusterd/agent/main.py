@@ -226,11 +226,11 @@ async def serve(args: argparse.Namespace) -> None:
     rings = usage.UsageRings()
     rings.head_node_id = ray.get_runtime_context().get_node_id()
     server = await _listen(args, store, hub, scheduler, contact, autostop, rings)
-    logger.info("agent serving", listen=args.listen, pid=os.getpid())
-    if args.ready_file is not None:
-        args.ready_file.write_text(str(os.getpid()))
-
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        # Ready (the pid a stop signals) only once a SIGTERM would be a clean stop.
+        logger.info("agent serving", listen=args.listen, pid=os.getpid())
+        if args.ready_file is not None:
+            args.ready_file.write_text(str(os.getpid()))
         async with anyio.create_task_group() as group:
             await group.start(scheduler.run)
             group.start_soon(autostop.sample_ssh_sessions)
