@@ -28,14 +28,10 @@ import pytest
 from clusterctl.protocol import ProtocolError
 from clusterd.nodes import NodeStatus
 from clusterd.providers.aws import profile
+from clusterd.providers.aws.creation import TAG_OWNER, TAG_ROLE
 from clusterd.providers.aws.handle import AWSHandle
-from clusterd.providers.aws.provider import (
-    TAG_CLOUD_NAME,
-    TAG_MANAGED_BY,
-    TAG_OWNER,
-    TAG_ROLE,
-    AWSProvider,
-)
+from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY
+from clusterd.providers.aws.provider import AWSProvider
 from clusterd.providers.base import BlockScope, ClusterRequest, Placement, ProvisionError
 from clusterd.ssh.connections import SSHConnections
 from clusterd.ssh.host_keys import HostKeyStore

@@ -25,7 +25,7 @@ from clusterd.tasks.spec import ResourceRequest
 from clusterd.user_config import UserConfig
 
 HOURS_PER_MONTH = 730.0  # as the clouds bill storage: 365 * 24 / 12
-AWS_DEFAULT_DISK_GB = 256  # as providers/aws/provider.py (and SkyPilot)
+AWS_DEFAULT_DISK_GB = 256  # as providers/aws/creation.py (and SkyPilot)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,6 @@ cluster's name are another clusterd's: reported (`on_foreign`) and left alone.
 from __future__ import annotations
 
 import dataclasses
-import getpass
-import hashlib
-import secrets
-import socket
 import time
 from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
@@ -32,10 +28,19 @@ from clusterd import log
 from clusterd.nodes import ClusterInfo, NodeInfo, NodeStatus, SSHTarget
 from clusterd.providers.aws import lifetimes
 from clusterd.providers.aws.catalog import Catalog, CatalogMiss, load_catalog, region_rank
+from clusterd.providers.aws.creation import (
+    DEFAULT_DISK_GB,
+    TAG_ROLE,
+    gpus_of,
+    instance_tags,
+    kept_and_extra,
+    launch_spec,
+    run_instances,
+)
 from clusterd.providers.aws.ec2 import EC2Api, Instance, ObjectStoreAccess, tag_value
 from clusterd.providers.aws.handle import AWSHandle, AWSNode
 from clusterd.providers.aws.images import default_image_kind
-from clusterd.providers.aws.limits import check_volume, ebs_volume, instance_arch, node_name
+from clusterd.providers.aws.limits import check_volume, instance_arch
 from clusterd.providers.aws.network import TAG_CLOUD_NAME, TAG_MANAGED_BY, ClusterNetwork
 from clusterd.providers.aws.profile import InstanceProfiles
 from clusterd.providers.base import (
@@ -56,15 +61,6 @@ from clusterd.user_config import AWSConfig, UserConfig
 
 logger = log.get("clusterd.aws")
 
-TAG_CLUSTER = "clusterd-cluster"
-TAG_ROLE = "clusterd-node-role"
-TAG_OWNER = "clusterd-owner"
-DEFAULT_DISK_GB = 256  # as SkyPilot
-# IMDSv2 only: the instance metadata (and an instance profile's credentials) answer only a
-# session token's holder, so a request forged through a node's web app (SSRF) gets nothing.
-# Two hops: a container on the node (docker's bridge is a hop) reaches it too.
-IMDS_OPTIONS = {"HttpTokens": "required", "HttpEndpoint": "enabled",
-                "HttpPutResponseHopLimit": 2}
 NODE_STATES = {
     "pending": NodeStatus.PENDING,
     "running": NodeStatus.RUNNING,
@@ -73,7 +69,6 @@ NODE_STATES = {
     "stopped": NodeStatus.STOPPED,
     "terminated": NodeStatus.TERMINATED,
 }
-NOT_ACCELERATOR_GPUS = ("inferentia", "trainium")
 STATE_TIMEOUT_S = 900.0
 SSH_ATTEMPT_S = 20.0
 ENABLED_CACHE_S = 60.0
@@ -219,27 +214,8 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             await self._wait_states(region, stopped, {"stopped"})
             await self.api.call(region, "StartInstances", InstanceIds=stopped)
         roles = [tag_value(i, TAG_ROLE) for i in existing]
-        launch: dict[str, Any] = {
-            "ImageId": image,
-            "InstanceType": placement.instance_type,
-            "KeyName": key_name,
-            "NetworkInterfaces": [{
-                "DeviceIndex": 0, "SubnetId": subnet, "Groups": [group],
-                "AssociatePublicIpAddress": not config.use_internal_ips,
-                "DeleteOnTermination": True,
-            }],
-            "BlockDeviceMappings": [{
-                "DeviceName": root_device,
-                "Ebs": {"VolumeSize": resources.disk_size_gb or DEFAULT_DISK_GB,
-                        "DeleteOnTermination": True, **ebs_volume(resources.disk_tier)},
-            }],
-            "InstanceInitiatedShutdownBehavior": (
-                "terminate" if placement.spot or request.autostop_down else "stop"),
-            "MetadataOptions": {**IMDS_OPTIONS},
-        }
-        if placement.spot:
-            launch["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": {
-                "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}}
+        launch = launch_spec(config, request, placement, image=image, root_device=root_device,
+                             key_name=key_name, subnet=subnet, security_group=group)
         launched: list[Instance] = []
         if "head" not in roles:
             launched += await self._run(region, zone, request, launch, "head", 1)
@@ -252,7 +228,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
             spot=placement.spot, vpc=vpc, subnet=subnet, security_group=group,
             key_name=key_name, ssh_user=config.ssh_user,
             use_internal_ips=config.use_internal_ips, cpus=placement.cpus,
-            gpus=_gpus(placement.accelerator, placement.accelerator_count),
+            gpus=gpus_of(placement.accelerator, placement.accelerator_count),
             nodes=_nodes_of(instances),
         )
 
@@ -261,35 +237,15 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
 
     async def _run(self, region: str, zone: str, request: ClusterRequest,
                    launch: dict[str, Any], role: str, count: int) -> list[Instance]:
-        tags = self._tags(request, role)
-        answer = await self.api.call(
-            region, "RunInstances", MinCount=count, MaxCount=count,
-            ClientToken=client_token(request.create_token, zone, role, count),
-            TagSpecifications=[{"ResourceType": "instance", "Tags": tags},
-                               {"ResourceType": "volume", "Tags": tags}],
-            **launch,
-        )
-        instances: list[Instance] = answer.get("Instances", [])
-        for instance in instances:  # the answer may not carry the tags; we know the role
-            instance.setdefault("Tags", [{"Key": TAG_ROLE, "Value": role}])
-        return instances
+        return await run_instances(self.api, region, zone, request, launch,
+                                   self._tags(request, role), role, count)
 
     async def _keep(self, region: str, request: ClusterRequest,
                     known: list[Instance]) -> list[Instance]:
-        """The cluster's instances: those we made or found, plus any the listing shows
-        (a call that timed out but took effect, retried: an EC2 without ClientToken support
-        then holds one too many). One head and num_nodes-1 workers are kept, the rest
-        terminated."""
+        """The cluster's instances: those we made or found, plus any the listing shows;
+        the ones beyond a head and num_nodes-1 workers are terminated."""
         listed = await self._cluster_instances(region, request.cloud_name)
-        by_id = {i["InstanceId"]: i for i in known}
-        by_id.update({i["InstanceId"]: i for i in listed})  # the listing is fresher
-        order = [i["InstanceId"] for i in known] + [i["InstanceId"] for i in listed]
-        instances = [by_id[i] for i in dict.fromkeys(order)
-                     if by_id[i]["State"]["Name"] not in ("terminated", "shutting-down")]
-        heads = [i for i in instances if tag_value(i, TAG_ROLE) == "head"]
-        workers = [i for i in instances if tag_value(i, TAG_ROLE) != "head"]
-        kept = heads[:1] + workers[: request.num_nodes - 1]
-        extra = [i["InstanceId"] for i in instances if i not in kept]
+        kept, extra = kept_and_extra(known, listed, request.num_nodes)
         if extra:
             logger.warning("terminating extra instances", cluster=request.cloud_name,
                            instances=extra)
@@ -297,22 +253,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
         return kept
 
     def _tags(self, request: ClusterRequest, role: str | None) -> list[dict[str, str]]:
-        config = self._aws()
-        owner = getpass.getuser()
-        if config.owner_tag_hostname:
-            owner += f"@{socket.gethostname()}"
-        tags = {
-            **dict(config.labels),
-            **dict(request.resources.labels),
-            TAG_CLOUD_NAME: request.cloud_name,
-            TAG_CLUSTER: request.name,
-            TAG_MANAGED_BY: self.managed_by,
-            TAG_OWNER: owner,
-            "Name": node_name(request.cloud_name, role) if role else request.cloud_name,
-        }
-        if role:
-            tags[TAG_ROLE] = role
-        return [{"Key": k, "Value": v} for k, v in tags.items()]
+        return instance_tags(self._aws(), request, self.managed_by, role)
 
     async def _image(self, region: str, resources: Any, placement: Placement
                      ) -> tuple[str, str]:
@@ -672,28 +613,6 @@ def _nodes_of(instances: list[Instance]) -> tuple[AWSNode, ...]:
 
 # mypy checks here that the class is a provider of its own handles, whole.
 _PROVIDER: type[ProviderOf[AWSHandle]] = AWSProvider
-
-
-def client_token(create_token: str, zone: str, role: str, count: int) -> str:
-    """RunInstances' ClientToken for one call of one launch attempt.
-
-    EC2 binds a token to the reservation it made for 24 hours after its instances terminate:
-    the same token again answers that (maybe dead) reservation and makes nothing, or
-    IdempotentParameterMismatch. So it is derived from the attempt's create token, which the
-    launcher records with the intent before the call: a call retried (by botocore, or by a
-    launch resuming the same attempt after a crash) gets the same token and never doubles
-    the instances, while a new attempt (a lost node made again, a relaunch) gets a new one.
-    Hashed, since a ClientToken is readable by anyone who can describe the instances and
-    the create token is the attempt's secret; 48 hex characters (EC2 takes up to 64).
-    A caller without a create token (no recorded intent) gets a token of its own."""
-    seed = create_token or secrets.token_hex(16)
-    return hashlib.sha256(f"{seed}/{zone}/{role}/{count}".encode()).hexdigest()[:48]
-
-
-def _gpus(accelerator: str | None, count: float) -> float:
-    if not accelerator or accelerator.lower().startswith(NOT_ACCELERATOR_GPUS):
-        return 0.0
-    return count
 
 
 def _ssh_of(node: NodeInfo) -> SSHTarget:
