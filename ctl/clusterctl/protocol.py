@@ -28,6 +28,7 @@ message kinds, in order of appearance on a connection:
 
 from __future__ import annotations
 
+import collections
 import struct
 
 import msgpack
@@ -212,14 +213,45 @@ FEATURE_COLUMNS = "status_columns"
 FEATURE_RUN_OVERRIDES = "run_overrides"
 FEATURES = (FEATURE_COLUMNS, FEATURE_RUN_OVERRIDES)
 # The daemon's hello may carry lines for the user (a budget past its warning): every
-# clusterctl command prints them on stderr.
+# clusterctl command prints them on stderr. `alerts` are the same, as maps saying how serious
+# each is and what it is of, for clients that draw them (the dashboard's banner).
 HELLO_NOTICES = "notices"
+HELLO_ALERTS = "alerts"
+NOTICE_WARN = "warn"
+NOTICE_ERROR = "error"  # a budget exceeded: launches are refused and its action taken
+NOTICE_KINDS = ("budget", "idle")
+
+
+# A named tuple, not a dataclass: clusterctl must start fast, and dataclasses costs ~15 ms.
+class Notice(collections.namedtuple("Notice", ("text", "level", "kind"),
+                                    defaults=(NOTICE_WARN, ""))):
+    """`level`: NOTICE_WARN or NOTICE_ERROR; `kind`: one of NOTICE_KINDS ("" from a daemon
+    that does not say)."""
+
+    text: str
+    level: str
+    kind: str
+
+    def to_wire(self) -> dict[str, str]:
+        return {"text": self.text, "level": self.level, "kind": self.kind}
 
 
 def notices_of(server_hello: Mapping[str, Any]) -> list[str]:
     """The hello's notices, as strings (an older daemon sends none)."""
     found = server_hello.get(HELLO_NOTICES) or []
     return [str(line) for line in found] if isinstance(found, list) else []
+
+
+def alerts_of(server_hello: Mapping[str, Any]) -> list[Notice]:
+    """The hello's notices with their level and kind; a daemon from before `alerts` sent
+    lines only, read as warnings."""
+    found = server_hello.get(HELLO_ALERTS)
+    if not isinstance(found, list):
+        return [Notice(line) for line in notices_of(server_hello)]
+    return [Notice(str(alert.get("text", "")),
+                   NOTICE_ERROR if alert.get("level") == NOTICE_ERROR else NOTICE_WARN,
+                   str(alert.get("kind", "")))
+            for alert in found if isinstance(alert, dict)]
 
 
 def views_of(clusters: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ import anyio.abc
 from clusterctl import _state_owner
 from clusterctl._state_owner import StateOwner
 from clusterctl._version import __version__
-from clusterctl.protocol import ProtocolError
+from clusterctl.protocol import Notice, ProtocolError
 from clusterd import log
 from clusterd.concurrency import survive
 from clusterd.config import Settings
@@ -321,8 +321,8 @@ class Daemon:
         except ProtocolError:
             return None  # a broken config file is reported where it is used; no warnings
 
-    def notices(self) -> list[str]:
-        """Lines every clusterctl command prints (the hello's `notices`)."""
+    def notices(self) -> list[Notice]:
+        """Lines every clusterctl command prints (the hello's `notices` and `alerts`)."""
         budgets = self.budgets.notices() if self.budgets is not None else []
         return [*budgets, *self.idle_guard.notices()]
 

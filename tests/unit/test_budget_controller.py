@@ -142,7 +142,8 @@ async def test_exceeding_stops_what_spends_and_refuses_launches_until_raised(
     record = bed.services.store.get("c")
     assert record is not None and record.status == ClusterStatus.STOPPED
     assert "c stopped" in level(bed).text
-    assert any("budget exceeded" in n for n in controller.notices())
+    assert any("budget exceeded" in n.text and (n.level, n.kind) == ("error", "budget")
+               for n in controller.notices())
     with pytest.raises(ProtocolError) as refused:
         await bed.services.clusters.launch(bed.services.request("launch", "d"),
                                            LaunchRequest("d", TaskSpec()))
@@ -181,7 +182,9 @@ async def test_warn_at_is_a_notice_with_the_projection(
     controller = bed.controller()
     await running(controller)  # type: ignore[misc]
     await until(lambda: level(bed).level == Level.WARNED)
-    (notice,) = controller.notices()
+    (alert,) = controller.notices()
+    notice = alert.text
+    assert (alert.level, alert.kind) == ("warn", "budget")
     assert "$9.00 of $10 spent in 2026-12 (90%)" in notice
     assert "at this rate the budget is reached on 2026-12-01 01:06 UTC" in notice
     record = bed.services.store.get("c")

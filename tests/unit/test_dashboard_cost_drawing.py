@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from clusterctl.dashboard._banner import level
 from clusterctl.dashboard._costcharts import (
     BAR_H,
     BOTTOM,
@@ -30,6 +29,7 @@ from clusterctl.dashboard._costcharts import (
 )
 from clusterctl.dashboard._costdata import covering, days_asked, page_view
 from clusterctl.dashboard._views import environment
+from clusterctl.protocol import Notice
 
 DAY0 = datetime.datetime(2026, 5, 1, 12, tzinfo=datetime.UTC).timestamp()
 PLOT_H = BAR_H - BOTTOM - TOP
@@ -188,13 +188,18 @@ def test_without_spend_or_budgets_the_page_says_so() -> None:
     assert "idle: $0 (0 % of spend)" in html and "has-idle" not in html
 
 
-def test_the_banner_is_an_error_once_a_budget_is_exceeded() -> None:
-    lines = ("the monthly budget: $1.20 of $1 spent ...: budget exceeded; spender torn down",
-             "the ssh budget: $0.90 of $1 spent ...: past 80% of the budget")
-    assert [level(line) for line in lines] == ["error", "warn"]
+def test_the_banner_draws_each_notice_at_the_level_the_daemon_gives() -> None:
+    # The level is the daemon's word, not read from the text: an idle cluster's notice that
+    # mentions "exceeded" in its name is still a warning.
+    lines = (Notice("the monthly budget: $1.20 of $1 spent ...: budget exceeded; spender torn "
+                    "down", "error", "budget"),
+             Notice("the ssh budget: $0.90 of $1 spent ...: past 80% of the budget", "warn",
+                    "budget"),
+             Notice("cluster exceeded-2 has been idle for 2h with no autostop", "warn", "idle"))
     html = environment().get_template("_banner.html").render(lines=lines)
-    assert html.count('role="alert"') == 2 and 'class="banner error"' in html
-    assert html.count('href="/cost"') == 2
+    assert html.count('role="alert"') == 3 and html.count('class="banner error"') == 1
+    assert html.count('class="banner warn"') == 2
+    assert html.count('href="/cost"') == 3
     assert environment().get_template("_banner.html").render(lines=()).strip() == ""
 
 

@@ -40,14 +40,19 @@ async def test_the_hello_carries_the_daemons_notices() -> None:
     stream = await BufferedSocketStream.taking_over(
         await anyio.abc.UNIXSocketStream.from_socket(ours))
     assert stream is not None
-    lines = ["the monthly budget: $90.00 of $100 spent"]
-    connection = Connection(stream, no_dispatch, "clusterd/test", notices=lambda: lines)
+    notices = [protocol.Notice("the monthly budget: $90.00 of $100 spent", "warn", "budget"),
+               protocol.Notice("the monthly budget: exceeded", "error", "budget")]
+    connection = Connection(stream, no_dispatch, "clusterd/test", notices=lambda: notices)
     async with anyio.create_task_group() as group:
         group.start_soon(connection.serve)
         hello = await anyio.to_thread.run_sync(hello_over, theirs)
     assert hello["type"] == protocol.HELLO
-    assert protocol.notices_of(hello) == lines
+    assert protocol.notices_of(hello) == [notice.text for notice in notices]
+    assert protocol.alerts_of(hello) == notices
     assert protocol.notices_of({"type": "hello"}) == []  # an older daemon's
+    assert protocol.alerts_of({"type": "hello"}) == []
+    # A daemon from before `alerts`: its lines, as warnings.
+    assert protocol.alerts_of({protocol.HELLO_NOTICES: ["a line"]}) == [protocol.Notice("a line")]
 
 
 def test_every_command_prints_the_notices_on_stderr(

@@ -89,7 +89,9 @@ async def test_an_idle_cluster_is_warned_of_once_until_busy_again(
     began = time.monotonic()
     await until(guard.notices)
     assert time.monotonic() - began >= AFTER_S * 0.9  # not before it is due
-    (notice,) = guard.notices()
+    (alert,) = guard.notices()
+    notice = alert.text
+    assert (alert.level, alert.kind) == ("warn", "idle")
     assert notice.startswith("cluster c has been idle for 0 s with no autostop, at $1/h: $")
     assert "set one: clusterctl autostop c -i 30 (or clusterctl down c)" in notice
     assert await bed.warnings() == [notice]

@@ -1,12 +1,14 @@
-"""The budget banner on every page: the daemon's notices (its hello's `notices`: a budget
-past its `warn_at`, or exceeded, with its spend and projection), looked at every few
-seconds on a connection of their own, and published for pages and their live streams."""
+"""The budget banner on every page: the daemon's notices (its hello's `alerts`: a budget
+past its `warn_at` (warn), or exceeded (error), with its spend and projection; a cluster idle
+with no autostop), looked at every few seconds on a connection of their own, and published
+for pages and their live streams."""
 
 from __future__ import annotations
 
 import asyncio
 
 from clusterctl.client import ClusterdError
+from clusterctl.protocol import Notice
 
 from ._daemon import Broadcast, DaemonLink
 
@@ -15,19 +17,13 @@ from ._daemon import Broadcast, DaemonLink
 NOTICES_POLL_S = 5.0
 
 
-def level(line: str) -> str:
-    """How a notice is drawn: "error" once a budget is exceeded (launches are refused, and
-    the action taken), else "warn" (past its warn_at)."""
-    return "error" if "exceeded" in line else "warn"
-
-
 class BudgetBanner:
     def __init__(self, link: DaemonLink, interval_s: float = NOTICES_POLL_S) -> None:
         self._link = link
         self._interval_s = interval_s
-        self.lines: Broadcast[tuple[str, ...]] = Broadcast(())
+        self.lines: Broadcast[tuple[Notice, ...]] = Broadcast(())
 
-    async def look(self) -> tuple[str, ...]:
+    async def look(self) -> tuple[Notice, ...]:
         """The notices now (published if they changed); as they were if clusterd does not
         answer (the health line says so)."""
         try:

@@ -95,14 +95,14 @@ class DaemonLink:
         finally:
             await client.close()
 
-    async def notices(self) -> list[str]:
-        """The lines the daemon wants said to its user now (a budget past its warning): its
-        hello's `notices`, on a connection of its own (the shared one heard them once)."""
+    async def notices(self) -> list[protocol.Notice]:
+        """What the daemon wants said to its user now (a budget past its warning): its
+        hello's `alerts`, on a connection of its own (the shared one heard them once)."""
         client = AsyncClient(self.socket_path, client_name=CLIENT_NAME,
                              autostart=self._autostart)
         try:
             await client.connect()
-            return protocol.notices_of(client.server_hello)
+            return protocol.alerts_of(client.server_hello)
         finally:
             await client.close()
 

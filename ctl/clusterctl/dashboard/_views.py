@@ -14,7 +14,6 @@ from markupsafe import Markup, escape
 from clusterctl._render import age
 from clusterctl.protocol import ManagedJobStatus
 
-from ._banner import level as notice_level
 from ._costcharts import budget_bar, money, rate, share, split_bar, split_parts
 
 STATUS_CLASSES = {
@@ -140,6 +139,5 @@ def environment() -> jinja2.Environment:
                        managed_running_since=managed_running_since,
                        managed_final=MANAGED_FINAL, money=money, rate=rate, share=share,
                        split_bar=split_bar, split_parts=split_parts, budget_bar=budget_bar,
-                       notice_level=notice_level,
                        age=age, status_class=lambda s: STATUS_CLASSES.get(str(s), ""))
     return env

@@ -32,7 +32,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from clusterctl.protocol import ProtocolError
+from clusterctl.protocol import NOTICE_ERROR, NOTICE_WARN, Notice, ProtocolError
 from clusterd import log
 from clusterd.control import Action, Controller, Engine
 from clusterd.cost.budget import (
@@ -149,9 +149,11 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
                 found.append((budget, state))
         return found
 
-    def notices(self) -> list[str]:
+    def notices(self) -> list[Notice]:
         """A line per budget past its warning this month (every clusterctl command says it)."""
-        return [state.text for _, state in self._current() if state.level != Level.CLEAR]
+        return [Notice(state.text,
+                       NOTICE_ERROR if state.level == Level.EXCEEDED else NOTICE_WARN, "budget")
+                for _, state in self._current() if state.level != Level.CLEAR]
 
     async def refusal(self, provider: str) -> ProvisionError | None:
         """Why new nodes on `provider` are refused (a budget exceeded), or None. The

@@ -29,7 +29,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from clusterctl.protocol import ClusterStatus
+from clusterctl.protocol import ClusterStatus, Notice
 from clusterd import log
 from clusterd.control import Action, Controller, Engine
 from clusterd.cost.ledger import Ledger
@@ -136,9 +136,9 @@ class IdleGuard(Controller[str, IdleIntent, IdleSeen]):
                 for name in self.guarded():
                     self._engine.spawn(name)
 
-    def notices(self) -> list[str]:
+    def notices(self) -> list[Notice]:
         """A line per cluster warned of that is still UP, idle and without autostop."""
-        return [text for name, text in sorted(self._notices.items())
+        return [Notice(text, kind="idle") for name, text in sorted(self._notices.items())
                 if self.intent(name) is not None]
 
     # -- the engine's Controller ----------------------------------------------------------

@@ -59,7 +59,7 @@ def peer_uid(stream: anyio.abc.SocketStream) -> int | None:
 class Connection:
     def __init__(self, stream: BufferedSocketStream, dispatch: Dispatch,
                  server_name: str, idle_timeout_s: float = IDLE_TIMEOUT_S, *,
-                 notices: Callable[[], list[str]] = list) -> None:
+                 notices: Callable[[], list[protocol.Notice]] = list) -> None:
         self._stream = stream
         self._notices = notices
         self._dispatch = dispatch
@@ -188,9 +188,14 @@ class Connection:
             "ops": sorted(protocol.OPS),
             "features": list(protocol.FEATURES),
             "max_frame_bytes": protocol.MAX_FRAME_BYTES,
-            protocol.HELLO_NOTICES: self._notices(),
+            **self._hello_notices(),
         })
         return True
+
+    def _hello_notices(self) -> dict[str, Any]:
+        notices = self._notices()
+        return {protocol.HELLO_NOTICES: [notice.text for notice in notices],
+                protocol.HELLO_ALERTS: [notice.to_wire() for notice in notices]}
 
     async def _read_loop(self, group: anyio.abc.TaskGroup) -> None:
         while True:
