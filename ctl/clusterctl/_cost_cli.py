@@ -1,6 +1,6 @@
-"""`clusterctl cost-report [--days N] [--limit N] [--json]`: what clusters (torn-down ones too) and
-managed jobs cost, split over jobs, setup, idle and stopped disks; per provider and per
-day; totals. Imported only when that verb runs."""
+"""`clusterctl cost-report [--days N] [--limit N] [--cluster NAME] [--json]`: what clusters
+(torn-down ones too) and managed jobs cost, split over jobs, setup, idle and stopped disks;
+per provider and per day; totals. Imported only when that verb runs."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ def add_options(report: argparse.ArgumentParser) -> None:
     report.add_argument("--limit", type=int, default=100, metavar="N",
                         help="list the N costliest clusters (default 100; 0: every one); "
                         "the totals are over all")
+    report.add_argument("--cluster", default="", metavar="NAME",
+                        help="list this cluster's incarnations alone (the totals are over all)")
     report.add_argument("--json", action="store_true")
 
 
@@ -37,14 +39,19 @@ def _jobs_text(split: dict[str, Any]) -> str:
 
 
 def main(client: Client, args: argparse.Namespace) -> int:
-    report = client.call(protocol.CostReportArgs(days=args.days, limit=args.limit))
+    report = client.call(protocol.CostReportArgs(days=args.days, limit=args.limit,
+                                                  cluster=args.cluster))
     if args.json:
         print_json(report)
         return _exit_codes.SUCCEEDED
     out = sys.stdout
     clusters = report["clusters"]
     if not clusters:
-        out.write(f"Nothing ran in the last {args.days} days: $0.\n")
+        if args.cluster:
+            out.write(f"Cluster {args.cluster} did not run in the last {args.days} days: $0."
+                      "\n")
+        else:
+            out.write(f"Nothing ran in the last {args.days} days: $0.\n")
         return _exit_codes.SUCCEEDED
     out.write(table(
         ["NAME", "INFRA", "NODES", "STARTED", "ENDED", "$/H", "COST", "JOBS", "SETUP", "IDLE",
@@ -54,7 +61,7 @@ def main(client: Client, args: argparse.Namespace) -> int:
           dollars(c["cost"]), _jobs_text(c["split"]), dollars(c["split"]["provisioning"]),
           dollars(c["split"]["idle"]), dollars(c["split"]["stopped"])] for c in clusters]))
     others = report.get("others") or {}  # a daemon from before `limit` lists every one
-    if others.get("clusters"):
+    if others.get("clusters") and not args.cluster:
         out.write(f"... and {others['clusters']} more clusters ({dollars(others['cost'])});"
                   " --limit 0 lists every one\n")
     if report["managed_jobs"]:

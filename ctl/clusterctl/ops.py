@@ -373,11 +373,13 @@ class CostReportArgs(OpArgs):
     (torn-down ones too) with the split over its jobs, setup, idle and stopped disks; per
     managed job with what its recoveries cost; per provider; per UTC day; totals.
     ``limit`` bounds the clusters listed, the costliest first (0: every one); the totals
-    are over all of them."""
+    are over all of them. ``cluster`` lists that cluster's incarnations alone (every one in
+    the window), the totals still over all."""
 
     op = "cost_report"
     days: int = 30
     limit: int = 100
+    cluster: str = ""
 
 
 OPS: dict[str, type[OpArgs]] = {

@@ -65,6 +65,15 @@ def test_a_local_clusters_life_is_in_the_ledger(daemon: Daemon) -> None:
     assert [j["job_id"] for j in money["split"]["jobs"]] == [1]
     text = daemon.ctl("cost-report")
     assert text.returncode == 0 and "money" in text.stdout and "Total: $0" in text.stdout
+    # One cluster asked for by name (what the dashboard's cluster page asks).
+    alone = daemon.ctl("cost-report", "--cluster", "money", "--json")
+    assert alone.returncode == 0, alone.stderr
+    assert [c["name"] for c in json.loads(alone.stdout)["clusters"]] == ["money"]
+    none = daemon.ctl("cost-report", "--cluster", "never-was")
+    assert none.returncode == 0 and "Cluster never-was did not run in the last 30 days" in (
+        none.stdout)
+    bad = daemon.ctl("cost-report", "--cluster", "no/such name")
+    assert bad.returncode != 0 and "INVALID_NAME" in bad.stderr, bad.stderr
 
 
 def test_kill_9_loses_no_second_and_counts_none_twice(daemon: Daemon) -> None:

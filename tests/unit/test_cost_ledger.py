@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from clusterctl.protocol import ClusterStatus
-from clusterd.cost.attribution import by_day
+from clusterd.cost.attribution import by_day, by_day_and_provider
 from clusterd.cost.ledger import RUNNING, STOPPED, Ledger
 from clusterd.cost.prices import Prices
 from clusterd.nodes import NodeInfo, NodeStatus
@@ -154,18 +154,23 @@ async def test_a_managed_jobs_cost_sums_its_clusters(db: Database, ledger: Ledge
 
 
 async def test_spend_by_day_in_sql_is_by_day(ledger: Ledger) -> None:
-    """The report's days summed in SQL cut intervals at UTC midnights as attribution.by_day
-    does: stretches over one, over several, and one still open, clipped to the window."""
+    """The report's days summed in SQL cut intervals at UTC midnights, per provider, as
+    attribution.by_day_and_provider does: stretches over one, over several, and one still
+    open, clipped to the window, on two providers."""
     midnight = 1_700_006_400.0  # a UTC midnight
-    for name, start, end in (("a", midnight - 2 * HOUR, midnight + HOUR),
-                             ("b", midnight + 5 * HOUR, midnight + 50 * HOUR),
-                             ("c", midnight - 30 * HOUR, None)):
-        await ledger.running(record(name, created_at=start), at=start)
+    for name, start, end, provider in (("a", midnight - 2 * HOUR, midnight + HOUR, "ssh"),
+                                       ("b", midnight + 5 * HOUR, midnight + 50 * HOUR, "aws"),
+                                       ("c", midnight - 30 * HOUR, None, "ssh")):
+        await ledger.running(record(name, created_at=start, provider=provider), at=start)
         if end is not None:
             await ledger.ended(name, at=end)
     now, since = midnight + 60 * HOUR, midnight - 10 * HOUR
-    expected = by_day(await ledger.intervals(since), now, since)
+    expected = by_day_and_provider(await ledger.intervals(since), now, since)
     got = await ledger.spend_by_day(since, now)
     assert list(got) == list(expected) == ["2023-11-14", "2023-11-15", "2023-11-16",
                                            "2023-11-17"]
-    assert got == {day: pytest.approx(dollars) for day, dollars in expected.items()}
+    assert got == {day: {provider: pytest.approx(dollars) for provider, dollars in p.items()}
+                   for day, p in expected.items()}
+    assert set(got["2023-11-15"]) == {"aws", "ssh"} and set(got["2023-11-14"]) == {"ssh"}
+    assert by_day(await ledger.intervals(since), now, since) == pytest.approx(
+        {day: sum(p.values()) for day, p in got.items()})

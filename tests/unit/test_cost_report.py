@@ -85,5 +85,33 @@ def test_a_limit_lists_the_costliest_and_totals_all() -> None:
     assert top["clusters"] == whole["clusters"][:2]
     assert top["others"] == {"clusters": 3, "cost": pytest.approx(1.5 * (1 + 2 + 3))}
     assert whole["others"] == {"clusters": 0, "cost": 0.0}
-    for key in ("total", "split", "providers", "days", "burn_rate"):
+    for key in ("total", "split", "providers", "days", "provider_days", "burn_rate"):
         assert top[key] == whole[key]
+
+
+def test_one_clusters_incarnations_alone_with_the_totals_of_all() -> None:
+    # "a" ran twice (two incarnations), the cheapest both times: a limit would not list it.
+    records = [interval("a", DAY0, DAY0, DAY0 + H), interval("a", DAY0 + 2 * H, DAY0 + 2 * H,
+                                                             DAY0 + 3 * H),
+               *(interval(f"c{n}", DAY0, DAY0, DAY0 + (n + 2) * H) for n in range(3))]
+    whole = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {})
+    only = build(Window(DAY0, DAY0 + 6 * H), records, {}, lambda name, inc: (), {}, limit=1,
+                 only="a")
+    assert [(c["name"], c["incarnation"]) for c in only["clusters"]] == [
+        ("a", DAY0), ("a", DAY0 + 2 * H)]
+    assert only["others"]["clusters"] == 3
+    for key in ("total", "split", "providers", "days", "provider_days", "burn_rate"):
+        assert only[key] == whole[key]
+
+
+def test_spend_per_day_by_provider_sums_to_the_days() -> None:
+    records = [interval("late", DAY0, DAY0 - H, DAY0 + 2 * H),
+               interval("pool", DAY0, DAY0 + H, DAY0 + 3 * H, provider="ssh")]
+    report = build(Window(DAY0 - 2 * H, DAY0 + 4 * H), records, {},
+                   lambda name, inc: (), {})
+    assert [(d["day"], d["provider"]) for d in report["provider_days"]] == [
+        ("2026-04-30", "aws"), ("2026-05-01", "aws"), ("2026-05-01", "ssh")]
+    assert [d["cost"] for d in report["provider_days"]] == [
+        pytest.approx(1.5), pytest.approx(3.0), pytest.approx(3.0)]
+    assert {d["day"]: d["cost"] for d in report["days"]} == {
+        "2026-04-30": pytest.approx(1.5), "2026-05-01": pytest.approx(6.0)}

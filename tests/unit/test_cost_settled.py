@@ -141,6 +141,13 @@ async def test_a_settled_report_is_the_report_split_anew(bed: Bed) -> None:
                                for d in anew["days"]]
     assert settled["managed_jobs"] == [{"job_id": 7, "name": "", "cost": pytest.approx(8.0),
                                         "recoveries": pytest.approx(3.0), "attempts": 2}]
+    # One cluster asked for: listed from its settled row, the same as split anew.
+    alone = await bed.cost.report(30, limit=2, only="c0")
+    assert [c["name"] for c in alone["clusters"]] == ["c0"]
+    assert alone["clusters"] == build(
+        Window(since, time.time()), intervals, up, lambda name, inc: jobs.get((name, inc), []),
+        {}, only="c0")["clusters"]
+    assert alone["total"] == settled["total"]
 
 
 async def test_a_managed_jobs_cluster_is_split_by_its_runs(db: Database, tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from clusterctl.dashboard._costcharts import (
     share,
     split_bar,
     stacked_days,
+    unlisted_days,
     window_days,
 )
 from clusterctl.dashboard._costdata import covering, days_asked, page_view
@@ -71,14 +72,36 @@ CLUSTERS = [
 ]
 
 
+def provider_days(clusters: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A report's `provider_days` (the daemon sums every cluster's, listed or not)."""
+    summed: dict[tuple[str, str], float] = {}
+    for c in clusters:
+        for d in c["days"]:
+            key = (d["day"], c["provider"])
+            summed[key] = summed.get(key, 0.0) + d["cost"]
+    return [{"day": day, "provider": p, "cost": cost} for (day, p), cost in sorted(summed.items())]
+
+
 def test_series_by_provider_and_by_cluster_biggest_first_with_the_rest_as_other() -> None:
-    providers = by_provider(CLUSTERS)
+    providers = by_provider(provider_days(CLUSTERS))
     assert [(s.label, s.css, s.total) for s in providers] == [
         ("aws", "cost-s0", 9.0), ("ssh", "cost-s1", 1.0), ("kubernetes", "cost-s2", 0.5)]
     names = by_cluster(CLUSTERS, shown=1)
     assert [(s.label, s.css, s.total) for s in names] == [
         ("big", "cost-s0", 9.0), ("other (2)", "cost-other", 1.5)]
     assert names[1].days == {"2026-05-01": 1.5}
+
+
+def test_what_the_report_did_not_list_joins_other() -> None:
+    # The report listed "big" and "pool"; two more clusters ($2 on 05-01, $0.25 on 04-30)
+    # are only in its days.
+    listed = CLUSTERS[:2]
+    days = [{"day": "2026-04-30", "cost": 3.25}, {"day": "2026-05-01", "cost": 8.0}]
+    left = unlisted_days(days, listed)
+    assert left == {"2026-04-30": pytest.approx(0.25), "2026-05-01": pytest.approx(2.0)}
+    names = by_cluster(listed, shown=1, unlisted=left, unlisted_count=2)
+    assert [(s.label, s.total) for s in names] == [("big", 8.0), ("other (3)", 3.25)]
+    assert unlisted_days(days[:1], [cluster("big", "aws", {"2026-04-30": 3.25})]) == {}
 
 
 def rects(svg: str) -> list[dict[str, str]]:
@@ -156,7 +179,8 @@ def report() -> dict[str, Any]:
                               "attempts": 1},
                              {"job_id": 4, "name": "train", "cost": 4.5, "recoveries": 1.5,
                               "attempts": 2}],
-            "providers": [], "days": [],
+            "providers": [], "days": [], "provider_days": provider_days(CLUSTERS),
+            "others": {"clusters": 0, "cost": 0.0},
             "budgets": [{"provider": None, "monthly": 20.0, "warn_at": 0.8, "action": "stop",
                          "month": "2026-05", "spent": 17.0, "burn_rate": 1.5,
                          "level": "warned", "text": "past 80 %",
@@ -204,14 +228,17 @@ def test_the_banner_draws_each_notice_at_the_level_the_daemon_gives() -> None:
 
 
 class FakeCache:
-    """A ReportCache that answers with one report, and says which windows were asked."""
+    """A ReportCache that answers with one report, and says which windows (and clusters)
+    were asked."""
 
     def __init__(self, answer: dict[str, Any]) -> None:
         self.answer = answer
         self.asked: list[int] = []
+        self.clusters: list[str] = []
 
-    async def get(self, days: int) -> dict[str, Any]:
+    async def get(self, days: int, cluster: str = "") -> dict[str, Any]:
         self.asked.append(days)
+        self.clusters.append(cluster)
         return self.answer
 
 
@@ -225,6 +252,7 @@ async def test_a_clusters_cost_is_its_running_incarnation_with_its_split() -> No
     cache = FakeCache(answer)
     found = await cluster_cost(cache, "big", time.time() - 40 * 86400)  # type: ignore[arg-type]
     assert cache.asked == [90] and found["entry"]["cost"] == 8.0 and not found["error"]
+    assert cache.clusters == ["big"]  # that cluster's incarnations, not the costliest 100
     html = environment().get_template("_cluster_cost.html").render(cluster="big", **found)
     text = " ".join(re.sub(r"<[^>]+>", " ", html).split())
     assert "$2.00/h" in text and "$8.00" in text
@@ -245,8 +273,11 @@ async def test_a_managed_jobs_cost_names_its_recoveries_and_each_attempt() -> No
         {**answer["clusters"][0], "name": "mj-4", "owner": "managed-job:4",
          "incarnation": 100.0, "cost": 1.5, "live": False},
         {**answer["clusters"][0], "name": "other", "owner": None}]
-    found = await managed_cost(FakeCache(answer),  # type: ignore[arg-type]
-                               {"job_id": 4, "cost": 4.6, "submitted_at": DAY0})
+    cache = FakeCache(answer)
+    found = await managed_cost(cache,  # type: ignore[arg-type]
+                               {"job_id": 4, "cost": 4.6, "submitted_at": DAY0,
+                                "cluster": "mj-4"})
+    assert cache.clusters == ["mj-4"]
     assert found["cost"] == 4.6 and found["entry"]["recoveries"] == 1.5
     assert [c["incarnation"] for c in found["attempts"]] == [100.0, 200.0]
     html = environment().get_template("_managed_cost.html").render(**found)
@@ -282,24 +313,32 @@ async def test_a_jobs_cost_is_its_share_of_its_clusters() -> None:
 class CountingLink:
     def __init__(self) -> None:
         self.calls: list[int] = []
+        self.asked: list[tuple[int, int, str]] = []
 
     async def call(self, args: Any) -> dict[str, Any]:
         self.calls.append(args.days)
+        self.asked.append((args.days, args.limit, args.cluster))
         return {"days": args.days, "call": len(self.calls)}
 
 
 @pytest.mark.anyio
 async def test_reports_are_shared_while_fresh_and_few_are_held() -> None:
-    from clusterctl.dashboard._costdata import REPORTS_HELD, ReportCache
+    from clusterctl.dashboard._costdata import PAGE_LISTED, REPORTS_HELD, ReportCache
 
     link = CountingLink()
     cache = ReportCache(link, max_age_s=60)  # type: ignore[arg-type]
     first = await cache.get(7)
     assert await cache.get(7) is first and link.calls == [7]
+    # Never every cluster (a report of thousands could pass the frame limit): the cost
+    # page's costliest, or one cluster's incarnations, each remembered apart.
+    assert link.asked == [(7, PAGE_LISTED, "")]
+    alone = await cache.get(7, "big")
+    assert alone is not first and link.asked[-1] == (7, PAGE_LISTED, "big")
+    assert await cache.get(7, "big") is alone and len(link.calls) == 2
     for days in range(100, 100 + REPORTS_HELD):
         await cache.get(days)
     await cache.get(7)  # pushed out by newer windows: asked again
-    assert link.calls.count(7) == 2
+    assert link.calls.count(7) == 3  # (7, "big") once, (7, "") twice
     stale = ReportCache(link, max_age_s=-1)  # type: ignore[arg-type]
     await stale.get(1)
     await stale.get(1)

@@ -75,19 +75,22 @@ def _add(into: dict[str, float], days: Iterable[Mapping[str, Any]]) -> None:
         into[day["day"]] = into.get(day["day"], 0.0) + float(day["cost"])
 
 
-def by_provider(clusters: Sequence[Mapping[str, Any]]) -> list[Series]:
-    """A series per provider, the biggest first, from the clusters' own days."""
+def by_provider(provider_days: Iterable[Mapping[str, Any]]) -> list[Series]:
+    """A series per provider, the biggest first, from the report's `provider_days` (every
+    cluster's, listed or not)."""
     found: dict[str, dict[str, float]] = {}
-    for cluster in clusters:
-        _add(found.setdefault(str(cluster["provider"]), {}), cluster.get("days") or [])
+    for entry in provider_days:
+        _add(found.setdefault(str(entry["provider"]), {}), [entry])
     ordered = sorted(found.items(), key=lambda item: -sum(item[1].values()))
     return [Series(name, _colour(index), days) for index, (name, days) in enumerate(ordered)]
 
 
-def by_cluster(clusters: Sequence[Mapping[str, Any]], shown: int = SERIES_COLOURS - 1
+def by_cluster(clusters: Sequence[Mapping[str, Any]], shown: int = SERIES_COLOURS - 1,
+               unlisted: Mapping[str, float] | None = None, unlisted_count: int = 0
                ) -> list[Series]:
     """A series per cluster name (its incarnations together), the `shown` biggest, and the
-    rest as one series "other"."""
+    rest as one series "other", with `unlisted` (dollars per day of the clusters the report
+    did not list, `unlisted_count` of them)."""
     found: dict[str, dict[str, float]] = {}
     for cluster in clusters:
         _add(found.setdefault(str(cluster["name"]), {}), cluster.get("days") or [])
@@ -97,9 +100,22 @@ def by_cluster(clusters: Sequence[Mapping[str, Any]], shown: int = SERIES_COLOUR
     rest: dict[str, float] = {}
     for _, days in ordered[shown:]:
         _add(rest, ({"day": d, "cost": c} for d, c in days.items()))
+    _add(rest, ({"day": d, "cost": c} for d, c in (unlisted or {}).items()))
+    others = max(0, len(ordered) - shown) + unlisted_count
     if rest:
-        series.append(Series(OTHER + f" ({len(ordered) - shown})", "cost-other", rest))
+        series.append(Series(OTHER + f" ({others})", "cost-other", rest))
     return series
+
+
+def unlisted_days(days: Iterable[Mapping[str, Any]], clusters: Sequence[Mapping[str, Any]]
+                  ) -> dict[str, float]:
+    """Dollars per day of what a report did not list: its days' totals less its listed
+    clusters' days (what is left of rounding, under a millionth, is nothing)."""
+    listed: dict[str, float] = {}
+    for cluster in clusters:
+        _add(listed, cluster.get("days") or [])
+    left = {str(d["day"]): float(d["cost"]) - listed.get(str(d["day"]), 0.0) for d in days}
+    return {day: dollars for day, dollars in left.items() if dollars > 1e-6}
 
 
 def _colour(index: int) -> str:

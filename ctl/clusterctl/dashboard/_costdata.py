@@ -13,15 +13,25 @@ from typing import Any
 from clusterctl import protocol
 from clusterctl.client import ClusterdError
 
-from ._costcharts import by_cluster, by_provider, split_parts, stacked_days, window_days
+from ._costcharts import (
+    by_cluster,
+    by_provider,
+    split_parts,
+    stacked_days,
+    unlisted_days,
+    window_days,
+)
 from ._daemon import DaemonLink
 
 DAY_S = 86400.0
 MAX_DAYS = 3650  # as the daemon allows
 DEFAULT_DAYS = 30
 REPORT_MAX_AGE_S = 5.0
-REPORTS_HELD = 8  # windows remembered (a report of many clusters is large)
+REPORTS_HELD = 8  # reports remembered (windows, and clusters asked alone)
 SPENDERS_SHOWN = 20
+# The cost page lists the costliest 100 (the op's default); the rest come as totals: a
+# report of every cluster could pass the frame limit (about 13,000 clusters).
+PAGE_LISTED = 100
 JOBS_SHOWN = 10
 # The windows a cluster's or a job's page asks for: few, so their reports are shared.
 WINDOWS = (7, 30, 90, 365, MAX_DAYS)
@@ -29,25 +39,26 @@ OWNER_PREFIX = "managed-job:"  # the owner tag of a managed job's clusters
 
 
 class ReportCache:
-    """`cost_report` per window, each at most `max_age_s` old; the `REPORTS_HELD` windows
-    asked last are remembered."""
+    """`cost_report` per window (the cost page's: the costliest clusters) or per window and
+    cluster (a cluster's or a job's page: that cluster's incarnations), each at most
+    `max_age_s` old; the `REPORTS_HELD` asked last are remembered."""
 
     def __init__(self, link: DaemonLink, max_age_s: float = REPORT_MAX_AGE_S) -> None:
         self._link = link
         self._max_age_s = max_age_s
-        self._reports: dict[int, tuple[float, dict[str, Any]]] = {}
+        self._reports: dict[tuple[int, str], tuple[float, dict[str, Any]]] = {}
         self._lock = asyncio.Lock()
 
-    async def get(self, days: int) -> dict[str, Any]:
+    async def get(self, days: int, cluster: str = "") -> dict[str, Any]:
+        key = (days, cluster)
         async with self._lock:  # one report at a time: a page's parts ask together
-            held = self._reports.get(days)
+            held = self._reports.get(key)
             if held is not None and time.monotonic() - held[0] <= self._max_age_s:
                 return held[1]
-            # Every cluster (limit 0), not the op's 100 costliest: a cluster's page finds
-            # its own, and the per-day charts stack every cluster and provider.
-            report = await self._link.call(protocol.CostReportArgs(days=days, limit=0))
-            self._reports.pop(days, None)
-            self._reports[days] = (time.monotonic(), report)
+            report = await self._link.call(protocol.CostReportArgs(
+                days=days, limit=PAGE_LISTED, cluster=cluster))
+            self._reports.pop(key, None)
+            self._reports[key] = (time.monotonic(), report)
             while len(self._reports) > REPORTS_HELD:  # the oldest fetched goes first
                 del self._reports[next(iter(self._reports))]
             return report
@@ -74,8 +85,11 @@ def page_view(report: dict[str, Any]) -> dict[str, Any]:
     """The cost page's values: the two charts with their legends, the spenders, idle's
     share, the burn rate and the budgets."""
     clusters = report.get("clusters") or []
+    unlisted = int((report.get("others") or {}).get("clusters") or 0)
     days = window_days(float(report["since"]), float(report["until"]))
-    providers, names = by_provider(clusters), by_cluster(clusters)
+    providers = by_provider(report.get("provider_days") or [])
+    names = by_cluster(clusters, unlisted=unlisted_days(report.get("days") or [], clusters),
+                       unlisted_count=unlisted)
     split = report.get("split") or {}
     total = float(report.get("total") or 0.0)
     managed = sorted(report.get("managed_jobs") or [], key=lambda j: -float(j["cost"]))
@@ -85,8 +99,8 @@ def page_view(report: dict[str, Any]) -> dict[str, Any]:
         "by_provider": stacked_days(days, providers, "spend per day by provider"),
         "by_cluster": stacked_days(days, names, "spend per day by cluster"),
         "provider_keys": providers, "cluster_keys": names,
-        "clusters": clusters[:SPENDERS_SHOWN], "more_clusters": max(0, len(clusters)
-                                                                     - SPENDERS_SHOWN),
+        "clusters": clusters[:SPENDERS_SHOWN],
+        "more_clusters": max(0, len(clusters) - SPENDERS_SHOWN) + unlisted,
         "managed": managed[:SPENDERS_SHOWN], "more_managed": max(0, len(managed)
                                                                  - SPENDERS_SHOWN),
         "budgets": report.get("budgets") or [],
@@ -98,7 +112,7 @@ async def cluster_cost(cache: ReportCache, name: str, launched_at: float | None
     """The cluster's running incarnation in the report (its $/h, cost so far and split), or
     why there is none to show."""
     try:
-        report = await cache.get(covering(launched_at))
+        report = await cache.get(covering(launched_at), name)
     except ClusterdError as exc:
         return {"entry": None, "error": _unanswered(exc)}
     entry = next((c for c in report.get("clusters") or []
@@ -114,7 +128,7 @@ async def managed_cost(cache: ReportCache, job: dict[str, Any]) -> dict[str, Any
     """A managed job's cost so far (its record's, as `jobs queue` says it), what its
     recoveries cost, and each attempt's cluster's cost (oldest first)."""
     try:
-        report = await cache.get(covering(job.get("submitted_at")))
+        report = await cache.get(covering(job.get("submitted_at")), str(job.get("cluster") or ""))
     except ClusterdError as exc:
         return {"cost": job.get("cost"), "entry": None, "attempts": [],
                 "error": _unanswered(exc)}

@@ -129,11 +129,12 @@ def managed_job_cost(attempts: Sequence[tuple[float, float]]) -> ManagedCost:
     return ManagedCost(total, recoveries, len(ordered))
 
 
-def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dict[str, float]:
-    """Dollars per UTC day (YYYY-MM-DD), each interval cut at midnights (a UTC day is
-    86,400 seconds of POSIX time, so days are counted by division). Ledger.spend_by_day is
-    the same sum in SQL."""
-    per_day: dict[int, float] = {}
+def by_day_and_provider(intervals: Iterable[Interval], now: float, since: float = 0.0
+                        ) -> dict[str, dict[str, float]]:
+    """Dollars per UTC day (YYYY-MM-DD) and provider, each interval cut at midnights (a UTC
+    day is 86,400 seconds of POSIX time, so days are counted by division).
+    Ledger.spend_by_day is the same sum in SQL."""
+    per_day: dict[int, dict[str, float]] = {}
     for interval in intervals:
         start = max(interval.started_at, since)
         end = interval.ended_at if interval.ended_at is not None else now
@@ -141,7 +142,15 @@ def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dic
         while start < end:
             day = int(start // _DAY)
             piece_end = min(end, (day + 1) * _DAY)
-            per_day[day] = per_day.get(day, 0.0) + rate * (piece_end - start)
+            providers = per_day.setdefault(day, {})
+            providers[interval.provider] = (providers.get(interval.provider, 0.0)
+                                            + rate * (piece_end - start))
             start = piece_end
     return {datetime.datetime.fromtimestamp(day * _DAY, datetime.UTC).date().isoformat():
-            dollars for day, dollars in sorted(per_day.items())}
+            providers for day, providers in sorted(per_day.items())}
+
+
+def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dict[str, float]:
+    """Dollars per UTC day (YYYY-MM-DD), over every provider."""
+    return {day: sum(providers.values())
+            for day, providers in by_day_and_provider(intervals, now, since).items()}

@@ -244,21 +244,26 @@ class Ledger:
             " ORDER BY started_at, id", [since])
         return [Interval(*row) for row in rows]
 
-    async def spend_by_day(self, since: float, now: float) -> dict[str, float]:
-        """Dollars per UTC day (YYYY-MM-DD) from `since` to `now` (open intervals accrue to
-        now), as attribution.by_day cuts intervals at midnights, summed in SQL: a report over
-        months reads a row per day, not per interval."""
+    async def spend_by_day(self, since: float, now: float) -> dict[str, dict[str, float]]:
+        """Dollars per UTC day (YYYY-MM-DD) and provider from `since` to `now` (open
+        intervals accrue to now), as attribution.by_day_and_provider cuts intervals at
+        midnights, summed in SQL: a report over months reads a row per day and provider, not
+        per interval."""
         rows = await self._db.fetchall(
-            "WITH RECURSIVE pieces(start, finish, rate) AS ("
-            f" SELECT MAX(started_at, ?), COALESCE(ended_at, ?), {_RATE_SQL} / 3600.0"
-            "  FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
-            f" UNION ALL SELECT {_NEXT_MIDNIGHT}, finish, rate FROM pieces"
+            "WITH RECURSIVE pieces(start, finish, rate, provider) AS ("
+            f" SELECT MAX(started_at, ?), COALESCE(ended_at, ?), {_RATE_SQL} / 3600.0,"
+            "  provider FROM cost_intervals WHERE ended_at IS NULL OR ended_at > ?"
+            f" UNION ALL SELECT {_NEXT_MIDNIGHT}, finish, rate, provider FROM pieces"
             f"  WHERE {_NEXT_MIDNIGHT} < finish)"
-            f" SELECT CAST(start / 86400 AS INTEGER) AS day,"
+            f" SELECT CAST(start / 86400 AS INTEGER) AS day, provider,"
             f" TOTAL(rate * (MIN(finish, {_NEXT_MIDNIGHT}) - start)) FROM pieces"
-            " WHERE finish > start GROUP BY day ORDER BY day", [since, now, since])
-        return {datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat():
-                dollars for day, dollars in rows}
+            " WHERE finish > start GROUP BY day, provider ORDER BY day, provider",
+            [since, now, since])
+        found: dict[str, dict[str, float]] = {}
+        for day, provider, dollars in rows:
+            date = datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat()
+            found.setdefault(date, {})[provider] = dollars
+        return found
 
     # -- inside ------------------------------------------------------------------------------
 

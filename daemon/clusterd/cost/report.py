@@ -13,6 +13,7 @@ from clusterd.cost.attribution import (
     JobSpan,
     Split,
     by_day,
+    by_day_and_provider,
     managed_job_cost,
     split_cluster,
 )
@@ -106,16 +107,18 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
           managed_names: dict[int, str], limit: int = 0,
           settled: SettledSummary | None = None,
           listed_intervals: Mapping[Key, Sequence[Interval]] | None = None,
-          days: Mapping[str, float] | None = None) -> dict[str, Any]:
+          days: Mapping[str, Mapping[str, float]] | None = None,
+          only: str = "") -> dict[str, Any]:
     """The report. `intervals`: those of the window to split here (without `settled`, all
     of them); `up_times`: per cluster name, when it became UP (sorted); `jobs_of(name,
     incarnation)`: that incarnation's jobs; `managed_names`: managed job id -> name;
     `limit`: the clusters listed, the costliest first (0: all; the rest are counted in
-    `others`, and every total is over all of them).
+    `others`, and every total is over all of them); `only`: list that cluster name's
+    incarnations alone (every one; the totals are still over all clusters).
 
     `settled` (settled.py) sums the incarnations settled with their whole life in the
     window, `listed_intervals` has the intervals of those it lists, and `days` the dollars
-    per UTC day of every interval in the window (Ledger.spend_by_day)."""
+    per UTC day and provider of every interval in the window (Ledger.spend_by_day)."""
     incarnations: dict[Key, list[Interval]] = {}
     for interval in intervals:
         incarnations.setdefault((interval.cluster, interval.incarnation), []).append(interval)
@@ -126,17 +129,18 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
         split = split_cluster(own, up_times.get(name, []), jobs_of(name, incarnation),
                               window.now, window.since)
         totals.add(split, own[-1].provider, own[-1].owner, incarnation)
-        rows.append((_round(split.total), own[0].started_at, own, split))
+        if not only or name == only:
+            rows.append((_round(split.total), own[0].started_at, own, split))
     if settled is not None:
         totals.add_settled(settled)
         own_of = listed_intervals or {}
         rows += [(_round(top.total), top.started_at, own_of[top.key], top.split)
                  for top in settled.top if top.key in own_of]
     rows.sort(key=lambda row: (-row[0], row[1]))
-    listed = rows[:limit] if limit else rows
+    listed = rows[:limit] if limit and not only else rows
     total = totals.split.total
     if days is None:
-        days = by_day(intervals, window.now, window.since)
+        days = by_day_and_provider(intervals, window.now, window.since)
     return {
         "since": window.since, "until": window.now,
         "total": _round(total),
@@ -148,5 +152,8 @@ def build(window: Window, intervals: Sequence[Interval], up_times: dict[str, lis
         "managed_jobs": totals.managed(managed_names),
         "providers": [{"provider": p, "cost": _round(c)}
                       for p, c in sorted(totals.providers.items())],
-        "days": [{"day": d, "cost": _round(c)} for d, c in days.items()],
+        "days": [{"day": d, "cost": _round(sum(p.values()))} for d, p in days.items()],
+        # Every cluster's, by provider: the dashboard's chart per provider needs no listing.
+        "provider_days": [{"day": d, "provider": provider, "cost": _round(c)}
+                          for d, p in days.items() for provider, c in sorted(p.items())],
     }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from clusterd.cost.attribution import Split
 from clusterd.cost.ledger import INTERVAL_COLUMNS, Interval
@@ -42,6 +43,13 @@ _COVERED = "FROM cost_settled WHERE started_at >= ?"
 # The order a report lists clusters in (as report.py ranks them: by cost in its rounding,
 # then the first started), the first ? of them (-1: all).
 _COSTLIEST = "ORDER BY ROUND(total, 6) DESC, started_at LIMIT ?"
+
+
+def _listing(since: float, limit: int, only: str) -> tuple[str, list[Any]]:
+    """The FROM .. LIMIT of the incarnations a report lists, and its arguments."""
+    if only:
+        return f"{_COVERED} AND cluster = ? {_COSTLIEST}", [since, only, -1]
+    return f"{_COVERED} {_COSTLIEST}", [since, limit or -1]
 
 
 class SettledSplits:
@@ -72,12 +80,14 @@ class SettledSplits:
             " ORDER BY started_at, id", [since, since])
         return [Interval(*row) for row in rows]
 
-    async def listed_intervals(self, since: float, limit: int) -> dict[Key, list[Interval]]:
-        """Every interval of the incarnations `summary(since, limit)` lists, oldest first."""
+    async def listed_intervals(self, since: float, limit: int, only: str = ""
+                               ) -> dict[Key, list[Interval]]:
+        """Every interval of the incarnations `summary(since, limit, only)` lists, oldest
+        first."""
+        where, args = _listing(since, limit, only)
         rows = await self._db.fetchall(
             f"SELECT {INTERVAL_COLUMNS} FROM cost_intervals WHERE (cluster, incarnation) IN"
-            f" (SELECT cluster, incarnation {_COVERED} {_COSTLIEST})"
-            " ORDER BY started_at, id", [since, limit or -1])
+            f" (SELECT cluster, incarnation {where}) ORDER BY started_at, id", args)
         found: dict[Key, list[Interval]] = {}
         for row in rows:
             interval = Interval(*row)
@@ -98,9 +108,10 @@ class SettledSplits:
               split.total, split.provisioning, split.idle, split.stopped, _jobs_text(split))
              for own, split in splits])
 
-    async def summary(self, since: float, limit: int) -> SettledSummary:
+    async def summary(self, since: float, limit: int, only: str = "") -> SettledSummary:
         """What the incarnations whose whole life is after `since` add up to, summed in SQL,
-        and the `limit` costliest of them (0: all) with their splits."""
+        and the `limit` costliest of them (0: all) with their splits; with `only`, that
+        cluster name's incarnations are listed instead (every one)."""
         where = _COVERED
         [(count, provisioning, idle, stopped)] = await self._db.fetchall(
             f"SELECT COUNT(*), TOTAL(provisioning), TOTAL(idle), TOTAL(stopped) {where}",
@@ -112,10 +123,10 @@ class SettledSplits:
             f"SELECT provider, TOTAL(total) {where} GROUP BY provider", [since])
         attempts = await self._db.fetchall(
             f"SELECT owner, incarnation, total {where} AND owner IS NOT NULL", [since])
+        listing, args = _listing(since, limit, only)
         top = await self._db.fetchall(
-            f"SELECT cluster, incarnation, started_at, total, provisioning, idle, stopped, jobs"
-            f" {where} {_COSTLIEST}",
-            [since, limit or -1])
+            "SELECT cluster, incarnation, started_at, total, provisioning, idle, stopped, jobs"
+            f" {listing}", args)
         return SettledSummary(
             Split({job: dollars for job, dollars in jobs}, provisioning, idle, stopped), count,
             {provider: dollars for provider, dollars in providers},

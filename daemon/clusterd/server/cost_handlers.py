@@ -8,6 +8,7 @@ from typing import Any
 from clusterctl import protocol
 from clusterctl.protocol import ErrorCode, ProtocolError
 from clusterd.managed.store import owner_tag
+from clusterd.services.common import check_name
 from clusterd.services.cost import CostService
 from clusterd.state.clusters import ClusterStore
 
@@ -33,7 +34,9 @@ class CostHandlers:
             raise ProtocolError(ErrorCode.INVALID_ARGUMENT,
                                 f"limit must be from 0 (every cluster) to {MAX_LIMIT},"
                                 f" got {args.limit}")
-        return await self._cost.report(args.days, args.limit)
+        if args.cluster:
+            check_name(args.cluster)
+        return await self._cost.report(args.days, args.limit, args.cluster)
 
     def managed_job_cost(self, job_id: int) -> float:
         """Dollars a managed job's clusters (every attempt's) have cost so far."""

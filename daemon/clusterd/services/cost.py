@@ -44,8 +44,9 @@ class CostService:
         self._settled = SettledSplits(db)
         self._settling = anyio.Lock()  # one settling at a time (a report's, the hourly one)
 
-    async def report(self, days: float, limit: int = 0) -> dict[str, Any]:
-        """The report over the last `days`, listing the `limit` costliest clusters (0: all).
+    async def report(self, days: float, limit: int = 0, only: str = "") -> dict[str, Any]:
+        """The report over the last `days`, listing the `limit` costliest clusters (0: all),
+        or with `only` that cluster name's incarnations.
         What is settled is summed in SQL; what is not (live, straddling the window's start,
         torn down lately) is split here."""
         await self.settle()
@@ -60,8 +61,8 @@ class CostService:
 
         async with anyio.create_task_group() as group:
             group.start_soon(read_jobs)  # files, on a core of their own beside the queries
-            settled = await self._settled.summary(window.since, limit)
-            listed = await self._settled.listed_intervals(window.since, limit)
+            settled = await self._settled.summary(window.since, limit, only)
+            listed = await self._settled.listed_intervals(window.since, limit, only)
             days_spent = await self.ledger.spend_by_day(window.since, window.now)
             up_times = await self._up_times(min((i.started_at for i in intervals),
                                                 default=window.now))
@@ -70,7 +71,7 @@ class CostService:
         report = await anyio.to_thread.run_sync(functools.partial(
             build, window, intervals, up_times,
             lambda name, incarnation: jobs.get((name, incarnation), []), names, limit,
-            settled, listed, days_spent))
+            settled, listed, days_spent, only))
         report["budgets"] = await self.budgets(window.now)
         return report
 
