@@ -54,8 +54,8 @@ class Bed:
         return IdleGuard(lambda: self.after_s[0], self.services.store,
                          self.services.clusters.ledger, self.idle_for, check_s=0.01)
 
-    async def warnings(self, name: str = "c") -> list[str]:
-        return [e.reason for e in await self.services.store.events(name, 100)
+    async def warnings(self, name: str = "c", limit: int = 100) -> list[str]:
+        return [e.reason for e in await self.services.store.events(name, limit)
                 if e.kind == EVENT_KIND]
 
 
@@ -114,16 +114,20 @@ async def test_an_autostop_ends_the_notice_and_the_watch(
     assert guard.guarded() == []
 
 
+@pytest.mark.parametrize("events_between", [0, 200])
 async def test_a_restart_in_a_warned_stretch_notices_again_without_a_second_event(
-        bed: Bed) -> None:
+        bed: Bed, events_between: int) -> None:
     bed.idle_since["c"] = time.time() - 60
-    for _ in range(2):  # a daemon, then the next one after a kill
+    for daemon in range(2):  # a daemon, then the next one after a kill
         guard = bed.guard()
         async with anyio.create_task_group() as group:
             await group.start(guard.run)
             await until(guard.notices)
             group.cancel_scope.cancel()
-    assert len(await bed.warnings()) == 1
+        if daemon == 0:  # a busy event log: the warning is far from the newest events
+            for n in range(events_between):
+                await bed.services.store.add_event("c", "provision", f"event {n}")
+    assert len(await bed.warnings(limit=1000)) == 1
 
 
 async def test_off_in_the_config_guards_nothing(

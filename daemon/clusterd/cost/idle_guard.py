@@ -38,7 +38,6 @@ from clusterd.state.clusters import ClusterRecord, ClusterStore
 logger = log.get("clusterd.idle_guard")
 
 EVENT_KIND = "idle-cost"
-EVENTS_LOOKED_AT = 50  # a cluster's newest events searched for this stretch's warning
 
 
 class IdleProbe(Protocol):
@@ -158,9 +157,7 @@ class IdleGuard(Controller[str, IdleIntent, IdleSeen]):
         now = self._clock()
         warned = False
         if idle is not None and idle >= intent.after_s:
-            began = now - idle
-            warned = any(e.kind == EVENT_KIND and e.ts >= began
-                         for e in await self._store.events(record.name, EVENTS_LOOKED_AT))
+            warned = await self._store.has_event(record.name, EVENT_KIND, now - idle)
         return IdleSeen(idle, per_hour, self._ledger.cost_so_far(record, now), warned,
                         record.name in self._notices)
 

@@ -272,6 +272,14 @@ class ClusterStore:
         )
         return [ClusterEvent(**dict(row)) for row in reversed(rows)]
 
+    async def has_event(self, cluster: str, kind: str, since: float) -> bool:
+        """Whether the cluster has an event of `kind` at or after `since` (however many
+        other events came after it)."""
+        rows = await self._db.fetchall(
+            "SELECT 1 FROM cluster_events WHERE cluster = ? AND kind = ? AND ts >= ? LIMIT 1",
+            [cluster, kind, since])
+        return bool(rows)
+
     async def prune_events(self) -> None:
         await self._db.write(
             [("DELETE FROM cluster_events WHERE id <= (SELECT MAX(id) FROM cluster_events) - ?",
