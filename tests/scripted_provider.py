@@ -85,6 +85,7 @@ class ScriptedProvider(ProviderDefaults[ScriptedHandle]):
     name: ClassVar[str] = "scripted"
     skypilot_cloud: ClassVar[str] = "scripted"
     can_stop: ClassVar[bool] = True
+    keeps_node_times: ClassVar[bool] = True  # its `clock`, when a test sets one
 
     def __init__(self) -> None:
         self.instances: dict[str, Instance] = {}  # by cloud name: what exists now

@@ -254,6 +254,21 @@ async def test_a_start_whose_provider_keeps_the_first_launch_time_is_dated_when_
     assert_no_overlap(found)
 
 
+async def test_a_provider_that_keeps_no_times_is_not_asked_on_stop_or_down(
+        bed: Services, db: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+    """local and ssh date nothing: stop and down do not ask them for their nodes again."""
+    monkeypatch.setattr(type(bed.provider), "keeps_node_times", False)
+    await bed.clusters.launch(bed.request(), LaunchRequest("c", TaskSpec()))
+    asked = len(bed.provider.calls)
+    before = time.time()
+    await bed.clusters.stop(bed.request("stop"), "c")
+    await bed.clusters.down(bed.request("down"), "c", purge=False)
+    # The one query is the teardown's own (which nodes to reach before terminating).
+    assert [call for call, *_ in bed.provider.calls[asked:]] == ["stop", "query", "terminate"]
+    found = await intervals(db)
+    assert found[0][3] is not None and found[0][3] >= before  # dated when done
+
+
 # -- where the providers read their times --------------------------------------------------
 
 

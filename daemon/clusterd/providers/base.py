@@ -260,6 +260,9 @@ class ProviderOf(Protocol[H]):
     # True where terminating a cluster's nodes takes everything on them along (cloud VMs and
     # their disks, pods): a teardown that discards a lost cluster need not reach its nodes.
     terminate_discards_nodes: ClassVar[bool] = False
+    # True where `query` dates nodes by the provider's own clock (NodeInfo.launched_at,
+    # stopped_at: EC2, pods): stop and down then ask it when the nodes went, for the ledger.
+    keeps_node_times: ClassVar[bool] = False
 
     @classmethod
     def build(cls, context: ProviderContext) -> Self:
@@ -387,6 +390,7 @@ class ProviderDefaults(Generic[H]):
     stops_by_shutdown: ClassVar[bool] = False
     autostop_tears_down: ClassVar[bool] = False
     terminate_discards_nodes: ClassVar[bool] = False
+    keeps_node_times: ClassVar[bool] = False
     honoured_fields: ClassVar[frozenset[str]] = frozenset()
     check_top_level: ClassVar[tuple[str, ...]] = ()
 

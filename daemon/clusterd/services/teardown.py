@@ -139,8 +139,9 @@ class Teardown:
         """When the provider says the cluster's nodes stopped or went, once every one has
         (None: not known, or one still runs): the ledger ends their running stretch then,
         not when the cloud finished stopping them (EC2 bills no stopping instance, and a
-        stop can take minutes). One query, bounded; failing, the time is now."""
-        if record.handle.provider is None:
+        stop can take minutes). One query, bounded; failing, the time is now. Not asked of
+        a provider that keeps no such times (local, ssh)."""
+        if record.handle.provider is None or not provider.keeps_node_times:
             return None
         try:
             with anyio.fail_after(PROVIDER_TIME_TIMEOUT_S):

@@ -80,6 +80,7 @@ class AWSProvider(ProviderDefaults[AWSHandle]):
     can_stop: ClassVar[bool] = True
     stops_by_shutdown: ClassVar[bool] = True
     terminate_discards_nodes: ClassVar[bool] = True
+    keeps_node_times: ClassVar[bool] = True
     honoured_fields: ClassVar[frozenset[str]] = frozenset({
         "resources.instance_type", "resources.use_spot", "resources.disk_size",
         "resources.disk_tier", "resources.image_id", "resources.ports", "resources.labels",

@@ -72,6 +72,7 @@ class KubernetesProvider(ProviderDefaults[KubernetesHandle]):
     can_stop: ClassVar[bool] = False
     autostop_tears_down: ClassVar[bool] = True
     terminate_discards_nodes: ClassVar[bool] = True
+    keeps_node_times: ClassVar[bool] = True
     honoured_fields: ClassVar[frozenset[str]] = frozenset({
         "resources.ports", "resources.image_id", "resources.labels", "config"})
 
