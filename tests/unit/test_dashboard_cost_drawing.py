@@ -343,3 +343,18 @@ async def test_reports_are_shared_while_fresh_and_few_are_held() -> None:
     await stale.get(1)
     await stale.get(1)
     assert link.calls.count(1) == 2
+
+
+def test_the_clusters_a_report_did_not_list_are_counted_and_drawn_as_other() -> None:
+    unlisted = report()
+    unlisted["others"] = {"clusters": 30, "cost": 6.0}
+    unlisted["days"] = [{"day": "2026-05-01", "cost": 6.5 + 6.0}, {"day": "2026-04-30",
+                                                                   "cost": 3.0},
+                        {"day": "2026-04-29", "cost": 1.0}]
+    view = page_view(unlisted)
+    assert view["more_clusters"] == 30
+    (other,) = [s for s in view["cluster_keys"] if s.label.startswith("other")]
+    assert other.days == {"2026-05-01": pytest.approx(6.0)} and other.label == "other (30)"
+    html = environment().get_template("_cost.html").render(days=3, view=view)
+    assert "and 30 more that cost less" in html
+    assert "clusterctl cost-report --days 3 --limit 0" in html
