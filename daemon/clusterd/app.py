@@ -504,6 +504,14 @@ class Daemon:
                 await self.storage.settle_unfinished(self.started_at)
 
         await survive("unfinished bucket creates", settle_buckets)
+        # Cost splits that became final while the daemon was down (or all of them, on the
+        # first start of a version with settled splits): now, not in the first report asked.
+        async def settle_costs() -> None:
+            settled = await self.cost.settle()
+            if settled:
+                logger.info("cost splits settled", incarnations=settled)
+
+        await survive("settling cost splits", settle_costs)
         while True:
             await survive("bucket sweep", sweep_buckets)
             await anyio.sleep(3600)

@@ -186,3 +186,35 @@ def test_client_reports_a_daemon_that_is_gone(env: dict[str, str]) -> None:
     with pytest.raises(ClusterdError) as error:
         ping(env)
     assert error.value.code == "DAEMON_UNAVAILABLE"
+
+
+def test_cost_splits_final_while_the_daemon_was_down_are_settled_at_start(
+        env: dict[str, str]) -> None:
+    """A torn-down cluster's interval that closed two hours ago (no record, no kept copy:
+    its split is final) is settled by the starting daemon, before any report asks."""
+    import sqlite3
+
+    root = Path(env["CLUSTERD_TEST_ROOT"])
+    daemon = Daemon(root, env).start()  # makes the schema
+    assert daemon.stop() == 0
+    ended = time.time() - 2 * 3600
+    db = sqlite3.connect(daemon.state_dir / "state.db")
+    with db:
+        db.execute(
+            "INSERT INTO cost_intervals (cluster, incarnation, cloud_name, provider, infra,"
+            " instance_type, nodes, kind, started_at, ended_at, node_price_per_hour,"
+            " disk_price_per_hour, source, owner) VALUES"
+            " ('gone', ?, 'gone-x', 'ssh', 'ssh/rack', NULL, 2, 'running', ?, ?, 1.5, 0, "
+            "'pool price', NULL)", [ended - 3600, ended - 3600, ended])
+    db.close()
+    daemon = Daemon(root, env).start()
+    try:
+        wait_for(lambda: "cost splits settled" in daemon.log(), 30, "the settling at start")
+        db = sqlite3.connect(daemon.state_dir / "state.db")
+        try:
+            rows = db.execute("SELECT cluster, total FROM cost_settled").fetchall()
+        finally:
+            db.close()
+        assert rows == [("gone", pytest.approx(3.0))]  # 2 nodes, an hour, $1.5/h each
+    finally:
+        assert daemon.stop() == 0
