@@ -8,8 +8,10 @@ leaves this machine.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
+import threading
 from pathlib import Path
 
 import asyncssh
@@ -27,26 +29,52 @@ class KeyPair:
         return hashlib.sha256(body.encode()).hexdigest()[:10]
 
 
+# One maker at a time in this process (the aws and kubernetes providers each hold a
+# DaemonKey of the same directory, and launches ask from worker threads at once); the file
+# lock covers another process on the same state (a second daemon that is about to step aside).
+_MAKING = threading.Lock()
+
+
 class DaemonKey:
     def __init__(self, directory: Path) -> None:
         self._dir = directory
         self._pair: KeyPair | None = None
 
     def ensure(self) -> KeyPair:
-        """The key pair, made if it does not exist yet. Blocking, but only file work."""
+        """The key pair, made if it does not exist yet. Blocking, but only file work.
+
+        Launches at once used to make a pair each and leave one's private half beside
+        another's public half: every connection then failed ("Public key mismatch") or the
+        nodes refused the key. Now one makes it, and the public half is always derived from
+        the private key (a mismatched .pub left by an older daemon is written again)."""
         if self._pair is not None and self._pair.private_path.exists():
             return self._pair
         private = self._dir / "id_ed25519"
         public = private.with_suffix(".pub")
-        if not (private.exists() and public.exists()):
+        with _MAKING:
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.chmod(self._dir, 0o700)
-            key = asyncssh.generate_private_key("ssh-ed25519", comment="clusterd")
-            tmp = private.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(key.export_private_key())
-            public.write_bytes(key.export_public_key())
-            tmp.replace(private)  # the private key last: both exist once it does
-        self._pair = KeyPair(private, public.read_text().strip())
+            lock = os.open(self._dir / ".lock", os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if private.exists():
+                    key = asyncssh.read_private_key(private)
+                else:
+                    key = asyncssh.generate_private_key("ssh-ed25519", comment="clusterd")
+                    _write_private(private, key.export_private_key())
+                openssh = key.export_public_key().decode().strip()
+                if not public.exists() or public.read_text().strip() != openssh:
+                    _write_private(public, (openssh + "\n").encode(), mode=0o644)
+            finally:
+                os.close(lock)  # and the flock with it
+        self._pair = KeyPair(private, openssh)
         return self._pair
+
+
+def _write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """`data` at `path`, whole or not at all (a temporary file renamed over it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    tmp.replace(path)
