@@ -16,6 +16,8 @@ from pathlib import Path
 
 import asyncssh
 
+from clusterctl._private import write_private_file
+
 
 @dataclasses.dataclass(frozen=True)
 class KeyPair:
@@ -61,20 +63,12 @@ class DaemonKey:
                     key = asyncssh.read_private_key(private)
                 else:
                     key = asyncssh.generate_private_key("ssh-ed25519", comment="clusterd")
-                    _write_private(private, key.export_private_key())
+                    write_private_file(str(private), key.export_private_key())
                 openssh = key.export_public_key().decode().strip()
                 if not public.exists() or public.read_text().strip() != openssh:
-                    _write_private(public, (openssh + "\n").encode(), mode=0o644)
+                    write_private_file(str(public), (openssh + "\n").encode())
             finally:
                 os.close(lock)  # and the flock with it
         self._pair = KeyPair(private, openssh)
         return self._pair
 
-
-def _write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
-    """`data` at `path`, whole or not at all (a temporary file renamed over it)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    tmp.replace(path)
