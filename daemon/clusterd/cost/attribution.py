@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-import datetime
 from collections.abc import Iterable, Sequence
 
-from clusterd.cost.ledger import RUNNING, Interval
+from clusterd.cost.ledger import RUNNING, Interval, utc_date
 
 _DAY = 86400.0
 
@@ -146,8 +145,7 @@ def by_day_and_provider(intervals: Iterable[Interval], now: float, since: float 
             providers[interval.provider] = (providers.get(interval.provider, 0.0)
                                             + rate * (piece_end - start))
             start = piece_end
-    return {datetime.datetime.fromtimestamp(day * _DAY, datetime.UTC).date().isoformat():
-            providers for day, providers in sorted(per_day.items())}
+    return {utc_date(day): providers for day, providers in sorted(per_day.items())}
 
 
 def by_day(intervals: Iterable[Interval], now: float, since: float = 0.0) -> dict[str, float]:

@@ -50,6 +50,11 @@ _RATE_SQL = ("nodes * (disk_price_per_hour"
 _NEXT_MIDNIGHT = "(CAST(start / 86400 AS INTEGER) + 1) * 86400.0"
 
 
+def utc_date(day: int) -> str:
+    """A POSIX day number (seconds // 86400) as its UTC date, YYYY-MM-DD."""
+    return datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat()
+
+
 @dataclasses.dataclass(frozen=True)
 class Interval:
     cluster: str
@@ -261,8 +266,7 @@ class Ledger:
             [since, now, since])
         found: dict[str, dict[str, float]] = {}
         for day, provider, dollars in rows:
-            date = datetime.datetime.fromtimestamp(day * 86400, datetime.UTC).date().isoformat()
-            found.setdefault(date, {})[provider] = dollars
+            found.setdefault(utc_date(day), {})[provider] = dollars
         return found
 
     # -- inside ------------------------------------------------------------------------------
