@@ -219,13 +219,14 @@ HELLO_NOTICES = "notices"
 HELLO_ALERTS = "alerts"
 NOTICE_WARN = "warn"
 NOTICE_ERROR = "error"  # a budget exceeded: launches are refused and its action taken
-NOTICE_KINDS = ("budget", "idle")
+NOTICE_BUDGET = "budget"  # what a notice is of
+NOTICE_IDLE = "idle"
 
 
 # A named tuple, not a dataclass: clusterctl must start fast, and dataclasses costs ~15 ms.
 class Notice(collections.namedtuple("Notice", ("text", "level", "kind"),
                                     defaults=(NOTICE_WARN, ""))):
-    """`level`: NOTICE_WARN or NOTICE_ERROR; `kind`: one of NOTICE_KINDS ("" from a daemon
+    """`level`: NOTICE_WARN or NOTICE_ERROR; `kind`: NOTICE_BUDGET or NOTICE_IDLE ("" from a daemon
     that does not say)."""
 
     text: str

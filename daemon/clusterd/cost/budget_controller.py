@@ -32,7 +32,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from clusterctl.protocol import NOTICE_ERROR, NOTICE_WARN, Notice, ProtocolError
+from clusterctl.protocol import NOTICE_BUDGET, NOTICE_ERROR, NOTICE_WARN, Notice, ProtocolError
 from clusterd import log
 from clusterd.control import Action, Controller, Engine
 from clusterd.cost.budget import (
@@ -152,7 +152,8 @@ class BudgetController(Controller[str, BudgetIntent, Observed]):
     def notices(self) -> list[Notice]:
         """A line per budget past its warning this month (every clusterctl command says it)."""
         return [Notice(state.text,
-                       NOTICE_ERROR if state.level == Level.EXCEEDED else NOTICE_WARN, "budget")
+                       NOTICE_ERROR if state.level == Level.EXCEEDED else NOTICE_WARN,
+                       NOTICE_BUDGET)
                 for _, state in self._current() if state.level != Level.CLEAR]
 
     async def refusal(self, provider: str) -> ProvisionError | None:

@@ -29,7 +29,7 @@ from typing import Protocol
 import anyio
 import anyio.abc
 
-from clusterctl.protocol import ClusterStatus, Notice
+from clusterctl.protocol import NOTICE_IDLE, ClusterStatus, Notice
 from clusterd import log
 from clusterd.control import Action, Controller, Engine
 from clusterd.cost.ledger import Ledger
@@ -137,7 +137,7 @@ class IdleGuard(Controller[str, IdleIntent, IdleSeen]):
 
     def notices(self) -> list[Notice]:
         """A line per cluster warned of that is still UP, idle and without autostop."""
-        return [Notice(text, kind="idle") for name, text in sorted(self._notices.items())
+        return [Notice(text, kind=NOTICE_IDLE) for name, text in sorted(self._notices.items())
                 if self.intent(name) is not None]
 
     # -- the engine's Controller ----------------------------------------------------------
